@@ -1,0 +1,50 @@
+"""django-xjobs: durable jobs on your Django project's own PostgreSQL.
+
+The public API (everything else is internal)::
+
+    from django_xjobs import job, enqueue, enqueue_many, JobHandle, PermanentError, Snooze
+
+    @job(queue="emails", max_attempts=5)
+    def send_welcome(ctx, user_id: int) -> dict: ...
+
+    send_welcome.enqueue(user_id=42)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "JobContext",
+    "JobHandle",
+    "PermanentError",
+    "Snooze",
+    "cancel",
+    "enqueue",
+    "enqueue_many",
+    "get_job",
+    "job",
+    "retry",
+]
+
+from .context import JobContext
+from .exceptions import PermanentError, Snooze
+from .registry import job
+
+if TYPE_CHECKING:
+    from .api import JobHandle, cancel, enqueue, enqueue_many, get_job, retry
+
+_LAZY = {
+    "JobHandle": "api", "cancel": "api", "enqueue": "api", "enqueue_many": "api",
+    "get_job": "api", "retry": "api",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # api imports the engine layer; keep `import django_xjobs` light for settings modules.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_xjobs' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f".{module}", __name__), name)

@@ -1,0 +1,370 @@
+"""Enqueue and the operator actions: validate, build params, call the engine.
+
+Everything here runs on the caller's connection for ``XJOBS["DATABASE"]`` and therefore inside
+the caller's transaction when there is one: a job enqueued in an ``atomic()`` block that rolls
+back never existed (tests/integration/test_enqueue_transactions.py).
+
+Bad input raises :class:`~django_xjobs.exceptions.InvalidJobInput` (or a subclass) *before* any
+statement is sent, so it writes nothing and leaves the caller's transaction usable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import math
+import os
+import socket
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from . import conf, registry, tracing
+from .engines import get_engine
+from .exceptions import (
+    InvalidJobInput,
+    JobNotFound,
+    PayloadTooLarge,
+)
+from .records import EnqueueParams, EnqueueResult, JobRecord, new_id
+
+_enqueued_by: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "xjobs_enqueued_by", default=None
+)
+_process_identity = f"{socket.gethostname()}:{os.getpid()}"
+
+ENQUEUE_OPTIONS = frozenset({
+    "idempotency_key", "delay", "run_at", "tenant_id", "priority", "queue", "max_attempts",
+    "enqueued_by", "traceparent",
+})
+MAX_KEY_LENGTH = 1000
+INT32 = 2**31 - 1
+
+
+@contextlib.contextmanager
+def acting_as(who: str) -> Iterator[None]:
+    """Attribute the jobs enqueued inside this block to ``who`` (``enqueued_by``).
+
+    The console uses ``admin:<username>``, the scheduler ``cron:<task>``; the middleware
+    :class:`django_xjobs.middleware.EnqueuedByMiddleware` sets the request's user.
+    """
+    token = _enqueued_by.set(who)
+    try:
+        yield
+    finally:
+        _enqueued_by.reset(token)
+
+
+def default_enqueued_by() -> str:
+    return _enqueued_by.get() or _process_identity
+
+
+# ------------------------------------------------------------------------------ validation --
+
+
+def _first_bad_value(value: Any, path: str = "input") -> str | None:
+    """Where in ``value`` JSON encoding fails, for an error that names the field."""
+    if value is None or isinstance(value, bool | int | str):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} = {value!r} (NaN/Infinity is not JSON)"
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            bad = _first_bad_value(item, f"{path}[{i}]")
+            if bad:
+                return bad
+        return None
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str):
+                return f"{path} has a non-string key {k!r}"
+            bad = _first_bad_value(item, f"{path}[{k!r}]")
+            if bad:
+                return bad
+        return None
+    return f"{path} is a {type(value).__name__} ({value!r:.60})"
+
+
+def encode_json(value: Any, *, what: str, limit: int | None) -> str:
+    """Compact JSON text that PostgreSQL ``jsonb`` accepts, or a clear :class:`InvalidJobInput`."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError):
+        where = _first_bad_value(value, what) or what
+        raise InvalidJobInput(f"{what} is not JSON-serialisable: {where}") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidJobInput(f"{what} contains a lone surrogate, which is not valid UTF-8") from None
+    if "\x00" in text or "\\u0000" in text:
+        raise InvalidJobInput(f"{what} contains a NUL character, which PostgreSQL cannot store")
+    if limit is not None and size > limit:
+        raise PayloadTooLarge(
+            f"{what} is {size} bytes as JSON, over XJOBS['MAX_PAYLOAD_BYTES'] = {limit}"
+        )
+    return text
+
+
+def _text_option(name: str, value: Any, *, max_length: int = 200) -> str:
+    if not isinstance(value, str) or not value or len(value) > max_length or "\x00" in value:
+        raise InvalidJobInput(
+            f"{name} must be a non-empty string of at most {max_length} characters, got {value!r}"
+        )
+    return value
+
+
+def _name(kind: str, value: Any) -> str:
+    if not isinstance(value, str) or not conf.NAME_RE.match(value):
+        raise InvalidJobInput(
+            f"{kind} {value!r} is not valid: use 1-200 characters from [A-Za-z0-9_.:-]"
+        )
+    return value
+
+
+def _delay_seconds(value: Any) -> float:
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise InvalidJobInput(f"delay must be a timedelta or seconds, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidJobInput(f"delay must not be negative, got {value!r}")
+    return seconds
+
+
+def build_params(definition: registry.Job, input: Any, options: Mapping[str, Any]) -> EnqueueParams:
+    """Validate one enqueue and turn it into engine params. Raises before anything is written."""
+    settings = conf.get()
+    unknown = set(options) - ENQUEUE_OPTIONS
+    if unknown:
+        raise InvalidJobInput(
+            f"unknown enqueue option(s) {sorted(unknown)}; known: {sorted(ENQUEUE_OPTIONS)}"
+        )
+    if input is None:
+        input = {}
+    if not isinstance(input, Mapping):
+        raise InvalidJobInput(
+            f"input of {definition.name} must be a dict of keyword arguments, "
+            f"got {type(input).__name__}"
+        )
+    input_json = encode_json(
+        dict(input), what=f"input of {definition.name}", limit=settings.max_payload_bytes
+    )
+    queue = _name("queue", options.get("queue", definition.queue))
+
+    run_at = options.get("run_at")
+    delay_ms = 0
+    if run_at is not None:
+        if "delay" in options and options["delay"] is not None:
+            raise InvalidJobInput("give delay or run_at, not both")
+        if not isinstance(run_at, datetime):
+            raise InvalidJobInput(f"run_at must be a datetime, got {run_at!r}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise InvalidJobInput(
+                f"run_at {run_at!r} is naive; pass an aware datetime (django.utils.timezone.now())"
+            )
+    elif options.get("delay") is not None:
+        delay_ms = round(_delay_seconds(options["delay"]) * 1000)
+
+    key = options.get("idempotency_key")
+    if key is not None:
+        key = _text_option("idempotency_key", key, max_length=MAX_KEY_LENGTH)
+    tenant_id = options.get("tenant_id")
+    if tenant_id is not None:
+        tenant_id = _text_option("tenant_id", tenant_id)
+
+    priority = options.get("priority", definition.priority)
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > INT32:
+        raise InvalidJobInput(f"priority must be an integer, got {priority!r}")
+    max_attempts = options.get("max_attempts", definition.max_attempts or settings.max_attempts)
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (
+        1 <= max_attempts <= INT32
+    ):
+        raise InvalidJobInput(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+
+    enqueued_by = options.get("enqueued_by")
+    enqueued_by = (
+        _text_option("enqueued_by", enqueued_by) if enqueued_by is not None
+        else default_enqueued_by()
+    )
+    traceparent = options.get("traceparent")
+    if traceparent is not None:
+        if not isinstance(traceparent, str) or not tracing.TRACEPARENT_RE.match(traceparent):
+            raise InvalidJobInput(
+                f"traceparent {traceparent!r} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)"
+            )
+    else:
+        traceparent = tracing.current_traceparent()
+
+    return EnqueueParams(
+        id=new_id(),
+        run_id=new_id(),
+        name=definition.name,
+        queue=queue,
+        input_json=input_json,
+        idempotency_key=key,
+        max_attempts=max_attempts,
+        priority=priority,
+        run_at=run_at,
+        delay_ms=delay_ms,
+        tenant_id=tenant_id,
+        traceparent=traceparent,
+        enqueued_by=enqueued_by,
+    )
+
+
+# --------------------------------------------------------------------------------- handles --
+
+
+@dataclass(frozen=True, slots=True)
+class JobHandle:
+    """What enqueue returns: the live job for the key, and whether this call created it."""
+
+    id: UUID
+    run_id: UUID
+    created: bool
+
+    def get(self) -> JobRecord:
+        """The job's row now."""
+        return get_job(self.id)
+
+    @property
+    def state(self) -> str:
+        return self.get().state
+
+    def wait(self, timeout: float = 30.0, poll: float = 0.05) -> JobRecord:
+        """Block until the job is finished (done, dead or cancelled); return its row."""
+        deadline = time.monotonic() + timeout
+        while True:
+            record = self.get()
+            if record.is_finished:
+                return record
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"job {self.id} is still {record.state} after {timeout}s")
+            time.sleep(poll)
+
+    def cancel(self, reason: str | None = None) -> bool:
+        return cancel(self.id, reason=reason).changed
+
+
+def _handle(result: EnqueueResult) -> JobHandle:
+    return JobHandle(id=result.id, run_id=result.run_id, created=result.created)
+
+
+class BoundJob:
+    """A job with enqueue options applied: ``my_job.using(delay=..., tenant_id=...)``."""
+
+    __slots__ = ("definition", "options")
+
+    def __init__(self, definition: registry.Job, options: Mapping[str, Any]) -> None:
+        unknown = set(options) - ENQUEUE_OPTIONS
+        if unknown:
+            raise InvalidJobInput(
+                f"unknown enqueue option(s) {sorted(unknown)}; known: {sorted(ENQUEUE_OPTIONS)}"
+            )
+        self.definition = definition
+        self.options = dict(options)
+
+    def using(self, **options: Any) -> BoundJob:
+        return BoundJob(self.definition, {**self.options, **options})
+
+    def enqueue(self, **input: Any) -> JobHandle:
+        params = build_params(self.definition, input, self.options)
+        return _handle(get_engine().job_enqueue(params))
+
+    def bulk_enqueue(self, inputs: Iterable[Mapping[str, Any]]) -> list[JobHandle]:
+        """Enqueue many inputs of this job in one statement per 1,000; see :func:`enqueue_many`."""
+        return enqueue_many((self.definition.name, inp, self.options) for inp in inputs)
+
+
+def enqueue(name: str, input: Mapping[str, Any] | None = None, **options: Any) -> JobHandle:
+    """Enqueue a registered job by name: ``enqueue("emails.send_welcome", {"user_id": 42})``."""
+    definition = registry.get(_name("job name", name)) if isinstance(name, str) else None
+    if definition is None:
+        raise InvalidJobInput(f"job name must be a string, got {name!r}")
+    return _handle(get_engine().job_enqueue(build_params(definition, input, options)))
+
+
+def enqueue_many(
+    items: Iterable[tuple[str, Mapping[str, Any] | None, Mapping[str, Any]]
+                   | tuple[str, Mapping[str, Any] | None]],
+    *,
+    batch_size: int = 1000,
+) -> list[JobHandle]:
+    """Enqueue many jobs with one statement per ``batch_size``; handles in input order.
+
+    Each item is ``(name, input)`` or ``(name, input, options)``. Idempotency keys hold inside a
+    batch as well as against existing jobs. Every item is validated before the first statement,
+    so one bad item writes nothing.
+    """
+    params: list[EnqueueParams] = []
+    for item in items:
+        name, input, *rest = item
+        options = rest[0] if rest else {}
+        params.append(build_params(registry.get(_name("job name", name)), input, options))
+    engine = get_engine()
+    handles: list[JobHandle] = []
+    for start in range(0, len(params), batch_size):
+        handles.extend(_handle(r) for r in engine.jobs_enqueue(params[start:start + batch_size]))
+    return handles
+
+
+# ------------------------------------------------------------------------------- operators --
+
+
+def get_job(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> JobRecord:
+    record = get_engine().job_get(str(job_id), tenant_ids=tenant_ids)
+    if record is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return record
+
+
+def cancel(job_id: UUID | str, *, reason: str | None = None,
+           tenant_ids: Iterable[str] | None = None) -> Any:
+    """Cancel a job in any state but done; a running one stops at its worker's next heartbeat."""
+    if reason is not None:
+        reason = _text_option("reason", reason, max_length=2000)
+    result = get_engine().job_cancel(
+        str(job_id), reason=f"cancelled: {reason}" if reason else "cancelled",
+        tenant_ids=tenant_ids,
+    )
+    if result.job is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return result
+
+
+def retry(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> Any:
+    """Give a dead or cancelled job a fresh set of attempts, due now (same run_id: completed
+    steps are kept). Raises LiveJobExists when another live job holds its key."""
+    result = get_engine().job_retry(str(job_id), tenant_ids=tenant_ids)
+    if result.job is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return result
+
+
+def run_now(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> Any:
+    """Make a delayed or suspended job due now."""
+    result = get_engine().job_run_now(str(job_id), tenant_ids=tenant_ids)
+    if result.job is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return result
+
+
+def purge(*, older_than: timedelta, states: Iterable[str] = ("done", "dead", "cancelled"),
+          batch_size: int = 1000) -> int:
+    """Delete finished jobs that finished more than ``older_than`` ago; return the count."""
+    from .clock import now
+    from .records import TERMINAL_STATES
+
+    states = tuple(states)
+    bad = [s for s in states if s not in TERMINAL_STATES]
+    if bad:
+        raise InvalidJobInput(f"purge only deletes finished jobs (done, dead, cancelled), not {bad}")
+    return get_engine().jobs_purge(
+        states=states, finished_before=now() - older_than, batch_size=batch_size
+    )

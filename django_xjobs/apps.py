@@ -1,0 +1,21 @@
+"""The Django app: autodiscovers each installed app's ``jobs.py`` and registers the checks."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.utils.module_loading import autodiscover_modules
+
+
+class XJobsConfig(AppConfig):
+    name = "django_xjobs"
+    label = "django_xjobs"
+    verbose_name = "Jobs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks, conf
+
+        conf.connect_signals()
+        checks.register()
+        # Found the way the admin finds admin.py: import every installed app's jobs.py.
+        autodiscover_modules("jobs")

@@ -1,0 +1,233 @@
+"""Settings: the ``XJOBS`` dict, read into a frozen dataclass with documented defaults.
+
+Every value has one place where it is parsed (here) and one place where it is judged
+(``checks.py`` turns :func:`validate` problems into Django system-check errors, so a bad value
+stops ``runserver``, ``migrate`` and ``xjobs_worker`` at startup with a message naming the key).
+
+Durations accept seconds (int/float), a ``timedelta``, or a string such as ``"250ms"``, ``"30s"``,
+``"5m"``, ``"2h"``, ``"7d"``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from .exceptions import ConfigurationError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
+
+
+def parse_duration(value: Any, *, what: str = "duration") -> float:
+    """Seconds from a number, a timedelta or a string like ``"30s"``. Negative is an error."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, bool):
+        raise ConfigurationError(f"{what}: expected a duration, got {value!r}")
+    elif isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        m = _DURATION_RE.match(value)
+        if not m:
+            raise ConfigurationError(
+                f"{what}: {value!r} is not a duration (use e.g. 250ms, 30s, 5m, 2h, 7d)"
+            )
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    else:
+        raise ConfigurationError(f"{what}: expected a duration, got {value!r}")
+    if seconds < 0:
+        raise ConfigurationError(f"{what}: must not be negative, got {value!r}")
+    return seconds
+
+
+DEFAULT_RETENTION = {"done": 7 * 86400.0, "cancelled": 7 * 86400.0, "dead": 30 * 86400.0}
+
+
+@dataclass(frozen=True, slots=True)
+class XJobsSettings:
+    database: str = "default"
+    queues: tuple[str, ...] = ("default",)
+    # Per-queue cap on the runs one worker holds at once (unset: only the worker's total).
+    queue_concurrency: Mapping[str, int] = field(default_factory=dict)
+    concurrency: int = 10
+    # Claimed-but-not-started jobs a worker may hold beyond its running ones. A claim asks for
+    # up to concurrency + prefetch minus what is in flight: bigger batches are fewer round trips.
+    prefetch: int = 10
+    lease: float = 30.0
+    heartbeat: float = 10.0
+    poll_interval: float = 1.0
+    notify: bool = True
+    max_payload_bytes: int = 1024 * 1024
+    max_attempts: int = 3
+    retry_base: float = 2.0
+    retry_cap: float = 3600.0
+    shutdown_grace: float = 30.0
+    # Completed runs are acknowledged in batches: at most this many, at most this old.
+    ack_batch: int = 500
+    ack_interval: float = 0.005
+    retention: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_RETENTION))
+    schedule: Mapping[str, Any] = field(default_factory=dict)
+    app_version: str | None = None
+    admin_tenant_scope: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+
+_KNOWN_KEYS = {
+    "DATABASE", "QUEUES", "CONCURRENCY", "PREFETCH", "LEASE", "HEARTBEAT", "POLL_INTERVAL",
+    "NOTIFY", "MAX_PAYLOAD_BYTES", "MAX_ATTEMPTS", "RETRY_BASE", "RETRY_CAP", "SHUTDOWN_GRACE",
+    "ACK_BATCH", "ACK_INTERVAL", "RETENTION", "SCHEDULE", "APP_VERSION", "ADMIN_TENANT_SCOPE",
+    "LEADER", "RELAY", "SLOTS", "BACKFILL_THROTTLE", "FAULTS",
+}
+
+
+def _positive_int(raw: Mapping[str, Any], key: str, default: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f'XJOBS["{key}"] must be a positive integer, got {value!r}')
+    return value
+
+
+def _duration(raw: Mapping[str, Any], key: str, default: float, *, positive: bool = True) -> float:
+    seconds = parse_duration(raw.get(key, default), what=f'XJOBS["{key}"]')
+    if positive and seconds <= 0:
+        raise ConfigurationError(f'XJOBS["{key}"] must be greater than zero')
+    return seconds
+
+
+def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
+    """Parse an ``XJOBS`` dict; raise :class:`ConfigurationError` naming the first bad key."""
+    raw = dict(raw or {})
+    unknown = sorted(set(raw) - _KNOWN_KEYS)
+    if unknown:
+        raise ConfigurationError(
+            f"XJOBS has unknown key(s) {unknown}; known keys: {sorted(_KNOWN_KEYS)}"
+        )
+    database = raw.get("DATABASE", "default")
+    if not isinstance(database, str) or not database:
+        raise ConfigurationError(f'XJOBS["DATABASE"] must be a database alias, got {database!r}')
+
+    queues_raw = raw.get("QUEUES", ["default"])
+    if isinstance(queues_raw, str) or not isinstance(queues_raw, list | tuple | Mapping):
+        raise ConfigurationError(
+            'XJOBS["QUEUES"] must be a list of queue names or a dict like'
+            ' {"emails": {"concurrency": 4}}'
+        )
+    queues = tuple(queues_raw)
+    if not queues:
+        raise ConfigurationError('XJOBS["QUEUES"] must name at least one queue')
+    queue_concurrency: dict[str, int] = {}
+    for q in queues:
+        if not isinstance(q, str) or not NAME_RE.match(q):
+            raise ConfigurationError(
+                f'XJOBS["QUEUES"]: {q!r} is not a valid queue name ([A-Za-z0-9_.:-]{{1,200}})'
+            )
+        if isinstance(queues_raw, Mapping):
+            options = queues_raw[q] or {}
+            if not isinstance(options, Mapping) or set(options) - {"concurrency"}:
+                raise ConfigurationError(
+                    f'XJOBS["QUEUES"]["{q}"] must be a dict with an optional "concurrency" key'
+                )
+            if "concurrency" in options:
+                queue_concurrency[q] = _positive_int(options, "concurrency", 1)
+
+    lease = _duration(raw, "LEASE", 30.0)
+    heartbeat = _duration(raw, "HEARTBEAT", min(10.0, lease / 3))
+    if lease < 3 * heartbeat:
+        raise ConfigurationError(
+            f'XJOBS["LEASE"] ({lease:g}s) must be at least 3 x XJOBS["HEARTBEAT"] ({heartbeat:g}s):'
+            " with fewer renewals per lease, one slow heartbeat lets the lease lapse while the"
+            " job still runs, and another worker starts it a second time"
+        )
+    max_attempts = _positive_int(raw, "MAX_ATTEMPTS", 3)
+    retention_raw = raw.get("RETENTION", {})
+    if not isinstance(retention_raw, Mapping):
+        raise ConfigurationError('XJOBS["RETENTION"] must be a dict like {"done": "7d"}')
+    retention = dict(DEFAULT_RETENTION)
+    for state, value in retention_raw.items():
+        if state not in DEFAULT_RETENTION:
+            raise ConfigurationError(
+                f'XJOBS["RETENTION"]: {state!r} is not a finished state (done, dead, cancelled)'
+            )
+        retention[state] = parse_duration(value, what=f'XJOBS["RETENTION"]["{state}"]')
+    schedule = raw.get("SCHEDULE", {})
+    if not isinstance(schedule, Mapping):
+        raise ConfigurationError('XJOBS["SCHEDULE"] must be a dict of task name -> options')
+    notify = raw.get("NOTIFY", True)
+    if not isinstance(notify, bool):
+        raise ConfigurationError(f'XJOBS["NOTIFY"] must be True or False, got {notify!r}')
+    retry_base = _duration(raw, "RETRY_BASE", 2.0)
+    retry_cap = _duration(raw, "RETRY_CAP", 3600.0)
+    if retry_cap < retry_base:
+        raise ConfigurationError('XJOBS["RETRY_CAP"] must not be smaller than XJOBS["RETRY_BASE"]')
+    prefetch = raw.get("PREFETCH", 10)
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ConfigurationError(f'XJOBS["PREFETCH"] must be an integer >= 0, got {prefetch!r}')
+    app_version = raw.get("APP_VERSION")
+    if app_version is not None and not isinstance(app_version, str):
+        raise ConfigurationError('XJOBS["APP_VERSION"] must be a string')
+    scope = raw.get("ADMIN_TENANT_SCOPE")
+    if scope is not None and not (isinstance(scope, str) or callable(scope)):
+        raise ConfigurationError('XJOBS["ADMIN_TENANT_SCOPE"] must be a dotted path or callable')
+    return XJobsSettings(
+        database=database,
+        queues=queues,
+        queue_concurrency=queue_concurrency,
+        concurrency=_positive_int(raw, "CONCURRENCY", 10),
+        prefetch=prefetch,
+        lease=lease,
+        heartbeat=heartbeat,
+        poll_interval=_duration(raw, "POLL_INTERVAL", 1.0),
+        notify=notify,
+        max_payload_bytes=_positive_int(raw, "MAX_PAYLOAD_BYTES", 1024 * 1024),
+        max_attempts=max_attempts,
+        retry_base=retry_base,
+        retry_cap=retry_cap,
+        shutdown_grace=_duration(raw, "SHUTDOWN_GRACE", 30.0, positive=False),
+        ack_batch=_positive_int(raw, "ACK_BATCH", 500),
+        ack_interval=_duration(raw, "ACK_INTERVAL", 0.005, positive=False),
+        retention=retention,
+        schedule=schedule,
+        app_version=app_version,
+        admin_tenant_scope=scope if isinstance(scope, str) or scope is None else None,
+        raw=raw,
+    )
+
+
+_cache: tuple[int, XJobsSettings] | None = None
+
+
+def get() -> XJobsSettings:
+    """The current settings, re-read whenever ``settings.XJOBS`` is replaced (override_settings)."""
+    global _cache
+    from django.conf import settings
+
+    raw = getattr(settings, "XJOBS", None)
+    key = id(raw)
+    cached = _cache
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    parsed = build(raw)
+    _cache = (key, parsed)
+    return parsed
+
+
+def reset() -> None:
+    global _cache
+    _cache = None
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "XJOBS":
+        reset()
+
+
+def connect_signals() -> None:
+    from django.core.signals import setting_changed
+
+    setting_changed.connect(_on_setting_changed, dispatch_uid="django_xjobs.conf")

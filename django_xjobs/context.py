@@ -1,0 +1,55 @@
+"""``JobContext``: what a job function receives as its first argument."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from .exceptions import JobCancelled
+
+_logger = logging.getLogger("django_xjobs.job")
+
+
+@dataclass(eq=False, kw_only=True)
+class JobContext:
+    """The running job as its code sees it.
+
+    ``cancelled`` is set when the run must stop: the job was cancelled from outside, its
+    timeout passed, the worker lost its lease or is shutting down. Long-running code may poll
+    it (``if ctx.cancelled.is_set(): return``) or call :meth:`check_cancelled`; step boundaries
+    check it for you. Whatever a stopped run returns afterwards is discarded.
+    """
+
+    job_id: str
+    run_id: str
+    name: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    tenant_id: str | None
+    traceparent: str | None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    stop_reason: str | None = None
+    logger: logging.LoggerAdapter[Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.logger = logging.LoggerAdapter(
+            _logger, {"job_id": self.job_id, "job_name": self.name, "attempt": self.attempt}
+        )
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def stop(self, reason: str) -> None:
+        """Ask the run to stop (the worker calls this); the first reason wins."""
+        if not self.cancelled.is_set():
+            self.stop_reason = reason
+            self.cancelled.set()
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`JobCancelled` if the run was asked to stop."""
+        if self.cancelled.is_set():
+            raise JobCancelled(self.stop_reason or "cancelled")

@@ -1,0 +1,89 @@
+"""Which PostgreSQL the demo and the test suite use, with no set-up on a fresh machine.
+
+In order: ``DATABASE_URL`` if set; else a server answering on ``127.0.0.1:5432`` (user
+``postgres``); else an embedded PostgreSQL 16 from the ``pgserver`` wheel
+(``pip install django-xjobs[embedded]``), with its data under ``.pgdata/`` of the checkout and a
+unix socket, stopped when the process that started it exits.
+
+    python -m django_xjobs.devdb          # print the URL (starting the embedded server if needed)
+
+Used by ``example_project/settings.py`` and ``tests/settings.py``; production settings should
+configure ``DATABASES`` as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+LOCAL_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+ENV_SOURCE = "XJOBS_DATABASE_SOURCE"  # set by resolve() for child processes and messages
+
+
+def _answers(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _embedded_url(data_dir: Path) -> str:
+    try:
+        import pgserver  # type: ignore[import-not-found]
+    except ImportError:
+        raise RuntimeError(
+            "No PostgreSQL: DATABASE_URL is not set, nothing answers on 127.0.0.1:5432, and the "
+            "embedded server is not installed (pip install 'django-xjobs[embedded]')."
+        ) from None
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
+    _keep.append(server)
+    return str(server.get_uri())
+
+
+_keep: list[Any] = []
+
+
+def resolve(data_dir: Path | None = None) -> tuple[str, str]:
+    """Return ``(url, source)`` where source says which of the three was used."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url, os.environ.get(ENV_SOURCE, "DATABASE_URL")
+    if _answers("127.0.0.1", 5432):
+        return LOCAL_URL, "local server on 127.0.0.1:5432"
+    data_dir = data_dir or Path(__file__).resolve().parent.parent / ".pgdata"
+    return _embedded_url(data_dir), f"embedded PostgreSQL (pgserver) in {data_dir}"
+
+
+def settings_from_url(url: str, **extra: Any) -> dict[str, Any]:
+    """A ``DATABASES`` entry from ``postgres://user:pass@host:port/name?opt=val``.
+
+    A ``host`` query parameter (a socket directory, as pgserver's URIs use) overrides the host.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise ValueError(f"DATABASE_URL must be a postgres:// URL, got {url!r}")
+    query = dict(parse_qsl(parts.query))
+    host = query.pop("host", None) or (unquote(parts.hostname) if parts.hostname else "")
+    entry: dict[str, Any] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")) or "postgres",
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": host,
+        "PORT": str(parts.port or ""),
+        "OPTIONS": query,
+    }
+    entry.update(extra)
+    return entry
+
+
+if __name__ == "__main__":
+    resolved_url, source = resolve()
+    print(resolved_url)
+    print(f"database: {source}", file=sys.stderr)

@@ -1,0 +1,52 @@
+"""Engine lookup: services call :func:`get_engine` and never import a concrete engine.
+
+The engine for an alias is chosen by capability of the alias's Django backend; today the
+PostgreSQL one (the seam is ``engines/base.py``, a second engine passes ``tests/conformance/``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..exceptions import EngineUnavailable
+from .base import Engine, Features, Listener, ListenerLost, Statement
+
+__all__ = ["Engine", "Features", "Listener", "ListenerLost", "Statement", "get_engine"]
+
+_engines: dict[tuple[str, bool], Engine] = {}
+_lock = threading.Lock()
+
+
+def get_engine(alias: str | None = None) -> Engine:
+    """The engine for ``alias`` (default: ``XJOBS["DATABASE"]``)."""
+    from .. import conf
+
+    settings = conf.get()
+    alias = alias or settings.database
+    key = (alias, settings.notify)
+    engine = _engines.get(key)
+    if engine is not None:
+        return engine
+    with _lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _build(alias, notify=settings.notify)
+            _engines[key] = engine
+    return engine
+
+
+def _build(alias: str, *, notify: bool) -> Engine:
+    from django.db import connections
+
+    try:
+        vendor = connections[alias].vendor
+    except Exception as exc:
+        raise EngineUnavailable(f"database alias {alias!r} is not configured: {exc}") from exc
+    if vendor == "postgresql":
+        from .postgres.engine import PostgresEngine
+
+        return PostgresEngine(alias, notify=notify)
+    raise EngineUnavailable(
+        f"database alias {alias!r} uses {vendor!r}; django-xjobs needs PostgreSQL "
+        "(XJOBS['DATABASE'] names the alias that holds the job tables)"
+    )

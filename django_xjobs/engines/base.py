@@ -1,0 +1,188 @@
+"""THE SEAM: every database operation django-xjobs performs, one method each.
+
+Services (api, worker, scheduler, ...) call these methods through :func:`engines.get_engine` and
+never build SQL. An engine turns each method into one named statement of its wire format
+(``engines/<engine>/statements.py``) and decodes rows into :mod:`django_xjobs.records`.
+
+Names are noun-first and carry their guard: ``jobs_complete_if_owned`` may only change rows whose
+``lease_token`` is the caller's; a plural noun means the method takes a batch.
+
+Every engine must pass ``tests/conformance/`` unchanged; behaviour an engine cannot offer is
+declared in :class:`Features`, and tests skip by flag, never by vendor.
+
+Transactions: every method runs on the Django connection of the engine's alias *in the current
+thread*, so inside ``transaction.atomic()`` it joins the caller's transaction, and outside one
+it is its own (autocommit) transaction.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import LiteralString
+
+from ..records import (
+    ChangeResult,
+    ClaimedJob,
+    Completion,
+    EnqueueParams,
+    EnqueueResult,
+    Failure,
+    FenceReport,
+    JobRecord,
+    LeaseRef,
+    QueueStats,
+    Requeue,
+    Suspension,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One named statement of an engine's wire format.
+
+    ``sql`` uses ``%(name)s`` placeholders (bound by the driver, never formatted into the text);
+    ``why`` says why its filters exist, and is printed by ``manage.py xjobs_sql``.
+    """
+
+    name: str
+    sql: LiteralString
+    why: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Features:
+    """What an engine can do. Tests and services branch on these, never on the vendor."""
+
+    skip_locked: bool = False  # concurrent claims never block each other
+    listen_notify: bool = False  # wake-ups pushed by the database on commit
+    transactional_enqueue: bool = True  # enqueue joins the caller's transaction
+    advisory_locks: bool = False
+
+
+class Listener(abc.ABC):
+    """A dedicated connection that receives enqueue wake-ups (the queue names)."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: float) -> list[str]:
+        """Block up to ``timeout`` seconds; return the queue names notified (may be empty).
+
+        Raises :class:`ListenerLost` when the connection is gone; the caller reconnects.
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+class ListenerLost(Exception):
+    """The LISTEN connection dropped; notifications sent meanwhile are lost (poll covers them)."""
+
+
+class Engine(abc.ABC):
+    """The operations. See the module docstring for the transaction rule."""
+
+    features: Features = Features()
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    # -------------------------------------------------------------------- statements --
+    @abc.abstractmethod
+    def statements(self) -> Mapping[str, Statement]:
+        """Every statement of this engine by name (``manage.py xjobs_sql``, statement lint)."""
+
+    # ----------------------------------------------------------------------- enqueue --
+    @abc.abstractmethod
+    def job_enqueue(self, params: EnqueueParams) -> EnqueueResult:
+        """Insert one job, or return the live job holding ``(name, tenant, key)``."""
+
+    @abc.abstractmethod
+    def jobs_enqueue(self, batch: Sequence[EnqueueParams]) -> list[EnqueueResult]:
+        """Insert many jobs in one statement; results in input order. Keys dedupe within the
+        batch too: two items with one key give one job, and both results name it."""
+
+    @abc.abstractmethod
+    def job_find_live_by_key(
+        self, name: str, tenant_id: str | None, idempotency_key: str
+    ) -> EnqueueResult | None: ...
+
+    # ------------------------------------------------------------------ worker side --
+    @abc.abstractmethod
+    def jobs_claim(
+        self, *, wants: Mapping[str, int], worker_id: str, lease_ms: int
+    ) -> list[ClaimedJob]:
+        """Lease up to ``wants[queue]`` due jobs of each queue, plus lapsed ``running`` jobs."""
+
+    @abc.abstractmethod
+    def jobs_complete_if_owned(self, batch: Sequence[Completion]) -> FenceReport: ...
+
+    @abc.abstractmethod
+    def job_fail_if_owned(self, failure: Failure) -> tuple[FenceReport, str | None]:
+        """Retry or bury; returns the report and the state the job went to (None if lost)."""
+
+    @abc.abstractmethod
+    def job_requeue_if_owned(self, requeue: Requeue) -> FenceReport: ...
+
+    @abc.abstractmethod
+    def job_suspend_if_owned(self, suspension: Suspension) -> FenceReport: ...
+
+    @abc.abstractmethod
+    def jobs_renew_if_owned(self, leases: Sequence[LeaseRef], lease_ms: int) -> frozenset[str]:
+        """Extend every lease still owned; return the ids renewed (missing = ownership lost)."""
+
+    # ------------------------------------------------------------------- operators --
+    @abc.abstractmethod
+    def job_get(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> JobRecord | None:
+        ...
+
+    @abc.abstractmethod
+    def job_cancel(
+        self, job_id: str, *, reason: str | None, tenant_ids: Iterable[str] | None = None
+    ) -> ChangeResult:
+        """Any state but ``done``/``cancelled`` becomes ``cancelled``."""
+
+    @abc.abstractmethod
+    def job_retry(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
+        """``dead``/``cancelled`` -> ``ready`` with a fresh attempt budget, same run_id.
+
+        Raises :class:`~django_xjobs.exceptions.LiveJobExists` when another live job holds the
+        key."""
+
+    @abc.abstractmethod
+    def job_run_now(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
+        """A ``delayed`` or ``suspended`` job (or a ready one due later) becomes due now."""
+
+    @abc.abstractmethod
+    def jobs_purge(
+        self, *, states: Sequence[str], finished_before: datetime, batch_size: int = 1000
+    ) -> int:
+        """Delete finished jobs (and their steps) in bounded batches; return how many."""
+
+    @abc.abstractmethod
+    def queue_stats(self) -> list[QueueStats]: ...
+
+    @abc.abstractmethod
+    def outbox_pending(self) -> tuple[int, float | None]:
+        """Staged outbox rows not yet relayed, and the age in seconds of the oldest."""
+
+    # ---------------------------------------------------------------- connections --
+    @abc.abstractmethod
+    def session_label(self, label: str) -> None:
+        """Name this thread's connection (``application_name``) so operators and fault tests
+        can find it in ``pg_stat_activity``."""
+
+    @abc.abstractmethod
+    def listener(self, channel_label: str) -> Listener:
+        """Open a dedicated connection that receives enqueue wake-ups."""
+
+    @abc.abstractmethod
+    def db_now(self) -> datetime: ...
+
+    def reset_connection(self) -> None:
+        """Drop this thread's connection after an error so the next call reconnects."""
+
+    def is_connection_error(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the connection is gone (the outcome of the call is unknown)."""
+        return False

@@ -1,0 +1,5 @@
+"""The PostgreSQL engine (production and development)."""
+
+from .engine import PostgresEngine
+
+__all__ = ["PostgresEngine"]

@@ -1,0 +1,472 @@
+"""The PostgreSQL engine: one method -> one named statement, rows -> records, errors -> ours.
+
+Statements run on ``django.db.connections[alias]`` of the calling thread, so they join the
+caller's transaction (enqueue inside ``atomic()`` commits or rolls back with the caller's
+writes) and share Django's connection handling (``CONN_MAX_AGE``, health checks, pooling).
+The LISTEN connection is the exception: it is a dedicated psycopg connection, because a
+connection that LISTENs must not be shared with the statements of the thread that waits on it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import select
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connections
+from django.db import transaction as db_transaction
+
+from ... import faults
+from ...exceptions import LiveJobExists
+from ...records import (
+    ChangeResult,
+    ClaimedJob,
+    Completion,
+    EnqueueParams,
+    EnqueueResult,
+    Failure,
+    FenceReport,
+    JobRecord,
+    LeaseRef,
+    QueueStats,
+    Requeue,
+    Suspension,
+)
+from ..base import Engine, Features, Listener, ListenerLost, Statement
+from . import statements as S
+
+log = logging.getLogger("django_xjobs.engine")
+
+
+def _decode_json(value: Any) -> Any:
+    # Django registers a jsonb loader that returns the text (JSONField decodes it itself), so
+    # jsonb arrives here as str on Django's connections.
+    if isinstance(value, str):
+        return json.loads(value)
+    return value
+
+
+def _job_record(row: Sequence[Any]) -> JobRecord:
+    (id_, name, queue, input_, key, run_id, attempt, max_attempts, state, run_at, visible_at,
+     claimed_by, last_error, tenant_id, traceparent, enqueued_by, created_at, updated_at,
+     priority, result, lease_token, concurrency_key, started_at, finished_at, rescues,
+     worker_ids) = row[:26]
+    return JobRecord(
+        id=id_, name=name, queue=queue, input=_decode_json(input_), idempotency_key=key,
+        run_id=run_id, attempt=attempt, max_attempts=max_attempts, state=state, run_at=run_at,
+        visible_at=visible_at, claimed_by=claimed_by, last_error=last_error, tenant_id=tenant_id,
+        traceparent=traceparent, enqueued_by=enqueued_by, created_at=created_at,
+        updated_at=updated_at, priority=priority, result=_decode_json(result),
+        lease_token=lease_token, concurrency_key=concurrency_key, started_at=started_at,
+        finished_at=finished_at, rescues=rescues, worker_ids=list(_decode_json(worker_ids) or []),
+    )
+
+
+def _key(p: EnqueueParams) -> str:
+    return p.idempotency_key if p.idempotency_key is not None else str(p.id)
+
+
+def _batch_args(batch: Sequence[EnqueueParams]) -> dict[str, Any]:
+    return {
+        "ids": [p.id for p in batch],
+        "names": [p.name for p in batch],
+        "queues": [p.queue for p in batch],
+        "inputs": [p.input_json for p in batch],
+        "keys": [p.idempotency_key for p in batch],
+        "run_ids": [p.run_id for p in batch],
+        "max_attempts": [p.max_attempts for p in batch],
+        "priorities": [p.priority for p in batch],
+        "run_ats": [p.run_at for p in batch],
+        "delays_ms": [p.delay_ms for p in batch],
+        "tenant_ids": [p.tenant_id for p in batch],
+        "traceparents": [p.traceparent for p in batch],
+        "enqueued_bys": [p.enqueued_by for p in batch],
+        "concurrency_keys": [p.concurrency_key for p in batch],
+    }
+
+
+def _tenants(tenant_ids: Iterable[str] | None) -> list[str] | None:
+    return None if tenant_ids is None else list(tenant_ids)
+
+
+# Which states a fenced write leaves behind, to recognise its own earlier commit.
+_APPLIED_STATES = {
+    "complete": frozenset({"done"}),
+    "fail": frozenset({"ready", "delayed", "dead"}),
+    "requeue": frozenset({"ready", "delayed", "suspended"}),
+    "suspend": frozenset({"suspended"}),
+}
+
+
+class PostgresEngine(Engine):
+    features = Features(
+        skip_locked=True, listen_notify=True, transactional_enqueue=True, advisory_locks=True
+    )
+
+    def __init__(self, alias: str, *, notify: bool = True) -> None:
+        super().__init__(alias)
+        self.notify = notify
+
+    def statements(self) -> Mapping[str, Statement]:
+        return S.ALL
+
+    # ------------------------------------------------------------------------- plumbing --
+    def _run(self, stmt: Statement, params: Mapping[str, Any], *, fetch: str = "all") -> Any:
+        """Execute one named statement on this thread's connection; the one instrumented spot."""
+        faults.hit(f"before:{stmt.name}")
+        started = time.perf_counter()
+        with connections[self.alias].cursor() as cur:
+            cur.execute(stmt.sql, params)
+            if fetch == "all":
+                result: Any = cur.fetchall()
+            elif fetch == "one":
+                result = cur.fetchone()
+            else:
+                result = cur.rowcount
+        if log.isEnabledFor(logging.DEBUG):
+            rows = len(result) if isinstance(result, list) else result
+            log.debug(
+                "%s: %.2f ms, %s rows", stmt.name, (time.perf_counter() - started) * 1e3, rows
+            )
+        faults.hit(f"after:{stmt.name}")
+        return result
+
+    def is_connection_error(self, exc: BaseException) -> bool:
+        if isinstance(exc, InterfaceError):
+            return True
+        if not isinstance(exc, OperationalError):
+            return False
+        raw = connections[self.alias].connection
+        return raw is None or raw.closed or bool(getattr(raw, "broken", False)) or (
+            isinstance(exc.__cause__, Exception) and "connection" in str(exc).lower()
+        )
+
+    def reset_connection(self) -> None:
+        conn = connections[self.alias]
+        try:
+            conn.close()
+        except DatabaseError:
+            # close() on a broken connection can raise; what matters is that it is dropped.
+            conn.connection = None
+
+    # -------------------------------------------------------------------------- enqueue --
+    def job_enqueue(self, params: EnqueueParams) -> EnqueueResult:
+        args = {
+            "id": params.id, "name": params.name, "queue": params.queue,
+            "input": params.input_json, "key": params.idempotency_key, "run_id": params.run_id,
+            "max_attempts": params.max_attempts, "priority": params.priority,
+            "run_at": params.run_at, "delay_ms": params.delay_ms, "tenant_id": params.tenant_id,
+            "traceparent": params.traceparent, "enqueued_by": params.enqueued_by,
+            "concurrency_key": params.concurrency_key, "notify": self.notify,
+        }
+        key = _key(params)
+        # R3: the live job we conflicted with can finish before we read it; insert again then.
+        for _ in range(20):
+            rows = self._run(S.JOB_ENQUEUE, args)
+            if rows:
+                id_, run_id, state, _notified = rows[0]
+                return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
+            found = self.job_find_live_by_key(params.name, params.tenant_id, key)
+            if found is not None:
+                return found
+        raise DatabaseError(  # pragma: no cover - needs a key finishing 20 times in a row
+            f"enqueue of {params.name!r} kept conflicting with a live job that finished"
+        )
+
+    def jobs_enqueue(self, batch: Sequence[EnqueueParams]) -> list[EnqueueResult]:
+        results: list[EnqueueResult | None] = [None] * len(batch)
+        pending = list(range(len(batch)))
+        # R3 again: an item that conflicted with a job which finished before the read-back is
+        # inserted again with the next round.
+        for _ in range(20):
+            if not pending:
+                break
+            items = [batch[i] for i in pending]
+            args = {**_batch_args(items), "notify": self.notify}
+            inserted = {row[0]: row[1] for row in self._run(S.JOBS_ENQUEUE, args)}
+            missing: list[int] = []
+            for i in pending:
+                state = inserted.get(batch[i].id)
+                if state is None:
+                    missing.append(i)
+                else:
+                    results[i] = EnqueueResult(
+                        id=batch[i].id, run_id=batch[i].run_id, created=True, state=state
+                    )
+            if missing:
+                rows = self._run(S.JOBS_FIND_LIVE_BY_KEYS, {
+                    "names": [batch[i].name for i in missing],
+                    "tenant_ids": [batch[i].tenant_id for i in missing],
+                    "keys": [_key(batch[i]) for i in missing],
+                })
+                for ord_, id_, run_id, state in rows:
+                    results[missing[ord_ - 1]] = EnqueueResult(
+                        id=id_, run_id=run_id, created=False, state=state
+                    )
+            pending = [i for i in missing if results[i] is None]
+        if pending:  # pragma: no cover - needs keys finishing 20 times in a row
+            raise DatabaseError("bulk enqueue kept conflicting with live jobs that finished")
+        return [r for r in results if r is not None]
+
+    def job_find_live_by_key(
+        self, name: str, tenant_id: str | None, idempotency_key: str
+    ) -> EnqueueResult | None:
+        row = self._run(
+            S.JOB_FIND_LIVE_BY_KEY,
+            {"name": name, "tenant_id": tenant_id, "key": idempotency_key},
+            fetch="one",
+        )
+        if row is None:
+            return None
+        return EnqueueResult(id=row[0], run_id=row[1], created=False, state=row[2])
+
+    # ----------------------------------------------------------------------- worker side --
+    def jobs_claim(
+        self, *, wants: Mapping[str, int], worker_id: str, lease_ms: int
+    ) -> list[ClaimedJob]:
+        queues = [q for q, n in wants.items() if n > 0]
+        if not queues:
+            return []
+        rows = self._run(S.JOBS_CLAIM, {
+            "queues": queues,
+            "limits": [wants[q] for q in queues],
+            "worker_id": worker_id,
+            "lease_ms": lease_ms,
+        })
+        return [
+            ClaimedJob(
+                id=r[0], lease_token=r[1], name=r[2], queue=r[3], input=_decode_json(r[4]),
+                run_id=r[5],
+                attempt=r[6], max_attempts=r[7], tenant_id=r[8], traceparent=r[9],
+                concurrency_key=r[10], resumed=r[11],
+            )
+            for r in rows
+        ]
+
+    def _fence_check(self, kind: str, refs: Sequence[tuple[str, str]]) -> FenceReport:
+        rows = self._run(S.JOBS_FENCE_CHECK, {
+            "ids": [r[0] for r in refs], "tokens": [r[1] for r in refs],
+        })
+        applied_states = _APPLIED_STATES[kind]
+        already = frozenset(
+            id_ for id_, state, same_token in rows if same_token and state in applied_states
+        )
+        lost = frozenset(r[0] for r in refs) - already
+        return FenceReport(already_applied=already, lost=lost)
+
+    def jobs_complete_if_owned(self, batch: Sequence[Completion]) -> FenceReport:
+        if not batch:
+            return FenceReport()
+        rows = self._run(S.JOBS_COMPLETE_IF_OWNED, {
+            "ids": [c.id for c in batch],
+            "tokens": [c.lease_token for c in batch],
+            "results": [c.result_json for c in batch],
+        })
+        owned = frozenset(r[0] for r in rows)
+        if len(owned) == len(batch):
+            return FenceReport(owned=owned)
+        rest = self._fence_check(
+            "complete", [(c.id, c.lease_token) for c in batch if c.id not in owned]
+        )
+        return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost)
+
+    def job_fail_if_owned(self, failure: Failure) -> tuple[FenceReport, str | None]:
+        row = self._run(S.JOB_FAIL_IF_OWNED, {
+            "id": failure.id, "token": failure.lease_token, "error": failure.error,
+            "delay_ms": failure.retry_delay_ms, "permanent": failure.permanent,
+        }, fetch="one")
+        if row is not None:
+            return FenceReport(owned=frozenset({failure.id})), row[0]
+        return self._fence_check("fail", [(failure.id, failure.lease_token)]), None
+
+    def job_requeue_if_owned(self, requeue: Requeue) -> FenceReport:
+        row = self._run(S.JOB_REQUEUE_IF_OWNED, {
+            "id": requeue.id, "token": requeue.lease_token, "delay_ms": requeue.delay_ms,
+            "spent": requeue.spent_attempt, "resumed": requeue.resumed, "note": requeue.note,
+        }, fetch="one")
+        if row is not None:
+            return FenceReport(owned=frozenset({requeue.id}))
+        return self._fence_check("requeue", [(requeue.id, requeue.lease_token)])
+
+    def job_suspend_if_owned(self, suspension: Suspension) -> FenceReport:
+        row = self._run(S.JOB_SUSPEND_IF_OWNED, {
+            "id": suspension.id, "token": suspension.lease_token, "wake_at": suspension.wake_at,
+        }, fetch="one")
+        if row is not None:
+            return FenceReport(owned=frozenset({suspension.id}))
+        return self._fence_check("suspend", [(suspension.id, suspension.lease_token)])
+
+    def jobs_renew_if_owned(self, leases: Sequence[LeaseRef], lease_ms: int) -> frozenset[str]:
+        if not leases:
+            return frozenset()
+        rows = self._run(S.JOBS_RENEW_IF_OWNED, {
+            "ids": [r.id for r in leases], "tokens": [r.lease_token for r in leases],
+            "lease_ms": lease_ms,
+        })
+        return frozenset(r[0] for r in rows)
+
+    # ------------------------------------------------------------------------- operators --
+    def job_get(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> JobRecord | None:
+        job_uuid = _as_uuid(job_id)
+        if job_uuid is None:
+            return None
+        row = self._run(S.JOB_GET, {"id": job_uuid, "tenant_ids": _tenants(tenant_ids)},
+                        fetch="one")
+        return _job_record(row) if row is not None else None
+
+    def job_cancel(
+        self, job_id: str, *, reason: str | None, tenant_ids: Iterable[str] | None = None
+    ) -> ChangeResult:
+        job_uuid = _as_uuid(job_id)
+        if job_uuid is None:
+            return ChangeResult(job=None, changed=False, reason="not found")
+        row = self._run(S.JOB_CANCEL, {
+            "id": job_uuid, "reason": reason, "tenant_ids": _tenants(tenant_ids),
+        }, fetch="one")
+        if row is not None:
+            return ChangeResult(job=_job_record(row), changed=True)
+        current = self.job_get(job_id, tenant_ids=tenant_ids)
+        if current is None:
+            return ChangeResult(job=None, changed=False, reason="not found")
+        return ChangeResult(job=current, changed=False, reason=f"already {current.state}")
+
+    def job_retry(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
+        job_uuid = _as_uuid(job_id)
+        if job_uuid is None:
+            return ChangeResult(job=None, changed=False, reason="not found")
+        try:
+            # A savepoint, so a refused retry inside the caller's transaction leaves it usable.
+            with db_transaction.atomic(using=self.alias):
+                row = self._run(S.JOB_RETRY, {
+                    "id": job_uuid, "tenant_ids": _tenants(tenant_ids), "notify": self.notify,
+                }, fetch="one")
+        except IntegrityError:
+            current = self.job_get(job_id, tenant_ids=tenant_ids)
+            live = None
+            if current is not None:
+                live = self.job_find_live_by_key(
+                    current.name, current.tenant_id, current.idempotency_key
+                )
+            raise LiveJobExists(
+                f"job {job_id} was not retried: live job {live.id if live else '?'} holds its "
+                f"idempotency key",
+                live_job_id=str(live.id) if live else None,
+            ) from None
+        if row is not None:
+            return ChangeResult(job=_job_record(row), changed=True)
+        current = self.job_get(job_id, tenant_ids=tenant_ids)
+        if current is None:
+            return ChangeResult(job=None, changed=False, reason="not found")
+        return ChangeResult(
+            job=current, changed=False, reason=f"is {current.state}, only dead or cancelled jobs"
+            " can be retried",
+        )
+
+    def job_run_now(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
+        job_uuid = _as_uuid(job_id)
+        if job_uuid is None:
+            return ChangeResult(job=None, changed=False, reason="not found")
+        row = self._run(S.JOB_RUN_NOW, {
+            "id": job_uuid, "tenant_ids": _tenants(tenant_ids), "notify": self.notify,
+        }, fetch="one")
+        if row is not None:
+            return ChangeResult(job=_job_record(row), changed=True)
+        current = self.job_get(job_id, tenant_ids=tenant_ids)
+        if current is None:
+            return ChangeResult(job=None, changed=False, reason="not found")
+        return ChangeResult(job=current, changed=False, reason=f"is {current.state} and due")
+
+    def jobs_purge(
+        self, *, states: Sequence[str], finished_before: datetime, batch_size: int = 1000
+    ) -> int:
+        total = 0
+        while True:
+            deleted = self._run(S.JOBS_PURGE, {
+                "states": list(states), "before": finished_before, "batch": batch_size,
+            }, fetch="count")
+            total += deleted
+            if deleted < batch_size:
+                return total
+
+    def queue_stats(self) -> list[QueueStats]:
+        return [
+            QueueStats(queue=r[0], ready=r[1], delayed=r[2], running=r[3], suspended=r[4],
+                       dead=r[5], done=r[6], cancelled=r[7])
+            for r in self._run(S.QUEUE_STATS, {})
+        ]
+
+    def outbox_pending(self) -> tuple[int, float | None]:
+        count, age = self._run(S.OUTBOX_PENDING, {}, fetch="one")
+        return int(count), age
+
+    # ----------------------------------------------------------------------- connections --
+    def session_label(self, label: str) -> None:
+        self._run(S.SESSION_LABEL, {"label": label[:63]}, fetch="one")
+
+    def db_now(self) -> datetime:
+        return self._run(S.DB_NOW, {}, fetch="one")[0]
+
+    def listener(self, channel_label: str) -> Listener:
+        return PostgresListener(self.alias, channel_label)
+
+
+def _as_uuid(value: Any) -> UUID | None:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(str(value))
+    except ValueError:
+        return None
+
+
+class PostgresListener(Listener):
+    """A dedicated autocommit connection that LISTENs on the ``xjobs`` channel.
+
+    The payload of a notification is a queue name. Connection errors surface as
+    :class:`ListenerLost`; the worker reconnects (and LISTENs again) with backoff.
+    """
+
+    def __init__(self, alias: str, label: str) -> None:
+        import psycopg
+
+        params = dict(connections[alias].get_connection_params())
+        params.pop("cursor_factory", None)
+        params["application_name"] = label[:63]
+        # A peer that vanished without a FIN (host gone) is noticed by keepalives, not by reads.
+        params.setdefault("keepalives", 1)
+        params.setdefault("keepalives_idle", 10)
+        params.setdefault("keepalives_interval", 5)
+        params.setdefault("keepalives_count", 3)
+        try:
+            self._conn = psycopg.connect(**params, autocommit=True)
+            self._conn.execute(S.LISTEN.sql)
+        except psycopg.Error as exc:
+            raise ListenerLost(str(exc)) from exc
+
+    def backend_pid(self) -> int:
+        return self._conn.info.backend_pid
+
+    def wait(self, timeout: float) -> list[str]:
+        import psycopg
+
+        try:
+            # Block on the socket ourselves so the wait is bounded and cheap; then drain.
+            ready, _, _ = select.select([self._conn.fileno()], [], [], timeout)
+            if not ready:
+                return []
+            # Reading the socket also surfaces an error or EOF (backend terminated) as an
+            # exception, which is how a dropped listener is noticed.
+            return [n.payload for n in self._conn.notifies(timeout=0)]
+        except (psycopg.Error, OSError, ValueError) as exc:
+            raise ListenerLost(str(exc)) from exc
+
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        except Exception:  # closing a broken connection may raise; it is gone either way
+            pass

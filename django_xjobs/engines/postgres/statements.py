@@ -1,0 +1,533 @@
+"""THE WIRE FORMAT: every statement the PostgreSQL engine runs, as a named constant.
+
+Rules of this module:
+
+* Nothing else in django-xjobs writes queue SQL. The engine runs these by name, logs the name,
+  and ``manage.py xjobs_sql NAME`` prints the text (as a ``PREPARE`` an operator can paste into
+  psql).
+* Each statement's ``why`` says why its filters exist; most of them record a real bug of an
+  earlier implementation of this design (``../shared/seed``) or of a peer queue.
+* Parameters are ``%(name)s`` placeholders bound by psycopg, never formatted into the text.
+* Time is the database's: every lease and due-time comparison uses ``now()``, so a worker with
+  a wrong clock cannot stretch or shrink a lease.
+
+Fencing (see SPEC §2): a claim writes a fresh ``lease_token`` (``gen_random_uuid()``, never
+reused); every write a worker makes about a run carries ``id``, ``state = 'running'`` AND that
+token. ``state = 'running'`` alone, the seed's fence, also matches the row after another worker
+re-claimed a lapsed lease. A finished row keeps the token of the run that finished it, so a write
+retried after an ambiguous commit is recognised by :data:`JOBS_FENCE_CHECK` as already applied.
+An outside actor that ends a run (cancel, the claim that buries a lapsed job) clears the token:
+that run did not finish the job, and its late writes must read as lost.
+"""
+
+from __future__ import annotations
+
+from ..base import Statement
+
+CHANNEL = "xjobs"
+
+LIVE = "('ready', 'delayed', 'running', 'suspended')"
+
+# Column list of a whole job row, decoded by engine._job_record in this order.
+JOB_COLUMNS = (
+    "id, name, queue, input, idempotency_key, run_id, attempt, max_attempts, state, run_at,"
+    " visible_at, claimed_by, last_error, tenant_id, traceparent, enqueued_by, created_at,"
+    " updated_at, priority, result, lease_token, concurrency_key, started_at, finished_at,"
+    " rescues, worker_ids"
+)
+
+# --------------------------------------------------------------------------------- enqueue --
+
+JOB_ENQUEUE = Statement(
+    "job_enqueue",
+    why="""
+Insert one job; `delayed` when its run_at is in the future, else `ready`.
+
+`on conflict ... do nothing` against the partial unique index over LIVE states is the whole
+idempotency story: one live job per (name, tenant, key), while finished rows stay as history so
+the same work can run again tomorrow. No check-then-insert and no advisory lock: a concurrent
+inserter of the same key waits on the index entry of the other transaction and, if that one
+rolls back, inserts its own (tests/conformance/test_enqueue.py). The tenant is in the index as
+`coalesce(tenant_id, '')` so one tenant can neither block nor detect another's key, and a NULL
+tenant is one tenant rather than a wildcard.
+
+A caller that gives no key gets the job's own id as key: it never deduplicates.
+
+The NOTIFY names the queue and nothing else, is sent only for a job due now, and is
+transactional: delivered on commit, and PostgreSQL folds identical notifications of one
+transaction into one, so an enqueue loop in one transaction wakes workers once.
+""",
+    sql="""
+with inserted as (
+    insert into x_jobs
+        (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
+         tenant_id, traceparent, enqueued_by, concurrency_key)
+    select %(id)s, %(name)s, %(queue)s, %(input)s::jsonb, coalesce(%(key)s, %(id)s::text),
+           %(run_id)s, %(max_attempts)s, %(priority)s,
+           case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
+           %(tenant_id)s, %(traceparent)s, %(enqueued_by)s, %(concurrency_key)s
+      from (select coalesce(%(run_at)s::timestamptz,
+                            now() + %(delay_ms)s * interval '1 millisecond') as run_at) t
+    on conflict (name, (coalesce(tenant_id, '')), idempotency_key)
+       where state in ('ready', 'delayed', 'running', 'suspended')
+       do nothing
+    returning id, run_id, state, queue
+)
+select id, run_id, state,
+       case when %(notify)s and state = 'ready' then pg_notify('xjobs', queue) end
+  from inserted
+""",
+)
+
+JOBS_ENQUEUE = Statement(
+    "jobs_enqueue",
+    why="""
+The batch form of job_enqueue: one statement for the whole batch (arrays unnested), the same
+`on conflict do nothing` against the live-key index, so idempotency holds inside the batch too
+(a second item with the same key is skipped, and find-live-by-keys names the first one).
+
+At most one NOTIFY per queue per batch, never one per job: the `notified` CTE is read by the
+final select only to force it to run.
+""",
+    sql="""
+with rows as (
+    select *
+      from unnest(%(ids)s::uuid[], %(names)s::text[], %(queues)s::text[], %(inputs)s::jsonb[],
+                  %(keys)s::text[], %(run_ids)s::uuid[], %(max_attempts)s::int[],
+                  %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays_ms)s::bigint[],
+                  %(tenant_ids)s::text[], %(traceparents)s::text[], %(enqueued_bys)s::text[],
+                  %(concurrency_keys)s::text[])
+        as r(id, name, queue, input, key, run_id, max_attempts, priority, run_at, delay_ms,
+             tenant_id, traceparent, enqueued_by, concurrency_key)
+), inserted as (
+    insert into x_jobs
+        (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
+         tenant_id, traceparent, enqueued_by, concurrency_key)
+    select r.id, r.name, r.queue, r.input, coalesce(r.key, r.id::text), r.run_id, r.max_attempts,
+           r.priority, case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
+           r.tenant_id, r.traceparent, r.enqueued_by, r.concurrency_key
+      from rows r
+      cross join lateral (
+          select coalesce(r.run_at, now() + r.delay_ms * interval '1 millisecond') as run_at
+      ) t
+    on conflict (name, (coalesce(tenant_id, '')), idempotency_key)
+       where state in ('ready', 'delayed', 'running', 'suspended')
+       do nothing
+    returning id, state, queue
+), notified as (
+    select pg_notify('xjobs', q.queue)
+      from (select distinct queue from inserted where state = 'ready') q
+     where %(notify)s
+)
+select id, state from inserted where (select count(*) from notified) >= 0
+""",
+)
+
+JOB_FIND_LIVE_BY_KEY = Statement(
+    "job_find_live_by_key",
+    why="""
+The live job holding (name, tenant, key), read after job_enqueue met a conflict. Scoped exactly
+as the unique index is, name and tenant included: a lookup by key alone would find a stranger's
+job (the seed's 1.x bug). It can find nothing when the live job finished between the conflict
+and this read; the caller then inserts again.
+""",
+    sql=f"""
+select id, run_id, state
+  from x_jobs
+ where name = %(name)s
+   and coalesce(tenant_id, '') = coalesce(%(tenant_id)s, '')
+   and idempotency_key = %(key)s
+   and state in {LIVE}
+ limit 1
+""",
+)
+
+JOBS_FIND_LIVE_BY_KEYS = Statement(
+    "jobs_find_live_by_keys",
+    why="""
+job_find_live_by_key for the items of a batch that were not inserted, in one statement. The join
+is on the same (name, coalesce(tenant_id, ''), key) expression as the unique index, which is
+what lets it use that index.
+""",
+    sql=f"""
+select k.ord, j.id, j.run_id, j.state
+  from unnest(%(names)s::text[], %(tenant_ids)s::text[], %(keys)s::text[])
+       with ordinality as k(name, tenant_id, key, ord)
+  join x_jobs j
+    on j.name = k.name
+   and coalesce(j.tenant_id, '') = coalesce(k.tenant_id, '')
+   and j.idempotency_key = k.key
+   and j.state in {LIVE}
+""",
+)
+
+# ----------------------------------------------------------------------------------- claim --
+
+JOBS_CLAIM = Statement(
+    "jobs_claim",
+    why="""
+Lease up to n jobs per queue in one statement. SKIP LOCKED is the whole design: without it a
+second worker blocks on the first one's row locks and throughput collapses to one worker
+(tests/conformance/test_claim.py::test_a_row_locked_by_another_session_is_skipped).
+
+Eligible: `ready`/`delayed`/`suspended` rows due now, or `running` rows whose lease lapsed
+(`visible_at <= now()`: the worker died or stopped renewing). `done`, `dead` and `cancelled`
+appear in no branch, so a finished or cancelled job is never handed out again. One lateral scan
+per queue walks that queue's claim index in (priority desc, run_at) order, which a single
+`queue = any(...)` scan cannot do.
+
+Every claim writes a fresh lease_token: the fence for every later write of this run. `attempt`
+counts claims, except a resume from `suspended` (waking from a durable sleep is not a new
+attempt). A lapsed lease whose attempt was already the last one goes to `dead` instead of
+running again: a job that kills its worker must not loop forever. Its token is cleared, so the
+late writes of the run that lost it read as lost.
+""",
+    sql="""
+with wants as (
+    select * from unnest(%(queues)s::text[], %(limits)s::int[]) as w(queue, n)
+), candidates as (
+    select c.id, c.prev_state, c.exhausted, w.queue, w.n, 0 as branch, c.sort_at
+      from wants w
+      cross join lateral (
+          select id, state as prev_state, attempt >= max_attempts as exhausted, visible_at as sort_at
+            from x_jobs
+           where queue = w.queue and state = 'running' and visible_at <= now()
+           order by visible_at
+           limit w.n
+             for update skip locked
+      ) c
+    union all
+    select c.id, c.prev_state, false, w.queue, w.n, 1, c.sort_at
+      from wants w
+      cross join lateral (
+          select id, state as prev_state, run_at as sort_at
+            from x_jobs
+           where queue = w.queue and state in ('ready', 'delayed', 'suspended')
+             and run_at <= now()
+           order by priority desc, run_at
+           limit w.n
+             for update skip locked
+      ) c
+), picked as (
+    select id, prev_state, exhausted
+      from (select *, row_number() over (partition by queue order by branch, sort_at) as rn
+              from candidates) ranked
+     where rn <= n
+), claimed as (
+    update x_jobs j
+       set state       = case when p.exhausted then 'dead' else 'running' end,
+           attempt     = case when p.exhausted or p.prev_state = 'suspended' then j.attempt
+                              else j.attempt + 1 end,
+           rescues     = j.rescues + (p.prev_state = 'running')::int,
+           visible_at  = case when p.exhausted then null
+                              else now() + %(lease_ms)s * interval '1 millisecond' end,
+           lease_token = case when p.exhausted then null else gen_random_uuid() end,
+           claimed_by  = case when p.exhausted then j.claimed_by else %(worker_id)s end,
+           worker_ids  = case when p.exhausted or p.prev_state = 'suspended' then j.worker_ids
+                              else j.worker_ids || jsonb_build_array(%(worker_id)s::text) end,
+           started_at  = case when p.exhausted then j.started_at else now() end,
+           finished_at = case when p.exhausted then now() end,
+           last_error  = case when p.exhausted
+                              then format('lease lost %%s times: the worker running attempt %%s'
+                                          ' of %%s (%%s) stopped renewing it (killed or crashed?)',
+                                          j.rescues + 1, j.attempt, j.max_attempts, j.claimed_by)
+                              else j.last_error end,
+           updated_at  = now()
+      from picked p
+     where j.id = p.id
+ returning j.id, j.lease_token, j.name, j.queue, j.input, j.run_id, j.attempt, j.max_attempts,
+           j.tenant_id, j.traceparent, j.concurrency_key, p.prev_state = 'suspended' as resumed,
+           j.state
+)
+select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
+       tenant_id, traceparent, concurrency_key, resumed
+  from claimed
+ where state = 'running'
+""",
+)
+
+# ----------------------------------------------------------------------------- fenced writes --
+
+JOBS_COMPLETE_IF_OWNED = Statement(
+    "jobs_complete_if_owned",
+    why="""
+Mark many runs done in one statement, each fenced on (id, state = 'running', its lease_token).
+A pair that matches no row is NOT a success: the run lost the job (cancelled, or re-claimed
+after its lease lapsed) and its result is discarded; jobs_fence_check tells that apart from an
+earlier try of this same write that committed before the connection died.
+
+The row keeps claimed_by, attempt and lease_token of the run that finished it.
+""",
+    sql="""
+update x_jobs j
+   set state = 'done', result = v.result, visible_at = null, finished_at = now(),
+       updated_at = now()
+  from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(results)s::jsonb[]) as v(id, token, result)
+ where j.id = v.id and j.lease_token = v.token and j.state = 'running'
+returning j.id::text
+""",
+)
+
+JOB_FAIL_IF_OWNED = Statement(
+    "job_fail_if_owned",
+    why="""
+A run that raised: retry (`ready`, or `delayed` until the backoff's run_at) or `dead` once the
+attempts are used up or the error is permanent. The choice is made here from the row, under the
+same fence as the ack, so a run that lost the job cannot bury or revive it. last_error always
+records this run's error.
+""",
+    sql="""
+update x_jobs
+   set state       = case when %(permanent)s or attempt >= max_attempts then 'dead'
+                          when %(delay_ms)s > 0 then 'delayed' else 'ready' end,
+       run_at      = case when %(permanent)s or attempt >= max_attempts then run_at
+                          else now() + %(delay_ms)s * interval '1 millisecond' end,
+       finished_at = case when %(permanent)s or attempt >= max_attempts then now() end,
+       visible_at  = null,
+       last_error  = %(error)s,
+       updated_at  = now()
+ where id = %(id)s and lease_token = %(token)s and state = 'running'
+returning state
+""",
+)
+
+JOB_REQUEUE_IF_OWNED = Statement(
+    "job_requeue_if_owned",
+    why="""
+Give a job back without spending an attempt (Snooze, graceful shutdown, a refused concurrency
+slot): the attempt the claim counted is taken back, and so is its worker_ids entry, so attempts
+count runs that really ran. A claim that resumed a suspended job counted nothing, so it returns
+to `suspended` (its next claim will not count one either). Fenced like every worker write.
+""",
+    sql="""
+update x_jobs
+   set state      = case when %(resumed)s then 'suspended'
+                         when %(delay_ms)s > 0 then 'delayed' else 'ready' end,
+       attempt    = attempt - %(spent)s::int,
+       worker_ids = case when %(spent)s then worker_ids - (jsonb_array_length(worker_ids) - 1)
+                         else worker_ids end,
+       run_at     = now() + %(delay_ms)s * interval '1 millisecond',
+       visible_at = null,
+       last_error = coalesce(%(note)s, last_error),
+       updated_at = now()
+ where id = %(id)s and lease_token = %(token)s and state = 'running'
+returning state
+""",
+)
+
+JOB_SUSPEND_IF_OWNED = Statement(
+    "job_suspend_if_owned",
+    why="""
+Park a running job until wake_at (a durable sleep or an event wait). `suspended` rows are in the
+claim index and become eligible at run_at; their resume does not count an attempt. Fenced: a run
+that lost the job cannot park it.
+""",
+    sql="""
+update x_jobs
+   set state = 'suspended', run_at = %(wake_at)s, visible_at = null, updated_at = now()
+ where id = %(id)s and lease_token = %(token)s and state = 'running'
+returning id::text
+""",
+)
+
+JOBS_RENEW_IF_OWNED = Statement(
+    "jobs_renew_if_owned",
+    why="""
+The heartbeat: renew every in-flight lease of a worker in ONE statement per interval, fenced
+per run on (id, running, token), returning the ids that still belong to it. An id missing from
+the answer means the run lost the job (cancelled from outside, or re-claimed after a lapse):
+that run is stopped and its result discarded, because continuing it is the double execution the
+lease exists to prevent.
+""",
+    sql="""
+update x_jobs j
+   set visible_at = now() + %(lease_ms)s * interval '1 millisecond', updated_at = now()
+  from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
+ where j.id = v.id and j.lease_token = v.token and j.state = 'running'
+returning j.id::text
+""",
+)
+
+JOBS_FENCE_CHECK = Statement(
+    "jobs_fence_check",
+    why="""
+Read after a fenced write matched fewer rows than it was given, to tell `lost` from `already
+applied`: when the connection died after the server committed a write, the retry matches
+nothing, yet the row carries this run's token in the state the write set. Only a run's own
+writes leave its token on a non-running row (cancel and burial clear it), so the token decides.
+""",
+    sql="""
+select v.id::text, j.state, coalesce(j.lease_token = v.token, false)
+  from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
+  left join x_jobs j on j.id = v.id
+""",
+)
+
+# ------------------------------------------------------------------------------- operators --
+
+JOB_GET = Statement(
+    "job_get",
+    why="""
+One job by id. Under a tenant scope (the console's ADMIN_TENANT_SCOPE) a job of another tenant
+is simply not found, so its existence is not revealed either.
+""",
+    sql=f"""
+select {JOB_COLUMNS}
+  from x_jobs
+ where id = %(id)s
+   and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+""",
+)
+
+JOB_CANCEL = Statement(
+    "job_cancel",
+    why="""
+Stop a job from outside. Any state but `done` (nothing left to stop) and `cancelled` (already
+stopped; a second cancel must not rewrite the first one's reason). A `running` job's worker
+learns at its next heartbeat, which no longer matches: the token is cleared here, so its late
+ack or nack reads as lost and the cancel is never undone by the run it stopped.
+""",
+    sql=f"""
+update x_jobs
+   set state = 'cancelled', visible_at = null, lease_token = null, finished_at = now(),
+       last_error = coalesce(%(reason)s, last_error), updated_at = now()
+ where id = %(id)s and state not in ('done', 'cancelled')
+   and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+returning {JOB_COLUMNS}
+""",
+)
+
+JOB_RETRY = Statement(
+    "job_retry",
+    why="""
+An operator's "retry now": a `dead` or `cancelled` job becomes `ready` with a fresh attempt
+budget and the SAME run_id, so the durable steps it completed are not run again. last_error is
+kept as the record of why it stopped. If another live job holds the key meanwhile, the unique
+index refuses the update; the engine reports that job instead of a driver error.
+""",
+    sql=f"""
+with retried as (
+    update x_jobs
+       set state = 'ready', attempt = 0, run_at = now(), visible_at = null, lease_token = null,
+           finished_at = null, result = null, updated_at = now()
+     where id = %(id)s and state in ('dead', 'cancelled')
+       and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+    returning {JOB_COLUMNS}
+)
+select {JOB_COLUMNS}, case when %(notify)s then pg_notify('xjobs', queue) end from retried
+""",
+)
+
+JOB_RUN_NOW = Statement(
+    "job_run_now",
+    why="""
+An operator's "run now": a `delayed` job, a `suspended` one, or a `ready` one due later becomes
+due at once. `running` and finished jobs are untouched (there is nothing to bring forward).
+""",
+    sql=f"""
+with moved as (
+    update x_jobs
+       set run_at = now(),
+           state = case when state = 'delayed' then 'ready' else state end,
+           updated_at = now()
+     where id = %(id)s
+       and (state in ('delayed', 'suspended') or (state = 'ready' and run_at > now()))
+       and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+    returning {JOB_COLUMNS}
+)
+select {JOB_COLUMNS}, case when %(notify)s then pg_notify('xjobs', queue) end from moved
+""",
+)
+
+JOBS_PURGE = Statement(
+    "jobs_purge",
+    why="""
+Delete finished jobs of the given states that finished before a cutoff, one bounded batch per
+call (the caller loops), so retention never holds long locks on the hot table. Driven by the
+partial index on finished rows; SKIP LOCKED so it never waits behind a worker. The run's steps go
+with it (steps are keyed by run_id, which a job keeps for life).
+""",
+    sql="""
+with victims as (
+    select id, run_id
+      from x_jobs
+     where state = any(%(states)s::text[]) and finished_at < %(before)s
+     order by finished_at
+     limit %(batch)s
+       for update skip locked
+), steps as (
+    delete from x_job_steps s using victims v where s.run_id = v.run_id
+)
+delete from x_jobs j using victims v where j.id = v.id
+""",
+)
+
+QUEUE_STATS = Statement(
+    "queue_stats",
+    why="""
+Per queue, five buckets a depth is SUMMED from, so a row must land in exactly one:
+`ready` (ready and due), `delayed` (delayed, or ready but not yet due), `running`, `suspended`,
+`dead`; plus done and cancelled. A bare `run_at > now()` would count a sleeping `suspended` job,
+or a dead one with a future run_at, twice (the seed's 1.x bug, found because its memory driver's
+if/else chain was exclusive and Postgres was not). Pinned by the property test
+tests/conformance/test_stats.py.
+""",
+    sql="""
+select queue,
+       count(*) filter (where state = 'ready' and run_at <= now())                 as ready,
+       count(*) filter (where state = 'delayed' or (state = 'ready' and run_at > now())) as delayed,
+       count(*) filter (where state = 'running')                                   as running,
+       count(*) filter (where state = 'suspended')                                 as suspended,
+       count(*) filter (where state = 'dead')                                      as dead,
+       count(*) filter (where state = 'done')                                      as done,
+       count(*) filter (where state = 'cancelled')                                 as cancelled
+  from x_jobs
+ group by queue
+ order by queue
+""",
+)
+
+OUTBOX_PENDING = Statement(
+    "outbox_pending",
+    why="""
+Staged outbox rows not relayed yet and the age of the oldest: a growing age means no relay is
+running. Reads the partial index on unpublished rows, so it stays cheap however much history
+the outbox keeps.
+""",
+    sql="""
+select count(*), extract(epoch from now() - min(staged_at))::float8
+  from x_outbox
+ where published_at is null
+""",
+)
+
+# ------------------------------------------------------------------------------ connections --
+
+SESSION_LABEL = Statement(
+    "session_label",
+    why="""
+Name a worker connection (`application_name`), so `pg_stat_activity` shows which worker and which
+role (dispatcher, heartbeat, listener) a backend serves, and fault tests can find it.
+""",
+    sql="select set_config('application_name', %(label)s, false)",
+)
+
+LISTEN = Statement(
+    "listen",
+    why="""
+Subscribe a dedicated connection to enqueue wake-ups. NOTIFY is a latency hint, never the source
+of truth: notifications sent while this session is gone are lost, so the worker polls as well
+and re-LISTENs after every reconnect.
+""",
+    sql=f"listen {CHANNEL}",
+)
+
+DB_NOW = Statement(
+    "db_now",
+    why="The database clock, the one every lease is measured on.",
+    sql="select now()",
+)
+
+ALL: dict[str, Statement] = {
+    s.name: s for s in globals().copy().values() if isinstance(s, Statement)
+}

@@ -1,0 +1,105 @@
+"""Named fault points for fault-injection tests (Temporal's "execute, then time out" idea).
+
+The engine calls ``hit("before:<statement>")`` and ``hit("after:<statement>")`` around every
+statement, and the worker calls a few points of its own (``worker:<name>``). With nothing
+injected, ``hit`` is one dict lookup on an empty dict.
+
+Faults are armed in-process with :func:`inject`, or for worker subprocesses through the
+environment variable ``XJOBS_FAULTS``, read once at import::
+
+    XJOBS_FAULTS="after:jobs_complete_if_owned=disconnect*1;worker:job-start=exit"
+
+Actions:
+
+``disconnect``  close this thread's database connection, then raise ``OperationalError``:
+                after a statement that committed, this is the ambiguous commit (the server
+                applied the write, the client never heard);
+``raise``       raise ``OperationalError`` without touching the connection;
+``exit``        ``os._exit(137)``, as a SIGKILL would end the process;
+``stop``        SIGSTOP this process (a frozen VM, a long GC pause);
+``sleep:S``     sleep S seconds.
+
+``*N`` fires the fault N times (default: every time).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+ENV_VAR = "XJOBS_FAULTS"
+
+
+@dataclass
+class _Fault:
+    action: str
+    remaining: int | None  # None = unlimited
+
+
+_points: dict[str, _Fault] = {}
+_lock = threading.Lock()
+alias = "default"  # the connection `disconnect` closes; set by the worker to XJOBS["DATABASE"]
+
+
+def _parse(spec: str) -> dict[str, _Fault]:
+    parsed: dict[str, _Fault] = {}
+    for item in filter(None, (part.strip() for part in spec.split(";"))):
+        point, _, action = item.partition("=")
+        times: int | None = None
+        if "*" in action:
+            action, _, count = action.rpartition("*")
+            times = int(count)
+        parsed[point.strip()] = _Fault(action.strip(), times)
+    return parsed
+
+
+def inject(point: str, action: str, *, times: int | None = 1) -> None:
+    with _lock:
+        _points[point] = _Fault(action, times)
+
+
+def clear() -> None:
+    with _lock:
+        _points.clear()
+
+
+def hit(point: str) -> None:
+    if not _points:
+        return
+    with _lock:
+        fault = _points.get(point)
+        if fault is None:
+            return
+        if fault.remaining is not None:
+            fault.remaining -= 1
+            if fault.remaining <= 0:
+                del _points[point]
+    _act(point, fault.action)
+
+
+def _act(point: str, action: str) -> None:
+    from django.db import OperationalError, connections
+
+    if action == "disconnect":
+        raw = connections[alias].connection
+        if raw is not None:
+            raw.close()
+        raise OperationalError(f"injected fault at {point}: connection lost")
+    if action == "raise":
+        raise OperationalError(f"injected fault at {point}")
+    if action == "exit":
+        os._exit(137)
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    if action.startswith("sleep:"):
+        time.sleep(float(action.split(":", 1)[1]))
+        return
+    raise ValueError(f"unknown fault action {action!r} at {point}")
+
+
+if os.environ.get(ENV_VAR):
+    _points.update(_parse(os.environ[ENV_VAR]))

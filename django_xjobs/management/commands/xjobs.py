@@ -1,0 +1,159 @@
+"""``manage.py xjobs``: queue stats and operator actions, each with ``--json`` for scripts.
+
+    manage.py xjobs                       stats per queue (five exclusive buckets + finished)
+    manage.py xjobs show ID               one job, its error and result
+    manage.py xjobs cancel ID [--reason]  stop a job (a running one stops at its next heartbeat)
+    manage.py xjobs retry ID              dead/cancelled -> a fresh set of attempts, due now
+    manage.py xjobs run-now ID            delayed/suspended -> due now
+    manage.py xjobs purge --older-than 7d [--state done ...]
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ... import api
+from ...conf import parse_duration
+from ...engines import get_engine
+from ...exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
+from ...records import TERMINAL_STATES, ChangeResult, JobRecord
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    return value
+
+
+def job_dict(job: JobRecord) -> dict[str, Any]:
+    return {name: _jsonable(getattr(job, name)) for name in job.__dataclass_fields__}
+
+
+class Command(BaseCommand):
+    help = "Job queue stats and operator actions (show, cancel, retry, run-now, purge)."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+        sub = parser.add_subparsers(dest="action", metavar="ACTION")
+        show = sub.add_parser("show", help="show one job")
+        show.add_argument("job_id")
+        cancel = sub.add_parser("cancel", help="cancel a job")
+        cancel.add_argument("job_id")
+        cancel.add_argument("--reason", help="recorded in last_error")
+        retry = sub.add_parser("retry", help="retry a dead or cancelled job now")
+        retry.add_argument("job_id")
+        run_now = sub.add_parser("run-now", help="make a delayed or suspended job due now")
+        run_now.add_argument("job_id")
+        purge = sub.add_parser("purge", help="delete finished jobs past an age")
+        purge.add_argument("--older-than", required=True, help="e.g. 7d, 12h")
+        purge.add_argument("--state", action="append", choices=TERMINAL_STATES,
+                           help="finished state to delete (repeatable; default all three)")
+        for p in (show, cancel, retry, run_now, purge):
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options.get("action")
+        as_json = options["json"]
+        try:
+            if action is None:
+                self._stats(as_json)
+            elif action == "show":
+                self._show(api.get_job(options["job_id"]), as_json)
+            elif action == "cancel":
+                self._change("cancel", api.cancel(options["job_id"], reason=options["reason"]),
+                             as_json)
+            elif action == "retry":
+                self._change("retry", api.retry(options["job_id"]), as_json)
+            elif action == "run-now":
+                self._change("run-now", api.run_now(options["job_id"]), as_json)
+            elif action == "purge":
+                self._purge(options, as_json)
+        except LiveJobExists as exc:
+            raise CommandError(f"{exc} (see: manage.py xjobs show {exc.live_job_id})") from None
+        except (JobNotFound, ConfigurationError, XJobsError) as exc:
+            raise CommandError(str(exc)) from None
+
+    # ---------------------------------------------------------------------------------------
+    def _emit(self, data: Any) -> None:
+        self.stdout.write(json.dumps(data, indent=2, default=_jsonable))
+
+    def _stats(self, as_json: bool) -> None:
+        engine = get_engine()
+        rows = engine.queue_stats()
+        pending, oldest = engine.outbox_pending()
+        if as_json:
+            self._emit({
+                "queues": [
+                    {"queue": r.queue, "ready": r.ready, "delayed": r.delayed,
+                     "running": r.running, "suspended": r.suspended, "dead": r.dead,
+                     "done": r.done, "cancelled": r.cancelled}
+                    for r in rows
+                ],
+                "outbox": {"pending": pending, "oldest_pending_seconds": oldest},
+            })
+            return
+        columns = ("queue", "ready", "delayed", "running", "suspended", "dead", "done",
+                   "cancelled")
+        table = [columns] + [
+            (r.queue, *(str(getattr(r, c)) for c in columns[1:])) for r in rows
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
+        for n, row in enumerate(table):
+            self.stdout.write("  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            ))
+            if n == 0:
+                self.stdout.write("  ".join("-" * w for w in widths))
+        if not rows:
+            self.stdout.write("(no jobs)")
+        age = f", oldest {oldest:.1f}s" if oldest is not None else ""
+        self.stdout.write(f"\noutbox: {pending} pending{age}")
+
+    def _show(self, job: JobRecord, as_json: bool) -> None:
+        if as_json:
+            self._emit(job_dict(job))
+            return
+        fields = ("id", "name", "queue", "state", "attempt", "max_attempts", "priority",
+                  "run_at", "created_at", "updated_at", "started_at", "finished_at",
+                  "claimed_by", "tenant_id", "idempotency_key", "run_id", "enqueued_by",
+                  "traceparent", "rescues")
+        for name in fields:
+            self.stdout.write(f"{name:>16}: {_jsonable(getattr(job, name))}")
+        self.stdout.write(f"{'input':>16}: {json.dumps(job.input, indent=2)}")
+        if job.result is not None:
+            self.stdout.write(f"{'result':>16}: {json.dumps(job.result, indent=2)}")
+        if job.last_error:
+            self.stdout.write(f"{'last_error':>16}:\n{job.last_error}")
+
+    def _change(self, action: str, result: ChangeResult, as_json: bool) -> None:
+        job = result.job
+        assert job is not None
+        if as_json:
+            self._emit({"action": action, "changed": result.changed, "reason": result.reason,
+                        "job": job_dict(job)})
+            return
+        if result.changed:
+            self.stdout.write(f"{action}: job {job.id} ({job.name}) is now {job.state}")
+        else:
+            self.stdout.write(f"{action}: job {job.id} ({job.name}) unchanged: {result.reason}")
+
+    def _purge(self, options: dict[str, Any], as_json: bool) -> None:
+        try:
+            age = parse_duration(options["older_than"], what="--older-than")
+        except ConfigurationError as exc:
+            raise CommandError(str(exc)) from None
+        states = tuple(options["state"] or TERMINAL_STATES)
+        deleted = api.purge(older_than=timedelta(seconds=age), states=states)
+        if as_json:
+            self._emit({"deleted": deleted, "states": list(states), "older_than_seconds": age})
+        else:
+            self.stdout.write(f"purged {deleted} finished job(s) ({', '.join(states)}) older "
+                              f"than {options['older_than']}")

@@ -1,0 +1,77 @@
+"""``manage.py xjobs_worker``: run a worker until SIGTERM/SIGINT (thin: the loop is in worker/)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ...conf import NAME_RE, parse_duration
+from ...exceptions import ConfigurationError
+from ...worker.loop import Worker, WorkerOptions
+
+
+def _duration(value: str) -> float:
+    try:
+        return parse_duration(value, what="duration")
+    except ConfigurationError as exc:
+        raise CommandError(str(exc)) from None
+
+
+class Command(BaseCommand):
+    help = "Run a django-xjobs worker: claim due jobs, run them, acknowledge them."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--queue", "-q", action="append", dest="queues", metavar="QUEUE",
+                            help="queue to work (repeat for several); default: XJOBS['QUEUES']")
+        parser.add_argument("--concurrency", "-c", type=int,
+                            help="executor threads; default XJOBS['CONCURRENCY']")
+        parser.add_argument("--prefetch", type=int,
+                            help="jobs claimed ahead of free threads; default XJOBS['PREFETCH']")
+        parser.add_argument("--lease", help="lease length, e.g. 30s; default XJOBS['LEASE']")
+        parser.add_argument("--heartbeat", help="renewal interval; default XJOBS['HEARTBEAT']")
+        parser.add_argument("--poll-interval", help="poll when idle; default XJOBS['POLL_INTERVAL']")
+        parser.add_argument("--shutdown-grace",
+                            help="time in-flight jobs get on SIGTERM; default XJOBS['SHUTDOWN_GRACE']")
+        parser.add_argument("--burst", action="store_true",
+                            help="exit once no job is due and none is in flight")
+        parser.add_argument("--worker-id", help="name in claimed_by (default host:pid:random)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        queues = options["queues"]
+        if queues:
+            bad = [q for q in queues if not NAME_RE.match(q)]
+            if bad:
+                raise CommandError(f"invalid queue name(s): {bad}")
+        for key in ("concurrency", "prefetch"):
+            value = options[key]
+            if value is not None and value < (1 if key == "concurrency" else 0):
+                raise CommandError(f"--{key} must be {'>= 1' if key == 'concurrency' else '>= 0'}")
+        overrides: dict[str, Any] = {
+            "queues": tuple(queues) if queues else None,
+            "concurrency": options["concurrency"],
+            "prefetch": options["prefetch"],
+            "burst": options["burst"],
+            "worker_id": options["worker_id"],
+        }
+        for key in ("lease", "heartbeat", "poll_interval", "shutdown_grace"):
+            if options[key] is not None:
+                overrides[key] = _duration(options[key])
+        worker_options = WorkerOptions.from_settings(**overrides)
+        if worker_options.lease < 3 * worker_options.heartbeat:
+            raise CommandError(
+                f"--lease ({worker_options.lease:g}s) must be at least 3 x the heartbeat "
+                f"interval ({worker_options.heartbeat:g}s)"
+            )
+        if options["verbosity"] >= 1 and not logging.getLogger("django_xjobs").hasHandlers():
+            _log_to_stderr(options["verbosity"])
+        Worker(worker_options).run()
+
+
+def _log_to_stderr(verbosity: int) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("django_xjobs")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if verbosity >= 3 else logging.INFO)

@@ -1,0 +1,268 @@
+"""The eight tables, as Django models: the schema source for migrations and the admin's reads.
+
+Queue state is never written through these models: every write goes through the engine's
+fenced statements (``engines/postgres/statements.py``). The models exist so that migrations,
+the admin and ad-hoc ORM reads work as a Django developer expects.
+
+Index notes (each index on ``x_jobs`` costs every claim and ack a write, because those updates
+change indexed columns and cannot be HOT updates; so only what a statement needs is indexed):
+
+* ``x_jobs_live_key_uniq``: one LIVE job per (name, tenant, key); the ``on conflict`` target of
+  enqueue. The tenant enters as ``coalesce(tenant_id, '')`` so a NULL tenant is one tenant.
+* ``x_jobs_claim_idx``: the claim's due-job scan, per queue in (priority desc, run_at) order,
+  over the states a claim may pick; rows leave it when claimed.
+* ``x_jobs_lapsed_idx``: running rows by lease expiry, the claim's rescue branch.
+* ``x_jobs_finished_idx``: finished rows by finish time, for retention deletes.
+* ids are UUIDv7, so "newest first" in the admin is the primary key in reverse.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import F, Func, Q, Value
+from django.db.models.functions import Coalesce, Now
+
+from .records import ALL_STATES, LIVE_STATES, TERMINAL_STATES, JobState
+
+STATE_CHOICES = [(s.value, s.value) for s in JobState]
+
+
+class GenRandomUUID(Func):
+    """``gen_random_uuid()`` (PostgreSQL 13+), as a column's database default."""
+
+    template = "gen_random_uuid()"
+    output_field = models.UUIDField()
+
+
+class Job(models.Model):
+    # Database defaults (db_default) make a hand-written INSERT work with the columns that matter;
+    # the engine's statements set every column they care about explicitly.
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, db_default=GenRandomUUID(),
+                          editable=False)
+    name = models.TextField()
+    queue = models.TextField(default="default", db_default="default")
+    input = models.JSONField(default=dict, db_default=Value({}, models.JSONField()))
+    idempotency_key = models.TextField()
+    run_id = models.UUIDField(default=uuid.uuid4, db_default=GenRandomUUID())
+    attempt = models.IntegerField(default=0, db_default=0)
+    max_attempts = models.IntegerField(default=3, db_default=3)
+    state = models.TextField(choices=STATE_CHOICES, default=JobState.READY.value,
+                             db_default=JobState.READY.value)
+    run_at = models.DateTimeField(db_default=Now())
+    visible_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.TextField(null=True, blank=True)
+    last_error = models.TextField(null=True, blank=True)
+    tenant_id = models.TextField(null=True, blank=True)
+    traceparent = models.TextField(null=True, blank=True)
+    enqueued_by = models.TextField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+    # Additions of ours (SPEC §1).
+    priority = models.IntegerField(default=0, db_default=0)
+    result = models.JSONField(null=True, blank=True)
+    lease_token = models.UUIDField(null=True, blank=True)
+    concurrency_key = models.TextField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    rescues = models.IntegerField(default=0, db_default=0)
+    worker_ids = models.JSONField(default=list, db_default=Value([], models.JSONField()))
+
+    class Meta:
+        db_table = "x_jobs"
+        verbose_name = "job"
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                F("name"), Coalesce(F("tenant_id"), Value("")), F("idempotency_key"),
+                condition=Q(state__in=LIVE_STATES),
+                name="x_jobs_live_key_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=ALL_STATES), name="x_jobs_state_valid"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                F("queue"), F("priority").desc(), F("run_at"),
+                condition=Q(state__in=("ready", "delayed", "suspended")),
+                name="x_jobs_claim_idx",
+            ),
+            models.Index(
+                fields=["queue", "visible_at"], condition=Q(state="running"),
+                name="x_jobs_lapsed_idx",
+            ),
+            models.Index(
+                fields=["state", "finished_at"], condition=Q(state__in=TERMINAL_STATES),
+                name="x_jobs_finished_idx",
+            ),
+        ]
+        permissions = [
+            ("cancel_job", "Can cancel jobs"),
+            ("retry_job", "Can retry dead or cancelled jobs"),
+            ("run_job_now", "Can make delayed or suspended jobs due now"),
+            ("purge_job", "Can delete finished jobs"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.state}] {self.id}"
+
+
+class JobStep(models.Model):
+    """Durable step records; (run_id, name) is the key the statements use."""
+
+    id = models.BigAutoField(primary_key=True)
+    run_id = models.UUIDField()
+    name = models.TextField()
+    status = models.TextField()
+    output = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField(db_default=Now())
+    completed_at = models.DateTimeField(null=True, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    event = models.TextField(null=True, blank=True)
+    correlation_key = models.TextField(null=True, blank=True)
+    attempts = models.IntegerField(default=1, db_default=1)
+    error = models.TextField(null=True, blank=True)
+
+    class Meta:
+        db_table = "x_job_steps"
+        verbose_name = "job step"
+        constraints = [
+            models.UniqueConstraint(fields=["run_id", "name"], name="x_job_steps_run_name_uniq"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["event", "correlation_key"], condition=Q(status="waiting"),
+                name="x_job_steps_waiting_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.status}]"
+
+
+class JobEvent(models.Model):
+    id = models.BigAutoField(primary_key=True)  # also the publication order for equal times
+    name = models.TextField()
+    payload = models.JSONField(null=True, blank=True)
+    correlation_key = models.TextField(null=True, blank=True)
+    published_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "x_job_events"
+        verbose_name = "job event"
+        indexes = [
+            models.Index(fields=["name", "correlation_key", "published_at"],
+                         name="x_job_events_match_idx"),
+            models.Index(fields=["expires_at"], name="x_job_events_expiry_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.id}"
+
+
+class OutboxEntry(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.TextField()
+    queue = models.TextField(default="default")
+    input = models.JSONField(default=dict)
+    idempotency_key = models.TextField(null=True, blank=True)
+    max_attempts = models.IntegerField(null=True, blank=True)
+    run_at = models.DateTimeField(null=True, blank=True)
+    staged_at = models.DateTimeField(db_default=Now())
+    tenant_id = models.TextField(null=True, blank=True)
+    traceparent = models.TextField(null=True, blank=True)
+    enqueued_by = models.TextField(null=True, blank=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+    # Additions of ours: every enqueue option survives the trip through the outbox.
+    priority = models.IntegerField(default=0, db_default=0)
+    delay_ms = models.BigIntegerField(default=0, db_default=0)
+    concurrency_key = models.TextField(null=True, blank=True)
+    job_id = models.UUIDField(null=True, blank=True)  # the job it became
+
+    class Meta:
+        db_table = "x_outbox"
+        verbose_name = "outbox entry"
+        verbose_name_plural = "outbox"
+        indexes = [
+            models.Index(fields=["staged_at"], condition=Q(published_at__isnull=True),
+                         name="x_outbox_pending_idx"),
+            models.Index(fields=["published_at"], condition=Q(published_at__isnull=False),
+                         name="x_outbox_published_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} staged {self.staged_at:%Y-%m-%d %H:%M:%S}"
+
+
+class JobLease(models.Model):
+    """Concurrency slots; (lease_key, slot) is the key the statements use."""
+
+    id = models.BigAutoField(primary_key=True)
+    lease_key = models.TextField()
+    slot = models.IntegerField()
+    holder = models.TextField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "x_job_leases"
+        verbose_name = "concurrency slot"
+        constraints = [
+            models.UniqueConstraint(fields=["lease_key", "slot"], name="x_job_leases_key_slot_uniq"),
+        ]
+        indexes = [models.Index(fields=["expires_at"], name="x_job_leases_expiry_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.lease_key}#{self.slot}"
+
+
+class SchedulerLeader(models.Model):
+    lock_key = models.TextField(primary_key=True)
+    holder = models.TextField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "x_scheduler_leader"
+        verbose_name = "scheduler leader"
+
+    def __str__(self) -> str:
+        return f"{self.lock_key}: {self.holder}"
+
+
+class SchedulerState(models.Model):
+    task_name = models.TextField(primary_key=True)
+    last_fired_at = models.DateTimeField()
+    updated_at = models.DateTimeField(db_default=Now())
+    paused = models.BooleanField(default=False, db_default=False)
+
+    class Meta:
+        db_table = "x_scheduler_state"
+        verbose_name = "schedule watermark"
+
+    def __str__(self) -> str:
+        return self.task_name
+
+
+class Backfill(models.Model):
+    run_id = models.UUIDField(primary_key=True)
+    name = models.TextField()
+    checksum = models.TextField(null=True, blank=True)
+    app_version = models.TextField(null=True, blank=True)
+    status = models.TextField(default="running", db_default="running")
+    rows_processed = models.BigIntegerField(default=0, db_default=0)
+    last_cursor = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField(db_default=Now())
+    completed_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    job_id = models.UUIDField(null=True, blank=True)
+    updated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "x_backfills"
+        verbose_name = "backfill"
+        indexes = [models.Index(fields=["name", "started_at"], name="x_backfills_name_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.status}]"

@@ -1,0 +1,265 @@
+"""Records that cross the engine seam: frozen, slotted, keyword-only dataclasses.
+
+Engines decode rows into these and services pass these to engines; no dicts and no ORM model
+instances travel across ``engines.base``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+
+class JobState(enum.StrEnum):
+    READY = "ready"
+    DELAYED = "delayed"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    DONE = "done"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+LIVE_STATES: tuple[str, ...] = ("ready", "delayed", "running", "suspended")
+TERMINAL_STATES: tuple[str, ...] = ("done", "dead", "cancelled")
+ALL_STATES: tuple[str, ...] = LIVE_STATES + TERMINAL_STATES
+
+
+def new_id() -> UUID:
+    """A UUIDv7 (RFC 9562): 48-bit Unix milliseconds, then randomness.
+
+    Time-ordered ids keep the primary-key b-tree append-mostly (a random uuid4 key touches a
+    random leaf page per insert, which costs full-page writes on a busy queue table) and make
+    "newest first" an index scan on the primary key.
+    """
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & 0xFFFF_FFFF_FFFF) << 80
+    value |= 0x7 << 76  # version 7
+    value |= ((rand >> 62) & 0x0FFF) << 64  # rand_a, 12 bits
+    value |= 0b10 << 62  # RFC 4122 variant
+    value |= rand & 0x3FFF_FFFF_FFFF_FFFF  # rand_b, 62 bits
+    return UUID(int=value)
+
+
+# ------------------------------------------------------------------------------ enqueue --
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueParams:
+    """One job to insert. ``input_json`` is already validated and encoded by the API layer."""
+
+    id: UUID
+    run_id: UUID
+    name: str
+    queue: str
+    input_json: str
+    idempotency_key: str | None  # None: the job's own id (never deduplicates)
+    max_attempts: int
+    priority: int = 0
+    run_at: datetime | None = None  # absolute, aware; None = now + delay_ms on the DB clock
+    delay_ms: int = 0
+    tenant_id: str | None = None
+    traceparent: str | None = None
+    enqueued_by: str | None = None
+    concurrency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueResult:
+    """What enqueue tells the caller: the live job for the key, and whether this call made it."""
+
+    id: UUID
+    run_id: UUID
+    created: bool
+    state: str
+
+
+# ---------------------------------------------------------------------------- job rows --
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRecord:
+    """A whole ``x_jobs`` row, for inspection (CLI, admin actions, handles)."""
+
+    id: UUID
+    name: str
+    queue: str
+    input: Any
+    idempotency_key: str
+    run_id: UUID
+    attempt: int
+    max_attempts: int
+    state: str
+    run_at: datetime
+    visible_at: datetime | None
+    claimed_by: str | None
+    last_error: str | None
+    tenant_id: str | None
+    traceparent: str | None
+    enqueued_by: str | None
+    created_at: datetime
+    updated_at: datetime
+    priority: int
+    result: Any
+    lease_token: UUID | None
+    concurrency_key: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    rescues: int
+    worker_ids: list[str] = field(default_factory=list)
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in LIVE_STATES
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedJob:
+    """A job this worker now owns under ``lease_token`` until the lease lapses.
+
+    Ids and tokens stay strings on the hot path: they only travel back to the database.
+    """
+
+    id: str
+    lease_token: str
+    name: str
+    queue: str
+    input: Any
+    run_id: str
+    attempt: int
+    max_attempts: int
+    tenant_id: str | None
+    traceparent: str | None
+    concurrency_key: str | None
+    # True when this claim resumed a suspended job: it did not spend an attempt, so handing it
+    # back must not give one back either.
+    resumed: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimParams:
+    queues: tuple[str, ...]
+    limit: int
+    worker_id: str
+    lease_ms: int
+
+
+# ------------------------------------------------------------------------ fenced writes --
+
+
+class Fence(enum.Enum):
+    """How a fenced write ended."""
+
+    OWNED = "owned"  # this call applied the write
+    ALREADY_APPLIED = "already_applied"  # an earlier try of the same write committed (ambiguous)
+    LOST = "lost"  # the run no longer owns the job: cancelled, re-claimed, or gone
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion:
+    """A run that returned: mark done with its JSON result (``None`` for no result)."""
+
+    id: str
+    lease_token: str
+    result_json: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failure:
+    """A run that raised: retry after ``retry_delay_ms`` or go ``dead`` (attempts used up or
+    ``permanent``). The engine decides which from the row, so the choice is made under the fence."""
+
+    id: str
+    lease_token: str
+    error: str
+    retry_delay_ms: int
+    permanent: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Requeue:
+    """Give the job back without spending an attempt: snooze, graceful shutdown, refused slot.
+
+    ``spent_attempt`` is whether the claim counted one (not when it resumed a suspended job), so
+    the attempt counter returns to where it was before the claim.
+    """
+
+    id: str
+    lease_token: str
+    delay_ms: int
+    spent_attempt: bool
+    resumed: bool
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Suspension:
+    """Park the job until ``wake_at`` (a durable sleep or an event wait); the resume is free."""
+
+    id: str
+    lease_token: str
+    wake_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FenceReport:
+    """Per-id outcome of a batch of fenced writes."""
+
+    owned: frozenset[str] = frozenset()
+    already_applied: frozenset[str] = frozenset()
+    lost: frozenset[str] = frozenset()
+
+    def outcome(self, job_id: str) -> Fence:
+        if job_id in self.owned:
+            return Fence.OWNED
+        if job_id in self.already_applied:
+            return Fence.ALREADY_APPLIED
+        return Fence.LOST
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseRef:
+    """A run's claim on a job, as the heartbeat renews it."""
+
+    id: str
+    lease_token: str
+
+
+# ---------------------------------------------------------------------------- operations --
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueStats:
+    """Five exclusive buckets (a live row is in exactly one) plus finished counts."""
+
+    queue: str
+    ready: int = 0
+    delayed: int = 0
+    running: int = 0
+    suspended: int = 0
+    dead: int = 0
+    done: int = 0
+    cancelled: int = 0
+
+    @property
+    def live(self) -> int:
+        return self.ready + self.delayed + self.running + self.suspended
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChangeResult:
+    """An operator action on one job: the row after it, and whether this call changed it."""
+
+    job: JobRecord | None
+    changed: bool
+    reason: str = ""

@@ -1,0 +1,186 @@
+"""Run one claimed job and map what happened to an :data:`Outcome`. No database writes here.
+
+The job's code is found by its stored name in the registry, never imported
+(``registry.lookup``). What the function does maps to:
+
+=====================================  ==============================================
+returns a JSON-serialisable value      ``Done`` (the value is stored as the result)
+returns something JSON cannot encode   ``Retry(permanent=True)``: re-running cannot fix it
+raises ``PermanentError``              ``Retry(permanent=True)``: straight to ``dead``
+raises ``Snooze(delay)``               ``GiveBack``: later, without spending an attempt
+raises anything else                   ``Retry`` with a full-jitter backoff delay
+its name is not registered here        ``Retry``: a rolling deploy may bring the code
+=====================================  ==============================================
+
+Whether a ``Retry`` becomes a retry or ``dead`` is decided by the fenced statement from the
+row's attempt counter, so a run that lost the job can neither retry nor bury it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import close_old_connections
+
+from .. import api, tracing
+from ..conf import XJobsSettings
+from ..context import JobContext
+from ..exceptions import InvalidJobInput, JobCancelled, PermanentError, Snooze
+from ..records import ClaimedJob
+from ..registry import Job
+from .backoff import retry_delay
+
+MAX_ERROR_CHARS = 8000
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    result_json: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    error: str
+    delay: float
+    permanent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GiveBack:
+    delay: float
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    wake_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Discard:
+    reason: str
+
+
+Outcome = Done | Retry | GiveBack | Park | Discard
+
+
+def format_error(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS // 2] + "\n[... traceback truncated ...]\n" + text[
+            -MAX_ERROR_CHARS // 2 :
+        ]
+    return text
+
+
+def backoff_for(definition: Job | None, attempt: int, settings: XJobsSettings) -> float:
+    policy = definition.retry if definition is not None else None
+    base = policy.base if policy and policy.base is not None else settings.retry_base
+    cap = policy.cap if policy and policy.cap is not None else settings.retry_cap
+    return retry_delay(attempt, base=base, cap=cap)
+
+
+def unknown_job(claimed: ClaimedJob, settings: XJobsSettings) -> Retry:
+    return Retry(
+        error=(
+            f"UnknownJob: no job named {claimed.name!r} is registered in this worker. It is "
+            "retried with backoff (a rolling deploy may bring its code); check INSTALLED_APPS "
+            "and the app's jobs.py if it keeps failing."
+        ),
+        delay=backoff_for(None, claimed.attempt, settings),
+    )
+
+
+def _outcome_of_result(definition: Job, value: Any) -> Outcome:
+    if value is None:
+        return Done(None)
+    try:
+        return Done(api.encode_json(value, what=f"result of {definition.name}", limit=None))
+    except InvalidJobInput as exc:
+        return Retry(error=f"{exc} (the job ran; re-running it cannot fix this)", delay=0,
+                     permanent=True)
+
+
+def _outcome_of_exception(
+    exc: BaseException, definition: Job, claimed: ClaimedJob, ctx: JobContext,
+    settings: XJobsSettings,
+) -> Outcome:
+    if isinstance(exc, JobCancelled) or ctx.cancelled.is_set():
+        # The worker stopped this run (cancel, timeout, lost lease, shutdown) and has already
+        # decided its outcome; whatever the code raised while stopping is noise.
+        return Discard(ctx.stop_reason or str(exc))
+    if isinstance(exc, PermanentError):
+        return Retry(error=format_error(exc), delay=0, permanent=True)
+    if isinstance(exc, Snooze):
+        return GiveBack(delay=exc.seconds, note=None)
+    return Retry(error=format_error(exc), delay=backoff_for(definition, claimed.attempt, settings))
+
+
+def _input(claimed: ClaimedJob) -> dict[str, Any]:
+    value = claimed.input
+    if not isinstance(value, dict):
+        raise PermanentError(
+            f"stored input of job {claimed.id} is a {type(value).__name__}, not a JSON object"
+        )
+    return value
+
+
+def execute(
+    definition: Job, claimed: ClaimedJob, ctx: JobContext, settings: XJobsSettings
+) -> Outcome:
+    """Run a sync job in the current (executor) thread."""
+    close_old_connections()
+    try:
+        with tracing.job_span(definition.name, claimed.traceparent, _span_attributes(claimed)):
+            value = definition.func(ctx, **_input(claimed))
+    except BaseException as exc:  # noqa: BLE001 - a job must not kill its executor thread
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            return Retry(error=format_error(exc), delay=backoff_for(definition, claimed.attempt,
+                                                                     settings))
+        return _outcome_of_exception(exc, definition, claimed, ctx, settings)
+    finally:
+        close_old_connections()
+    if ctx.cancelled.is_set():
+        return Discard(ctx.stop_reason or "stopped")
+    return _outcome_of_result(definition, value)
+
+
+async def execute_async(
+    definition: Job, claimed: ClaimedJob, ctx: JobContext, settings: XJobsSettings
+) -> Outcome:
+    """Run an ``async def`` job on the worker's event loop; its timeout cancels the task."""
+    try:
+        with tracing.job_span(definition.name, claimed.traceparent, _span_attributes(claimed)):
+            coro = definition.func(ctx, **_input(claimed))
+            if definition.timeout is not None:
+                value = await asyncio.wait_for(coro, timeout=definition.timeout)
+            else:
+                value = await coro
+    except TimeoutError as exc:
+        if ctx.cancelled.is_set():
+            return Discard(ctx.stop_reason or "stopped")
+        return Retry(
+            error=f"TimeoutError: {definition.name} ran longer than its timeout "
+                  f"({definition.timeout:g}s)\n{format_error(exc)}",
+            delay=backoff_for(definition, claimed.attempt, settings),
+        )
+    except asyncio.CancelledError:
+        return Discard(ctx.stop_reason or "cancelled")
+    except Exception as exc:
+        return _outcome_of_exception(exc, definition, claimed, ctx, settings)
+    if ctx.cancelled.is_set():
+        return Discard(ctx.stop_reason or "stopped")
+    return _outcome_of_result(definition, value)
+
+
+def _span_attributes(claimed: ClaimedJob) -> dict[str, Any]:
+    return {
+        "xjobs.job_id": claimed.id,
+        "xjobs.job_name": claimed.name,
+        "xjobs.queue": claimed.queue,
+        "xjobs.attempt": claimed.attempt,
+    }

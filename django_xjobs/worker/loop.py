@@ -1,0 +1,587 @@
+"""THE CONTROL FLOW of a worker process. No SQL and no models: every database operation is an
+engine call, every job outcome comes from ``executor``.
+
+The loop, in the order one iteration runs it (``Worker._iterate``):
+
+1. **Settle.** Finished runs are written back with fenced statements: every ``Done`` of the
+   iteration in ONE ``jobs_complete_if_owned``, other outcomes one statement each. A write that
+   matches no row means the run lost the job: logged, result discarded, never raised. A write
+   whose connection died is retried as is; if the first try had committed, the fence check
+   recognises it as already applied (the ambiguous commit).
+2. **Watch.** Runs past their ``timeout`` are stopped and failed with a timeout error. Runs that
+   have gone a whole lease period without a renewal (the heartbeat connection hangs) are stopped
+   and handed back: this worker can no longer prove it owns them (the self-fence). A heartbeat
+   thread stuck in a statement for a lease period is replaced.
+3. **Claim.** Up to the free capacity (concurrency + prefetch - runs not yet settled), split over
+   the queues, in ONE ``jobs_claim``; claimed runs go to the executor threads (sync jobs) or the
+   event loop (async jobs). The loop claims again at once only if the last claim was full;
+   otherwise it waits for a NOTIFY, a freed slot after a full claim, or the poll interval.
+4. **Wait** on the wake event: set by the LISTEN thread, by executors when the work queue runs
+   low or enough results wait to be settled, and by the signal handler.
+
+Shutdown (first SIGTERM/SIGINT): stop claiming, hand queued runs back at once, let running ones
+finish within ``shutdown_grace``, then stop them and hand their jobs back without spending an
+attempt. In-flight runs are tracked per claim (lease token), never per job id: a thread that
+lost a job may still be executing it when this worker claims the same job again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import secrets
+import socket
+import threading
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from django.conf import settings as django_settings
+from django.db import connections, reset_queries
+
+from .. import clock, conf, faults, registry
+from ..context import JobContext
+from ..engines import get_engine
+from ..records import ClaimedJob, Completion, Failure, Fence, Requeue, Suspension
+from . import executor
+from .executor import Discard, Done, GiveBack, Outcome, Park, Retry
+from .heartbeat import Heartbeat
+from .listener import WakeListener
+from .shutdown import ShutdownSignals
+
+log = logging.getLogger("django_xjobs.worker")
+
+QUEUED, RUNNING, FINISHED, SETTLED = "queued", "running", "finished", "settled"
+# How often timeouts, the self-fence and the heartbeat thread are checked (seconds): the
+# precision of a job timeout, and small next to any sane lease.
+WATCH_EVERY = 0.05
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerOptions:
+    queues: tuple[str, ...]
+    concurrency: int
+    prefetch: int
+    lease: float
+    heartbeat: float
+    poll_interval: float
+    shutdown_grace: float
+    queue_concurrency: dict[str, int] = field(default_factory=dict)
+    notify: bool = True
+    burst: bool = False  # exit once nothing is due and nothing is in flight
+    install_signals: bool = True
+    worker_id: str | None = None
+
+    @classmethod
+    def from_settings(cls, **overrides: object) -> WorkerOptions:
+        s = conf.get()
+        values: dict[str, object] = {
+            "queues": s.queues,
+            "concurrency": s.concurrency,
+            "prefetch": s.prefetch,
+            "lease": s.lease,
+            "heartbeat": s.heartbeat,
+            "poll_interval": s.poll_interval,
+            "shutdown_grace": s.shutdown_grace,
+            "queue_concurrency": dict(s.queue_concurrency),
+            "notify": s.notify,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+
+class Run:
+    """One claim of one job, from the claim until its fenced write settles it."""
+
+    __slots__ = ("ctx", "definition", "deadline", "job", "outcome", "phase", "renewed_at")
+
+    def __init__(self, job: ClaimedJob, definition: registry.Job | None, now: float) -> None:
+        self.job = job
+        self.definition = definition
+        self.phase = QUEUED
+        self.outcome: Outcome | None = None
+        self.renewed_at = now  # the claim itself set the lease
+        self.deadline: float | None = None
+        self.ctx = JobContext(
+            job_id=job.id, run_id=job.run_id, name=job.name, queue=job.queue,
+            attempt=job.attempt, max_attempts=job.max_attempts, tenant_id=job.tenant_id,
+            traceparent=job.traceparent,
+        )
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+
+
+class Worker:
+    def __init__(self, options: WorkerOptions) -> None:
+        self.options = options
+        self.settings = conf.get()
+        self.engine = get_engine()
+        faults.alias = self.engine.alias
+        self.worker_id = options.worker_id or new_worker_id()
+        self.lease_ms = round(options.lease * 1000)
+        self.stats: Counter[str] = Counter()
+
+        self._lock = threading.Lock()
+        self._runs: dict[str, Run] = {}  # lease_token -> run, every run not yet settled
+        self._finished: deque[Run] = deque()
+        self._work: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
+        self._queued = 0  # runs handed to executors but not started
+        self._wake = threading.Event()
+        self._stop_threads = threading.Event()
+        self._stopping = False
+        self._notified = False
+        self._drain_deadline: float | None = None
+        self._last_watch = -1e9
+        self._stop_reason = ""
+        self._more_likely = True
+        self._last_claim = -1e9
+        self._threads: list[threading.Thread] = []
+        self._excess_threads = 0
+        self._thread_serial = 0
+        self._heartbeat: Heartbeat | None = None
+        self._heartbeat_generation = 0
+        self._listener: WakeListener | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._flush_at = max(1, min(self.settings.ack_batch, options.concurrency))
+        self._low_water = max(1, options.prefetch // 2)
+        self.started = threading.Event()  # test signal: threads up, first claim done
+        self.idle = threading.Event()  # test signal: nothing in flight after a claim found none
+
+    # ------------------------------------------------------------------------ public --
+    def run(self) -> None:
+        """Run until stopped (signal, :meth:`stop`, or burst mode running dry)."""
+        signals = ShutdownSignals(self.stop) if self.options.install_signals else None
+        if signals:
+            signals.install()
+        try:
+            self._start_threads()
+            log.info(
+                "worker %s started: queues=%s concurrency=%d prefetch=%d lease=%gs notify=%s",
+                self.worker_id, ",".join(self.options.queues), self.options.concurrency,
+                self.options.prefetch, self.options.lease, self.options.notify,
+            )
+            while self._iterate():
+                pass
+            self._shutdown()
+        finally:
+            if signals:
+                signals.uninstall()
+            self._stop_threads.set()
+            connections.close_all()
+        log.info("worker %s stopped (%s): %s", self.worker_id, self._stop_reason or "done",
+                 dict(self.stats))
+
+    def stop(self, reason: str = "stop requested") -> None:
+        """Ask for a graceful stop (thread-safe; the first signal calls this)."""
+        if not self._stopping:
+            self._stop_reason = reason
+            log.info("worker %s stopping (%s): no new claims; %d runs in flight get %gs",
+                     self.worker_id, reason, len(self._runs), self.options.shutdown_grace)
+        self._stopping = True
+        self._wake.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._runs)
+
+    # -------------------------------------------------------------------- threads --
+    def _start_threads(self) -> None:
+        self.engine.session_label(f"xjobs:{self.worker_id}:loop")
+        for _ in range(self.options.concurrency):
+            self._spawn_executor()
+        self._start_heartbeat()
+        if self.options.notify and self.engine.features.listen_notify:
+            self._listener = WakeListener(
+                engine=self.engine, label=f"xjobs:{self.worker_id}:listen",
+                queues=self.options.queues, wake=self.notify, stop=self._stop_threads,
+            )
+            self._listener.start()
+
+    def _spawn_executor(self) -> None:
+        self._thread_serial += 1
+        t = threading.Thread(
+            target=self._executor_main, name=f"xjobs-exec-{self._thread_serial}", daemon=True
+        )
+        self._threads.append(t)
+        t.start()
+
+    def _start_heartbeat(self) -> None:
+        self._heartbeat_generation += 1
+        self._heartbeat = Heartbeat(
+            engine=self.engine, label=f"xjobs:{self.worker_id}:heartbeat",
+            interval=self.options.heartbeat, lease_ms=self.lease_ms,
+            generation=self._heartbeat_generation,
+            current_generation=lambda: self._heartbeat_generation,
+            snapshot=self._unsettled, on_renewed=self.on_renewed, stop=self._stop_threads,
+        )
+        self._heartbeat.start()
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(
+                target=loop.run_forever, name="xjobs-async", daemon=True
+            )
+            self._loop_thread.start()
+            self._loop = loop
+        return self._loop
+
+    # ------------------------------------------------------------------ the iteration --
+    def _iterate(self) -> bool:
+        """One pass of the loop; False once the worker should leave it."""
+        self._wake.clear()  # whatever sets it from here on ends the wait below
+        notified, self._notified = self._notified, False
+        self._settle()
+        now = clock.monotonic()
+        if now - self._last_watch >= WATCH_EVERY:
+            self._last_watch = now
+            self._watch()
+        if self._stopping:
+            return self._drain_step()
+        claimed = None
+        due = self.options.burst or now - self._last_claim >= self.options.poll_interval
+        if self._more_likely or due or notified:
+            claimed = self._claim()
+        if self.options.burst and claimed == 0 and not self._runs:
+            self._stop_reason = "burst: nothing left to do"
+            return False
+        self.started.set()
+        if self._more_likely and self._free() > 0:
+            return True
+        self._wake.wait(self._wait_timeout())
+        return True
+
+    def notify(self) -> None:
+        """A NOTIFY named one of our queues: claim on the next iteration (LISTEN thread)."""
+        self._notified = True
+        self._wake.set()
+
+    def _wait_timeout(self) -> float:
+        timeout = max(0.0, self._last_claim + self.options.poll_interval - clock.monotonic())
+        if self._finished:
+            timeout = min(timeout, self.settings.ack_interval)
+        if self._runs:  # timeouts and the self-fence are checked every WATCH_EVERY at worst
+            timeout = min(timeout, WATCH_EVERY)
+        return timeout
+
+    def _free(self) -> int:
+        return self.options.concurrency + self.options.prefetch - len(self._runs)
+
+    # ----------------------------------------------------------------------- 3. claim --
+    def _wants(self, free: int) -> dict[str, int]:
+        queues = self.options.queues
+        caps = self.options.queue_concurrency
+        share, extra = divmod(free, len(queues))
+        wants: dict[str, int] = {}
+        in_queue = Counter(r.job.queue for r in self._runs.values()) if caps else Counter()
+        for i, q in enumerate(queues):
+            n = share + (1 if i < extra else 0)
+            if q in caps:
+                n = min(n, caps[q] + self.options.prefetch - in_queue[q])
+            if n > 0:
+                wants[q] = n
+        return wants
+
+    def _claim(self) -> int:
+        free = self._free()
+        if free <= 0:
+            return 0
+        wants = self._wants(free)
+        self._last_claim = clock.monotonic()
+        if not wants:
+            self._more_likely = False
+            return 0
+        try:
+            claimed = self.engine.jobs_claim(
+                wants=wants, worker_id=self.worker_id, lease_ms=self.lease_ms
+            )
+        except Exception as exc:
+            self._db_error("claim", exc)
+            self._more_likely = False
+            return 0
+        now = clock.monotonic()
+        per_queue: Counter[str] = Counter()
+        for job in claimed:
+            per_queue[job.queue] += 1
+            self._dispatch(Run(job, registry.lookup(job.name), now))
+        self._more_likely = any(per_queue[q] >= n for q, n in wants.items())
+        self.stats["claimed"] += len(claimed)
+        if not claimed and not self._runs:
+            self.idle.set()
+        else:
+            self.idle.clear()
+        return len(claimed)
+
+    def _dispatch(self, run: Run) -> None:
+        with self._lock:
+            self._runs[run.job.lease_token] = run
+        if run.definition is None:
+            self._finish(run, executor.unknown_job(run.job, self.settings), from_phase=QUEUED)
+            return
+        if run.definition.is_async:
+            run.phase = RUNNING
+            asyncio.run_coroutine_threadsafe(self._run_async(run), self._event_loop())
+            return
+        with self._lock:
+            self._queued += 1
+        self._work.put(run)
+
+    # -------------------------------------------------------------------- executors --
+    def _executor_main(self) -> None:
+        while True:
+            run = self._work.get()
+            if run is None:
+                return
+            with self._lock:
+                self._queued -= 1
+                if run.phase != QUEUED:  # stopped before it started (lost, shutdown)
+                    run = None
+                else:
+                    run.phase = RUNNING
+                    if run.definition and run.definition.timeout is not None:
+                        run.deadline = clock.monotonic() + run.definition.timeout
+            if run is not None:
+                faults.hit("worker:job-start")
+                if django_settings.DEBUG:
+                    reset_queries()
+                assert run.definition is not None
+                outcome = executor.execute(run.definition, run.job, run.ctx, self.settings)
+                self._finish(run, outcome, from_phase=RUNNING)
+            if self._queued <= self._low_water or len(self._finished) >= self._flush_at:
+                self._wake.set()
+            with self._lock:
+                if self._excess_threads > 0:  # a replacement took over while this one hung
+                    self._excess_threads -= 1
+                    return
+
+    async def _run_async(self, run: Run) -> None:
+        assert run.definition is not None
+        outcome = await executor.execute_async(run.definition, run.job, run.ctx, self.settings)
+        self._finish(run, outcome, from_phase=RUNNING)
+        self._wake.set()
+
+    def _finish(self, run: Run, outcome: Outcome, *, from_phase: str) -> bool:
+        """Record a run's outcome once; later outcomes of the same run are ignored."""
+        with self._lock:
+            if run.phase != from_phase:
+                return False
+            run.phase = FINISHED
+            run.outcome = outcome
+            self._finished.append(run)
+        return True
+
+    def _abandon_thread(self) -> None:
+        """A sync run was stopped while its thread still executes it: start a replacement so
+        capacity is not lost, and let the old thread exit when its code returns."""
+        with self._lock:
+            self._excess_threads += 1
+        self.stats["abandoned_threads"] += 1
+        self._spawn_executor()
+
+    def _stop_run(self, run: Run, reason: str, outcome: Outcome) -> None:
+        """Stop a queued or running run with ``outcome`` (settled by the next flush)."""
+        was_running = run.phase == RUNNING
+        if self._finish(run, outcome, from_phase=run.phase if run.phase in (QUEUED, RUNNING)
+                        else "-"):
+            run.ctx.stop(reason)
+            if was_running and not (run.definition and run.definition.is_async):
+                self._abandon_thread()
+
+    # ----------------------------------------------------------------- 1. settle --
+    def _settle(self) -> None:
+        if not self._finished:
+            return
+        batch: list[Run] = []
+        while self._finished:
+            batch.append(self._finished.popleft())
+        done = [r for r in batch if isinstance(r.outcome, Done)]
+        others = [r for r in batch if not isinstance(r.outcome, Done)]
+        unsettled: list[Run] = []
+        if done:
+            try:
+                report = self.engine.jobs_complete_if_owned([
+                    Completion(id=r.job.id, lease_token=r.job.lease_token,
+                               result_json=r.outcome.result_json)  # type: ignore[union-attr]
+                    for r in done
+                ])
+            except Exception as exc:
+                self._db_error("acknowledge", exc)
+                unsettled.extend(done)
+            else:
+                for r in done:
+                    self._settled(r, report.outcome(r.job.id), "done")
+        for r in others:
+            try:
+                fence, state = self._write_outcome(r)
+            except Exception as exc:
+                self._db_error("settle", exc)
+                unsettled.append(r)
+                continue
+            self._settled(r, fence, state)
+        if unsettled:
+            with self._lock:
+                self._finished.extendleft(reversed(unsettled))
+
+    def _write_outcome(self, run: Run) -> tuple[Fence, str]:
+        job, outcome = run.job, run.outcome
+        if isinstance(outcome, Retry):
+            report, state = self.engine.job_fail_if_owned(Failure(
+                id=job.id, lease_token=job.lease_token, error=outcome.error,
+                retry_delay_ms=round(outcome.delay * 1000), permanent=outcome.permanent,
+            ))
+            if state is None:
+                state = "dead" if outcome.permanent else "retry"
+            return report.outcome(job.id), state
+        if isinstance(outcome, GiveBack):
+            report = self.engine.job_requeue_if_owned(Requeue(
+                id=job.id, lease_token=job.lease_token, delay_ms=round(outcome.delay * 1000),
+                spent_attempt=not job.resumed, resumed=job.resumed, note=outcome.note,
+            ))
+            return report.outcome(job.id), "requeued"
+        if isinstance(outcome, Park):
+            report = self.engine.job_suspend_if_owned(Suspension(
+                id=job.id, lease_token=job.lease_token, wake_at=outcome.wake_at,
+            ))
+            return report.outcome(job.id), "suspended"
+        assert isinstance(outcome, Discard)
+        return Fence.LOST, "discarded"
+
+    def _settled(self, run: Run, fence: Fence, state: str) -> None:
+        with self._lock:
+            run.phase = SETTLED
+            self._runs.pop(run.job.lease_token, None)
+        job = run.job
+        if fence is Fence.LOST:
+            self.stats["lost"] += 1
+            reason = run.outcome.reason if isinstance(run.outcome, Discard) else (
+                "the job was cancelled or re-claimed after its lease lapsed"
+            )
+            log.warning("job %s (%s) attempt %d: result discarded, this run no longer owns the "
+                        "job: %s", job.id, job.name, job.attempt, reason)
+            return
+        if fence is Fence.ALREADY_APPLIED:
+            self.stats["already_applied"] += 1
+            log.info("job %s (%s): %s had already been recorded (the connection died after the "
+                     "commit)", job.id, job.name, state)
+        self.stats[state] += 1
+        outcome = run.outcome
+        if isinstance(outcome, Retry):
+            level = logging.ERROR if state == "dead" else logging.WARNING
+            log.log(level, "job %s (%s) attempt %d/%d failed -> %s: %s", job.id, job.name,
+                    job.attempt, job.max_attempts, state, outcome.error.splitlines()[-1])
+        elif log.isEnabledFor(logging.DEBUG):
+            log.debug("job %s (%s) attempt %d -> %s", job.id, job.name, job.attempt, state)
+
+    # ------------------------------------------------------------------ 2. watch --
+    def _watch(self) -> None:
+        now = clock.monotonic()
+        lease = self.options.lease
+        for run in list(self._runs.values()):
+            if run.phase not in (QUEUED, RUNNING):
+                continue
+            if run.deadline is not None and now >= run.deadline and run.phase == RUNNING:
+                timeout = run.definition.timeout if run.definition else 0
+                self.stats["timeouts"] += 1
+                self._stop_run(run, "timeout", Retry(
+                    error=f"TimeoutError: {run.job.name} ran longer than its timeout "
+                          f"({timeout:g}s); the run was stopped and its result will be discarded",
+                    delay=executor.backoff_for(run.definition, run.job.attempt, self.settings),
+                ))
+            elif now - run.renewed_at >= lease:
+                self.stats["self_fenced"] += 1
+                log.error("job %s (%s): no lease renewal for %.1fs (lease %gs); stopping the run "
+                          "and handing the job back", run.job.id, run.job.name,
+                          now - run.renewed_at, lease)
+                self._stop_run(run, "lease not renewed", GiveBack(
+                    delay=0, note="handed back: its worker could not renew the lease "
+                                  f"for a whole lease period ({lease:g}s)",
+                ))
+        hb = self._heartbeat
+        if hb is not None and (
+            (hb.in_call_since is not None and now - hb.in_call_since >= lease)
+            or not hb.is_alive()
+        ) and not self._stop_threads.is_set():
+            log.error("heartbeat thread stuck in a statement for %gs: replacing it", lease)
+            self.stats["heartbeat_replaced"] += 1
+            self._start_heartbeat()
+
+    def _unsettled(self) -> list[Run]:
+        with self._lock:
+            return [r for r in self._runs.values() if r.phase != SETTLED]
+
+    def on_renewed(self, runs: Sequence[Run], renewed: frozenset[str], sent_at: float) -> None:
+        """Heartbeat answer: renewed runs move their clock; missing ones lost the job."""
+        for run in runs:
+            if run.job.id in renewed:
+                run.renewed_at = sent_at
+                continue
+            if run.phase in (QUEUED, RUNNING):
+                self.stats["lost_on_heartbeat"] += 1
+                log.warning("job %s (%s) attempt %d: lease lost (cancelled, or re-claimed after "
+                            "a lapse); stopping the run", run.job.id, run.job.name,
+                            run.job.attempt)
+                self._stop_run(run, "lease lost", Discard("lease lost at heartbeat"))
+        self._wake.set()
+
+    # --------------------------------------------------------------- shutdown --
+    def _drain_step(self) -> bool:
+        """One iteration while stopping; False when it is time to leave the loop."""
+        if self._drain_deadline is None:
+            self._drain_deadline = clock.monotonic() + self.options.shutdown_grace
+            for run in list(self._runs.values()):
+                if run.phase == QUEUED:
+                    self._stop_run(run, "worker shutting down",
+                                   GiveBack(delay=0, note=None))
+        if not self._runs:
+            return False
+        if clock.monotonic() >= self._drain_deadline:
+            for run in list(self._runs.values()):
+                if run.phase in (QUEUED, RUNNING):
+                    log.warning("job %s (%s) still running after the %gs grace period: "
+                                "stopping it and handing it back", run.job.id, run.job.name,
+                                self.options.shutdown_grace)
+                    self._stop_run(run, "worker shutting down", GiveBack(
+                        delay=0, note="handed back: its worker shut down before it finished",
+                    ))
+            self._settle()
+            return bool(self._runs) and not self._settle_failed_too_long()
+        self._wake.wait(WATCH_EVERY)
+        return True
+
+    def _settle_failed_too_long(self) -> bool:
+        # Past the grace period the only thing left is writing outcomes back; if the database
+        # stays unreachable for a lease, give up: the leases lapse and the jobs are re-claimed.
+        assert self._drain_deadline is not None
+        return clock.monotonic() >= self._drain_deadline + self.options.lease
+
+    def _shutdown(self) -> None:
+        self._settle()
+        self._stop_threads.set()
+        for _ in self._threads:
+            self._work.put(None)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    # ---------------------------------------------------------------------- errors --
+    def _db_error(self, what: str, exc: BaseException) -> None:
+        self.stats["db_errors"] += 1
+        if self.engine.is_connection_error(exc):
+            self.engine.reset_connection()
+            log.warning("%s: database connection lost (%s); retrying", what, exc)
+        else:
+            log.exception("%s failed; retrying", what)
+        # Do not spin against a database that is down.
+        self._wake.wait(min(self.options.poll_interval, 0.5))
+
+
+def run_worker(**overrides: object) -> Worker:
+    """Build a worker from settings plus ``overrides`` and run it until it stops."""
+    worker = Worker(WorkerOptions.from_settings(**overrides))
+    worker.run()
+    return worker
+

@@ -1,0 +1,107 @@
+"""Fixtures shared by every layer of the suite.
+
+Everything runs against a real PostgreSQL (see tests/settings.py); nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.02,
+               message: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def engine():
+    """The engine under test (the conformance suite runs once per engine)."""
+    from django_xjobs.engines import get_engine
+
+    return get_engine()
+
+
+class WorkerProcess:
+    """A real ``manage.py xjobs_worker`` subprocess on the test database."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "xjobs_worker", *args],
+            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture
+def spawn_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start worker subprocesses on the test database; all are killed at teardown.
+
+    ``spawn_worker("--concurrency", "2", settings={"LEASE": "2s"}, faults="...")``
+    """
+    from django.db import connection
+
+    started: list[WorkerProcess] = []
+
+    def spawn(*args: str, settings: dict[str, Any] | None = None, faults: str | None = None,
+              log_level: str = "INFO") -> WorkerProcess:
+        env = dict(os.environ)
+        env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+        env["XJOBS_TEST_DB_NAME"] = connection.settings_dict["NAME"]
+        env["XJOBS_TEST_SETTINGS"] = json.dumps(settings or {})
+        env["XJOBS_LOG_LEVEL"] = log_level
+        env["PYTHONPATH"] = str(ROOT)
+        env.pop("XJOBS_FAULTS", None)
+        if faults:
+            env["XJOBS_FAULTS"] = faults
+        worker = WorkerProcess(list(args), env, tmp_path / f"worker-{len(started)}.log")
+        started.append(worker)
+        return worker
+
+    yield spawn
+    for worker in started:
+        worker.stop()

@@ -1,0 +1,82 @@
+"""Settings for the test suite: a real PostgreSQL (DATABASE_URL, else 127.0.0.1:5432, else the
+embedded pgserver; see django_xjobs/devdb.py). Worker subprocesses started by acceptance tests
+use these settings too, with XJOBS_TEST_DB_NAME naming the test database pytest-django made."""
+
+import os
+import sys
+
+from django_xjobs import devdb
+
+_url, _source = devdb.resolve()
+if "DATABASE_URL" not in os.environ:
+    os.environ["DATABASE_URL"] = _url  # child processes use the same server
+    os.environ[devdb.ENV_SOURCE] = _source
+if os.environ.get("XJOBS_PRINT_DATABASE", "1") == "1" and "pytest" in sys.modules:
+    print(f"tests: database = {_source}", file=sys.stderr)
+    os.environ["XJOBS_PRINT_DATABASE"] = "0"
+
+SECRET_KEY = "xjobs-tests-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "rangefilter",
+    "django_xjobs",
+    "tests.testapp",
+]
+
+_db = devdb.settings_from_url(_url)
+if os.environ.get("XJOBS_TEST_DB_NAME"):  # a worker subprocess: use the test database directly
+    _db["NAME"] = os.environ["XJOBS_TEST_DB_NAME"]
+_db["CONN_MAX_AGE"] = 0
+_db["TEST"] = {"NAME": os.environ.get("XJOBS_TEST_DB", "test_xjobs")}
+DATABASES = {"default": _db}
+
+XJOBS = {
+    "LEASE": "30s",
+    "HEARTBEAT": "5s",
+    "POLL_INTERVAL": "0.2s",
+    "RETRY_BASE": "0.05s",
+    "RETRY_CAP": "0.2s",
+    "SHUTDOWN_GRACE": "5s",
+}
+if os.environ.get("XJOBS_TEST_SETTINGS"):  # acceptance tests pass worker timings this way
+    import json
+
+    XJOBS.update(json.loads(os.environ["XJOBS_TEST_SETTINGS"]))
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_xjobs.middleware.EnqueuedByMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "DIRS": [],
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+STATIC_URL = "/static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_xjobs": {"handlers": ["stderr"], "level": os.environ.get(
+        "XJOBS_LOG_LEVEL", "WARNING")}},
+}

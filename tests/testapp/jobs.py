@@ -1,0 +1,104 @@
+"""Jobs the test suite runs in real workers. Each records what happened in ``Effect`` rows."""
+
+import asyncio
+import os
+import time
+
+from django_xjobs import PermanentError, Snooze, job
+
+from .models import Effect
+
+
+def _effect(ctx, kind, tag=""):
+    Effect.objects.create(job_id=ctx.job_id, name=ctx.name, attempt=ctx.attempt,
+                          pid=os.getpid(), kind=kind, tag=str(tag))
+
+
+@job
+def noop(ctx, **kwargs):
+    return None
+
+
+@job
+def record(ctx, tag="", **kwargs):
+    _effect(ctx, "start", tag)
+    return {"tag": tag, "attempt": ctx.attempt}
+
+
+@job
+def sleepy(ctx, seconds=1.0, tag=""):
+    _effect(ctx, "start", tag)
+    time.sleep(seconds)
+    _effect(ctx, "end", tag)
+    return {"slept": seconds}
+
+
+@job
+def sleepy_polite(ctx, seconds=1.0, tag=""):
+    """Sleeps, but returns early when asked to stop."""
+    _effect(ctx, "start", tag)
+    ctx.cancelled.wait(seconds)
+    _effect(ctx, "end", tag)
+    return {"stopped": ctx.cancelled.is_set()}
+
+
+@job(max_attempts=5)
+def flaky(ctx, fail_times=1):
+    _effect(ctx, "start")
+    if ctx.attempt <= fail_times:
+        raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
+    return {"succeeded_on": ctx.attempt}
+
+
+@job(max_attempts=2)
+def always_fails(ctx):
+    _effect(ctx, "start")
+    raise ValueError("this job always fails")
+
+
+@job
+def permanent(ctx):
+    _effect(ctx, "start")
+    raise PermanentError("no point retrying")
+
+
+@job
+def snoozer(ctx, times=1):
+    _effect(ctx, "start")
+    if Effect.objects.filter(job_id=ctx.job_id).count() <= times:
+        raise Snooze(0.05)
+    return {"attempt": ctx.attempt}
+
+
+@job(max_attempts=3)
+def crash(ctx):
+    _effect(ctx, "start")
+    os._exit(1)
+
+
+@job(timeout=0.5, max_attempts=2)
+def too_slow(ctx):
+    _effect(ctx, "start")
+    time.sleep(3)
+    _effect(ctx, "end")
+
+
+@job
+def bad_result(ctx):
+    return {"when": object()}
+
+
+@job
+async def async_record(ctx, tag=""):
+    await asyncio.sleep(0.01)
+    return {"tag": tag, "async": True}
+
+
+@job(timeout=0.3, max_attempts=1)
+async def async_too_slow(ctx):
+    await asyncio.sleep(5)
+
+
+@job(queue="other")
+def on_other_queue(ctx):
+    return "other"
