@@ -1,7 +1,7 @@
 """Which PostgreSQL the demo and the test suite use, with no set-up on a fresh machine.
 
 In order: ``DATABASE_URL`` if set; else a server answering on ``127.0.0.1:5432`` (user
-``postgres``); else an embedded PostgreSQL 16 from the ``pgserver`` wheel
+``postgres``); else (or with ``XJOBS_DEVDB=embedded``) an embedded PostgreSQL 16 from the ``pgserver`` wheel
 (``pip install django-xjobs[embedded]``), with its data under ``.pgdata/`` of the checkout and a
 unix socket, stopped when the process that started it exits.
 
@@ -54,10 +54,16 @@ def resolve(data_dir: Path | None = None) -> tuple[str, str]:
     url = os.environ.get("DATABASE_URL")
     if url:
         return url, os.environ.get(ENV_SOURCE, "DATABASE_URL")
-    if _answers("127.0.0.1", 5432):
+    if os.environ.get("XJOBS_DEVDB") != "embedded" and _answers("127.0.0.1", 5432):
         return LOCAL_URL, "local server on 127.0.0.1:5432"
     data_dir = data_dir or Path(__file__).resolve().parent.parent / ".pgdata"
     return _embedded_url(data_dir), f"embedded PostgreSQL (pgserver) in {data_dir}"
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` with its database name replaced by ``name``."""
+    parts = urlsplit(url)
+    return parts._replace(path=f"/{name}").geturl()
 
 
 def settings_from_url(url: str, **extra: Any) -> dict[str, Any]:
@@ -81,6 +87,28 @@ def settings_from_url(url: str, **extra: Any) -> dict[str, Any]:
     }
     entry.update(extra)
     return entry
+
+
+def ensure_database(entry: dict[str, Any]) -> bool:
+    """Create the database a ``DATABASES`` entry names if it does not exist; True if created."""
+    import psycopg
+    from psycopg import sql
+
+    params = {
+        "dbname": "postgres",
+        "user": entry.get("USER") or None,
+        "password": entry.get("PASSWORD") or None,
+        "host": entry.get("HOST") or None,
+        "port": entry.get("PORT") or None,
+    }
+    with psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True) as conn:
+        exists = conn.execute(
+            "select 1 from pg_database where datname = %s", (entry["NAME"],)
+        ).fetchone()
+        if exists:
+            return False
+        conn.execute(sql.SQL("create database {}").format(sql.Identifier(entry["NAME"])))
+        return True
 
 
 if __name__ == "__main__":

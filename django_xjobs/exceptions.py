@@ -69,6 +69,10 @@ class EngineUnavailable(XJobsError):
     """The configured database alias cannot run django-xjobs (wrong vendor, missing feature)."""
 
 
+class SchemaMissing(EngineUnavailable):
+    """The job tables do not exist in the configured database: ``manage.py migrate`` first."""
+
+
 class JobCancelled(XJobsError):
     """Raised inside a job at a step boundary once the run was cancelled, timed out or lost.
 

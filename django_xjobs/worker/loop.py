@@ -44,6 +44,7 @@ from django.db import connections, reset_queries
 from .. import clock, conf, faults, registry
 from ..context import JobContext
 from ..engines import get_engine
+from ..exceptions import XJobsError
 from ..records import ClaimedJob, Completion, Failure, Fence, Requeue, Suspension
 from . import executor
 from .executor import Discard, Done, GiveBack, Outcome, Park, Retry
@@ -573,10 +574,12 @@ class Worker:
         if self.engine.is_connection_error(exc):
             self.engine.reset_connection()
             log.warning("%s: database connection lost (%s); retrying", what, exc)
+        elif isinstance(exc, XJobsError):
+            log.error("%s failed: %s", what, exc)
         else:
             log.exception("%s failed; retrying", what)
-        # Do not spin against a database that is down.
-        self._wake.wait(min(self.options.poll_interval, 0.5))
+        # Do not spin against a database that is down (or a schema that is not there).
+        self._wake.wait(5.0 if isinstance(exc, XJobsError) else min(self.options.poll_interval, 0.5))
 
 
 def run_worker(**overrides: object) -> Worker:

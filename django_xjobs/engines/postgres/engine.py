@@ -18,11 +18,18 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connections
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    ProgrammingError,
+    connections,
+)
 from django.db import transaction as db_transaction
 
 from ... import faults
-from ...exceptions import LiveJobExists
+from ...exceptions import LiveJobExists, SchemaMissing
 from ...records import (
     ChangeResult,
     ClaimedJob,
@@ -121,7 +128,15 @@ class PostgresEngine(Engine):
         faults.hit(f"before:{stmt.name}")
         started = time.perf_counter()
         with connections[self.alias].cursor() as cur:
-            cur.execute(stmt.sql, params)
+            try:
+                cur.execute(stmt.sql, params)
+            except ProgrammingError as exc:
+                if exc.__cause__ is not None and type(exc.__cause__).__name__ == "UndefinedTable":
+                    raise SchemaMissing(
+                        f"{stmt.name}: the django-xjobs tables are missing from database alias "
+                        f"{self.alias!r} ({exc.__cause__}); run `manage.py migrate`"
+                    ) from exc
+                raise
             if fetch == "all":
                 result: Any = cur.fetchall()
             elif fetch == "one":

@@ -1,0 +1,57 @@
+# django-xjobs: the two commands a new machine needs are `make demo` and `make test`.
+#
+#   make demo                 migrate the example project, enqueue real work, run a worker, show it
+#   make test                 the whole suite against a real PostgreSQL
+#   make bench                our own benchmark table (bench/)
+#   make bench-peers          the shared harness: the peers and django-xjobs in one run
+#   make lint                 ruff + import-linter (the layer contract in pyproject.toml)
+#
+# PYTHON picks the interpreter, DJANGO the Django series (e.g. DJANGO=5.2 or DJANGO=6.1; empty =
+# the newest this Python supports), VENV the virtualenv (default .venv). The database is
+# DATABASE_URL, else a server on 127.0.0.1:5432, else an embedded PostgreSQL (pgserver) under
+# .pgdata/; the commands print which one they use.
+
+PYTHON ?= python3
+DJANGO ?=
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DJANGO_REQ := $(if $(DJANGO),Django==$(DJANGO).*,)
+STAMP := $(VENV)/.installed-django$(if $(DJANGO),$(DJANGO),-latest)
+PYTEST_ARGS ?=
+
+.PHONY: demo test bench bench-peers lint install clean-db
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[dev]' $(DJANGO_REQ)
+	@rm -f $(VENV)/.installed-django*
+	@touch $@
+
+install: $(STAMP)
+	@# The embedded PostgreSQL is only needed where no server is configured or answering.
+	@if [ -z "$$DATABASE_URL" ] && ! $(PY) -c "import socket; socket.create_connection(('127.0.0.1', 5432), 0.5)" 2>/dev/null; then \
+		$(PY) -c "import pgserver" 2>/dev/null || $(PY) -m pip install -q -e '.[embedded]'; \
+	fi
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: install
+	cd example_project && ../$(PY) manage.py demo
+
+bench: install
+	$(PY) bench/run.py
+
+bench-peers: install
+	XBENCH_EXTRA_PIP="-e $(CURDIR)" XBENCH_EXTRA_ADAPTERS=bench/xjobs_adapter.py \
+		../shared/bench/run.sh --out bench/RESULTS.md $(BENCH_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+clean-db:
+	rm -rf .pgdata

@@ -1,0 +1,246 @@
+"""django-xjobs benchmark (``make bench``): the four workloads of ../shared/bench, for us alone.
+
+    python bench/run.py [--quick] [--workloads W1,W2,W3,W4] [--concurrency 10] [--prefetch 10]
+
+W1 enqueue-single   5,000 no-op jobs, one enqueue = one transaction, one process      jobs/s x3
+W2 enqueue-bulk     50,000 no-op jobs through enqueue_many, 1,000 per call               jobs/s
+W3 drain            20,000 preloaded no-op jobs, 2 worker processes spawned; time from
+                    spawn to the last finished_at in the database; steady = first
+                    started_at -> last finished_at                                       jobs/s x3
+W4 latency          2 idle workers; 500 jobs enqueued at 50/s; enqueue -> job start      p50/p95/p99
+
+The database is a fresh ``xjobs_bench`` on the server ``django_xjobs.devdb`` picks (the one the
+tests use). Figures depend on the machine: compare systems within ONE run of the shared harness
+(``make bench-peers``), never across runs. Nothing here is a test; nothing asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(HERE), str(ROOT)]
+
+FULL = {"w1": 5000, "w2": 50000, "w3": 20000, "w4": 500, "reps": 3}
+QUICK = {"w1": 500, "w2": 5000, "w3": 2000, "w4": 50, "reps": 1}
+
+
+def percentile(values: list[float], p: float) -> float:
+    s = sorted(values)
+    k = (len(s) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def setup_database() -> str:
+    from django_xjobs import devdb
+
+    url, source = devdb.resolve()
+    url = devdb.with_database(url, "xjobs_bench")
+    entry = devdb.settings_from_url(url)
+    import psycopg
+    from psycopg import sql
+
+    admin = {k: v for k, v in {
+        "dbname": "postgres", "user": entry["USER"] or None, "host": entry["HOST"] or None,
+        "port": entry["PORT"] or None, "password": entry["PASSWORD"] or None,
+    }.items() if v}
+    with psycopg.connect(**admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("drop database if exists {} with (force)").format(
+            sql.Identifier("xjobs_bench")))
+        conn.execute(sql.SQL("create database {}").format(sql.Identifier("xjobs_bench")))
+    print(f"bench: database xjobs_bench on {source}", file=sys.stderr)
+    return url
+
+
+class Bench:
+    def __init__(self, url: str, args: argparse.Namespace) -> None:
+        self.url = url
+        self.args = args
+        self.sizes = QUICK if args.quick else FULL
+        self.env = dict(os.environ)
+        self.env.update({
+            "XJOBS_BENCH_DATABASE_URL": url,
+            "DJANGO_SETTINGS_MODULE": "xbench_project.settings",
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
+            "XJOBS_BENCH_CONCURRENCY": str(args.concurrency),
+            "XJOBS_BENCH_PREFETCH": str(args.prefetch),
+        })
+        os.environ.update(self.env)
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        from django.db import connection
+
+        from xbench_project.benchjobs import jobs
+
+        self.jobs = jobs
+        self.connection = connection
+
+    # ------------------------------------------------------------------------ helpers --
+    def sql(self, statement: str) -> list[tuple]:
+        with self.connection.cursor() as cur:
+            cur.execute(statement)
+            return cur.fetchall() if cur.description else []
+
+    def reset(self) -> None:
+        self.sql("truncate x_jobs, x_job_steps")
+        self.sql("analyze x_jobs")
+        self.sql("checkpoint")
+
+    def spawn_workers(self, n: int = 2, extra_env: dict[str, str] | None = None):
+        env = dict(self.env, **(extra_env or {}))
+        return [
+            subprocess.Popen(
+                [sys.executable, "-m", "django", "xjobs_worker", "--worker-id", f"bench-w{i}"],
+                env=env, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            )
+            for i in range(n)
+        ]
+
+    @staticmethod
+    def stop_workers(procs) -> int:
+        peak = 0
+        for p in procs:
+            try:
+                for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]) // 1024)
+            except OSError:
+                pass
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return peak
+
+    # ---------------------------------------------------------------------- workloads --
+    def w1(self) -> float:
+        self.reset()
+        noop, n = self.jobs.noop, self.sizes["w1"]
+        noop.enqueue(i=-1)  # connection open, statement warm
+        t0 = time.perf_counter()
+        for i in range(n):
+            noop.enqueue(i=i)
+        return n / (time.perf_counter() - t0)
+
+    def w2(self) -> float:
+        from django_xjobs import enqueue_many
+
+        self.reset()
+        n = self.sizes["w2"]
+        t0 = time.perf_counter()
+        for start in range(0, n, 1000):
+            enqueue_many([("bench.noop", {"i": i}) for i in range(start, min(n, start + 1000))])
+        return n / (time.perf_counter() - t0)
+
+    def w3(self) -> dict[str, float]:
+        from django_xjobs import enqueue_many
+
+        self.reset()
+        n = self.sizes["w3"]
+        for start in range(0, n, 1000):
+            enqueue_many([("bench.noop", {"i": i}) for i in range(start, min(n, start + 1000))])
+        self.sql("analyze x_jobs")
+        self.sql("checkpoint")
+        t0 = time.time()
+        procs = self.spawn_workers()
+        deadline = time.monotonic() + 600
+        while self.sql("select count(*) from x_jobs where state <> 'done'")[0][0]:
+            if time.monotonic() > deadline:
+                raise RuntimeError("W3 drain did not finish in 600 s")
+            time.sleep(0.1)
+        peak = self.stop_workers(procs)
+        first, last, done = self.sql(
+            "select extract(epoch from min(started_at)), extract(epoch from max(finished_at)),"
+            " count(*) from x_jobs where state = 'done'"
+        )[0]
+        assert done == n, f"only {done} of {n} jobs done"
+        return {"rate": n / (float(last) - t0), "steady": n / (float(last) - float(first)),
+                "startup": float(first) - t0, "rss": peak}
+
+    def w4(self) -> dict[str, float]:
+        self.reset()
+        n = self.sizes["w4"]
+        with tempfile.TemporaryDirectory() as lat_dir:
+            procs = self.spawn_workers(extra_env={"XJOBS_BENCH_LAT_DIR": lat_dir})
+            time.sleep(3)
+            lat = self.jobs.lat
+            start = time.monotonic() + 0.05
+            for i in range(n):
+                delay = start + i / 50 - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                lat.enqueue(i=i, t=time.time())
+            deadline = time.monotonic() + 60
+            while self.sql("select count(*) from x_jobs where state <> 'done'")[0][0]:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("W4 jobs did not finish in 60 s")
+                time.sleep(0.05)
+            peak = self.stop_workers(procs)
+            seen: dict[int, float] = {}
+            for f in Path(lat_dir).iterdir():
+                for line in f.read_text().splitlines():
+                    i, te, ts = line.split()
+                    seen.setdefault(int(i), float(ts) - float(te))
+        ms = [v * 1000 for v in seen.values()]
+        return {"p50": percentile(ms, 50), "p95": percentile(ms, 95), "p99": percentile(ms, 99),
+                "rss": peak}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--workloads", default="W1,W2,W3,W4")
+    p.add_argument("--concurrency", type=int, default=10)
+    p.add_argument("--prefetch", type=int, default=10)
+    args = p.parse_args()
+    bench = Bench(setup_database(), args)
+    chosen = {w.strip().upper() for w in args.workloads.split(",")}
+    reps = bench.sizes["reps"]
+    rows: list[tuple[str, str]] = []
+    if "W1" in chosen:
+        r = [bench.w1() for _ in range(reps)]
+        rows.append(("W1 enqueue one-per-transaction", f"{statistics.median(r):,.0f} jobs/s "
+                     f"({min(r):,.0f}-{max(r):,.0f})"))
+    if "W2" in chosen:
+        rows.append(("W2 bulk enqueue (enqueue_many, 1,000/call)", f"{bench.w2():,.0f} jobs/s"))
+    if "W3" in chosen:
+        r3 = [bench.w3() for _ in range(reps)]
+        rows.append(("W3 drain, 2 workers (spawn -> last done)",
+                     f"{statistics.median(x['rate'] for x in r3):,.0f} jobs/s "
+                     f"({min(x['rate'] for x in r3):,.0f}-{max(x['rate'] for x in r3):,.0f})"))
+        rows.append(("W3 steady (first start -> last done)",
+                     f"{statistics.median(x['steady'] for x in r3):,.0f} jobs/s"))
+        rows.append(("W3 worker start-up (spawn -> first start)",
+                     f"{statistics.median(x['startup'] for x in r3):.2f} s"))
+        rows.append(("worker peak RSS (W3)", f"{max(x['rss'] for x in r3)} MiB"))
+    if "W4" in chosen:
+        r4 = bench.w4()
+        rows.append(("W4 enqueue -> start p50 / p95 / p99 (50 jobs/s)",
+                     f"{r4['p50']:.1f} / {r4['p95']:.1f} / {r4['p99']:.1f} ms"))
+    width = max(len(k) for k, _ in rows)
+    print(f"\ndjango-xjobs bench ({'quick' if args.quick else 'full'}; concurrency "
+          f"{args.concurrency}, prefetch {args.prefetch}, 2 worker processes)\n")
+    print(f"| {'workload'.ljust(width)} | result |")
+    print(f"|{'-' * (width + 2)}|--------|")
+    for k, v in rows:
+        print(f"| {k.ljust(width)} | {v} |")
+
+
+if __name__ == "__main__":
+    main()

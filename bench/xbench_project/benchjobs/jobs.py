@@ -1,0 +1,30 @@
+"""The two benchmark jobs: ``noop(i)`` does nothing; ``lat(i, t)`` records its start time."""
+
+import os
+import time
+
+from django_xjobs import job
+
+try:  # inside the shared harness (../shared/bench): its recorder and file layout
+    from common import record_start
+except ImportError:  # bench/run.py: the same record, "i t_enqueue t_start" per line
+    _fd = None
+
+    def record_start(i, t):
+        global _fd
+        t_start = time.time()
+        if _fd is None:
+            d = os.environ["XJOBS_BENCH_LAT_DIR"]
+            _fd = os.open(os.path.join(d, f"{os.getpid()}.txt"),
+                          os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(_fd, f"{int(i)} {float(t):.6f} {t_start:.6f}\n".encode())
+
+
+@job
+def noop(ctx, i):
+    return None
+
+
+@job
+def lat(ctx, i, t):
+    record_start(i, t)

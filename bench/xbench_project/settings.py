@@ -1,0 +1,31 @@
+"""Settings of the benchmark's throw-away project (bench/run.py and bench/xjobs_adapter.py).
+
+The database URL comes from XJOBS_BENCH_DATABASE_URL. Worker knobs come from XJOBS_BENCH_*
+variables so one project serves every variant.
+"""
+
+import os
+
+from django_xjobs import devdb
+
+SECRET_KEY = "xjobs-bench-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = ["django_xjobs", "xbench_project.benchjobs"]
+_db = devdb.settings_from_url(os.environ["XJOBS_BENCH_DATABASE_URL"])
+_db["CONN_MAX_AGE"] = None  # persistent connections, as any worker process wants
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+XJOBS = {
+    "CONCURRENCY": int(os.environ.get("XJOBS_BENCH_CONCURRENCY", "10")),
+    "PREFETCH": int(os.environ.get("XJOBS_BENCH_PREFETCH", "10")),
+    "NOTIFY": os.environ.get("XJOBS_BENCH_NOTIFY", "1") == "1",
+    "POLL_INTERVAL": os.environ.get("XJOBS_BENCH_POLL", "1s"),
+}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_xjobs": {"handlers": ["stderr"], "level": "WARNING"}},
+}

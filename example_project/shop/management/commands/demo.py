@@ -1,0 +1,159 @@
+"""``manage.py demo`` (what `make demo` runs): migrate, enqueue real work, run a real worker,
+and show what happened."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+from django.db import connection, transaction
+
+from django_xjobs import devdb
+
+PROJECT_DIR = Path(__file__).resolve().parents[3]
+
+
+class Command(BaseCommand):
+    help = "Run the django-xjobs demo: orders charged and shipped by a real worker."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--orders", type=int, default=12)
+        parser.add_argument("--timeout", type=float, default=90.0)
+
+    def say(self, text=""):
+        self.stdout.write(text)
+        self.stdout.flush()
+
+    def handle(self, *args, **options):
+        self.say(self.style.MIGRATE_HEADING("django-xjobs demo"))
+        self.say(f"database: {settings.DATABASE_SOURCE}, database name "
+                 f"{settings.DATABASES['default']['NAME']!r}")
+        if devdb.ensure_database(settings.DATABASES["default"]):
+            self.say("created the database")
+        call_command("migrate", verbosity=0)
+        self.say("migrated (django_xjobs tables: x_jobs, x_job_steps, x_job_events, x_outbox, "
+                 "x_job_leases, x_scheduler_leader, x_scheduler_state, x_backfills)")
+        User = get_user_model()
+        if not User.objects.filter(username="admin").exists():
+            User.objects.create_superuser("admin", "admin@example.com", "admin")
+
+        from django_xjobs.models import Job
+        from shop.jobs import DISCONTINUED, charge_order, send_digest
+        from shop.models import Order
+
+        batch = time.strftime("demo-%Y%m%d-%H%M%S")
+        n = max(3, options["orders"])
+        charge_handles = []
+        # Business write and enqueue in one transaction: the jobs exist only if the orders do.
+        with transaction.atomic():
+            for i in range(n):
+                sku = sorted(DISCONTINUED)[0] if i == n - 1 else f"SKU-{100 + i}"
+                order = Order.objects.create(batch=batch, email=f"customer{i}@example.com",
+                                             sku=sku, total_cents=1000 + 250 * i)
+                charge_handles.append(
+                    charge_order.using(idempotency_key=f"charge:{order.pk}").enqueue(
+                        order_id=order.pk)
+                )
+            # Enqueue one of them again: same key, same live job, nothing new.
+            again = charge_order.using(idempotency_key=f"charge:{order.pk}").enqueue(
+                order_id=order.pk)
+        self.say(f"\ncreated {n} orders in batch {batch} and enqueued {n} charge_order jobs "
+                 f"(queue 'payments'); enqueuing the last one again returned the same job "
+                 f"(created={again.created}, id matches: {again.id == charge_handles[-1].id})")
+
+        worker = self._start_worker()
+        try:
+            order_ids = list(Order.objects.filter(batch=batch).values_list("pk", flat=True))
+            ship_keys = [f"ship:{pk}" for pk in order_ids]
+            self._wait(lambda: self._all_finished(Job, charge_handles, ship_keys, n),
+                       options["timeout"], "charge and ship jobs")
+            digest = send_digest.enqueue(batch=batch)
+            self._wait(lambda: Job.objects.get(pk=digest.id).state in ("done", "dead"),
+                       options["timeout"], "the digest job")
+        finally:
+            self.say("\nstopping the worker with SIGTERM (graceful: in-flight jobs finish)")
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=60)
+            time.sleep(0.1)  # let the log pump print the last lines
+        self._summary(Job, Order, batch, charge_handles, ship_keys, digest)
+
+    # ----------------------------------------------------------------------------------
+    def _start_worker(self):
+        self.say("\nstarting a worker: manage.py xjobs_worker --concurrency 4\n")
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "xjobs_worker", "--concurrency", "4"],
+            cwd=PROJECT_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+        def pump():
+            for line in proc.stdout:
+                self.say(f"  worker | {line.rstrip()}")
+
+        threading.Thread(target=pump, daemon=True).start()
+        return proc
+
+    def _wait(self, predicate, timeout, what):
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"demo: timed out after {timeout}s waiting for {what}")
+            time.sleep(0.1)
+            connection.close()  # fresh snapshot each poll, as a separate session would see
+
+    @staticmethod
+    def _all_finished(Job, charge_handles, ship_keys, n):
+        finished = ("done", "dead", "cancelled")
+        charges = Job.objects.filter(pk__in=[h.id for h in charge_handles])
+        if charges.exclude(state__in=finished).exists():
+            return False
+        ships = Job.objects.filter(name="shop.ship_order", idempotency_key__in=ship_keys)
+        return ships.count() == n and not ships.exclude(state__in=finished).exists()
+
+    def _summary(self, Job, Order, batch, charge_handles, ship_keys, digest):
+        self.say(self.style.MIGRATE_HEADING("\nqueue stats (manage.py xjobs)"))
+        call_command("xjobs", stdout=self.stdout)
+
+        self.say(self.style.MIGRATE_HEADING("\norders of this batch"))
+        for status in ("shipped", "rejected", "charged", "new"):
+            count = Order.objects.filter(batch=batch, status=status).count()
+            if count:
+                self.say(f"  {status:<9} {count}")
+
+        retried = Job.objects.filter(pk__in=[h.id for h in charge_handles], state="done",
+                                     attempt__gt=1).order_by("id")
+        self.say(self.style.MIGRATE_HEADING(
+            f"\nfailed, then retried and done ({retried.count()} charge_order jobs)"))
+        for job in retried[:3]:
+            first_error = (job.last_error or "").strip().splitlines()[-1]
+            self.say(f"  {job.id}  attempts {job.attempt}/{job.max_attempts}  "
+                     f"first error: {first_error}")
+            self.say(f"      result: {job.result}")
+
+        dead = Job.objects.filter(name="shop.ship_order", idempotency_key__in=ship_keys,
+                                  state="dead")
+        self.say(self.style.MIGRATE_HEADING(f"\ndead ({dead.count()} job)"))
+        for job in dead:
+            self.say(f"  {job.id}  {job.name} attempt {job.attempt}/{job.max_attempts}: "
+                     f"{(job.last_error or '').strip().splitlines()[-1]}")
+            self.say(f"      see: python manage.py xjobs show {job.id}")
+
+        d = Job.objects.get(pk=digest.id)
+        self.say(self.style.MIGRATE_HEADING("\nasync digest job"))
+        self.say(f"  {d.id}  {d.state}: {d.result}")
+
+        self.say(self.style.MIGRATE_HEADING("\nthe console"))
+        self.say("  cd example_project && ../.venv/bin/python manage.py runserver")
+        self.say("  then open http://127.0.0.1:8000/admin/django_xjobs/job/  "
+                 "(login: admin / admin)")
