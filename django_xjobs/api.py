@@ -99,7 +99,9 @@ def encode_json(value: Any, *, what: str, limit: int | None) -> str:
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
-        raise InvalidJobInput(f"{what} contains a lone surrogate, which is not valid UTF-8") from None
+        raise InvalidJobInput(
+            f"{what} contains a lone surrogate, which is not valid UTF-8"
+        ) from None
     if "\x00" in text or "\\u0000" in text:
         raise InvalidJobInput(f"{what} contains a NUL character, which PostgreSQL cannot store")
     if limit is not None and size > limit:
@@ -196,7 +198,8 @@ def build_params(definition: registry.Job, input: Any, options: Mapping[str, Any
     if traceparent is not None:
         if not isinstance(traceparent, str) or not tracing.TRACEPARENT_RE.match(traceparent):
             raise InvalidJobInput(
-                f"traceparent {traceparent!r} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)"
+                f"traceparent {traceparent!r} is not a W3C traceparent"
+                " (00-<32 hex>-<16 hex>-<2 hex>)"
             )
     else:
         traceparent = tracing.current_traceparent()
@@ -364,7 +367,9 @@ def purge(*, older_than: timedelta, states: Iterable[str] = ("done", "dead", "ca
     states = tuple(states)
     bad = [s for s in states if s not in TERMINAL_STATES]
     if bad:
-        raise InvalidJobInput(f"purge only deletes finished jobs (done, dead, cancelled), not {bad}")
+        raise InvalidJobInput(
+            f"purge only deletes finished jobs (done, dead, cancelled), not {bad}"
+        )
     return get_engine().jobs_purge(
         states=states, finished_before=now() - older_than, batch_size=batch_size
     )

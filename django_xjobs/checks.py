@@ -16,7 +16,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     try:
         settings = conf.build(_raw())
     except ConfigurationError as exc:
-        return [checks.Error(str(exc), hint="See docs/configuration.md", id="xjobs.E001")]
+        return [checks.Error(
+            str(exc), hint="See the Settings section of docs/guide.md", id="xjobs.E001"
+        )]
     errors: list[checks.CheckMessage] = []
     if settings.database not in connections.settings:
         errors.append(checks.Error(

@@ -1,7 +1,8 @@
 """Which PostgreSQL the demo and the test suite use, with no set-up on a fresh machine.
 
 In order: ``DATABASE_URL`` if set; else a server answering on ``127.0.0.1:5432`` (user
-``postgres``); else (or with ``XJOBS_DEVDB=embedded``) an embedded PostgreSQL 16 from the ``pgserver`` wheel
+``postgres``); else (or with ``XJOBS_DEVDB=embedded``) an embedded PostgreSQL 16 from the
+``pgserver`` wheel
 (``pip install django-xjobs[embedded]``), with its data under ``.pgdata/`` of the checkout and a
 unix socket, stopped when the process that started it exits.
 
@@ -33,15 +34,22 @@ def _answers(host: str, port: int, timeout: float = 0.5) -> bool:
 
 
 def _embedded_url(data_dir: Path) -> str:
+    import warnings
+
     try:
-        import pgserver  # type: ignore[import-not-found]
+        with warnings.catch_warnings():
+            # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, containers): harmless here.
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+            import pgserver  # type: ignore[import-not-found]
     except ImportError:
         raise RuntimeError(
             "No PostgreSQL: DATABASE_URL is not set, nothing answers on 127.0.0.1:5432, and the "
             "embedded server is not installed (pip install 'django-xjobs[embedded]')."
         ) from None
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
     _keep.append(server)
     return str(server.get_uri())
 

@@ -210,7 +210,9 @@ class JobLease(models.Model):
         db_table = "x_job_leases"
         verbose_name = "concurrency slot"
         constraints = [
-            models.UniqueConstraint(fields=["lease_key", "slot"], name="x_job_leases_key_slot_uniq"),
+            models.UniqueConstraint(
+                fields=["lease_key", "slot"], name="x_job_leases_key_slot_uniq"
+            ),
         ]
         indexes = [models.Index(fields=["expires_at"], name="x_job_leases_expiry_idx")]
 

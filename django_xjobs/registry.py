@@ -74,7 +74,7 @@ class Job:
 
 
 def _default_name(func: Callable[..., Any]) -> str:
-    """``"<app label>.<function name>"`` for a function in an installed app, else the module path."""
+    """``"<app label>.<function name>"`` in an installed app, else ``"<module>.<function>"``."""
     module = func.__module__
     label: str | None = None
     try:

@@ -180,9 +180,10 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def db_now(self) -> datetime: ...
 
+    @abc.abstractmethod
     def reset_connection(self) -> None:
         """Drop this thread's connection after an error so the next call reconnects."""
 
+    @abc.abstractmethod
     def is_connection_error(self, exc: BaseException) -> bool:
         """Whether ``exc`` means the connection is gone (the outcome of the call is unknown)."""
-        return False

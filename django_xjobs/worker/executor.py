@@ -137,7 +137,7 @@ def execute(
     try:
         with tracing.job_span(definition.name, claimed.traceparent, _span_attributes(claimed)):
             value = definition.func(ctx, **_input(claimed))
-    except BaseException as exc:  # noqa: BLE001 - a job must not kill its executor thread
+    except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             return Retry(error=format_error(exc), delay=backoff_for(definition, claimed.attempt,
                                                                      settings))

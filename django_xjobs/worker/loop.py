@@ -96,7 +96,7 @@ class WorkerOptions:
 class Run:
     """One claim of one job, from the claim until its fenced write settles it."""
 
-    __slots__ = ("ctx", "definition", "deadline", "job", "outcome", "phase", "renewed_at")
+    __slots__ = ("ctx", "deadline", "definition", "job", "outcome", "phase", "renewed_at")
 
     def __init__(self, job: ClaimedJob, definition: registry.Job | None, now: float) -> None:
         self.job = job
@@ -579,7 +579,8 @@ class Worker:
         else:
             log.exception("%s failed; retrying", what)
         # Do not spin against a database that is down (or a schema that is not there).
-        self._wake.wait(5.0 if isinstance(exc, XJobsError) else min(self.options.poll_interval, 0.5))
+        pause = 5.0 if isinstance(exc, XJobsError) else min(self.options.poll_interval, 0.5)
+        self._wake.wait(pause)
 
 
 def run_worker(**overrides: object) -> Worker:

@@ -189,7 +189,8 @@ with wants as (
     select c.id, c.prev_state, c.exhausted, w.queue, w.n, 0 as branch, c.sort_at
       from wants w
       cross join lateral (
-          select id, state as prev_state, attempt >= max_attempts as exhausted, visible_at as sort_at
+          select id, state as prev_state, attempt >= max_attempts as exhausted,
+                 visible_at as sort_at
             from x_jobs
            where queue = w.queue and state = 'running' and visible_at <= now()
            order by visible_at
@@ -475,7 +476,8 @@ tests/conformance/test_stats.py.
     sql="""
 select queue,
        count(*) filter (where state = 'ready' and run_at <= now())                 as ready,
-       count(*) filter (where state = 'delayed' or (state = 'ready' and run_at > now())) as delayed,
+       count(*) filter (where state = 'delayed'
+                           or (state = 'ready' and run_at > now()))                 as delayed,
        count(*) filter (where state = 'running')                                   as running,
        count(*) filter (where state = 'suspended')                                 as suspended,
        count(*) filter (where state = 'dead')                                      as dead,

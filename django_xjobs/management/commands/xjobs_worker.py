@@ -31,9 +31,11 @@ class Command(BaseCommand):
                             help="jobs claimed ahead of free threads; default XJOBS['PREFETCH']")
         parser.add_argument("--lease", help="lease length, e.g. 30s; default XJOBS['LEASE']")
         parser.add_argument("--heartbeat", help="renewal interval; default XJOBS['HEARTBEAT']")
-        parser.add_argument("--poll-interval", help="poll when idle; default XJOBS['POLL_INTERVAL']")
+        parser.add_argument("--poll-interval",
+                            help="poll when idle; default XJOBS['POLL_INTERVAL']")
         parser.add_argument("--shutdown-grace",
-                            help="time in-flight jobs get on SIGTERM; default XJOBS['SHUTDOWN_GRACE']")
+                            help="time in-flight jobs get on SIGTERM; "
+                                 "default XJOBS['SHUTDOWN_GRACE']")
         parser.add_argument("--burst", action="store_true",
                             help="exit once no job is due and none is in flight")
         parser.add_argument("--worker-id", help="name in claimed_by (default host:pid:random)")
