@@ -1,0 +1,137 @@
+"""The wire format itself: every statement is named, explained, and valid on the migrated schema.
+
+This file alone speaks SQL: it EXPLAINs the engine's own statement text with dummy parameters,
+so a statement that no longer matches the schema (a renamed column, a dropped index's
+``on conflict`` target) fails here rather than in a worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+
+from django_xjobs.engines.base import Statement
+from django_xjobs.models import Job
+
+PLACEHOLDER = re.compile(r"%\((\w+)\)s(::\w+(\[\]))?")
+
+# Dummy values by placeholder name; a placeholder cast to an array gets a list of one.
+SCALARS = {
+    "id": uuid.uuid4(), "run_id": uuid.uuid4(), "token": uuid.uuid4(),
+    "name": "testapp.noop", "queue": "default", "input": "{}", "key": "k", "error": "boom",
+    "tenant_id": "acme", "traceparent": None, "enqueued_by": "tests", "concurrency_key": None,
+    "reason": "because", "note": "note", "worker_id": "worker-1", "label": "xjobs-tests",
+    "max_attempts": 3, "priority": 0, "delay_ms": 0, "lease_ms": 30_000, "batch": 100,
+    "notify": False, "permanent": False, "spent": True, "resumed": False,
+}
+LISTS = {
+    "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
+    "names": "testapp.noop", "queues": "default", "inputs": "{}", "keys": "k",
+    "results": "{}", "tenant_ids": "acme", "traceparents": None, "enqueued_bys": "tests",
+    "concurrency_keys": None, "max_attempts": 3, "priorities": 0, "delays_ms": 0, "limits": 10,
+    "states": "done", "run_ats": None,
+}
+TIMES = {"run_at", "wake_at", "before"}  # filled with the database clock
+
+
+def placeholders(sql: str) -> dict[str, bool]:
+    """Placeholder name -> whether the statement casts it to an array."""
+    found: dict[str, bool] = {}
+    for match in PLACEHOLDER.finditer(sql):
+        found[match.group(1)] = found.get(match.group(1), False) or bool(match.group(3))
+    return found
+
+
+def dummy_params(sql: str, now) -> dict[str, object]:
+    values: dict[str, object] = {}
+    for name, is_array in placeholders(sql).items():
+        if name in TIMES:
+            values[name] = [now] if is_array else now
+        elif is_array:
+            values[name] = [LISTS[name]]
+        else:
+            values[name] = SCALARS[name]
+    return values
+
+
+def statements_module(engine):
+    """``engines/<engine>/statements.py``: the wire-format module of this engine (STYLE.md)."""
+    package = type(engine).__module__.rsplit(".", 1)[0]
+    return importlib.import_module(f"{package}.statements")
+
+
+def test_every_statement_is_named_by_its_key_and_says_why(engine):
+    statements = engine.statements()
+
+    assert statements, "the engine declares no statements"
+    for key, statement in statements.items():
+        assert isinstance(statement, Statement), key
+        assert statement.name == key
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", statement.name), statement.name
+        assert statement.why.strip(), f"{key} has no why"
+        assert statement.sql.strip(), f"{key} has no text"
+
+
+def test_no_two_statements_share_a_name(engine):
+    # engine.statements() is a mapping, so a duplicated name would silently hide a statement:
+    # count the Statement constants of the wire-format module itself.
+    module = statements_module(engine)
+    declared = [v for v in vars(module).values() if isinstance(v, Statement)]
+    names = [s.name for s in declared]
+
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert set(names) == set(engine.statements())
+    assert all(engine.statements()[s.name] is s for s in declared)
+
+
+@pytest.mark.django_db
+def test_every_statement_runs_under_explain_on_the_migrated_schema(engine):
+    now = engine.db_now()
+    failures = {}
+    checked = 0
+    for name, statement in engine.statements().items():
+        params = dummy_params(statement.sql, now)
+        text = statement.sql.strip()
+        utility = re.match(r"(listen|unlisten|notify)\b", text, re.IGNORECASE)
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                # EXPLAIN plans without executing; a utility statement cannot be explained, so
+                # it runs inside a savepoint that is rolled back.
+                cursor.execute(text if utility else f"explain {text}", params)
+                if not utility:
+                    assert cursor.fetchall(), f"{name}: EXPLAIN returned no plan"
+                transaction.set_rollback(True)
+        except DatabaseError as exc:
+            failures[name] = str(exc).strip().splitlines()[0]
+        checked += 1
+
+    assert checked == len(engine.statements())
+    assert failures == {}
+
+
+@pytest.mark.django_db
+def test_the_claim_walks_the_claim_index(engine):
+    now = engine.db_now()
+    states = ["done"] * 6 + ["ready", "delayed", "suspended", "dead", "cancelled", "running"]
+    Job.objects.bulk_create([
+        Job(name="testapp.noop", queue=f"q{i % 4}", idempotency_key=f"k{i}",
+            state=states[i % len(states)], priority=i % 7,
+            run_at=now + timedelta(seconds=(i % 200) - 100),
+            visible_at=now + timedelta(seconds=30) if states[i % len(states)] == "running"
+            else None)
+        for i in range(2000)
+    ])
+    with connection.cursor() as cursor:
+        cursor.execute("analyze x_jobs")
+        claim = engine.statements()["jobs_claim"]
+        cursor.execute(f"explain {claim.sql.strip()}", {
+            "queues": ["q1"], "limits": [10], "worker_id": "worker-1", "lease_ms": 30_000,
+        })
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+
+    assert "x_jobs_claim_idx" in plan, plan
