@@ -102,3 +102,18 @@ async def async_too_slow(ctx):
 @job(queue="other")
 def on_other_queue(ctx):
     return "other"
+
+
+@job(max_attempts=3, retry_base="30s", retry_cap="60s")
+def fails_with_long_backoff(ctx):
+    """Fails every time, with a backoff long enough that the retry is still delayed afterwards."""
+    _effect(ctx, "start")
+    raise RuntimeError(f"failure on attempt {ctx.attempt}")
+
+
+@job
+def trace_probe(ctx):
+    """Reports the trace context the worker gave this run."""
+    from django_xjobs import tracing
+
+    return {"traceparent": ctx.traceparent, "inside": tracing.current_traceparent()}

@@ -1,0 +1,439 @@
+"""``manage.py xjobs`` (stats and operator actions), ``xjobs_worker`` and ``xjobs_sql``."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+from io import StringIO
+from uuid import uuid4
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.utils import timezone
+
+from django_xjobs import api
+from django_xjobs.engines import get_engine
+from django_xjobs.engines.postgres import statements as S
+from django_xjobs.management.commands.xjobs_sql import as_prepare
+from django_xjobs.models import Job, JobStep
+from django_xjobs.records import Completion, Failure, Suspension
+from tests.testapp import jobs as testapp_jobs
+
+record = testapp_jobs.record
+COLUMNS = ["queue", "ready", "delayed", "running", "suspended", "dead", "done", "cancelled"]
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command("xjobs", *args, stdout=out)
+    return out.getvalue()
+
+
+def run_json(*args: str):
+    return json.loads(run(*args))
+
+
+def job_in_state(state: str, *, queue: str | None = None, **options):
+    """A job of ``record`` driven to ``state`` through the engine's own operations."""
+    engine = get_engine()
+    queue = queue or f"q-{uuid4().hex[:10]}"
+    if state == "delayed":
+        return record.using(queue=queue, delay=timedelta(hours=1), **options).enqueue(tag=state)
+    handle = record.using(queue=queue, **options).enqueue(tag=state)
+    if state == "ready":
+        return handle
+    if state == "cancelled":
+        api.cancel(handle.id)
+        return handle
+    (claimed,) = engine.jobs_claim(wants={queue: 1}, worker_id="tests:commands", lease_ms=60_000)
+    assert claimed.id == str(handle.id), "another due job in this queue was claimed"
+    if state == "done":
+        engine.jobs_complete_if_owned([Completion(
+            id=claimed.id, lease_token=claimed.lease_token, result_json='{"ok": true}')])
+    elif state == "dead":
+        engine.job_fail_if_owned(Failure(id=claimed.id, lease_token=claimed.lease_token,
+                                         error="boom", retry_delay_ms=0, permanent=True))
+    elif state == "suspended":
+        engine.job_suspend_if_owned(Suspension(
+            id=claimed.id, lease_token=claimed.lease_token,
+            wake_at=timezone.now() + timedelta(hours=1)))
+    else:
+        assert state == "running", state
+    assert handle.get().state == state
+    return handle
+
+
+def table(out: str) -> dict[str, dict[str, int]]:
+    lines = out.splitlines()
+    assert lines[0].split() == COLUMNS
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    rows = {}
+    for line in lines[2:]:
+        if not line.strip() or line.startswith("outbox"):
+            break
+        cells = line.split()
+        rows[cells[0]] = dict(zip(COLUMNS[1:], map(int, cells[1:]), strict=True))
+    return rows
+
+
+# ---------------------------------------------------------------------------------- stats --
+
+
+@pytest.fixture
+def one_of_each():
+    """A queue holding one job in every state, plus a second ready one."""
+    for state in ["done", "dead", "cancelled", "running", "suspended", "delayed", "ready"]:
+        job_in_state(state, queue="stats-q")
+    record.using(queue="stats-q").enqueue(tag="ready 2")
+    record.using(queue="other-q").enqueue(tag="elsewhere")
+
+
+EXPECTED = {"ready": 2, "delayed": 1, "running": 1, "suspended": 1, "dead": 1, "done": 1,
+            "cancelled": 1}
+
+
+@pytest.mark.django_db
+def test_stats_table_shows_the_buckets_per_queue(one_of_each):
+    out = run()
+    rows = table(out)
+    assert rows["stats-q"] == EXPECTED
+    assert rows["other-q"] == {**dict.fromkeys(EXPECTED, 0), "ready": 1}
+    assert list(rows) == sorted(rows)
+    assert "outbox: 0 pending" in out
+
+
+@pytest.mark.django_db
+def test_stats_json_shows_the_buckets_per_queue(one_of_each):
+    data = run_json("--json")
+    queues = {q.pop("queue"): q for q in data["queues"]}
+    assert queues["stats-q"] == EXPECTED
+    assert queues["other-q"] == {**dict.fromkeys(EXPECTED, 0), "ready": 1}
+    assert data["outbox"] == {"pending": 0, "oldest_pending_seconds": None}
+
+
+@pytest.mark.django_db
+def test_stats_of_an_empty_queue_table():
+    out = run()
+    assert "(no jobs)" in out
+    assert run_json("--json")["queues"] == []
+
+
+@pytest.mark.django_db
+def test_a_ready_job_not_yet_due_counts_as_delayed():
+    handle = record.using(queue="future-q").enqueue()
+    Job.objects.filter(id=handle.id).update(run_at=timezone.now() + timedelta(hours=1))
+    (row,) = run_json("--json")["queues"]
+    assert (row["ready"], row["delayed"]) == (0, 1)
+
+
+# ----------------------------------------------------------------------------------- show --
+
+
+@pytest.mark.django_db
+def test_show_prints_the_job():
+    handle = record.using(tenant_id="acme").enqueue(tag="shown")
+    out = run("show", str(handle.id))
+    fields = dict(re.findall(r"^ *(\w+): (.*)$", out, re.M))
+    assert fields["id"] == str(handle.id)
+    assert fields["name"] == "testapp.record"
+    assert fields["state"] == "ready"
+    assert fields["tenant_id"] == "acme"
+    assert fields["run_id"] == str(handle.run_id)
+    assert '"tag": "shown"' in out
+
+
+@pytest.mark.django_db
+def test_show_prints_the_error_and_the_result():
+    dead = job_in_state("dead")
+    assert "boom" in run("show", str(dead.id)).split("last_error:", 1)[1]
+    done = job_in_state("done")
+    assert '"ok": true' in run("show", str(done.id))
+
+
+@pytest.mark.django_db
+def test_show_json():
+    handle = record.using(idempotency_key="show:1").enqueue(tag="shown")
+    data = run_json("show", str(handle.id), "--json")
+    assert data["id"] == str(handle.id)
+    assert data["run_id"] == str(handle.run_id)
+    assert (data["name"], data["state"], data["queue"]) == ("testapp.record", "ready", "default")
+    assert data["input"] == {"tag": "shown"}
+    assert data["idempotency_key"] == "show:1"
+    assert data["attempt"] == 0
+    assert data["created_at"].startswith(str(timezone.now().year))
+
+
+@pytest.mark.django_db
+def test_json_given_before_the_action_also_gives_json():
+    # `manage.py xjobs --json show ID` is accepted by the parser; a script using it must get
+    # JSON, not the human table (the subcommand's own --json default overrides the top one).
+    handle = record.enqueue(tag="shown")
+    data = run_json("--json", "show", str(handle.id))
+    assert data["id"] == str(handle.id)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("job_id", [str(uuid4()), "not-a-uuid"])
+def test_show_of_an_unknown_id_is_a_command_error(job_id):
+    with pytest.raises(CommandError, match="no job with id"):
+        run("show", job_id)
+    with pytest.raises(CommandError, match="no job with id"):
+        run("show", job_id, "--json")
+
+
+# --------------------------------------------------------------------------------- cancel --
+
+
+@pytest.mark.django_db
+def test_cancel_with_a_reason():
+    handle = record.enqueue(tag="doomed")
+    out = run("cancel", str(handle.id), "--reason", "duplicate order")
+    assert f"cancel: job {handle.id} (testapp.record) is now cancelled" in out
+    row = handle.get()
+    assert row.state == "cancelled"
+    assert row.last_error == "cancelled: duplicate order"
+    assert row.finished_at is not None
+
+
+@pytest.mark.django_db
+def test_cancel_json_of_a_running_job_clears_its_lease_token():
+    handle = job_in_state("running")
+    assert handle.get().lease_token is not None
+    data = run_json("cancel", str(handle.id), "--json")
+    assert data["action"] == "cancel"
+    assert data["changed"] is True
+    assert data["job"]["id"] == str(handle.id)
+    assert data["job"]["state"] == "cancelled"
+    assert data["job"]["lease_token"] is None  # the run's late writes will read as lost
+    assert data["job"]["last_error"] == "cancelled"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("state", ["done", "cancelled"])
+def test_cancel_of_a_finished_job_changes_nothing(state):
+    handle = job_in_state(state)
+    before = handle.get()
+    data = run_json("cancel", str(handle.id), "--json", "--reason", "too late")
+    assert data["changed"] is False
+    assert data["reason"] == f"already {state}"
+    assert data["job"]["state"] == state
+    assert "unchanged" in run("cancel", str(handle.id))
+    assert handle.get().last_error == before.last_error
+
+
+@pytest.mark.django_db
+def test_cancel_of_an_unknown_id_is_a_command_error():
+    with pytest.raises(CommandError, match="no job with id"):
+        run("cancel", str(uuid4()))
+
+
+# ---------------------------------------------------------------------------------- retry --
+
+
+@pytest.mark.django_db
+def test_retry_of_a_dead_job_makes_it_ready_with_fresh_attempts():
+    handle = job_in_state("dead")
+    out = run("retry", str(handle.id))
+    assert f"retry: job {handle.id} (testapp.record) is now ready" in out
+    row = handle.get()
+    assert (row.state, row.attempt, row.run_id) == ("ready", 0, handle.run_id)
+    assert row.finished_at is None
+    assert row.last_error == "boom"  # kept as the record of why it stopped
+
+
+@pytest.mark.django_db
+def test_retry_json_of_a_cancelled_job():
+    handle = job_in_state("cancelled")
+    data = run_json("retry", str(handle.id), "--json")
+    assert (data["action"], data["changed"]) == ("retry", True)
+    assert data["job"]["state"] == "ready"
+    assert data["job"]["run_id"] == str(handle.run_id)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("state", ["ready", "running", "done"])
+def test_retry_of_a_job_that_is_not_dead_or_cancelled_changes_nothing(state):
+    handle = job_in_state(state)
+    data = run_json("retry", str(handle.id), "--json")
+    assert data["changed"] is False
+    assert state in data["reason"]
+    assert handle.get().state == state
+
+
+@pytest.mark.django_db
+def test_retry_refuses_when_a_live_job_holds_the_key_and_names_it():
+    dead = job_in_state("dead", idempotency_key="order:7")
+    live = record.using(idempotency_key="order:7").enqueue(tag="the new one")
+    assert live.created and live.id != dead.id
+    with pytest.raises(CommandError) as info:
+        run("retry", str(dead.id))
+    assert str(live.id) in str(info.value)
+    assert f"xjobs show {live.id}" in str(info.value)
+    with pytest.raises(CommandError, match=str(live.id)):
+        run("retry", str(dead.id), "--json")
+    # Nothing changed, and the connection is still usable after the refused update.
+    assert dead.get().state == "dead"
+    assert live.get().state == "ready"
+
+
+@pytest.mark.django_db
+def test_retry_of_an_unknown_id_is_a_command_error():
+    with pytest.raises(CommandError, match="no job with id"):
+        run("retry", str(uuid4()))
+
+
+# -------------------------------------------------------------------------------- run-now --
+
+
+@pytest.mark.django_db
+def test_run_now_makes_a_delayed_job_due():
+    handle = job_in_state("delayed")
+    out = run("run-now", str(handle.id))
+    assert f"run-now: job {handle.id} (testapp.record) is now ready" in out
+    row = handle.get()
+    assert row.state == "ready"
+    assert row.run_at <= get_engine().db_now()
+
+
+@pytest.mark.django_db
+def test_run_now_json_of_a_suspended_job_keeps_it_suspended_but_due():
+    handle = job_in_state("suspended")
+    data = run_json("run-now", str(handle.id), "--json")
+    assert (data["action"], data["changed"]) == ("run-now", True)
+    assert data["job"]["state"] == "suspended"
+    assert handle.get().run_at <= get_engine().db_now()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("state", ["ready", "running", "dead"])
+def test_run_now_of_a_job_with_nothing_to_bring_forward_changes_nothing(state):
+    handle = job_in_state(state)
+    data = run_json("run-now", str(handle.id), "--json")
+    assert data["changed"] is False
+    assert data["job"]["state"] == state
+
+
+@pytest.mark.django_db
+def test_run_now_of_an_unknown_id_is_a_command_error():
+    with pytest.raises(CommandError, match="no job with id"):
+        run("run-now", str(uuid4()))
+
+
+# ---------------------------------------------------------------------------------- purge --
+
+
+@pytest.fixture
+def aged():
+    """Finished jobs from 8 days ago, a recent one, and live ones created long ago."""
+    old = {state: job_in_state(state) for state in ["done", "dead", "cancelled"]}
+    long_ago = timezone.now() - timedelta(days=8)
+    Job.objects.filter(id__in=[h.id for h in old.values()]).update(finished_at=long_ago,
+                                                                 created_at=long_ago)
+    recent = job_in_state("done")
+    live = [job_in_state("ready"), job_in_state("delayed"), job_in_state("running")]
+    Job.objects.filter(id__in=[h.id for h in live]).update(created_at=long_ago)
+    JobStep.objects.create(run_id=old["done"].run_id, name="step-1", status="completed")
+    JobStep.objects.create(run_id=recent.run_id, name="step-1", status="completed")
+    return old, recent, live
+
+
+@pytest.mark.django_db
+def test_purge_deletes_only_finished_jobs_older_than_the_cutoff(aged):
+    _, recent, live = aged
+    out = run("purge", "--older-than", "7d")
+    assert "purged 3 finished job(s)" in out
+    remaining = set(Job.objects.values_list("id", flat=True))
+    assert remaining == {recent.id, *(h.id for h in live)}
+    # The steps of a purged run go with it; others stay.
+    assert list(JobStep.objects.values_list("run_id", flat=True)) == [recent.run_id]
+
+
+@pytest.mark.django_db
+def test_purge_json_and_a_single_state(aged):
+    old, _, _ = aged
+    data = run_json("purge", "--older-than", "7d", "--state", "dead", "--json")
+    assert data == {"deleted": 1, "states": ["dead"], "older_than_seconds": 7 * 86400}
+    assert not Job.objects.filter(id=old["dead"].id).exists()
+    assert Job.objects.filter(id=old["done"].id).exists()
+    data = run_json("purge", "--older-than", "7d", "--json")
+    assert data["deleted"] == 2
+    assert run_json("purge", "--older-than", "7d", "--json")["deleted"] == 0
+
+
+@pytest.mark.django_db
+def test_purge_with_a_longer_age_keeps_everything(aged):
+    assert run_json("purge", "--older-than", "9d", "--json")["deleted"] == 0
+    assert Job.objects.count() == 7
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("age", ["soon", "-1d", "7 days"])
+def test_purge_with_a_bad_age_is_a_command_error(age):
+    with pytest.raises(CommandError, match="older-than"):
+        run("purge", "--older-than", age)
+
+
+# --------------------------------------------------------------------------- xjobs_worker --
+
+
+@pytest.mark.django_db(transaction=True)
+def test_xjobs_worker_burst_drains_the_queue_and_returns():
+    handles = [record.enqueue(tag=str(i)) for i in range(5)]
+    handles.append(testapp_jobs.async_record.enqueue(tag="aio"))
+    other = testapp_jobs.on_other_queue.enqueue()
+    call_command("xjobs_worker", "--burst", "--concurrency", "2", "--worker-id", "tests:burst",
+                 stdout=StringIO(), stderr=StringIO())
+    rows = [h.get() for h in handles]
+    assert [r.state for r in rows] == ["done"] * 6
+    assert {r.claimed_by for r in rows} == {"tests:burst"}
+    assert other.get().state == "ready"  # "other" is not in XJOBS["QUEUES"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_xjobs_worker_burst_on_a_named_queue_works_only_that_queue():
+    default = record.enqueue(tag="default")
+    other = testapp_jobs.on_other_queue.enqueue()
+    call_command("xjobs_worker", "--burst", "--queue", "other", stdout=StringIO(),
+                 stderr=StringIO())
+    assert (other.get().state, other.get().result) == ("done", "other")
+    assert default.get().state == "ready"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--concurrency", "0"], "--concurrency"),
+        (["--prefetch", "-1"], "--prefetch"),
+        (["--queue", "bad queue"], "bad queue"),
+        (["--queue", "default", "--queue", "a/b"], "a/b"),
+        (["--lease", "1s", "--heartbeat", "1s"], "--lease"),
+        (["--lease", "soon"], "soon"),
+        (["--heartbeat=-1s"], "-1s"),
+    ],
+)
+def test_xjobs_worker_refuses_bad_options(args, fragment):
+    with pytest.raises(CommandError) as info:
+        call_command("xjobs_worker", "--burst", *args, stdout=StringIO(), stderr=StringIO())
+    assert fragment in str(info.value)
+
+
+# ------------------------------------------------------------------------------ xjobs_sql --
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", sorted(S.ALL))
+def test_each_printed_statement_is_accepted_by_postgresql(name):
+    # SPEC §2: a reader copies a statement from xjobs_sql into psql and runs it. The PREPARE
+    # form must therefore parse and type-check as printed (untyped $n parameters).
+    text = as_prepare(S.ALL[name])
+    prepared = text.splitlines()[1].startswith("prepare ")
+    with connection.cursor() as cur:
+        cur.execute("savepoint before_statement")
+        try:
+            cur.execute(text)  # no parameters: the text goes to the server exactly as printed
+            if prepared:
+                cur.execute(f"deallocate {name}")  # PREPARE outlives a rollback
+        finally:
+            cur.execute("rollback to savepoint before_statement")

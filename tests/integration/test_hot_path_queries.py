@@ -1,0 +1,105 @@
+"""The hot path is pinned: one statement per claim, per ack batch, per heartbeat round and per
+bulk enqueue, whatever the number of jobs (STYLE habit 15)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_xjobs import api, enqueue_many
+from django_xjobs.engines import get_engine
+from django_xjobs.models import Job
+from django_xjobs.records import Completion, LeaseRef
+from tests.testapp import jobs as testapp_jobs
+
+pytestmark = pytest.mark.django_db
+
+N = 40
+LEASE_MS = 60_000
+
+
+def statements_run(fn):
+    with CaptureQueriesContext(connection) as ctx:
+        result = fn()
+    return result, [q["sql"] for q in ctx.captured_queries]
+
+
+def due_jobs(n: int, queue: str = "hot") -> set[str]:
+    handles = testapp_jobs.record.using(queue=queue).bulk_enqueue({"tag": i} for i in range(n))
+    return {str(h.id) for h in handles}
+
+
+def claim(wants: dict[str, int]):
+    return get_engine().jobs_claim(wants=wants, worker_id="tests:hot", lease_ms=LEASE_MS)
+
+
+def test_claiming_n_jobs_is_one_statement():
+    ids = due_jobs(N)
+    claimed, sql = statements_run(lambda: claim({"hot": N}))
+    assert {c.id for c in claimed} == ids
+    assert len(sql) == 1
+    assert Job.objects.filter(state="running").count() == N
+
+
+def test_claiming_from_several_queues_is_one_statement():
+    ids = due_jobs(10, "hot-a") | due_jobs(10, "hot-b") | due_jobs(10, "hot-c")
+    claimed, sql = statements_run(lambda: claim({"hot-a": 10, "hot-b": 10, "hot-c": 10}))
+    assert {c.id for c in claimed} == ids
+    assert len(sql) == 1
+
+
+def test_completing_n_jobs_is_one_statement():
+    due_jobs(N)
+    claimed = claim({"hot": N})
+    batch = [Completion(id=c.id, lease_token=c.lease_token, result_json=f'{{"n": {i}}}')
+             for i, c in enumerate(claimed)]
+    report, sql = statements_run(lambda: get_engine().jobs_complete_if_owned(batch))
+    assert report.owned == {c.id for c in claimed}
+    assert len(sql) == 1
+    assert Job.objects.filter(state="done").count() == N
+
+
+def test_one_heartbeat_round_for_n_leases_is_one_statement():
+    due_jobs(N)
+    claimed = claim({"hot": N})
+    leases = [LeaseRef(id=c.id, lease_token=c.lease_token) for c in claimed]
+    renewed, sql = statements_run(lambda: get_engine().jobs_renew_if_owned(leases, LEASE_MS))
+    assert renewed == {c.id for c in claimed}
+    assert len(sql) == 1
+
+
+def test_a_heartbeat_round_reports_a_lost_lease_in_the_same_one_statement():
+    due_jobs(N)
+    claimed = claim({"hot": N})
+    lost = claimed[7].id
+    api.cancel(lost)
+    leases = [LeaseRef(id=c.id, lease_token=c.lease_token) for c in claimed]
+    renewed, sql = statements_run(lambda: get_engine().jobs_renew_if_owned(leases, LEASE_MS))
+    assert renewed == {c.id for c in claimed} - {lost}
+    assert len(sql) == 1
+
+
+def test_bulk_enqueue_of_500_is_one_statement():
+    handles, sql = statements_run(
+        lambda: testapp_jobs.record.bulk_enqueue({"tag": str(i)} for i in range(500))
+    )
+    assert len(handles) == 500
+    assert all(h.created for h in handles)
+    assert len({h.id for h in handles}) == 500
+    assert len(sql) == 1
+    assert Job.objects.count() == 500
+
+
+def test_enqueue_many_of_500_mixed_jobs_is_one_statement():
+    items = [("testapp.record" if i % 2 else "testapp.noop", {"i": i}) for i in range(500)]
+    handles, sql = statements_run(lambda: enqueue_many(items))
+    assert len(handles) == 500
+    assert len(sql) == 1
+    assert Job.objects.filter(name="testapp.noop").count() == 250
+
+
+def test_a_single_enqueue_is_one_statement():
+    handle, sql = statements_run(lambda: testapp_jobs.record.enqueue(tag="one"))
+    assert handle.created
+    assert len(sql) == 1

@@ -1,0 +1,406 @@
+"""The real worker loop, in this process (``django_xjobs.testing.drain``), on the test jobs.
+
+Jobs run in executor threads with their own connections, so these tests are transactional.
+Retries are delayed (tests/settings.py: RETRY_BASE 0.05 s, RETRY_CAP 0.2 s), so a test that
+waits for a retry drains repeatedly until the job is finished; no test asserts on durations.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import Counter
+from datetime import timedelta
+from uuid import uuid4
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AnonymousUser
+from django.http import HttpResponse
+from django.test import RequestFactory
+
+from django_xjobs import api
+from django_xjobs.api import acting_as
+from django_xjobs.engines import get_engine
+from django_xjobs.middleware import EnqueuedByMiddleware
+from django_xjobs.models import Job
+from django_xjobs.testing import drain
+from tests.testapp import jobs as testapp_jobs
+from tests.testapp.models import Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+FINISHED = ("done", "dead", "cancelled")
+
+
+def drain_until(handle, states=FINISHED, timeout: float = 30.0):
+    """Drain until the job reaches one of ``states``; return its row and the summed stats."""
+    totals: Counter[str] = Counter()
+    deadline = time.monotonic() + timeout
+    while True:
+        totals.update(drain())
+        row = handle.get()
+        if row.state in states:
+            return row, totals
+        if time.monotonic() >= deadline:
+            pytest.fail(f"job {handle.id} still {row.state} after {timeout}s; stats {totals}")
+        time.sleep(0.05)
+
+
+def retries(stats: Counter[str]) -> int:
+    """Failed runs that went back to the queue (the stats count the state each run left)."""
+    return stats["delayed"] + stats["ready"]
+
+
+def starts(job_id) -> list[int]:
+    """The attempt number of every run of the job that got as far as its first line."""
+    return list(Effect.objects.filter(job_id=str(job_id), kind="start")
+                .order_by("id").values_list("attempt", flat=True))
+
+
+# ----------------------------------------------------------------------------- outcomes --
+
+
+def test_a_job_that_returns_is_done_with_its_result_stored():
+    handle = testapp_jobs.record.enqueue(tag="hello")
+    stats = drain()
+    row = handle.get()
+    assert stats["done"] == 1
+    assert row.state == "done"
+    assert row.result == {"tag": "hello", "attempt": 1}
+    assert row.attempt == 1
+    assert row.finished_at is not None and row.visible_at is None
+    assert row.claimed_by and row.claimed_by in row.worker_ids
+    assert starts(handle.id) == [1]
+
+
+def test_a_job_returning_none_is_done_without_a_result():
+    handle = testapp_jobs.noop.enqueue()
+    drain()
+    row = handle.get()
+    assert (row.state, row.result) == ("done", None)
+
+
+def test_drain_runs_every_due_job_and_leaves_delayed_ones():
+    handles = [testapp_jobs.record.enqueue(tag=str(i)) for i in range(7)]
+    later = testapp_jobs.record.using(delay=timedelta(hours=1)).enqueue(tag="later")
+    stats = drain(concurrency=3)
+    assert stats["done"] == 7
+    assert {h.get().state for h in handles} == {"done"}
+    assert later.get().state == "delayed"
+    assert starts(later.id) == []
+
+
+def test_a_flaky_job_is_retried_then_done():
+    handle = testapp_jobs.flaky.enqueue(fail_times=2)
+    row, totals = drain_until(handle)
+    assert row.state == "done"
+    assert row.result == {"succeeded_on": 3}
+    assert row.attempt == 3
+    assert starts(handle.id) == [1, 2, 3]
+    assert retries(totals) == 2
+    assert totals["done"] == 1
+
+
+def test_a_failed_attempt_is_retried_after_a_backoff_within_the_jobs_window():
+    engine = get_engine()
+    handle = testapp_jobs.fails_with_long_backoff.enqueue()
+
+    stats = drain()
+    row = handle.get()
+    assert stats["delayed"] == 1
+    assert (row.state, row.attempt) == ("delayed", 1)
+    assert "RuntimeError: failure on attempt 1" in row.last_error
+    assert row.run_at > engine.db_now()
+    # run_at and updated_at come from one now(): their gap is the backoff, uniform(0, 30 s).
+    assert timedelta(0) < row.run_at - row.updated_at <= timedelta(seconds=30)
+    assert starts(handle.id) == [1]
+
+    api.run_now(handle.id)
+    drain()
+    row = handle.get()
+    assert (row.state, row.attempt) == ("delayed", 2)
+    assert "failure on attempt 2" in row.last_error
+    assert timedelta(0) < row.run_at - row.updated_at <= timedelta(seconds=60)
+
+    api.run_now(handle.id)
+    stats = drain()
+    row = handle.get()
+    assert stats["dead"] == 1
+    assert (row.state, row.attempt) == ("dead", 3)
+    assert "failure on attempt 3" in row.last_error
+    assert row.finished_at is not None
+    assert starts(handle.id) == [1, 2, 3]
+
+
+def test_a_job_that_always_fails_is_dead_after_max_attempts_with_its_last_error():
+    handle = testapp_jobs.always_fails.enqueue()
+    row, totals = drain_until(handle)
+    assert row.state == "dead"
+    assert (row.attempt, row.max_attempts) == (2, 2)
+    assert "ValueError: this job always fails" in row.last_error
+    assert "Traceback" in row.last_error
+    assert starts(handle.id) == [1, 2]
+    assert (retries(totals), totals["dead"]) == (1, 1)
+
+
+def test_a_permanent_error_is_dead_at_the_first_attempt():
+    handle = testapp_jobs.permanent.enqueue()
+    drain()
+    row = handle.get()
+    assert row.state == "dead"
+    assert (row.attempt, row.max_attempts) == (1, 3)
+    assert "PermanentError: no point retrying" in row.last_error
+    assert starts(handle.id) == [1]
+
+
+def test_a_snooze_requeues_without_spending_an_attempt():
+    handle = testapp_jobs.snoozer.enqueue(times=2)
+    row, totals = drain_until(handle)
+    assert row.state == "done"
+    assert row.result == {"attempt": 1}
+    assert row.attempt == 1
+    assert starts(handle.id) == [1, 1, 1]
+    assert totals["requeued"] == 2
+    assert len(row.worker_ids) == 1  # the snoozed runs gave their entries back too
+
+
+def test_an_async_job_is_done():
+    handle = testapp_jobs.async_record.enqueue(tag="aio")
+    stats = drain()
+    row = handle.get()
+    assert stats["done"] == 1
+    assert (row.state, row.result) == ("done", {"tag": "aio", "async": True})
+
+
+def test_sync_and_async_jobs_run_side_by_side():
+    sync = [testapp_jobs.record.enqueue(tag=str(i)) for i in range(3)]
+    aio = [testapp_jobs.async_record.enqueue(tag=str(i)) for i in range(3)]
+    drain()
+    assert [h.get().state for h in sync + aio] == ["done"] * 6
+
+
+def test_an_async_job_past_its_timeout_fails_with_a_timeout_error():
+    handle = testapp_jobs.async_too_slow.enqueue()
+    row, _ = drain_until(handle)
+    assert row.state == "dead"  # max_attempts=1
+    assert row.attempt == 1
+    assert "TimeoutError" in row.last_error
+    assert "testapp.async_too_slow" in row.last_error
+    assert row.result is None
+
+
+def test_a_sync_job_past_its_timeout_is_stopped_and_fails_with_a_timeout_error():
+    handle = testapp_jobs.too_slow.enqueue()
+    row, totals = drain_until(handle)
+    assert row.state == "dead"  # max_attempts=2: both attempts timed out
+    assert row.attempt == 2
+    assert "TimeoutError" in row.last_error
+    assert "testapp.too_slow" in row.last_error
+    assert totals["timeouts"] == 2
+    assert starts(handle.id) == [1, 2]
+
+
+def test_a_result_json_cannot_encode_kills_the_job_with_a_clear_error():
+    handle = testapp_jobs.bad_result.enqueue()
+    drain()
+    row = handle.get()
+    assert row.state == "dead"
+    assert row.attempt == 1  # re-running cannot fix it
+    assert "result of testapp.bad_result" in row.last_error
+    assert "not JSON-serialisable" in row.last_error
+    assert "['when']" in row.last_error
+    assert row.result is None
+
+
+def test_a_row_naming_an_unknown_job_is_retried_then_dead_and_the_worker_carries_on():
+    unknown = Job.objects.create(name="gone.in_the_deploy", idempotency_key=str(uuid4()),
+                                 max_attempts=2, input={"a": 1})
+    neighbour = testapp_jobs.record.enqueue(tag="neighbour")
+
+    stats = drain()
+    assert neighbour.get().state == "done"  # the unknown name did not stop the worker
+    first = Job.objects.get(id=unknown.id)
+    assert retries(stats) + stats["dead"] >= 1
+    assert "UnknownJob" in first.last_error
+    assert "'gone.in_the_deploy'" in first.last_error
+
+    handle = api.JobHandle(id=unknown.id, run_id=unknown.run_id, created=True)
+    row, _ = drain_until(handle)
+    assert row.state == "dead"
+    assert row.attempt == 2
+    assert "UnknownJob" in row.last_error
+
+
+# -------------------------------------------------------------------------- enqueued_by --
+
+
+def test_enqueued_by_defaults_to_host_and_pid():
+    handle = testapp_jobs.record.enqueue()
+    assert handle.get().enqueued_by == f"{socket.gethostname()}:{os.getpid()}"
+
+
+def test_acting_as_names_who_enqueued_and_ends_with_its_block():
+    with acting_as("cron:nightly-report"):
+        inside = testapp_jobs.record.enqueue()
+        with acting_as("admin:ada"):
+            nested = testapp_jobs.record.enqueue()
+        after_nested = testapp_jobs.record.enqueue()
+    outside = testapp_jobs.record.enqueue()
+    assert inside.get().enqueued_by == "cron:nightly-report"
+    assert nested.get().enqueued_by == "admin:ada"
+    assert after_nested.get().enqueued_by == "cron:nightly-report"
+    assert outside.get().enqueued_by == f"{socket.gethostname()}:{os.getpid()}"
+
+
+def test_an_explicit_enqueued_by_wins():
+    with acting_as("cron:nightly-report"):
+        handle = testapp_jobs.record.using(enqueued_by="script:backfill-42").enqueue()
+    assert handle.get().enqueued_by == "script:backfill-42"
+
+
+def _view_that_enqueues(handles):
+    def view(request):
+        handles.append(testapp_jobs.record.enqueue(tag="from a request"))
+        return HttpResponse("ok")
+
+    return view
+
+
+def test_the_middleware_records_the_requests_user():
+    user = get_user_model().objects.create_user("ada", password="x")
+    request = RequestFactory().post("/signup/")
+    request.user = user
+    handles: list = []
+    response = EnqueuedByMiddleware(_view_that_enqueues(handles))(request)
+    assert response.status_code == 200
+    assert handles[0].get().enqueued_by == "user:ada"
+    # Only for the request: a job enqueued afterwards is the process's again.
+    assert testapp_jobs.record.enqueue().get().enqueued_by == (
+        f"{socket.gethostname()}:{os.getpid()}"
+    )
+
+
+@pytest.mark.parametrize("user", [AnonymousUser(), None], ids=["anonymous", "no user"])
+def test_the_middleware_leaves_anonymous_requests_to_the_default(user):
+    request = RequestFactory().get("/")
+    if user is not None:
+        request.user = user
+    handles: list = []
+    EnqueuedByMiddleware(_view_that_enqueues(handles))(request)
+    assert handles[0].get().enqueued_by == f"{socket.gethostname()}:{os.getpid()}"
+
+
+def test_the_middleware_resets_the_user_when_the_view_raises():
+    request = RequestFactory().get("/")
+    request.user = get_user_model().objects.create_user("bob", password="x")
+
+    def view(request):
+        testapp_jobs.record.enqueue(tag="before the crash")
+        raise RuntimeError("view failed")
+
+    with pytest.raises(RuntimeError):
+        EnqueuedByMiddleware(view)(request)
+    assert Job.objects.get(input__tag="before the crash").enqueued_by == "user:bob"
+    assert testapp_jobs.record.enqueue().get().enqueued_by != "user:bob"
+
+
+# -------------------------------------------------------------------------------- traces --
+
+
+@pytest.fixture(scope="module")
+def span_exporter():
+    """An OpenTelemetry SDK provider whose finished spans are kept in memory."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):  # the global provider can be set only once
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    assert isinstance(trace.get_tracer_provider(), TracerProvider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield exporter
+    exporter.clear()
+    exporter.shutdown()  # later spans are no longer kept
+
+
+def traceparent_of(span_context) -> str:
+    return (f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
+            f"{int(span_context.trace_flags):02x}")
+
+
+def test_an_explicit_traceparent_is_stored_and_seen_by_the_job():
+    handle = testapp_jobs.trace_probe.using(traceparent=TRACEPARENT).enqueue()
+    assert handle.get().traceparent == TRACEPARENT
+    drain()
+    row = handle.get()
+    assert row.state == "done"
+    assert row.result["traceparent"] == TRACEPARENT
+    # Inside the job, the current trace is the enqueuer's trace.
+    assert row.result["inside"].split("-")[1] == TRACEPARENT.split("-")[1]
+
+
+def test_without_a_span_or_an_explicit_value_there_is_no_traceparent():
+    handle = testapp_jobs.trace_probe.enqueue()
+    assert handle.get().traceparent is None
+    drain()
+    assert handle.get().result["traceparent"] is None
+
+
+def test_the_active_span_is_captured_at_enqueue_and_the_job_runs_in_a_child_span(
+    span_exporter,
+):
+    from opentelemetry import trace
+
+    tracer = trace.get_tracer("tests.integration")
+    with tracer.start_as_current_span("POST /checkout") as parent:
+        handle = testapp_jobs.trace_probe.enqueue()
+    parent_ctx = parent.get_span_context()
+    expected = traceparent_of(parent_ctx)
+    assert handle.get().traceparent == expected
+
+    span_exporter.clear()
+    drain()
+    row = handle.get()
+    assert row.state == "done"
+    job_spans = [s for s in span_exporter.get_finished_spans()
+                 if s.name == "xjobs testapp.trace_probe"]
+    assert len(job_spans) == 1
+    span = job_spans[0]
+    assert span.context.trace_id == parent_ctx.trace_id
+    assert span.parent is not None and span.parent.span_id == parent_ctx.span_id
+    assert span.kind == trace.SpanKind.CONSUMER
+    assert span.attributes["xjobs.job_id"] == str(handle.id)
+    assert span.attributes["xjobs.attempt"] == 1
+    assert row.result["traceparent"] == expected
+    assert row.result["inside"] == traceparent_of(span.context)
+
+
+def test_an_explicit_traceparent_wins_over_the_active_span(span_exporter):
+    from opentelemetry import trace
+
+    with trace.get_tracer("tests.integration").start_as_current_span("request"):
+        handle = testapp_jobs.trace_probe.using(traceparent=TRACEPARENT).enqueue()
+    assert handle.get().traceparent == TRACEPARENT
+    span_exporter.clear()
+    drain()
+    (span,) = [s for s in span_exporter.get_finished_spans()
+               if s.name == "xjobs testapp.trace_probe"]
+    assert f"{span.context.trace_id:032x}" == TRACEPARENT.split("-")[1]
+    assert f"{span.parent.span_id:016x}" == TRACEPARENT.split("-")[2]
+
+
+def test_a_job_enqueued_without_a_trace_runs_in_a_root_span(span_exporter):
+    handle = testapp_jobs.trace_probe.enqueue()
+    span_exporter.clear()
+    drain()
+    (span,) = [s for s in span_exporter.get_finished_spans()
+               if s.name == "xjobs testapp.trace_probe"]
+    assert span.parent is None
+    assert handle.get().result["traceparent"] is None

@@ -1,0 +1,265 @@
+"""``@job``: names, validation at decoration time, duplicates, async detection (registry.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from django_xjobs import api, job, registry
+from django_xjobs.exceptions import (
+    ConfigurationError,
+    DuplicateJobName,
+    InvalidJobInput,
+    UnknownJob,
+)
+from tests.testapp import jobs as testapp_jobs
+
+
+@pytest.fixture(autouse=True)
+def isolated_registry():
+    """Whatever a test registers is forgotten afterwards; the test app's jobs stay as they were."""
+    before = registry.all_jobs()
+    yield
+    for name in set(registry.all_jobs()) - set(before):
+        registry.unregister(name)
+    for name, definition in before.items():
+        if registry.lookup(name) is not definition:
+            registry.unregister(name)
+            registry.register(definition)
+
+
+# ---------------------------------------------------------------------------------- names --
+
+
+def test_a_job_in_an_installed_app_is_named_app_label_dot_function():
+    assert testapp_jobs.record.name == "testapp.record"
+    assert testapp_jobs.async_record.name == "testapp.async_record"
+    assert registry.get("testapp.record") is testapp_jobs.record
+
+
+def test_autodiscovery_registered_the_test_apps_jobs():
+    names = set(registry.all_jobs())
+    assert {"testapp.noop", "testapp.flaky", "testapp.on_other_queue"} <= names
+
+
+def test_a_job_outside_any_installed_app_is_named_by_its_module_path():
+    @job
+    def stray(ctx):
+        return None
+
+    assert stray.name == f"{__name__}.stray"
+    assert __name__ == "tests.unit.test_registry"  # no installed app contains this module
+    assert registry.lookup(f"{__name__}.stray") is stray
+
+
+def test_an_explicit_name_wins():
+    @job(name="billing.charge-card:v2")
+    def charge(ctx):
+        return None
+
+    assert charge.name == "billing.charge-card:v2"
+    assert registry.lookup("billing.charge-card:v2") is charge
+    assert registry.lookup(f"{__name__}.charge") is None
+
+
+def test_decorator_options_are_recorded():
+    @job(name="t.options", queue="emails", max_attempts=7, timeout=timedelta(minutes=2),
+         priority=-3, retry_base="500ms", retry_cap="1m")
+    def f(ctx):
+        return None
+
+    assert (f.queue, f.max_attempts, f.timeout, f.priority) == ("emails", 7, 120.0, -3)
+    assert (f.retry.base, f.retry.cap) == (0.5, 60.0)
+
+
+def test_defaults_defer_to_the_settings():
+    @job(name="t.defaults")
+    def f(ctx):
+        return None
+
+    assert (f.queue, f.max_attempts, f.timeout, f.priority) == ("default", None, None, 0)
+    assert (f.retry.base, f.retry.cap) == (None, None)
+
+
+def test_calling_the_job_calls_the_function():
+    @job(name="t.callable")
+    def add(ctx, a, b):
+        return (ctx, a + b)
+
+    assert add("ctx", a=1, b=2) == ("ctx", 3)
+
+
+def test_the_longest_valid_name_is_accepted():
+    @job(name="a" * 200)
+    def f(ctx):
+        return None
+
+    assert f.name == "a" * 200
+
+
+@pytest.mark.parametrize(
+    "name", ["", "has space", "a" * 201, "émile.job", "a/b", "a;drop table", "a\x00b", 123, b"x"]
+)
+def test_an_invalid_name_is_refused_at_decoration(name):
+    with pytest.raises(ConfigurationError, match="Job name"):
+        @job(name=name)
+        def f(ctx):
+            return None
+    if isinstance(name, str):
+        assert registry.lookup(name) is None
+
+
+@pytest.mark.parametrize(("option", "value"), [("name", "t.newline\n"), ("queue", "emails\n")])
+def test_a_trailing_newline_does_not_slip_past_the_name_pattern(option, value):
+    # Python's "$" also matches before a final newline; a queue "emails\n" would hold jobs
+    # that no worker of "emails" ever claims.
+    with pytest.raises(ConfigurationError):
+        @job(**{"name": "t.newline", option: value})
+        def f(ctx):
+            return None
+
+
+@pytest.mark.parametrize("queue", ["", "bad queue", "q" * 201, "q/1", None, 5])
+def test_an_invalid_queue_is_refused_at_decoration(queue):
+    with pytest.raises(ConfigurationError, match="Queue name"):
+        @job(name="t.bad_queue", queue=queue)
+        def f(ctx):
+            return None
+    assert registry.lookup("t.bad_queue") is None
+
+
+@pytest.mark.parametrize("max_attempts", [0, -1, True, 1.5, "3"])
+def test_an_invalid_max_attempts_is_refused_at_decoration(max_attempts):
+    with pytest.raises(ConfigurationError, match="max_attempts"):
+        @job(name="t.bad_attempts", max_attempts=max_attempts)
+        def f(ctx):
+            return None
+    assert registry.lookup("t.bad_attempts") is None
+
+
+@pytest.mark.parametrize("timeout", [0, "0s", -1, "-5s", "soon", True, timedelta(seconds=-1)])
+def test_an_invalid_timeout_is_refused_at_decoration(timeout):
+    with pytest.raises(ConfigurationError, match="timeout"):
+        @job(name="t.bad_timeout", timeout=timeout)
+        def f(ctx):
+            return None
+    assert registry.lookup("t.bad_timeout") is None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"priority": "high"}, {"priority": True}, {"retry_base": "soon"},
+     {"retry_base": "10s", "retry_cap": "1s"}, {"retry_cap": -1}],
+)
+def test_an_invalid_priority_or_retry_policy_is_refused_at_decoration(options):
+    with pytest.raises(ConfigurationError):
+        @job(name="t.bad_policy", **options)
+        def f(ctx):
+            return None
+    assert registry.lookup("t.bad_policy") is None
+
+
+@pytest.mark.parametrize("option", ["priority", "max_attempts"])
+def test_a_value_every_enqueue_would_refuse_is_refused_at_decoration(option):
+    # Enqueue refuses priority/max_attempts beyond a 32-bit int (the column type). A definition
+    # carrying such a default can never be enqueued; that must fail at import, not at 3 a.m.
+    with pytest.raises(InvalidJobInput, match=option):
+        api.build_params(testapp_jobs.noop, {}, {option: 2**31})
+    with pytest.raises(ConfigurationError, match=option):
+        @job(name="t.too_big", **{option: 2**31})
+        def f(ctx):
+            return None
+
+
+def test_decorating_something_not_callable_is_refused():
+    with pytest.raises(ConfigurationError, match="function"):
+        job(name="t.not_callable")(42)
+
+
+@pytest.mark.parametrize("option", ["queues", "retries", "max_retries", "cron_expr"])
+def test_an_unknown_option_is_refused(option):
+    with pytest.raises(ConfigurationError, match=option):
+        @job(name="t.unknown_option", **{option: 1})
+        def f(ctx):
+            return None
+    assert registry.lookup("t.unknown_option") is None
+
+
+# ------------------------------------------------------------------------------ duplicates --
+
+
+def test_a_second_function_under_the_same_name_is_refused():
+    @job(name="t.dup")
+    def first(ctx):
+        return 1
+
+    with pytest.raises(DuplicateJobName, match=r"t\.dup") as info:
+        @job(name="t.dup")
+        def second(ctx):
+            return 2
+
+    assert "first" in str(info.value)  # names the function that holds the name
+    assert isinstance(info.value, ConfigurationError)
+    assert registry.get("t.dup") is first  # the original registration is intact
+
+
+def test_a_function_from_another_module_cannot_take_a_test_app_name():
+    with pytest.raises(DuplicateJobName):
+        @job(name="testapp.record")
+        def record(ctx, tag=""):
+            return None
+
+    assert registry.get("testapp.record") is testapp_jobs.record
+
+
+def test_registering_the_same_function_again_is_allowed():
+    # Re-importing a module (autoreload, a test importing it twice) re-decorates the same
+    # function: same module and qualname, so it is not a conflict.
+    def make():
+        @job(name="t.same")
+        def same(ctx):
+            return None
+
+        return same
+
+    one = make()
+    two = make()
+    assert one is not two
+    assert registry.get("t.same") is two
+
+
+# ----------------------------------------------------------------------------------- async --
+
+
+def test_async_functions_are_detected():
+    @job(name="t.async")
+    async def a(ctx):
+        return None
+
+    @job(name="t.sync")
+    def s(ctx):
+        return None
+
+    assert a.is_async is True
+    assert s.is_async is False
+    assert testapp_jobs.async_record.is_async is True
+    assert testapp_jobs.record.is_async is False
+
+
+# ------------------------------------------------------------------------------------ get --
+
+
+def test_get_of_an_unknown_name_raises_unknown_job_naming_it():
+    with pytest.raises(UnknownJob, match=r"'nobody\.knows'"):
+        registry.get("nobody.knows")
+    assert registry.lookup("nobody.knows") is None
+
+
+def test_unregister_forgets_a_job():
+    @job(name="t.forget_me")
+    def f(ctx):
+        return None
+
+    registry.unregister("t.forget_me")
+    assert registry.lookup("t.forget_me") is None

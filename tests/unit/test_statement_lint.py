@@ -1,0 +1,164 @@
+"""The wire format is a set of named, commented statements (STYLE habit 1), and
+``manage.py xjobs_sql`` prints each one as text an operator can paste into psql.
+
+No database: these tests read the statements module and the command's output only.
+(That the printed PREPAREs are accepted by PostgreSQL is checked in
+tests/integration/test_commands.py.)
+"""
+
+from __future__ import annotations
+
+import re
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_xjobs.engines import Statement, get_engine
+from django_xjobs.engines.postgres import engine as postgres_engine
+from django_xjobs.engines.postgres import statements as S
+
+PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+STATEMENTS = sorted(S.ALL.items())
+IDS = [name for name, _ in STATEMENTS]
+
+
+def placeholders(stmt: Statement) -> list[str]:
+    """Distinct placeholder names in order of first use."""
+    seen: list[str] = []
+    for name in PLACEHOLDER.findall(stmt.sql):
+        if name not in seen:
+            seen.append(name)
+    return seen
+
+
+def sql_command(*args: str) -> str:
+    out = StringIO()
+    call_command("xjobs_sql", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_there_are_statements_and_the_engine_serves_exactly_these():
+    assert len(S.ALL) >= 15
+    assert dict(get_engine().statements()) == S.ALL
+
+
+@pytest.mark.parametrize(("key", "stmt"), STATEMENTS, ids=IDS)
+def test_each_statement_is_filed_under_its_own_name(key, stmt):
+    assert isinstance(stmt, Statement)
+    assert stmt.name == key
+    assert re.fullmatch(r"[a-z][a-z0-9_]*", stmt.name), "names are snake_case, noun first"
+
+
+def test_every_statement_constant_is_in_all_under_the_constants_name():
+    # ALL is keyed by Statement.name: two constants that share a name would silently collapse
+    # into one entry, and the engine would run a statement xjobs_sql never shows.
+    constants = {k: v for k, v in vars(S).items() if isinstance(v, Statement)}
+    assert len(constants) == len(S.ALL)
+    for constant, stmt in constants.items():
+        assert constant == stmt.name.upper(), f"{constant} is named {stmt.name!r}"
+        assert S.ALL[stmt.name] is stmt
+
+
+@pytest.mark.parametrize(("key", "stmt"), STATEMENTS, ids=IDS)
+def test_each_statement_says_why(key, stmt):
+    why = stmt.why.strip()
+    assert why, f"{key} has no why"
+    assert len(why) >= 30, f"{key}: a why must give a reason, not a label: {why!r}"
+    assert why.lower() != key.replace("_", " ")
+
+
+@pytest.mark.parametrize(("key", "stmt"), STATEMENTS, ids=IDS)
+def test_each_statement_uses_only_named_placeholders(key, stmt):
+    rest = PLACEHOLDER.sub("", stmt.sql).replace("%%", "")
+    assert "%" not in rest, f"{key}: a bare % (a positional %s, or an unescaped literal %)"
+    assert not re.search(r"\{[A-Za-z_]+\}", stmt.sql), f"{key}: an unformatted {{NAME}}"
+    assert stmt.sql.strip(), f"{key} has no SQL"
+
+
+@pytest.mark.parametrize(("key", "stmt"), STATEMENTS, ids=IDS)
+def test_each_statement_is_a_single_statement(key, stmt):
+    assert ";" not in stmt.sql, f"{key}: one constant, one statement"
+
+
+@pytest.mark.parametrize(
+    ("key", "stmt"), [(k, s) for k, s in STATEMENTS if k.endswith("_if_owned")],
+    ids=[k for k in IDS if k.endswith("_if_owned")],
+)
+def test_each_if_owned_write_is_fenced_on_the_token_and_running(key, stmt):
+    # SPEC "Fencing": every write a worker makes about a run matches (id, running, token).
+    sql = " ".join(stmt.sql.split())
+    assert re.search(r"lease_token = (%\(token\)s|v\.token)", sql), key
+    assert re.search(r"state = 'running'", sql), key
+    assert re.search(r"\bid = (%\(id\)s|v\.id)", sql), key
+
+
+def test_the_engine_runs_only_statements_of_the_module_and_all_of_them():
+    source = Path(postgres_engine.__file__).read_text()
+    used = set(re.findall(r"\bS\.([A-Z][A-Z0-9_]+)\b", source)) - {"ALL"}
+    constants = {k for k, v in vars(S).items() if isinstance(v, Statement)}
+    assert used <= constants, f"engine refers to unknown statements: {used - constants}"
+    assert constants - used == set(), f"statements no engine method runs: {constants - used}"
+
+
+# ----------------------------------------------------------------------------- xjobs_sql --
+
+
+def test_xjobs_sql_prints_every_statement_with_its_name():
+    out = sql_command()
+    for name, stmt in STATEMENTS:
+        assert f"-- {name}" in out
+        if placeholders(stmt):
+            assert f"prepare {name} as\n" in out, f"{name} is not printed as a PREPARE"
+    assert "%(" not in out
+    assert "%%" not in out
+    assert out.count("\n-- ") + out.startswith("-- ") >= len(S.ALL)
+
+
+@pytest.mark.parametrize(("key", "stmt"), STATEMENTS, ids=IDS)
+def test_xjobs_sql_name_prints_one_statement_with_its_why(key, stmt):
+    out = sql_command(key)
+    why_lines = [f"-- {line}".rstrip() for line in stmt.why.strip().splitlines()]
+    for line in why_lines:
+        assert line in out.splitlines()
+    headers = [line for line in out.splitlines()
+               if line.startswith("--") and line not in why_lines]
+    assert len(headers) == 1, "exactly one statement is printed"
+    assert re.fullmatch(rf"-- {key}(  \(.*\))?", headers[0])
+
+    names = placeholders(stmt)
+    if names:
+        assert f"prepare {key} as\n" in out
+        header = next(line for line in out.splitlines() if line.startswith(f"-- {key}"))
+        for i, name in enumerate(names, start=1):
+            assert f"${i} = {name}" in header
+    numbers = {int(n) for n in re.findall(r"\$(\d+)", out)}
+    assert numbers == set(range(1, len(names) + 1))
+    assert "%(" not in out
+
+
+def test_a_repeated_placeholder_keeps_one_number():
+    out = sql_command("job_enqueue")
+    assert "$1 = id" in out
+    assert "coalesce($5, $1::text)" in out  # %(key)s and %(id)s again: still $1
+    assert out.count("= id,") == 1
+
+
+def test_doubled_percent_signs_print_as_one():
+    out = sql_command("jobs_claim")
+    assert "format('lease lost %s times" in out
+
+
+def test_xjobs_sql_why_prints_the_reasons_of_all_statements():
+    out = sql_command("--why")
+    for _, stmt in STATEMENTS:
+        first = stmt.why.strip().splitlines()[0]
+        assert f"-- {first}".rstrip() in out
+    assert len(out) > len(sql_command())
+
+
+def test_xjobs_sql_of_an_unknown_name_lists_the_known_ones():
+    with pytest.raises(CommandError, match="no statement 'job_explode'") as info:
+        sql_command("job_explode")
+    assert "jobs_claim" in str(info.value)
