@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -213,16 +214,22 @@ class Suspension:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FenceReport:
-    """Per-id outcome of a batch of fenced writes."""
+    """Outcome of a batch of fenced writes, per LEASE TOKEN (one per claim).
+
+    Keyed by token, not job id: a worker may hold two runs of one job (a stale run still
+    executing when the job was re-claimed), and they must never share an answer.
+    """
 
     owned: frozenset[str] = frozenset()
     already_applied: frozenset[str] = frozenset()
     lost: frozenset[str] = frozenset()
+    # For already-applied writes: the state the earlier, committed try left the job in.
+    states: Mapping[str, str] = field(default_factory=dict)
 
-    def outcome(self, job_id: str) -> Fence:
-        if job_id in self.owned:
+    def outcome(self, lease_token: str) -> Fence:
+        if lease_token in self.owned:
             return Fence.OWNED
-        if job_id in self.already_applied:
+        if lease_token in self.already_applied:
             return Fence.ALREADY_APPLIED
         return Fence.LOST
 

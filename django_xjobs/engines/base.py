@@ -120,7 +120,8 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def job_fail_if_owned(self, failure: Failure) -> tuple[FenceReport, str | None]:
-        """Retry or bury; returns the report and the state the job went to (None if lost)."""
+        """Retry or bury; returns the report (keyed by lease token) and the state the job went
+        to, also when an earlier try had already applied it (None if lost)."""
 
     @abc.abstractmethod
     def job_requeue_if_owned(self, requeue: Requeue) -> FenceReport: ...
@@ -130,7 +131,8 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def jobs_renew_if_owned(self, leases: Sequence[LeaseRef], lease_ms: int) -> frozenset[str]:
-        """Extend every lease still owned; return the ids renewed (missing = ownership lost)."""
+        """Extend every lease still owned; return the lease TOKENS renewed (a missing token =
+        that run lost the job)."""
 
     # ------------------------------------------------------------------- operators --
     @abc.abstractmethod

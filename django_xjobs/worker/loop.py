@@ -28,6 +28,7 @@ lost a job may still be executing it when this worker claims the same job again.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import queue
@@ -96,7 +97,8 @@ class WorkerOptions:
 class Run:
     """One claim of one job, from the claim until its fenced write settles it."""
 
-    __slots__ = ("ctx", "deadline", "definition", "job", "outcome", "phase", "renewed_at")
+    __slots__ = ("ctx", "deadline", "definition", "future", "job", "outcome", "phase",
+                 "renewed_at")
 
     def __init__(self, job: ClaimedJob, definition: registry.Job | None, now: float) -> None:
         self.job = job
@@ -105,6 +107,7 @@ class Run:
         self.outcome: Outcome | None = None
         self.renewed_at = now  # the claim itself set the lease
         self.deadline: float | None = None
+        self.future: concurrent.futures.Future[None] | None = None  # async runs only
         self.ctx = JobContext(
             job_id=job.id, run_id=job.run_id, name=job.name, queue=job.queue,
             attempt=job.attempt, max_attempts=job.max_attempts, tenant_id=job.tenant_id,
@@ -135,6 +138,7 @@ class Worker:
         self._stop_threads = threading.Event()
         self._stopping = False
         self._notified = False
+        self._labelled = False
         self._drain_deadline: float | None = None
         self._last_watch = -1e9
         self._stop_reason = ""
@@ -192,7 +196,6 @@ class Worker:
 
     # -------------------------------------------------------------------- threads --
     def _start_threads(self) -> None:
-        self.engine.session_label(f"xjobs:{self.worker_id}:loop")
         for _ in range(self.options.concurrency):
             self._spawn_executor()
         self._start_heartbeat()
@@ -293,11 +296,16 @@ class Worker:
         if free <= 0:
             return 0
         wants = self._wants(free)
-        self._last_claim = clock.monotonic()
+        # The lease starts when the database runs the claim, which is after this moment: the
+        # worker's view of the lease (renewed_at) must never outlive the database's.
+        sent_at = self._last_claim = clock.monotonic()
         if not wants:
             self._more_likely = False
             return 0
         try:
+            if not self._labelled:
+                self.engine.session_label(f"xjobs:{self.worker_id}:loop")
+                self._labelled = True
             claimed = self.engine.jobs_claim(
                 wants=wants, worker_id=self.worker_id, lease_ms=self.lease_ms
             )
@@ -305,11 +313,10 @@ class Worker:
             self._db_error("claim", exc)
             self._more_likely = False
             return 0
-        now = clock.monotonic()
         per_queue: Counter[str] = Counter()
         for job in claimed:
             per_queue[job.queue] += 1
-            self._dispatch(Run(job, registry.lookup(job.name), now))
+            self._dispatch(Run(job, registry.lookup(job.name), sent_at))
         self._more_likely = any(per_queue[q] >= n for q, n in wants.items())
         self.stats["claimed"] += len(claimed)
         if not claimed and not self._runs:
@@ -326,7 +333,10 @@ class Worker:
             return
         if run.definition.is_async:
             run.phase = RUNNING
-            asyncio.run_coroutine_threadsafe(self._run_async(run), self._event_loop())
+            if run.definition.timeout is not None:
+                run.deadline = clock.monotonic() + run.definition.timeout
+            run.future = asyncio.run_coroutine_threadsafe(self._run_async(run),
+                                                          self._event_loop())
             return
         with self._lock:
             self._queued += 1
@@ -390,7 +400,9 @@ class Worker:
         if self._finish(run, outcome, from_phase=run.phase if run.phase in (QUEUED, RUNNING)
                         else "-"):
             run.ctx.stop(reason)
-            if was_running and not (run.definition and run.definition.is_async):
+            if run.future is not None:
+                run.future.cancel()  # cancels the task on the event loop
+            elif was_running:
                 self._abandon_thread()
 
     # ----------------------------------------------------------------- 1. settle --
@@ -415,7 +427,7 @@ class Worker:
                 unsettled.extend(done)
             else:
                 for r in done:
-                    self._settled(r, report.outcome(r.job.id), "done")
+                    self._settled(r, report.outcome(r.job.lease_token), "done")
         for r in others:
             try:
                 fence, state = self._write_outcome(r)
@@ -435,20 +447,18 @@ class Worker:
                 id=job.id, lease_token=job.lease_token, error=outcome.error,
                 retry_delay_ms=round(outcome.delay * 1000), permanent=outcome.permanent,
             ))
-            if state is None:
-                state = "dead" if outcome.permanent else "retry"
-            return report.outcome(job.id), state
+            return report.outcome(job.lease_token), state or "lost"
         if isinstance(outcome, GiveBack):
             report = self.engine.job_requeue_if_owned(Requeue(
                 id=job.id, lease_token=job.lease_token, delay_ms=round(outcome.delay * 1000),
                 spent_attempt=not job.resumed, resumed=job.resumed, note=outcome.note,
             ))
-            return report.outcome(job.id), "requeued"
+            return report.outcome(job.lease_token), "requeued"
         if isinstance(outcome, Park):
             report = self.engine.job_suspend_if_owned(Suspension(
                 id=job.id, lease_token=job.lease_token, wake_at=outcome.wake_at,
             ))
-            return report.outcome(job.id), "suspended"
+            return report.outcome(job.lease_token), "suspended"
         assert isinstance(outcome, Discard)
         return Fence.LOST, "discarded"
 
@@ -516,9 +526,10 @@ class Worker:
             return [r for r in self._runs.values() if r.phase != SETTLED]
 
     def on_renewed(self, runs: Sequence[Run], renewed: frozenset[str], sent_at: float) -> None:
-        """Heartbeat answer: renewed runs move their clock; missing ones lost the job."""
+        """Heartbeat answer (renewed lease tokens): renewed runs move their clock; the others
+        lost the job."""
         for run in runs:
-            if run.job.id in renewed:
+            if run.job.lease_token in renewed:
                 run.renewed_at = sent_at
                 continue
             if run.phase in (QUEUED, RUNNING):
@@ -573,6 +584,7 @@ class Worker:
         self.stats["db_errors"] += 1
         if self.engine.is_connection_error(exc):
             self.engine.reset_connection()
+            self._labelled = False
             log.warning("%s: database connection lost (%s); retrying", what, exc)
         elif isinstance(exc, XJobsError):
             log.error("%s failed: %s", what, exc)

@@ -30,7 +30,7 @@ def ack(engine, job, result_json: str | None = None) -> Fence:
         [Completion(id=job.id, lease_token=job.lease_token, result_json=result_json)]
     )
     assert isinstance(report, FenceReport)
-    return report.outcome(job.id)
+    return report.outcome(job.lease_token)
 
 
 def nack(engine, job, *, error: str = "boom", delay_ms: int = 0,
@@ -39,7 +39,7 @@ def nack(engine, job, *, error: str = "boom", delay_ms: int = 0,
         id=job.id, lease_token=job.lease_token, error=error, retry_delay_ms=delay_ms,
         permanent=permanent,
     ))
-    return report.outcome(job.id), state
+    return report.outcome(job.lease_token), state
 
 
 def requeue(engine, job, *, delay_ms: int = 0, note: str | None = None) -> Fence:
@@ -47,13 +47,13 @@ def requeue(engine, job, *, delay_ms: int = 0, note: str | None = None) -> Fence
         id=job.id, lease_token=job.lease_token, delay_ms=delay_ms,
         spent_attempt=not job.resumed, resumed=job.resumed, note=note,
     ))
-    return report.outcome(job.id)
+    return report.outcome(job.lease_token)
 
 
 def suspend(engine, job, wake_at) -> Fence:
     return engine.job_suspend_if_owned(
         Suspension(id=job.id, lease_token=job.lease_token, wake_at=wake_at)
-    ).outcome(job.id)
+    ).outcome(job.lease_token)
 
 
 def renew(engine, *jobs, lease_ms: int = LONG_LEASE_MS) -> frozenset[str]:
@@ -78,6 +78,23 @@ def stolen(engine):
 
 
 # -------------------------------------------------------------- a lapsed run that lost its job --
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_runs_of_one_job_in_one_batch_are_answered_per_lease_token(engine, stolen):
+    # One worker can hold both: the stale run still executes when it re-claims the job. An
+    # answer keyed by job id would renew (and acknowledge) the stale run along with the new one.
+    old, new = stolen
+
+    assert renew(engine, old, new) == frozenset({new.lease_token})
+
+    report = engine.jobs_complete_if_owned([
+        Completion(id=old.id, lease_token=old.lease_token, result_json='{"by": "old"}'),
+        Completion(id=new.id, lease_token=new.lease_token, result_json='{"by": "new"}'),
+    ])
+    assert report.outcome(old.lease_token) is Fence.LOST
+    assert report.outcome(new.lease_token) is Fence.OWNED
+    assert engine.job_get(new.id).result == {"by": "new"}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -145,7 +162,7 @@ def test_heartbeat_from_a_lapsed_lease_renews_nothing_and_leaves_the_id_out(engi
     assert renew(engine, old) == frozenset()
     assert engine.job_get(new.id) == before
 
-    assert renew(engine, new, lease_ms=3_600_000) == frozenset({new.id})
+    assert renew(engine, new, lease_ms=3_600_000) == frozenset({new.lease_token})
     assert engine.job_get(new.id).visible_at > before.visible_at
 
 
@@ -172,7 +189,7 @@ def test_a_heartbeat_renews_only_the_leases_still_owned(engine):
     kept, cancelled = claim(engine, n=2)
     engine.job_cancel(cancelled.id, reason="stop")
 
-    assert renew(engine, kept, cancelled) == frozenset({kept.id})
+    assert renew(engine, kept, cancelled) == frozenset({kept.lease_token})
 
 
 @pytest.mark.django_db
@@ -187,9 +204,9 @@ def test_a_batch_ack_reports_each_job_on_its_own(engine):
         Completion(id=cancelled.id, lease_token=cancelled.lease_token, result_json="2"),
     ])
 
-    assert report.outcome(owned.id) is Fence.OWNED
-    assert report.outcome(cancelled.id) is Fence.LOST
-    assert cancelled.id not in report.owned | report.already_applied
+    assert report.outcome(owned.lease_token) is Fence.OWNED
+    assert report.outcome(cancelled.lease_token) is Fence.LOST
+    assert cancelled.lease_token not in report.owned | report.already_applied
     assert engine.job_get(owned.id).state == "done"
     assert engine.job_get(cancelled.id).state == "cancelled"
 
@@ -202,7 +219,7 @@ def test_an_ack_with_a_made_up_token_changes_nothing(engine):
     forged = Completion(id=job.id, lease_token="00000000-0000-4000-8000-000000000000",
                         result_json=None)
 
-    assert engine.jobs_complete_if_owned([forged]).outcome(job.id) is Fence.LOST
+    assert engine.jobs_complete_if_owned([forged]).outcome(job.lease_token) is Fence.LOST
     assert engine.job_get(job.id) == before
 
 
@@ -214,7 +231,7 @@ def test_a_heartbeat_is_one_statement_for_all_leases(engine, django_assert_num_q
 
     with django_assert_num_queries(1):
         renewed = renew(engine, *jobs)
-    assert renewed == frozenset(j.id for j in jobs)
+    assert renewed == frozenset(j.lease_token for j in jobs)
 
 
 @pytest.mark.django_db
@@ -227,7 +244,7 @@ def test_an_ack_of_owned_runs_is_one_statement(engine, django_assert_num_queries
         report = engine.jobs_complete_if_owned([
             Completion(id=j.id, lease_token=j.lease_token, result_json="null") for j in jobs
         ])
-    assert report.owned == frozenset(j.id for j in jobs)
+    assert report.owned == frozenset(j.lease_token for j in jobs)
 
 
 @pytest.mark.django_db

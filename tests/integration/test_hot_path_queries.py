@@ -55,7 +55,7 @@ def test_completing_n_jobs_is_one_statement():
     batch = [Completion(id=c.id, lease_token=c.lease_token, result_json=f'{{"n": {i}}}')
              for i, c in enumerate(claimed)]
     report, sql = statements_run(lambda: get_engine().jobs_complete_if_owned(batch))
-    assert report.owned == {c.id for c in claimed}
+    assert report.owned == {c.lease_token for c in claimed}
     assert len(sql) == 1
     assert Job.objects.filter(state="done").count() == N
 
@@ -65,18 +65,18 @@ def test_one_heartbeat_round_for_n_leases_is_one_statement():
     claimed = claim({"hot": N})
     leases = [LeaseRef(id=c.id, lease_token=c.lease_token) for c in claimed]
     renewed, sql = statements_run(lambda: get_engine().jobs_renew_if_owned(leases, LEASE_MS))
-    assert renewed == {c.id for c in claimed}
+    assert renewed == {c.lease_token for c in claimed}
     assert len(sql) == 1
 
 
 def test_a_heartbeat_round_reports_a_lost_lease_in_the_same_one_statement():
     due_jobs(N)
     claimed = claim({"hot": N})
-    lost = claimed[7].id
-    api.cancel(lost)
+    lost = claimed[7]
+    api.cancel(lost.id)
     leases = [LeaseRef(id=c.id, lease_token=c.lease_token) for c in claimed]
     renewed, sql = statements_run(lambda: get_engine().jobs_renew_if_owned(leases, LEASE_MS))
-    assert renewed == {c.id for c in claimed} - {lost}
+    assert renewed == {c.lease_token for c in claimed} - {lost.lease_token}
     assert len(sql) == 1
 
 

@@ -268,11 +268,13 @@ class PostgresEngine(Engine):
             "ids": [r[0] for r in refs], "tokens": [r[1] for r in refs],
         })
         applied_states = _APPLIED_STATES[kind]
-        already = frozenset(
-            id_ for id_, state, same_token in rows if same_token and state in applied_states
-        )
-        lost = frozenset(r[0] for r in refs) - already
-        return FenceReport(already_applied=already, lost=lost)
+        states = {
+            token: state for token, state, same_token in rows
+            if same_token and state in applied_states
+        }
+        already = frozenset(states)
+        lost = frozenset(r[1] for r in refs) - already
+        return FenceReport(already_applied=already, lost=lost, states=states)
 
     def jobs_complete_if_owned(self, batch: Sequence[Completion]) -> FenceReport:
         if not batch:
@@ -286,9 +288,10 @@ class PostgresEngine(Engine):
         if len(owned) == len(batch):
             return FenceReport(owned=owned)
         rest = self._fence_check(
-            "complete", [(c.id, c.lease_token) for c in batch if c.id not in owned]
+            "complete", [(c.id, c.lease_token) for c in batch if c.lease_token not in owned]
         )
-        return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost)
+        return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost,
+                           states=rest.states)
 
     def job_fail_if_owned(self, failure: Failure) -> tuple[FenceReport, str | None]:
         row = self._run(S.JOB_FAIL_IF_OWNED, {
@@ -296,8 +299,9 @@ class PostgresEngine(Engine):
             "delay_ms": failure.retry_delay_ms, "permanent": failure.permanent,
         }, fetch="one")
         if row is not None:
-            return FenceReport(owned=frozenset({failure.id})), row[0]
-        return self._fence_check("fail", [(failure.id, failure.lease_token)]), None
+            return FenceReport(owned=frozenset({failure.lease_token})), row[0]
+        report = self._fence_check("fail", [(failure.id, failure.lease_token)])
+        return report, report.states.get(failure.lease_token)
 
     def job_requeue_if_owned(self, requeue: Requeue) -> FenceReport:
         row = self._run(S.JOB_REQUEUE_IF_OWNED, {
@@ -305,7 +309,7 @@ class PostgresEngine(Engine):
             "spent": requeue.spent_attempt, "resumed": requeue.resumed, "note": requeue.note,
         }, fetch="one")
         if row is not None:
-            return FenceReport(owned=frozenset({requeue.id}))
+            return FenceReport(owned=frozenset({requeue.lease_token}))
         return self._fence_check("requeue", [(requeue.id, requeue.lease_token)])
 
     def job_suspend_if_owned(self, suspension: Suspension) -> FenceReport:
@@ -313,7 +317,7 @@ class PostgresEngine(Engine):
             "id": suspension.id, "token": suspension.lease_token, "wake_at": suspension.wake_at,
         }, fetch="one")
         if row is not None:
-            return FenceReport(owned=frozenset({suspension.id}))
+            return FenceReport(owned=frozenset({suspension.lease_token}))
         return self._fence_check("suspend", [(suspension.id, suspension.lease_token)])
 
     def jobs_renew_if_owned(self, leases: Sequence[LeaseRef], lease_ms: int) -> frozenset[str]:

@@ -186,7 +186,8 @@ late writes of the run that lost it read as lost.
 with wants as (
     select * from unnest(%(queues)s::text[], %(limits)s::int[]) as w(queue, n)
 ), candidates as (
-    select c.id, c.prev_state, c.exhausted, w.queue, w.n, 0 as branch, c.sort_at
+    select c.id, c.prev_state, c.exhausted, w.queue, w.n, 0 as branch, 0 as priority,
+           c.sort_at
       from wants w
       cross join lateral (
           select id, state as prev_state, attempt >= max_attempts as exhausted,
@@ -198,10 +199,10 @@ with wants as (
              for update skip locked
       ) c
     union all
-    select c.id, c.prev_state, false, w.queue, w.n, 1, c.sort_at
+    select c.id, c.prev_state, false, w.queue, w.n, 1, c.priority, c.sort_at
       from wants w
       cross join lateral (
-          select id, state as prev_state, run_at as sort_at
+          select id, state as prev_state, priority, run_at as sort_at
             from x_jobs
            where queue = w.queue and state in ('ready', 'delayed', 'suspended')
              and run_at <= now()
@@ -210,8 +211,12 @@ with wants as (
              for update skip locked
       ) c
 ), picked as (
+    -- Lapsed leases first (they have waited a whole lease already), then due jobs in the
+    -- claim order: a rescue that takes part of the batch must not let an older low-priority
+    -- job pass a higher-priority one (tests/conformance/test_claim.py).
     select id, prev_state, exhausted
-      from (select *, row_number() over (partition by queue order by branch, sort_at) as rn
+      from (select *, row_number() over (partition by queue
+                                         order by branch, priority desc, sort_at) as rn
               from candidates) ranked
      where rn <= n
 ), claimed as (
@@ -257,7 +262,9 @@ A pair that matches no row is NOT a success: the run lost the job (cancelled, or
 after its lease lapsed) and its result is discarded; jobs_fence_check tells that apart from an
 earlier try of this same write that committed before the connection died.
 
-The row keeps claimed_by, attempt and lease_token of the run that finished it.
+The row keeps claimed_by, attempt and lease_token of the run that finished it. The answer is
+the TOKENS that landed, not the ids: one worker can hold two runs of the same job (a stale run
+still executing when the job is re-claimed), and only the token tells them apart.
 """,
     sql="""
 update x_jobs j
@@ -265,7 +272,7 @@ update x_jobs j
        updated_at = now()
   from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(results)s::jsonb[]) as v(id, token, result)
  where j.id = v.id and j.lease_token = v.token and j.state = 'running'
-returning j.id::text
+returning j.lease_token::text
 """,
 )
 
@@ -338,14 +345,15 @@ The heartbeat: renew every in-flight lease of a worker in ONE statement per inte
 per run on (id, running, token), returning the ids that still belong to it. An id missing from
 the answer means the run lost the job (cancelled from outside, or re-claimed after a lapse):
 that run is stopped and its result discarded, because continuing it is the double execution the
-lease exists to prevent.
+lease exists to prevent. The answer is the renewed TOKENS: a stale run and the current run of one
+job in the same worker share the id, and an answer keyed by id would renew both.
 """,
     sql="""
 update x_jobs j
    set visible_at = now() + %(lease_ms)s * interval '1 millisecond', updated_at = now()
   from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
  where j.id = v.id and j.lease_token = v.token and j.state = 'running'
-returning j.id::text
+returning j.lease_token::text
 """,
 )
 
@@ -358,7 +366,7 @@ nothing, yet the row carries this run's token in the state the write set. Only a
 writes leave its token on a non-running row (cancel and burial clear it), so the token decides.
 """,
     sql="""
-select v.id::text, j.state, coalesce(j.lease_token = v.token, false)
+select v.token::text, j.state, coalesce(j.lease_token = v.token, false)
   from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
   left join x_jobs j on j.id = v.id
 """,
