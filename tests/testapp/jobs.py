@@ -3,6 +3,7 @@
 import asyncio
 import os
 import time
+import uuid
 
 from django_xjobs import PermanentError, Snooze, job
 
@@ -102,6 +103,19 @@ async def async_too_slow(ctx):
 @job(queue="other")
 def on_other_queue(ctx):
     return "other"
+
+
+@job
+def sleepy_tagged(ctx, seconds=1.0, later=None):
+    """Like ``sleepy``, but each run draws a nonce, records it in its Effect rows and returns it:
+    the job's stored result then says which run's acknowledgement was written. ``later``, when
+    given, is how long every run after the job's first one sleeps (a rescue need not be slow)."""
+    run = uuid.uuid4().hex
+    _effect(ctx, "start", run)
+    first = Effect.objects.filter(job_id=ctx.job_id, kind="start").count() == 1
+    time.sleep(seconds if later is None or first else later)
+    _effect(ctx, "end", run)
+    return {"run": run}
 
 
 @job(max_attempts=3, retry_base="30s", retry_cap="60s")

@@ -1,0 +1,410 @@
+"""Fault injection against real worker processes (reliability.md §6, F1-F11, F20, S4).
+
+Faults come from outside (a terminated or stopped backend, a stopped worker, a job that kills its
+own process, a hand-written row) or from the named fault points of ``django_xjobs.faults``, armed
+in the worker through ``XJOBS_FAULTS``. Assertions read the database: the job rows, and the
+``Effect`` rows the test jobs write in autocommit, which survive whatever happens to an ack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+
+import pytest
+
+from tests.conftest import wait_until
+
+from .conftest import (
+    backend_state_change,
+    backends,
+    effects,
+    job_row,
+    stopped_backend,
+    terminate_backend,
+    wait_effect,
+    wait_exit,
+    wait_log,
+    wait_state,
+)
+
+pytestmark = pytest.mark.acceptance
+
+FINISHED = ("done", "dead", "cancelled")
+
+
+# ------------------------------------------------------------------------ connections --
+
+
+def test_a_terminated_listen_backend_comes_back_and_notifications_resume(start_worker):
+    from tests.testapp.jobs import record
+
+    # A poll interval far beyond the waits below: only a NOTIFY (or the wake-up the listener
+    # gives after reconnecting) gets these jobs claimed in time.
+    a = start_worker("a", settings={"POLL_INTERVAL": "120s"})
+    label = f"xjobs:{a.id}:listen"
+    [(old_pid, _)] = wait_until(lambda: backends(label), message="the LISTEN backend")
+    before = record.enqueue(tag="before")
+    wait_state(before.id, "done")
+
+    assert terminate_backend(old_pid)
+    during = record.enqueue(tag="during")  # its NOTIFY may well be lost
+    [(new_pid, _)] = wait_until(
+        lambda: [b for b in backends(label) if b[0] != old_pid],
+        message="a new LISTEN backend",
+    )
+    assert new_pid != old_pid
+    after = [record.enqueue(tag=f"after-{i}") for i in range(3)]
+
+    for h in [during, *after]:
+        row = wait_state(h.id, *FINISHED)
+        assert (row.state, row.attempt, row.claimed_by) == ("done", 1, a.id)
+        assert len(effects(h.id, "start")) == 1
+    assert a.proc.poll() is None
+    assert "LISTEN connection re-established" in a.log()
+
+
+def test_a_terminated_heartbeat_backend_reconnects_and_keeps_the_lease(start_worker):
+    """F6 (d): the heartbeat's connection is killed mid-job; the next round reconnects and
+    renews in time, so the job is neither stopped nor rescued."""
+    from tests.testapp.jobs import sleepy_tagged
+
+    a = start_worker("a", "--concurrency", "1", settings={"LEASE": "3s"})
+    h = sleepy_tagged.enqueue(seconds=4)
+    wait_effect(h.id, "start")
+    label = f"xjobs:{a.id}:heartbeat"
+    [(old_pid, _)] = wait_until(lambda: backends(label), message="the heartbeat backend")
+    assert terminate_backend(old_pid)
+    wait_until(lambda: [b for b in backends(label) if b[0] != old_pid],
+               message="a new heartbeat backend")
+
+    row = wait_state(h.id, *FINISHED)
+    assert (row.state, row.attempt, row.rescues, row.claimed_by) == ("done", 1, 0, a.id)
+    [start] = effects(h.id, "start")
+    assert row.result == {"run": start.tag}
+    assert "heartbeat failed" in a.log()
+    assert "no lease renewal" not in a.log()
+
+
+def test_a_terminated_dispatcher_backend_reconnects_and_settles_its_runs(start_worker):
+    """F6 (b): the dispatcher's connection (claims and acks) is killed while a job runs; the
+    worker reconnects, acknowledges the job once, and names its new connection again."""
+    from tests.testapp.jobs import record, sleepy_tagged
+
+    a = start_worker("a", "--concurrency", "1", settings={"LEASE": "3s"})
+    h = sleepy_tagged.enqueue(seconds=1.5)
+    wait_effect(h.id, "start")
+    label = f"xjobs:{a.id}:loop"
+    [(old_pid, _)] = wait_until(lambda: backends(label), message="the dispatcher backend")
+    assert terminate_backend(old_pid)
+
+    row = wait_state(h.id, *FINISHED)
+    assert (row.state, row.attempt, row.rescues, row.claimed_by) == ("done", 1, 0, a.id)
+    assert len(effects(h.id, "start")) == 1
+    h2 = record.enqueue(tag="after")
+    assert wait_state(h2.id, *FINISHED).state == "done"
+    assert "database connection lost" in a.log()
+    # pg_stat_activity still tells which worker and role the new backend serves.
+    wait_until(lambda: [b for b in backends(label) if b[0] != old_pid], timeout=10,
+               message=f"a new backend named {label!r}")
+
+
+def test_an_ambiguous_ack_is_recognised_as_already_done(start_worker):
+    """F8: the server commits the ack, the connection dies before the worker hears it."""
+    from tests.testapp.jobs import record
+
+    a = start_worker("a", faults="after:jobs_complete_if_owned=disconnect*1")
+    h = record.enqueue(tag="once")
+    wait_log(a, "had already been recorded")
+    row = wait_state(h.id, *FINISHED)
+    assert (row.state, row.attempt, row.rescues) == ("done", 1, 0)
+    assert row.result == {"tag": "once", "attempt": 1}
+    assert len(effects(h.id)) == 1
+
+    # The worker carries on with a fresh connection.
+    h2 = record.enqueue(tag="next")
+    assert wait_state(h2.id, *FINISHED).state == "done"
+    assert len(effects(h.id)) == 1
+    assert "result discarded" not in a.log()
+
+
+def test_an_ambiguous_nack_that_buried_the_job_is_recognised_as_already_applied(start_worker):
+    """F8 for the failure path: the dead-letter write committed, its answer was lost."""
+    from tests.testapp.jobs import permanent, record
+
+    a = start_worker("a", faults="after:job_fail_if_owned=disconnect*1")
+    h = permanent.enqueue()
+    wait_log(a, "had already been recorded")
+    row = wait_state(h.id, *FINISHED)
+    assert (row.state, row.attempt) == ("dead", 1)
+    assert "no point retrying" in row.last_error
+    assert len(effects(h.id)) == 1
+    h2 = record.enqueue(tag="next")
+    assert wait_state(h2.id, *FINISHED).state == "done"
+    assert len(effects(h.id)) == 1
+
+
+def test_a_claim_whose_answer_was_lost_is_rescued_after_its_lease(start_worker):
+    """F6 (a)/(b): the claim committed but the worker never received the rows. Nobody runs the
+    job until its lease lapses; then it is re-claimed and runs once."""
+    from tests.testapp.jobs import record
+
+    h = record.enqueue(tag="lost-claim")  # before the worker: its first claim takes it
+    a = start_worker("a", "--concurrency", "1", faults="after:jobs_claim=disconnect*1")
+    row = wait_state(h.id, *FINISHED)
+    assert row.state == "done"
+    # The first claim (attempt 1) lapsed; the rescue is attempt 2 and the only execution.
+    assert (row.attempt, row.rescues, row.claimed_by) == (2, 1, a.id)
+    assert [e.attempt for e in effects(h.id)] == [2]
+
+
+# -------------------------------------------------------------------- lease and fencing --
+
+
+def test_a_hung_heartbeat_connection_makes_the_worker_stop_the_run_itself(start_worker):
+    """F9: the heartbeat backend stops answering (SIGSTOP: the TCP connection stays up). After a
+    whole lease without renewal the worker stops the run and hands the job back; the stopped
+    run's result is never written, and a later run finishes the job."""
+    from tests.testapp.jobs import sleepy_tagged
+
+    a = start_worker("a", "--concurrency", "1")
+    h = sleepy_tagged.enqueue(seconds=6, later=0.3)
+    [first] = wait_effect(h.id, "start")
+    label = f"xjobs:{a.id}:heartbeat"
+    wait_until(lambda: backends(label), message="the heartbeat backend")
+
+    with stopped_backend(label) as hung_pid:
+        wait_log(a, "no lease renewal for")
+        row = wait_state(h.id, *FINISHED)
+        stopped_since = backend_state_change(hung_pid)
+    # Resumed, the old backend runs the renewal it was sent long ago: it must match nothing.
+    wait_until(lambda: backend_state_change(hung_pid) != stopped_since
+               and dict(backends(label)).get(hung_pid) != "active",
+               message="the resumed backend to run its stale statement")
+    after = job_row(h.id)
+    assert (after.state, after.result, after.updated_at) == (row.state, row.result,
+                                                             row.updated_at)
+    assert row.state == "done"
+    if row.rescues == 0:  # handed back by the worker itself, not rescued after a lapse
+        assert row.attempt == 1
+        assert "could not renew the lease" in row.last_error
+    starts = effects(h.id, "start")
+    assert len(starts) == 2
+    assert starts[0].tag == first.tag
+    # The result is the second run's; the stopped run's return value was discarded.
+    assert row.result == {"run": starts[1].tag}
+    assert row.result != {"run": first.tag}
+    assert (row.attempt, row.rescues) in ((1, 0), (2, 1))  # handed back, or rescued
+    assert a.proc.poll() is None
+    # A's heartbeat keeps working afterwards (the hung thread was replaced).
+    h2 = sleepy_tagged.enqueue(seconds=3)
+    row2 = wait_state(h2.id, *FINISHED)
+    assert (row2.state, row2.attempt, row2.rescues) == ("done", 1, 0)
+    assert len(effects(h2.id, "start")) == 1
+
+
+def test_a_paused_worker_cannot_overwrite_the_result_of_the_worker_that_took_over(start_worker):
+    """F7: worker A is frozen (SIGSTOP) past its lease; B re-claims and completes the job; when
+    A resumes, its late writes are fenced off and change nothing."""
+    from tests.testapp.jobs import sleepy_tagged
+
+    a = start_worker("a", "--concurrency", "1")
+    h = sleepy_tagged.enqueue(seconds=3, later=0.3)
+    [first] = wait_effect(h.id, "start")
+    assert first.pid == a.pid
+
+    os.kill(a.pid, signal.SIGSTOP)
+    try:
+        b = start_worker("b", "--concurrency", "1")
+        done = wait_state(h.id, *FINISHED)
+        assert done.state == "done"
+        assert (done.attempt, done.rescues, done.claimed_by) == (2, 1, b.id)
+        second = effects(h.id, "start")[1]
+        assert (second.pid, second.attempt) == (b.pid, 2)
+        assert done.result == {"run": second.tag}
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+
+    wait_log(a, "result discarded, this run no longer owns the job")
+    after = job_row(h.id)
+    assert (after.state, after.result, after.attempt, after.claimed_by, after.lease_token) == (
+        done.state, done.result, done.attempt, done.claimed_by, done.lease_token)
+    assert after.finished_at == done.finished_at
+    assert after.updated_at == done.updated_at
+    assert a.proc.poll() is None and b.proc.poll() is None
+
+
+def test_a_job_that_kills_its_worker_ends_dead_after_max_attempts(start_worker):
+    """F10: testapp.crash calls os._exit on every run. Each time the worker dies, a new one
+    starts; after max_attempts (3) claims the job is buried with "lease lost", not run a fourth
+    time; other jobs of the queue complete meanwhile."""
+    from tests.testapp.jobs import crash, record
+
+    h = crash.enqueue()
+    others = [record.enqueue(tag=str(i)) for i in range(6)]
+    # One job at a time per worker, so a crash never takes another job's run down with it.
+    args = ("--concurrency", "1", "--prefetch", "0")
+    workers = [start_worker("w0", *args, wait=False)]
+
+    def settled():
+        if workers[-1].proc.poll() is not None:
+            workers.append(start_worker(f"w{len(workers)}", *args, wait=False))
+        jobs = [job_row(h.id), *(job_row(o.id) for o in others)]
+        return all(j.state in FINISHED for j in jobs)
+
+    wait_until(settled, timeout=90, interval=0.1, message="the crash job and the others to end")
+
+    row = job_row(h.id)
+    assert (row.state, row.attempt, row.max_attempts) == ("dead", 3, 3)
+    assert "lease lost" in row.last_error
+    assert row.lease_token is None
+    starts = effects(h.id, "start")
+    assert [e.attempt for e in starts] == [1, 2, 3]
+    assert len({e.pid for e in starts}) == 3  # three workers died running it
+    assert sum(w.proc.poll() is not None for w in workers) == 3
+    for o in others:
+        o_row = job_row(o.id)
+        assert o_row.state == "done"
+        assert len(effects(o.id, "start")) == 1
+
+
+# ----------------------------------------------------------------------- stored names --
+
+
+def test_a_row_naming_os_system_is_never_imported(start_worker, tmp_path):
+    """S4: a row written by hand names ``os.system``; the worker looks names up in its registry
+    only, so the row is retried as unknown and ends dead, and nothing is executed."""
+    from django.db import connection
+
+    marker = f"/tmp/xjobs-os-system-{uuid.uuid4().hex}"
+    rows = {}
+    with connection.cursor() as cur:
+        for name, payload in [
+            ("os.system", {"command": f"touch {marker}"}),
+            ("subprocess.call", {"args": ["touch", marker]}),
+        ]:
+            cur.execute(
+                "insert into x_jobs (name, idempotency_key, input)"
+                " values (%s, %s, %s::jsonb) returning id",
+                [name, uuid.uuid4().hex, json.dumps(payload)],
+            )
+            rows[name] = cur.fetchone()[0]
+    a = start_worker("a")
+
+    for name, job_id in rows.items():
+        row = wait_state(job_id, *FINISHED)
+        assert row.state == "dead"
+        assert row.attempt == row.max_attempts == 3
+        assert "UnknownJob" in row.last_error
+        assert repr(name) in row.last_error
+        assert row.result is None
+    assert not os.path.exists(marker)
+    assert a.proc.poll() is None
+
+
+# ------------------------------------------------------------------- cancel and timeout --
+
+
+def test_cancel_stops_a_running_job_at_the_next_heartbeat_and_a_queued_one_never_runs(
+    start_worker,
+):
+    """F20 (a) and (b)."""
+    from django_xjobs import api
+    from tests.testapp.jobs import record, sleepy_polite
+
+    queued = record.enqueue(tag="never")
+    assert api.cancel(queued.id, reason="not wanted").changed
+    a = start_worker("a", "--concurrency", "1")
+
+    running = sleepy_polite.enqueue(seconds=60)
+    wait_effect(running.id, "start")
+    result = api.cancel(running.id, reason="stop it")
+    assert result.changed and result.job.state == "cancelled"
+    # sleepy_polite returns as soon as ctx.cancelled is set: the heartbeat told the run.
+    wait_effect(running.id, "end")
+    wait_log(a, f"job {running.id} (testapp.sleepy_polite) attempt 1: result discarded")
+
+    # A job enqueued after both is claimed and done: the cancelled ones were passed over.
+    sentinel = record.enqueue(tag="after")
+    assert wait_state(sentinel.id, *FINISHED).state == "done"
+
+    row = job_row(running.id)
+    assert (row.state, row.attempt, row.result) == ("cancelled", 1, None)
+    assert row.last_error == "cancelled: stop it"
+    assert len(effects(running.id, "start")) == 1
+    q = job_row(queued.id)
+    assert (q.state, q.attempt, q.claimed_by) == ("cancelled", 0, None)
+    assert effects(queued.id) == []
+
+    # (d) a finished job: a no-op that says why.
+    late = api.cancel(sentinel.id)
+    assert not late.changed and "done" in late.reason
+    assert job_row(sentinel.id).state == "done"
+
+
+def test_a_job_past_its_timeout_is_failed_retried_then_dead_while_the_worker_serves_others(
+    start_worker,
+):
+    """F11: testapp.too_slow sleeps 3 s with a 0.5 s timeout and max_attempts 2. One executor
+    thread only: the other jobs can run only because the stuck thread is replaced."""
+    from tests.testapp.jobs import record, too_slow
+    from tests.testapp.models import Effect
+
+    a = start_worker("a", "--concurrency", "1")
+    h = too_slow.enqueue()
+    wait_effect(h.id, "start")
+    others = [record.enqueue(tag=str(i)) for i in range(5)]
+
+    row = wait_state(h.id, *FINISHED)
+    assert (row.state, row.attempt, row.max_attempts) == ("dead", 2, 2)
+    assert "TimeoutError" in row.last_error
+    assert "ran longer than its timeout" in row.last_error
+    assert row.result is None
+    assert [e.attempt for e in effects(h.id, "start")] == [1, 2]
+    for o in others:
+        assert wait_state(o.id, *FINISHED).state == "done"
+        assert len(effects(o.id)) == 1
+    # The others ran while the first stuck run was still sleeping in its abandoned thread (it
+    # sleeps 3 s; they are instant), not after it returned.
+    first_end = Effect.objects.filter(job_id=str(h.id), kind="end", attempt=1).first()
+    if first_end is not None:
+        waited = [str(o.id) for o in others if effects(o.id)[0].id > first_end.id]
+        assert not waited, (
+            f"{len(waited)} of {len(others)} jobs ran only after the stuck thread returned: the "
+            "replacement executor did not keep serving"
+        )
+    assert a.proc.poll() is None
+    a.signal(signal.SIGTERM)
+    assert wait_exit(a) == 0
+    assert "'timeouts': 2" in a.log()
+
+
+# ------------------------------------------------------------------------------ startup --
+
+
+@pytest.mark.parametrize(
+    ("args", "settings", "says"),
+    [
+        pytest.param((), {"LEASE": "1s", "HEARTBEAT": "0.5s"},
+                     'XJOBS["LEASE"] (1s) must be at least 3 x',
+                     id="settings"),
+        pytest.param(("--lease", "1s"), {"LEASE": "2s", "HEARTBEAT": "0.5s"},
+                     "--lease (1s) must be at least 3 x",
+                     id="command-line"),
+    ],
+)
+def test_a_lease_shorter_than_three_heartbeats_is_refused_at_startup(
+    spawn_worker, args, settings, says,
+):
+    from tests.testapp.jobs import record
+
+    h = record.enqueue(tag="untouched")
+    worker = spawn_worker(*args, settings=settings)
+    rc = wait_exit(worker)
+    assert rc not in (0, None)
+    assert says in worker.log()
+    assert " started: " not in worker.log()
+    row = job_row(h.id)
+    assert (row.state, row.attempt) == ("ready", 0)
