@@ -83,7 +83,6 @@ class Bench:
 
         call_command("migrate", verbosity=0)
         from django.db import connection
-
         from xbench_project.benchjobs import jobs
 
         self.jobs = jobs

@@ -106,7 +106,6 @@ class XJobsClient(Client):
 
         django.setup()
         from django.db import connection
-
         from xbench_project.benchjobs import jobs
 
         self.jobs = jobs

@@ -15,6 +15,7 @@ import contextvars
 import json
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -42,6 +43,7 @@ ENQUEUE_OPTIONS = frozenset({
     "enqueued_by", "traceparent",
 })
 MAX_KEY_LENGTH = 1000
+MAX_DELAY_SECONDS = 100 * 366 * 86400.0
 INT32 = 2**31 - 1
 
 
@@ -66,43 +68,66 @@ def default_enqueued_by() -> str:
 # ------------------------------------------------------------------------------ validation --
 
 
-def _first_bad_value(value: Any, path: str = "input") -> str | None:
-    """Where in ``value`` JSON encoding fails, for an error that names the field."""
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # a \u0000 escape not itself escaped
+MAX_DEPTH = 100
+
+
+def _first_bad_value(
+    value: Any, path: str = "input", depth: int = 0, seen: set[int] | None = None
+) -> str | None:
+    """Where in ``value`` JSON encoding would fail or change the data, naming the field.
+
+    ``json.dumps`` alone is not enough: it turns dict keys 1 and "1" into the same string (and
+    jsonb then keeps one of them), and a circular structure must be reported, not recursed into.
+    """
     if value is None or isinstance(value, bool | int | str):
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{path} = {value!r} (NaN/Infinity is not JSON)"
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            bad = _first_bad_value(item, f"{path}[{i}]")
-            if bad:
-                return bad
-        return None
-    if isinstance(value, dict):
-        for k, item in value.items():
-            if not isinstance(k, str):
-                return f"{path} has a non-string key {k!r}"
-            bad = _first_bad_value(item, f"{path}[{k!r}]")
-            if bad:
-                return bad
+    if depth >= MAX_DEPTH:
+        return f"{path} is nested more than {MAX_DEPTH} levels deep"
+    if isinstance(value, list | tuple | dict):
+        seen = seen if seen is not None else set()
+        if id(value) in seen:
+            return f"{path} contains itself (a circular reference)"
+        seen.add(id(value))
+        try:
+            if isinstance(value, dict):
+                for k, item in value.items():
+                    if not isinstance(k, str):
+                        return f"{path} has a non-string key {k!r} (JSON object keys are strings)"
+                    bad = _first_bad_value(item, f"{path}[{k!r}]", depth + 1, seen)
+                    if bad:
+                        return bad
+            else:
+                for i, item in enumerate(value):
+                    bad = _first_bad_value(item, f"{path}[{i}]", depth + 1, seen)
+                    if bad:
+                        return bad
+        finally:
+            seen.discard(id(value))
         return None
     return f"{path} is a {type(value).__name__} ({value!r:.60})"
 
 
 def encode_json(value: Any, *, what: str, limit: int | None) -> str:
     """Compact JSON text that PostgreSQL ``jsonb`` accepts, or a clear :class:`InvalidJobInput`."""
+    bad = _first_bad_value(value, what)
+    if bad:
+        raise InvalidJobInput(f"{what} is not JSON-serialisable: {bad}")
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError):
-        where = _first_bad_value(value, what) or what
-        raise InvalidJobInput(f"{what} is not JSON-serialisable: {where}") from None
+    except (TypeError, ValueError, RecursionError) as exc:  # pragma: no cover - walk found none
+        raise InvalidJobInput(f"{what} is not JSON-serialisable: {exc}") from None
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
         raise InvalidJobInput(
             f"{what} contains a lone surrogate, which is not valid UTF-8"
         ) from None
-    if "\x00" in text or "\\u0000" in text:
+    # json.dumps writes a NUL character as the escape \u0000, which jsonb refuses. The six
+    # characters backslash-u-0-0-0-0 in a string are written with an escaped backslash: fine.
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise InvalidJobInput(f"{what} contains a NUL character, which PostgreSQL cannot store")
     if limit is not None and size > limit:
         raise PayloadTooLarge(
@@ -114,8 +139,15 @@ def encode_json(value: Any, *, what: str, limit: int | None) -> str:
 def _text_option(name: str, value: Any, *, max_length: int = 200) -> str:
     if not isinstance(value, str) or not value or len(value) > max_length or "\x00" in value:
         raise InvalidJobInput(
-            f"{name} must be a non-empty string of at most {max_length} characters, got {value!r}"
+            f"{name} must be a non-empty string of at most {max_length} characters without NUL,"
+            f" got {value!r:.100}"
         )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJobInput(
+            f"{name} contains a lone surrogate, which is not valid UTF-8"
+        ) from None
     return value
 
 
@@ -136,6 +168,10 @@ def _delay_seconds(value: Any) -> float:
         raise InvalidJobInput(f"delay must be a timedelta or seconds, got {value!r}")
     if not math.isfinite(seconds) or seconds < 0:
         raise InvalidJobInput(f"delay must not be negative, got {value!r}")
+    if seconds > MAX_DELAY_SECONDS:
+        raise InvalidJobInput(
+            f"delay {value!r} is more than 100 years; pass run_at for a far-future date"
+        )
     return seconds
 
 
@@ -196,7 +232,7 @@ def build_params(definition: registry.Job, input: Any, options: Mapping[str, Any
     )
     traceparent = options.get("traceparent")
     if traceparent is not None:
-        if not isinstance(traceparent, str) or not tracing.TRACEPARENT_RE.match(traceparent):
+        if not tracing.valid_traceparent(traceparent):
             raise InvalidJobInput(
                 f"traceparent {traceparent!r} is not a W3C traceparent"
                 " (00-<32 hex>-<16 hex>-<2 hex>)"

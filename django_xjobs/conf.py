@@ -10,6 +10,7 @@ Durations accept seconds (int/float), a ``timedelta``, or a string such as ``"25
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ from typing import Any
 
 from .exceptions import ConfigurationError
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+# \Z, not $: `$` also matches before a trailing newline, and "default\n" is not "default".
+NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,200}\Z")
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
@@ -41,6 +43,8 @@ def parse_duration(value: Any, *, what: str = "duration") -> float:
         seconds = float(m.group(1)) * _UNITS[m.group(2)]
     else:
         raise ConfigurationError(f"{what}: expected a duration, got {value!r}")
+    if not math.isfinite(seconds):
+        raise ConfigurationError(f"{what}: must be a finite duration, got {value!r}")
     if seconds < 0:
         raise ConfigurationError(f"{what}: must not be negative, got {value!r}")
     return seconds
@@ -86,10 +90,11 @@ _KNOWN_KEYS = {
 }
 
 
-def _positive_int(raw: Mapping[str, Any], key: str, default: int) -> int:
+def _positive_int(raw: Mapping[str, Any], key: str, default: int, *, where: str = "") -> int:
     value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f'XJOBS["{key}"] must be a positive integer, got {value!r}')
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+        name = where or f'XJOBS["{key}"]'
+        raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
     return value
 
 
@@ -102,7 +107,11 @@ def _duration(raw: Mapping[str, Any], key: str, default: float, *, positive: boo
 
 def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
     """Parse an ``XJOBS`` dict; raise :class:`ConfigurationError` naming the first bad key."""
-    raw = dict(raw or {})
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigurationError(f"XJOBS must be a dict, got {type(raw).__name__}: {raw!r:.80}")
+    raw = dict(raw)
     unknown = sorted(set(raw) - _KNOWN_KEYS)
     if unknown:
         raise ConfigurationError(
@@ -134,7 +143,9 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
                     f'XJOBS["QUEUES"]["{q}"] must be a dict with an optional "concurrency" key'
                 )
             if "concurrency" in options:
-                queue_concurrency[q] = _positive_int(options, "concurrency", 1)
+                queue_concurrency[q] = _positive_int(
+                    options, "concurrency", 1, where=f'XJOBS["QUEUES"]["{q}"]["concurrency"]'
+                )
 
     lease = _duration(raw, "LEASE", 30.0)
     heartbeat = _duration(raw, "HEARTBEAT", min(10.0, lease / 3))

@@ -23,6 +23,7 @@ from .exceptions import ConfigurationError, DuplicateJobName, UnknownJob
 if TYPE_CHECKING:
     from .api import BoundJob, JobHandle
 
+INT32 = 2**31 - 1  # the columns are PostgreSQL integers
 _lock = threading.Lock()
 _jobs: dict[str, Job] = {}
 
@@ -112,11 +113,12 @@ def build_job(
     job_name = _validate_name("Job name", name if name is not None else _default_name(func))
     _validate_name("Queue name", queue)
     if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= INT32
     ):
-        raise ConfigurationError(f"{job_name}: max_attempts must be an integer >= 1")
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ConfigurationError(f"{job_name}: priority must be an integer")
+        raise ConfigurationError(f"{job_name}: max_attempts must be an integer from 1 to {INT32}")
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > INT32:
+        raise ConfigurationError(f"{job_name}: priority must be a 32-bit integer")
     timeout_s = None
     if timeout is not None:
         timeout_s = parse_duration(timeout, what=f"{job_name}: timeout")

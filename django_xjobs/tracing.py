@@ -12,7 +12,16 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-TRACEPARENT_RE = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+TRACEPARENT_RE = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\Z")
+
+
+def valid_traceparent(value: object) -> bool:
+    """A W3C ``traceparent``: the format, and none of the values the spec calls invalid
+    (version ff, an all-zero trace id or parent id)."""
+    if not isinstance(value, str) or not TRACEPARENT_RE.match(value):
+        return False
+    version, trace_id, parent_id, _flags = value.split("-")
+    return version != "ff" and trace_id != "0" * 32 and parent_id != "0" * 16
 
 try:  # pragma: no cover - exercised in both states by the test matrix
     from opentelemetry import propagate as _propagate
@@ -33,7 +42,7 @@ def current_traceparent() -> str | None:
     carrier: dict[str, str] = {}
     _propagate.inject(carrier)
     value = carrier.get("traceparent")
-    return value if value and TRACEPARENT_RE.match(value) else None
+    return value if value and valid_traceparent(value) else None
 
 
 @contextlib.contextmanager

@@ -141,7 +141,7 @@ def test_xjobs_sql_name_prints_one_statement_with_its_why(key, stmt):
 def test_a_repeated_placeholder_keeps_one_number():
     out = sql_command("job_enqueue")
     assert "$1 = id" in out
-    assert "coalesce($5, $1::text)" in out  # %(key)s and %(id)s again: still $1
+    assert "coalesce($5, $1::uuid::text)" in out  # %(key)s and %(id)s again: still $1
     assert out.count("= id,") == 1
 
 

@@ -62,8 +62,9 @@ with inserted as (
     insert into x_jobs
         (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
          tenant_id, traceparent, enqueued_by, concurrency_key)
-    select %(id)s, %(name)s, %(queue)s, %(input)s::jsonb, coalesce(%(key)s, %(id)s::text),
-           %(run_id)s, %(max_attempts)s, %(priority)s,
+    select %(id)s::uuid, %(name)s, %(queue)s, %(input)s::jsonb,
+           coalesce(%(key)s, %(id)s::uuid::text), %(run_id)s::uuid, %(max_attempts)s::int,
+           %(priority)s::int,
            case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
            %(tenant_id)s, %(traceparent)s, %(enqueued_by)s, %(concurrency_key)s
       from (select coalesce(%(run_at)s::timestamptz,
@@ -309,10 +310,11 @@ to `suspended` (its next claim will not count one either). Fenced like every wor
 """,
     sql="""
 update x_jobs
-   set state      = case when %(resumed)s then 'suspended'
+   set state      = case when %(resumed)s::boolean then 'suspended'
                          when %(delay_ms)s > 0 then 'delayed' else 'ready' end,
-       attempt    = attempt - %(spent)s::int,
-       worker_ids = case when %(spent)s then worker_ids - (jsonb_array_length(worker_ids) - 1)
+       attempt    = attempt - %(spent)s::boolean::int,
+       worker_ids = case when %(spent)s::boolean
+                         then worker_ids - (jsonb_array_length(worker_ids) - 1)
                          else worker_ids end,
        run_at     = now() + %(delay_ms)s * interval '1 millisecond',
        visible_at = null,

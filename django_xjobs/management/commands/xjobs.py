@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from datetime import datetime, timedelta
 from typing import Any
@@ -56,7 +57,9 @@ class Command(BaseCommand):
         purge.add_argument("--state", action="append", choices=TERMINAL_STATES,
                            help="finished state to delete (repeatable; default all three)")
         for p in (show, cancel, retry, run_now, purge):
-            p.add_argument("--json", action="store_true", help="machine-readable output")
+            # SUPPRESS: an absent sub-level flag must not reset `xjobs --json show ID`.
+            p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                           help="machine-readable output")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options.get("action")
