@@ -97,8 +97,8 @@ class WorkerOptions:
 class Run:
     """One claim of one job, from the claim until its fenced write settles it."""
 
-    __slots__ = ("ctx", "deadline", "definition", "future", "job", "outcome", "phase",
-                 "renewed_at")
+    __slots__ = ("abandoned", "ctx", "deadline", "definition", "future", "job", "outcome",
+                 "phase", "renewed_at")
 
     def __init__(self, job: ClaimedJob, definition: registry.Job | None, now: float) -> None:
         self.job = job
@@ -108,6 +108,9 @@ class Run:
         self.renewed_at = now  # the claim itself set the lease
         self.deadline: float | None = None
         self.future: concurrent.futures.Future[None] | None = None  # async runs only
+        # Set when the run was stopped while its thread still executes it: that thread exits
+        # when the code returns (a replacement thread already took its place).
+        self.abandoned = False
         self.ctx = JobContext(
             job_id=job.id, run_id=job.run_id, name=job.name, queue=job.queue,
             attempt=job.attempt, max_attempts=job.max_attempts, tenant_id=job.tenant_id,
@@ -145,7 +148,6 @@ class Worker:
         self._more_likely = True
         self._last_claim = -1e9
         self._threads: list[threading.Thread] = []
-        self._excess_threads = 0
         self._thread_serial = 0
         self._heartbeat: Heartbeat | None = None
         self._heartbeat_generation = 0
@@ -363,12 +365,10 @@ class Worker:
                 assert run.definition is not None
                 outcome = executor.execute(run.definition, run.job, run.ctx, self.settings)
                 self._finish(run, outcome, from_phase=RUNNING)
+                if run.abandoned:
+                    return  # a replacement took this thread's place while the code ran on
             if self._queued <= self._low_water or len(self._finished) >= self._flush_at:
                 self._wake.set()
-            with self._lock:
-                if self._excess_threads > 0:  # a replacement took over while this one hung
-                    self._excess_threads -= 1
-                    return
 
     async def _run_async(self, run: Run) -> None:
         assert run.definition is not None
@@ -386,24 +386,26 @@ class Worker:
             self._finished.append(run)
         return True
 
-    def _abandon_thread(self) -> None:
-        """A sync run was stopped while its thread still executes it: start a replacement so
-        capacity is not lost, and let the old thread exit when its code returns."""
-        with self._lock:
-            self._excess_threads += 1
-        self.stats["abandoned_threads"] += 1
-        self._spawn_executor()
-
     def _stop_run(self, run: Run, reason: str, outcome: Outcome) -> None:
-        """Stop a queued or running run with ``outcome`` (settled by the next flush)."""
-        was_running = run.phase == RUNNING
-        if self._finish(run, outcome, from_phase=run.phase if run.phase in (QUEUED, RUNNING)
-                        else "-"):
-            run.ctx.stop(reason)
-            if run.future is not None:
-                run.future.cancel()  # cancels the task on the event loop
-            elif was_running:
-                self._abandon_thread()
+        """Stop a queued or running run with ``outcome`` (settled by the next flush).
+
+        A sync run's thread cannot be killed: it is marked abandoned (it exits once the code
+        returns) and a replacement thread starts at once, so capacity is not lost.
+        """
+        with self._lock:
+            previous = run.phase
+            if previous not in (QUEUED, RUNNING):
+                return
+            run.phase = FINISHED
+            run.outcome = outcome
+            self._finished.append(run)
+            run.abandoned = previous == RUNNING and run.future is None
+        run.ctx.stop(reason)
+        if run.future is not None:
+            run.future.cancel()  # cancels the task on the event loop
+        elif run.abandoned:
+            self.stats["abandoned_threads"] += 1
+            self._spawn_executor()
 
     # ----------------------------------------------------------------- 1. settle --
     def _settle(self) -> None:

@@ -3,18 +3,23 @@
 The first SIGTERM or SIGINT asks the worker to stop claiming and let its runs finish within the
 grace period; a second one exits the process at once. The leases of whatever was still running
 then lapse, and another worker re-claims those jobs (tests/acceptance/test_worker_signals.py).
+
+The Python-level handler does nothing that takes a lock: it runs between two bytecodes of the
+main thread, which may be inside ``Event.clear()`` holding that event's lock, so setting the
+event from the handler could deadlock. The C-level handler writes the signal number to a
+socket (``signal.set_wakeup_fd``); a watcher thread reads it and calls ``on_first`` from a
+normal thread context.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
+import socket
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
-
-log = logging.getLogger("django_xjobs.worker")
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -24,22 +29,47 @@ class ShutdownSignals:
         self._on_first = on_first
         self._received = 0
         self._previous: dict[int, Any] = {}
+        self._previous_fd = -1
+        self._sockets: tuple[socket.socket, socket.socket] | None = None
 
     def install(self) -> None:
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        self._sockets = (reader, writer)
+        self._previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
         for sig in SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
+        threading.Thread(target=self._watch, args=(reader,), name="xjobs-signals",
+                         daemon=True).start()
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        signal.set_wakeup_fd(self._previous_fd)
+        if self._sockets is not None:
+            for sock in self._sockets:
+                sock.close()
+            self._sockets = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self._received += 1
-        name = signal.Signals(signum).name
-        if self._received == 1:
-            self._on_first(name)
-            return
-        log.warning("%s received again: exiting now; running jobs will be re-claimed after "
-                    "their leases lapse", name)
-        os._exit(1)
+        if self._received >= 2:
+            name = signal.Signals(signum).name
+            os.write(2, f"{name} received again: exiting now; running jobs will be re-claimed "
+                        "after their leases lapse\n".encode())
+            os._exit(1)
+
+    def _watch(self, reader: socket.socket) -> None:
+        handled = {int(s) for s in SIGNALS}
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in handled:
+                    self._on_first(signal.Signals(signum).name)
+                    return
