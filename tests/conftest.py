@@ -20,6 +20,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_report_header(config: Any) -> str:
+    from django.conf import settings
+
+    return f"database: {settings.DATABASE_SOURCE}"
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.02,
                message: str = "condition") -> Any:
     """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""

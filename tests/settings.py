@@ -3,17 +3,13 @@ embedded pgserver; see django_xjobs/devdb.py). Worker subprocesses started by ac
 use these settings too, with XJOBS_TEST_DB_NAME naming the test database pytest-django made."""
 
 import os
-import sys
 
 from django_xjobs import devdb
 
-_url, _source = devdb.resolve()
+_url, DATABASE_SOURCE = devdb.resolve()  # printed in pytest's header (tests/conftest.py)
 if "DATABASE_URL" not in os.environ:
     os.environ["DATABASE_URL"] = _url  # child processes use the same server
-    os.environ[devdb.ENV_SOURCE] = _source
-if os.environ.get("XJOBS_PRINT_DATABASE", "1") == "1" and "pytest" in sys.modules:
-    print(f"tests: database = {_source}", file=sys.stderr)
-    os.environ["XJOBS_PRINT_DATABASE"] = "0"
+    os.environ[devdb.ENV_SOURCE] = DATABASE_SOURCE
 
 SECRET_KEY = "xjobs-tests-not-secret"
 DEBUG = False
