@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings as django_settings
+
 from .exceptions import ConfigurationError
 
 # \Z, not $: `$` also matches before a trailing newline, and "default\n" is not "default".
@@ -62,11 +64,16 @@ class XJobsSettings:
     concurrency: int = 10
     # Claimed-but-not-started jobs a worker may hold beyond its running ones. A claim asks for
     # up to concurrency + prefetch minus what is in flight: bigger batches are fewer round trips.
-    prefetch: int = 10
+    # None ("auto"): sized to the observed run time (worker/loop.py, PREFETCH_WINDOW).
+    prefetch: int | None = None
     lease: float = 30.0
     heartbeat: float = 10.0
     poll_interval: float = 1.0
     notify: bool = True
+    # Server-side binding with statements prepared once per connection. Turn off behind a
+    # transaction pooler that cannot keep prepared statements (PgBouncer < 1.21, or
+    # max_prepared_statements = 0).
+    prepared_statements: bool = True
     max_payload_bytes: int = 1024 * 1024
     max_attempts: int = 3
     retry_base: float = 2.0
@@ -86,7 +93,7 @@ _KNOWN_KEYS = {
     "DATABASE", "QUEUES", "CONCURRENCY", "PREFETCH", "LEASE", "HEARTBEAT", "POLL_INTERVAL",
     "NOTIFY", "MAX_PAYLOAD_BYTES", "MAX_ATTEMPTS", "RETRY_BASE", "RETRY_CAP", "SHUTDOWN_GRACE",
     "ACK_BATCH", "ACK_INTERVAL", "RETENTION", "SCHEDULE", "APP_VERSION", "ADMIN_TENANT_SCOPE",
-    "LEADER", "RELAY", "SLOTS", "BACKFILL_THROTTLE", "FAULTS",
+    "PREPARED_STATEMENTS",
 }
 
 
@@ -172,13 +179,22 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
     notify = raw.get("NOTIFY", True)
     if not isinstance(notify, bool):
         raise ConfigurationError(f'XJOBS["NOTIFY"] must be True or False, got {notify!r}')
+    prepared = raw.get("PREPARED_STATEMENTS", True)
+    if not isinstance(prepared, bool):
+        raise ConfigurationError(
+            f'XJOBS["PREPARED_STATEMENTS"] must be True or False, got {prepared!r}'
+        )
     retry_base = _duration(raw, "RETRY_BASE", 2.0)
     retry_cap = _duration(raw, "RETRY_CAP", 3600.0)
     if retry_cap < retry_base:
         raise ConfigurationError('XJOBS["RETRY_CAP"] must not be smaller than XJOBS["RETRY_BASE"]')
-    prefetch = raw.get("PREFETCH", 10)
-    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-        raise ConfigurationError(f'XJOBS["PREFETCH"] must be an integer >= 0, got {prefetch!r}')
+    prefetch = raw.get("PREFETCH", "auto")
+    if prefetch == "auto":
+        prefetch = None
+    elif isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ConfigurationError(
+            f'XJOBS["PREFETCH"] must be "auto" or an integer >= 0, got {prefetch!r}'
+        )
     app_version = raw.get("APP_VERSION")
     if app_version is not None and not isinstance(app_version, str):
         raise ConfigurationError('XJOBS["APP_VERSION"] must be a string')
@@ -195,6 +211,7 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
         heartbeat=heartbeat,
         poll_interval=_duration(raw, "POLL_INTERVAL", 1.0),
         notify=notify,
+        prepared_statements=prepared,
         max_payload_bytes=_positive_int(raw, "MAX_PAYLOAD_BYTES", 1024 * 1024),
         max_attempts=max_attempts,
         retry_base=retry_base,
@@ -216,9 +233,7 @@ _cache: tuple[int, XJobsSettings] | None = None
 def get() -> XJobsSettings:
     """The current settings, re-read whenever ``settings.XJOBS`` is replaced (override_settings)."""
     global _cache
-    from django.conf import settings
-
-    raw = getattr(settings, "XJOBS", None)
+    raw = getattr(django_settings, "XJOBS", None)
     key = id(raw)
     cached = _cache
     if cached is not None and cached[0] == key:

@@ -12,7 +12,7 @@ from .exceptions import JobCancelled
 _logger = logging.getLogger("django_xjobs.job")
 
 
-@dataclass(eq=False, kw_only=True)
+@dataclass(eq=False, kw_only=True, slots=True)
 class JobContext:
     """The running job as its code sees it.
 
@@ -32,12 +32,18 @@ class JobContext:
     traceparent: str | None
     cancelled: threading.Event = field(default_factory=threading.Event)
     stop_reason: str | None = None
-    logger: logging.LoggerAdapter[Any] = field(init=False)
+    _logger: logging.LoggerAdapter[Any] | None = None
 
-    def __post_init__(self) -> None:
-        self.logger = logging.LoggerAdapter(
-            _logger, {"job_id": self.job_id, "job_name": self.name, "attempt": self.attempt}
-        )
+    @property
+    def logger(self) -> logging.LoggerAdapter[Any]:
+        """``django_xjobs.job`` with job_id, job_name and attempt in every record's extra.
+
+        Built on first use: most jobs never log, and a worker builds one context per job."""
+        if self._logger is None:
+            self._logger = logging.LoggerAdapter(
+                _logger, {"job_id": self.job_id, "job_name": self.name, "attempt": self.attempt}
+            )
+        return self._logger
 
     @property
     def is_last_attempt(self) -> bool:

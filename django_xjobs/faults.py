@@ -41,6 +41,8 @@ class _Fault:
 
 _points: dict[str, _Fault] = {}
 _lock = threading.Lock()
+# Whether any fault is armed: hot paths test this before building a point's name.
+armed = False
 alias = "default"  # the connection `disconnect` closes; set by the worker to XJOBS["DATABASE"]
 
 
@@ -57,13 +59,17 @@ def _parse(spec: str) -> dict[str, _Fault]:
 
 
 def inject(point: str, action: str, *, times: int | None = 1) -> None:
+    global armed
     with _lock:
         _points[point] = _Fault(action, times)
+        armed = True
 
 
 def clear() -> None:
+    global armed
     with _lock:
         _points.clear()
+        armed = False
 
 
 def hit(point: str) -> None:
@@ -103,3 +109,4 @@ def _act(point: str, action: str) -> None:
 
 if os.environ.get(ENV_VAR):
     _points.update(_parse(os.environ[ENV_VAR]))
+    armed = True

@@ -9,6 +9,7 @@ change indexed columns and cannot be HOT updates; so only what a statement needs
 
 * ``x_jobs_live_key_uniq``: one LIVE job per (name, tenant, key); the ``on conflict`` target of
   enqueue. The tenant enters as ``coalesce(tenant_id, '')`` so a NULL tenant is one tenant.
+  Rows whose key is their own id (no key given) are left out: they cannot conflict.
 * ``x_jobs_claim_idx``: the claim's due-job scan, per queue in (priority desc, run_at) order,
   over the states a claim may pick; rows leave it when claimed.
 * ``x_jobs_lapsed_idx``: running rows by lease expiry, the claim's rescue branch.
@@ -22,11 +23,16 @@ import uuid
 
 from django.db import models
 from django.db.models import F, Func, Q, Value
-from django.db.models.functions import Coalesce, Now
+from django.db.models.functions import Cast, Coalesce, Now
 
 from .records import ALL_STATES, LIVE_STATES, TERMINAL_STATES, JobState
 
 STATE_CHOICES = [(s.value, s.value) for s in JobState]
+
+# A job enqueued without a key has its own id as key: it can never conflict, so it needs no
+# entry in the live-key index. Leaving those rows out makes their insert a plain INSERT and
+# spares the index an entry on every claim and ack of them (docs/performance.md).
+DEFAULT_KEY_EXCLUDED = ~Q(idempotency_key=Cast(F("id"), models.TextField()))
 
 
 class GenRandomUUID(Func):
@@ -76,7 +82,7 @@ class Job(models.Model):
         constraints = [
             models.UniqueConstraint(
                 F("name"), Coalesce(F("tenant_id"), Value("")), F("idempotency_key"),
-                condition=Q(state__in=LIVE_STATES),
+                condition=Q(state__in=LIVE_STATES) & DEFAULT_KEY_EXCLUDED,
                 name="x_jobs_live_key_uniq",
             ),
             models.CheckConstraint(

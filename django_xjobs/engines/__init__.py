@@ -13,7 +13,7 @@ from .base import Engine, Features, Listener, ListenerLost, Statement
 
 __all__ = ["Engine", "Features", "Listener", "ListenerLost", "Statement", "get_engine"]
 
-_engines: dict[tuple[str, bool], Engine] = {}
+_engines: dict[tuple[str, bool, bool], Engine] = {}
 _lock = threading.Lock()
 
 
@@ -23,19 +23,20 @@ def get_engine(alias: str | None = None) -> Engine:
 
     settings = conf.get()
     alias = alias or settings.database
-    key = (alias, settings.notify)
+    key = (alias, settings.notify, settings.prepared_statements)
     engine = _engines.get(key)
     if engine is not None:
         return engine
     with _lock:
         engine = _engines.get(key)
         if engine is None:
-            engine = _build(alias, notify=settings.notify)
+            engine = _build(alias, notify=settings.notify,
+                            prepared=settings.prepared_statements)
             _engines[key] = engine
     return engine
 
 
-def _build(alias: str, *, notify: bool) -> Engine:
+def _build(alias: str, *, notify: bool, prepared: bool) -> Engine:
     from django.db import connections
 
     try:
@@ -45,7 +46,7 @@ def _build(alias: str, *, notify: bool) -> Engine:
     if vendor == "postgresql":
         from .postgres.engine import PostgresEngine
 
-        return PostgresEngine(alias, notify=notify)
+        return PostgresEngine(alias, notify=notify, prepared=prepared)
     raise EngineUnavailable(
         f"database alias {alias!r} uses {vendor!r}; django-xjobs needs PostgreSQL "
         "(XJOBS['DATABASE'] names the alias that holds the job tables)"

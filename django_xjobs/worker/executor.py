@@ -135,7 +135,11 @@ def execute(
     """Run a sync job in the current (executor) thread."""
     close_old_connections()
     try:
-        with tracing.job_span(definition.name, claimed.traceparent, _span_attributes(claimed)):
+        if tracing.otel_available():
+            with tracing.job_span(definition.name, claimed.traceparent,
+                                  _span_attributes(claimed)):
+                value = definition.func(ctx, **_input(claimed))
+        else:
             value = definition.func(ctx, **_input(claimed))
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt | SystemExit):

@@ -59,13 +59,19 @@ QUEUED, RUNNING, FINISHED, SETTLED = "queued", "running", "finished", "settled"
 # How often timeouts, the self-fence and the heartbeat thread are checked (seconds): the
 # precision of a job timeout, and small next to any sane lease.
 WATCH_EVERY = 0.05
+# Adaptive prefetch (XJOBS["PREFETCH"] = "auto"): keep about this many seconds of work claimed
+# ahead of the threads, judged by the average run time, and never more than PREFETCH_MAX jobs.
+# Short jobs get big batches (one claim and one ack statement per hundreds of jobs); long jobs
+# get almost none, so they are not hoarded by one worker while others idle.
+PREFETCH_WINDOW = 0.05
+PREFETCH_MAX = 1000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerOptions:
     queues: tuple[str, ...]
     concurrency: int
-    prefetch: int
+    prefetch: int | None  # None = adaptive
     lease: float
     heartbeat: float
     poll_interval: float
@@ -91,6 +97,8 @@ class WorkerOptions:
             "notify": s.notify,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if values["prefetch"] == "auto":
+            values["prefetch"] = None
         return cls(**values)  # type: ignore[arg-type]
 
 
@@ -154,8 +162,9 @@ class Worker:
         self._listener: WakeListener | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
-        self._flush_at = max(1, min(self.settings.ack_batch, options.concurrency))
-        self._low_water = max(1, options.prefetch // 2)
+        self._avg_run: float | None = None  # EWMA of sync run durations (s), for auto prefetch
+        self._low_water = 1  # wake the loop when no more than this many runs wait to start
+        self._finished_since = 0.0  # when the oldest unsettled outcome was recorded
         self.started = threading.Event()  # test signal: threads up, first claim done
         self.idle = threading.Event()  # test signal: nothing in flight after a claim found none
 
@@ -168,9 +177,10 @@ class Worker:
         try:
             self._start_threads()
             log.info(
-                "worker %s started: queues=%s concurrency=%d prefetch=%d lease=%gs notify=%s",
+                "worker %s started: queues=%s concurrency=%d prefetch=%s lease=%gs notify=%s",
                 self.worker_id, ",".join(self.options.queues), self.options.concurrency,
-                self.options.prefetch, self.options.lease, self.options.notify,
+                "auto" if self.options.prefetch is None else self.options.prefetch,
+                self.options.lease, self.options.notify,
             )
             while self._iterate():
                 pass
@@ -257,7 +267,8 @@ class Worker:
             self._stop_reason = "burst: nothing left to do"
             return False
         self.started.set()
-        if self._more_likely and self._free() > 0:
+        free = self._free()
+        if self._more_likely and free > 0 and (free >= self._refill_at() or not self._queued):
             return True
         self._wake.wait(self._wait_timeout())
         return True
@@ -268,15 +279,31 @@ class Worker:
         self._wake.set()
 
     def _wait_timeout(self) -> float:
-        timeout = max(0.0, self._last_claim + self.options.poll_interval - clock.monotonic())
+        now = clock.monotonic()
+        timeout = max(0.0, self._last_claim + self.options.poll_interval - now)
         if self._finished:
-            timeout = min(timeout, self.settings.ack_interval)
+            timeout = min(timeout, max(0.0, self._finished_since + self.settings.ack_interval
+                                       - now))
         if self._runs:  # timeouts and the self-fence are checked every WATCH_EVERY at worst
             timeout = min(timeout, WATCH_EVERY)
         return timeout
 
+    def prefetch(self) -> int:
+        """Runs to hold claimed beyond the threads: fixed, or sized to PREFETCH_WINDOW of work."""
+        if self.options.prefetch is not None:
+            return self.options.prefetch
+        avg = self._avg_run
+        if avg is None:
+            return self.options.concurrency
+        return min(PREFETCH_MAX, int(self.options.concurrency * PREFETCH_WINDOW / max(avg, 1e-6)))
+
     def _free(self) -> int:
-        return self.options.concurrency + self.options.prefetch - len(self._runs)
+        return self.options.concurrency + self.prefetch() - len(self._runs)
+
+    def _refill_at(self) -> int:
+        # Claim again once a quarter of the capacity is free: batches stay big, and threads
+        # still have queued work while the claim is on the wire.
+        return max(1, (self.options.concurrency + self.prefetch()) // 4)
 
     # ----------------------------------------------------------------------- 3. claim --
     def _wants(self, free: int) -> dict[str, int]:
@@ -288,7 +315,7 @@ class Worker:
         for i, q in enumerate(queues):
             n = share + (1 if i < extra else 0)
             if q in caps:
-                n = min(n, caps[q] + self.options.prefetch - in_queue[q])
+                n = min(n, caps[q] + self.prefetch() - in_queue[q])
             if n > 0:
                 wants[q] = n
         return wants
@@ -320,6 +347,7 @@ class Worker:
             per_queue[job.queue] += 1
             self._dispatch(Run(job, registry.lookup(job.name), sent_at))
         self._more_likely = any(per_queue[q] >= n for q, n in wants.items())
+        self._low_water = max(1, (self.options.concurrency + self.prefetch()) // 2)
         self.stats["claimed"] += len(claimed)
         if not claimed and not self._runs:
             self.idle.set()
@@ -363,11 +391,23 @@ class Worker:
                 if django_settings.DEBUG:
                     reset_queries()
                 assert run.definition is not None
+                started = clock.monotonic()
                 outcome = executor.execute(run.definition, run.job, run.ctx, self.settings)
+                ended = clock.monotonic()
+                avg = self._avg_run
+                self._avg_run = ended - started if avg is None else (
+                    0.9 * avg + 0.1 * (ended - started)
+                )
                 self._finish(run, outcome, from_phase=RUNNING)
                 if run.abandoned:
                     return  # a replacement took this thread's place while the code ran on
-            if self._queued <= self._low_water or len(self._finished) >= self._flush_at:
+            else:
+                ended = clock.monotonic()
+            # Wake the loop only when it has something worth a round trip: runs to claim for
+            # (the queue ran low), a full ack batch, or an outcome that waited ack_interval.
+            finished = len(self._finished)
+            if (self._queued <= self._low_water or finished >= self.settings.ack_batch
+                    or (finished and ended - self._finished_since >= self.settings.ack_interval)):
                 self._wake.set()
 
     async def _run_async(self, run: Run) -> None:
@@ -381,10 +421,16 @@ class Worker:
         with self._lock:
             if run.phase != from_phase:
                 return False
-            run.phase = FINISHED
-            run.outcome = outcome
-            self._finished.append(run)
+            self._record(run, outcome)
         return True
+
+    def _record(self, run: Run, outcome: Outcome) -> None:
+        # Caller holds self._lock.
+        run.phase = FINISHED
+        run.outcome = outcome
+        if not self._finished:
+            self._finished_since = clock.monotonic()
+        self._finished.append(run)
 
     def _stop_run(self, run: Run, reason: str, outcome: Outcome) -> None:
         """Stop a queued or running run with ``outcome`` (settled by the next flush).
@@ -396,9 +442,7 @@ class Worker:
             previous = run.phase
             if previous not in (QUEUED, RUNNING):
                 return
-            run.phase = FINISHED
-            run.outcome = outcome
-            self._finished.append(run)
+            self._record(run, outcome)
             run.abandoned = previous == RUNNING and run.future is None
         run.ctx.stop(reason)
         if run.future is not None:

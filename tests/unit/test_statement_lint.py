@@ -139,9 +139,9 @@ def test_xjobs_sql_name_prints_one_statement_with_its_why(key, stmt):
 
 
 def test_a_repeated_placeholder_keeps_one_number():
-    out = sql_command("job_enqueue")
+    out = sql_command("job_enqueue_unkeyed")
     assert "$1 = id" in out
-    assert "coalesce($5, $1::uuid::text)" in out  # %(key)s and %(id)s again: still $1
+    assert "$4::jsonb, $1::uuid::text" in out  # %(id)s again, as the key: still $1
     assert out.count("= id,") == 1
 
 

@@ -50,6 +50,23 @@ from . import statements as S
 log = logging.getLogger("django_xjobs.engine")
 
 
+def _preparing_cursor_class() -> type:
+    import psycopg
+
+    class PreparingCursor(psycopg.Cursor):  # type: ignore[type-arg]
+        """Server-side binding, and every statement prepared on first use (per connection)."""
+
+        def execute(self, query: Any, params: Any = None, *, prepare: bool | None = True,
+                    binary: bool | None = None) -> Any:
+            return super().execute(query, params, prepare=prepare, binary=binary)
+
+    return PreparingCursor
+
+
+_PreparingCursor: Any = _preparing_cursor_class()
+_NEVER = 2**31 - 1
+
+
 def _decode_json(value: Any) -> Any:
     # Django registers a jsonb loader that returns the text (JSONField decodes it itself), so
     # jsonb arrives here as str on Django's connections.
@@ -115,19 +132,47 @@ class PostgresEngine(Engine):
         skip_locked=True, listen_notify=True, transactional_enqueue=True, advisory_locks=True
     )
 
-    def __init__(self, alias: str, *, notify: bool = True) -> None:
+    def __init__(self, alias: str, *, notify: bool = True, prepared: bool = True) -> None:
         super().__init__(alias)
         self.notify = notify
+        self.prepared = prepared
 
     def statements(self) -> Mapping[str, Statement]:
         return S.ALL
 
     # ------------------------------------------------------------------------- plumbing --
+    def _cursor(self) -> Any:
+        """A cursor on this thread's Django connection for the alias.
+
+        With prepared statements on (the default), the cursor binds parameters on the server
+        and prepares each statement once per connection, so the hot statements are parsed and
+        planned once instead of on every call. It is still wrapped by Django (execute wrappers,
+        ``connection.queries``, error translation, assertNumQueries) like any Django cursor.
+        """
+        conn = connections[self.alias]
+        if not self.prepared:
+            return conn.cursor()
+        conn.close_if_health_check_failed()
+        conn.ensure_connection()
+        with conn.wrap_database_errors:
+            conn.validate_thread_sharing()
+            raw = conn.connection
+            if raw.prepare_threshold is None:
+                # Django turns automatic preparation off, and psycopg then ignores even an
+                # explicit prepare=True. A threshold no statement reaches restores the explicit
+                # form only: Django's own cursors bind on the client and never prepare.
+                raw.prepare_threshold = _NEVER
+            cursor = _PreparingCursor(raw)
+            return conn.make_debug_cursor(cursor) if conn.queries_logged else (
+                conn.make_cursor(cursor)
+            )
+
     def _run(self, stmt: Statement, params: Mapping[str, Any], *, fetch: str = "all") -> Any:
         """Execute one named statement on this thread's connection; the one instrumented spot."""
-        faults.hit(f"before:{stmt.name}")
+        if faults.armed:
+            faults.hit(f"before:{stmt.name}")
         started = time.perf_counter()
-        with connections[self.alias].cursor() as cur:
+        with self._cursor() as cur:
             try:
                 cur.execute(stmt.sql, params)
             except ProgrammingError as exc:
@@ -148,7 +193,8 @@ class PostgresEngine(Engine):
             log.debug(
                 "%s: %.2f ms, %s rows", stmt.name, (time.perf_counter() - started) * 1e3, rows
             )
-        faults.hit(f"after:{stmt.name}")
+        if faults.armed:
+            faults.hit(f"after:{stmt.name}")
         return result
 
     def is_connection_error(self, exc: BaseException) -> bool:
@@ -179,7 +225,10 @@ class PostgresEngine(Engine):
             "traceparent": params.traceparent, "enqueued_by": params.enqueued_by,
             "concurrency_key": params.concurrency_key, "notify": self.notify,
         }
-        key = _key(params)
+        if params.idempotency_key is None:
+            id_, run_id, state, _notified = self._run(S.JOB_ENQUEUE_UNKEYED, args, fetch="one")
+            return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
+        key = params.idempotency_key
         # R3: the live job we conflicted with can finish before we read it; insert again then.
         for _ in range(20):
             rows = self._run(S.JOB_ENQUEUE, args)

@@ -51,7 +51,8 @@ rolls back, inserts its own (tests/conformance/test_enqueue.py). The tenant is i
 `coalesce(tenant_id, '')` so one tenant can neither block nor detect another's key, and a NULL
 tenant is one tenant rather than a wildcard.
 
-A caller that gives no key gets the job's own id as key: it never deduplicates.
+A caller that gives no key gets the job's own id as key, through the plain insert of the
+unkeyed statement: such a row can never conflict, and the live-key index leaves it out.
 
 The NOTIFY names the queue and nothing else, is sent only for a job due now, and is
 transactional: delivered on commit, and PostgreSQL folds identical notifications of one
@@ -62,21 +63,45 @@ with inserted as (
     insert into x_jobs
         (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
          tenant_id, traceparent, enqueued_by, concurrency_key)
-    select %(id)s::uuid, %(name)s, %(queue)s, %(input)s::jsonb,
-           coalesce(%(key)s, %(id)s::uuid::text), %(run_id)s::uuid, %(max_attempts)s::int,
-           %(priority)s::int,
+    select %(id)s::uuid, %(name)s, %(queue)s, %(input)s::jsonb, %(key)s::text,
+           %(run_id)s::uuid, %(max_attempts)s::int, %(priority)s::int,
            case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
            %(tenant_id)s, %(traceparent)s, %(enqueued_by)s, %(concurrency_key)s
       from (select coalesce(%(run_at)s::timestamptz,
                             now() + %(delay_ms)s * interval '1 millisecond') as run_at) t
     on conflict (name, (coalesce(tenant_id, '')), idempotency_key)
        where state in ('ready', 'delayed', 'running', 'suspended')
+         and not (idempotency_key = id::text)
        do nothing
     returning id, run_id, state, queue
 )
 select id, run_id, state,
        case when %(notify)s and state = 'ready' then pg_notify('xjobs', queue) end
   from inserted
+""",
+)
+
+JOB_ENQUEUE_UNKEYED = Statement(
+    "job_enqueue_unkeyed",
+    why="""
+job_enqueue for a job given no idempotency key: its key is its own id, which no other row can
+hold, so it is a plain INSERT. No `on conflict`: the speculative insertion it needs costs every
+enqueue a third of its server time, for a conflict that cannot happen; the live-key index leaves
+these rows out (`not (idempotency_key = id::text)`), so their claims and acks do not maintain it
+either. Same NOTIFY rule as job_enqueue.
+""",
+    sql="""
+insert into x_jobs
+    (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
+     tenant_id, traceparent, enqueued_by, concurrency_key)
+select %(id)s::uuid, %(name)s, %(queue)s, %(input)s::jsonb, %(id)s::uuid::text,
+       %(run_id)s::uuid, %(max_attempts)s::int, %(priority)s::int,
+       case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
+       %(tenant_id)s, %(traceparent)s, %(enqueued_by)s, %(concurrency_key)s
+  from (select coalesce(%(run_at)s::timestamptz,
+                        now() + %(delay_ms)s * interval '1 millisecond') as run_at) t
+returning id, run_id, state,
+          case when %(notify)s and state = 'ready' then pg_notify('xjobs', queue) end
 """,
 )
 
@@ -113,6 +138,7 @@ with rows as (
       ) t
     on conflict (name, (coalesce(tenant_id, '')), idempotency_key)
        where state in ('ready', 'delayed', 'running', 'suspended')
+         and not (idempotency_key = id::text)
        do nothing
     returning id, state, queue
 ), notified as (

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -10,6 +13,19 @@ from django.core.management.base import BaseCommand, CommandError
 from ...conf import NAME_RE, parse_duration
 from ...exceptions import ConfigurationError
 from ...worker.loop import Worker, WorkerOptions
+from ...worker.supervisor import Supervisor
+
+
+def _prefetch(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 0, got {value!r}")
+    return number
 
 
 def _duration(value: str) -> float:
@@ -27,7 +43,7 @@ class Command(BaseCommand):
                             help="queue to work (repeat for several); default: XJOBS['QUEUES']")
         parser.add_argument("--concurrency", "-c", type=int,
                             help="executor threads; default XJOBS['CONCURRENCY']")
-        parser.add_argument("--prefetch", type=int,
+        parser.add_argument("--prefetch", type=_prefetch,
                             help="jobs claimed ahead of free threads; default XJOBS['PREFETCH']")
         parser.add_argument("--lease", help="lease length, e.g. 30s; default XJOBS['LEASE']")
         parser.add_argument("--heartbeat", help="renewal interval; default XJOBS['HEARTBEAT']")
@@ -39,6 +55,9 @@ class Command(BaseCommand):
         parser.add_argument("--burst", action="store_true",
                             help="exit once no job is due and none is in flight")
         parser.add_argument("--worker-id", help="name in claimed_by (default host:pid:random)")
+        parser.add_argument("--processes", type=int, default=1,
+                            help="run N worker processes under a supervisor that restarts any "
+                                 "that dies (default 1: this process is the worker)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         queues = options["queues"]
@@ -46,10 +65,8 @@ class Command(BaseCommand):
             bad = [q for q in queues if not NAME_RE.match(q)]
             if bad:
                 raise CommandError(f"invalid queue name(s): {bad}")
-        for key in ("concurrency", "prefetch"):
-            value = options[key]
-            if value is not None and value < (1 if key == "concurrency" else 0):
-                raise CommandError(f"--{key} must be {'>= 1' if key == 'concurrency' else '>= 0'}")
+        if options["concurrency"] is not None and options["concurrency"] < 1:
+            raise CommandError("--concurrency must be >= 1")
         overrides: dict[str, Any] = {
             "queues": tuple(queues) if queues else None,
             "concurrency": options["concurrency"],
@@ -68,7 +85,40 @@ class Command(BaseCommand):
             )
         if options["verbosity"] >= 1 and not logging.getLogger("django_xjobs").hasHandlers():
             _log_to_stderr(options["verbosity"])
+        if options["processes"] < 1:
+            raise CommandError("--processes must be >= 1")
+        if options["processes"] > 1:
+            code = Supervisor(_child_args(options), options["processes"], _child_env()).run()
+            if code:
+                raise CommandError("a worker process exited with an error")
+            return
         Worker(worker_options).run()
+
+
+def _child_args(options: dict[str, Any]) -> list[str]:
+    """This command's options for one child process (everything but --processes)."""
+    args: list[str] = []
+    for queue in options["queues"] or ():
+        args += ["--queue", queue]
+    for key in ("concurrency", "prefetch", "lease", "heartbeat", "poll_interval",
+                "shutdown_grace"):
+        if options[key] is not None:
+            args += [f"--{key.replace('_', '-')}", str(options[key])]
+    if options["burst"]:
+        args.append("--burst")
+    args += ["--verbosity", str(options["verbosity"])]
+    return args
+
+
+def _child_env() -> dict[str, str]:
+    from django.conf import settings
+
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
+    # The children run `python -m django`: give them the import path this process has
+    # (manage.py's directory is on it only because it is the script's directory).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
 
 
 def _log_to_stderr(verbosity: int) -> None:

@@ -1,0 +1,98 @@
+"""``xjobs_worker --processes N``: one command that uses every core.
+
+Python runs one thread of Python at a time, so one worker process saturates one core at best.
+The supervisor starts N ordinary worker processes (the same command, one process each), and:
+
+* restarts a child that exits on its own (a job that called ``os._exit``, a segfault, an OOM
+  kill), with a backoff that grows while children keep dying young, so a poison job cannot
+  turn into a fork loop (the job itself ends ``dead`` after ``max_attempts`` lapsed leases);
+* forwards the first SIGTERM/SIGINT to every child (each finishes its in-flight jobs within its
+  grace period) and waits for them; a second signal is forwarded too, and children exit at once.
+
+Children are separate interpreters (not forks of this one): no database connection, thread or
+lock is ever shared across a fork.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from types import FrameType
+
+log = logging.getLogger("django_xjobs.worker")
+
+MIN_UPTIME = 10.0  # a child that lived less than this "died young": back off before restarting
+MAX_BACKOFF = 30.0
+
+
+class Supervisor:
+    def __init__(self, child_args: Sequence[str], processes: int,
+                 env: dict[str, str] | None = None) -> None:
+        self.child_args = list(child_args)
+        self.processes = processes
+        self.env = env if env is not None else dict(os.environ)
+        self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self.started_at: dict[int, float] = {}
+        self.restarts = 0
+        self._signals = 0
+        self._backoff = 0.0
+
+    def _spawn(self, slot: int) -> None:
+        argv = [sys.executable, "-m", "django", "xjobs_worker", *self.child_args]
+        proc = subprocess.Popen(argv, env=self.env)
+        self.children[slot] = proc
+        self.started_at[slot] = time.monotonic()
+        log.info("supervisor: started worker process %d (pid %d)", slot, proc.pid)
+
+    def _forward(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        for proc in self.children.values():
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            for slot in range(self.processes):
+                self._spawn(slot)
+            while True:
+                if self._signals:
+                    return self._wait_all()
+                for slot, proc in list(self.children.items()):
+                    code = proc.poll()
+                    if code is None:
+                        continue
+                    lived = time.monotonic() - self.started_at[slot]
+                    self._backoff = (min(MAX_BACKOFF, max(1.0, self._backoff * 2))
+                                     if lived < MIN_UPTIME else 0.0)
+                    log.warning("supervisor: worker process %d (pid %d) exited with %s after "
+                                "%.1fs; restarting in %.1fs", slot, proc.pid, code, lived,
+                                self._backoff)
+                    deadline = time.monotonic() + self._backoff
+                    while time.monotonic() < deadline and not self._signals:
+                        time.sleep(0.05)
+                    if self._signals:
+                        break
+                    self.restarts += 1
+                    self._spawn(slot)
+                time.sleep(0.1)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _wait_all(self) -> int:
+        # Every signal is forwarded by the handler as it arrives; a second one makes the
+        # children exit at once.
+        while any(p.poll() is None for p in self.children.values()):
+            time.sleep(0.05)
+        codes = [p.returncode for p in self.children.values()]
+        log.info("supervisor: all worker processes stopped (exit codes %s)", codes)
+        return 0 if all(c == 0 for c in codes) else 1
