@@ -206,7 +206,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--workloads", default="W1,W2,W3,W4")
     p.add_argument("--concurrency", type=int, default=10)
-    p.add_argument("--prefetch", type=int, default=10)
+    p.add_argument("--prefetch", default="auto")
     args = p.parse_args()
     bench = Bench(setup_database(), args)
     chosen = {w.strip().upper() for w in args.workloads.split(",")}

@@ -22,7 +22,7 @@ from common import url
 HERE = Path(__file__).resolve().parent
 DB = "xb_django_xjobs"
 CONCURRENCY = int(os.environ.get("XBENCH_XJOBS_CONCURRENCY", "10"))
-PREFETCH = int(os.environ.get("XBENCH_XJOBS_PREFETCH", "10"))
+PREFETCH = os.environ.get("XBENCH_XJOBS_PREFETCH", "auto")
 
 
 class XJobsAdapter(Adapter):

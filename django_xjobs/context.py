@@ -12,6 +12,40 @@ from .exceptions import JobCancelled
 _logger = logging.getLogger("django_xjobs.job")
 
 
+class StopSignal:
+    """A one-way flag with ``threading.Event``'s interface (``is_set``, ``set``, ``wait``).
+
+    A worker makes one per job; a real Event costs a Condition and two locks at creation, so
+    the Event behind :meth:`wait` is only built when some code actually waits.
+    """
+
+    __slots__ = ("_event", "_flag")
+    _guard = threading.Lock()
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        with self._guard:
+            self._flag = True
+            if self._event is not None:
+                self._event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._flag:
+            return True
+        with self._guard:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._flag:
+                    self._event.set()
+        return self._event.wait(timeout)
+
+
 @dataclass(eq=False, kw_only=True, slots=True)
 class JobContext:
     """The running job as its code sees it.
@@ -30,7 +64,7 @@ class JobContext:
     max_attempts: int
     tenant_id: str | None
     traceparent: str | None
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: StopSignal = field(default_factory=StopSignal)
     stop_reason: str | None = None
     _logger: logging.LoggerAdapter[Any] | None = None
 

@@ -32,7 +32,21 @@ except ImportError:  # pragma: no cover
 
 
 def otel_available() -> bool:
-    return _propagate is not None
+    """Whether the OpenTelemetry API is installed."""
+    return _trace is not None
+
+
+def wants_span(traceparent: str | None) -> bool:
+    """Whether a job should run inside :func:`job_span`.
+
+    With a traceparent, always (when the API is installed): the job's code then sees the
+    enqueuer's trace as current, so what it calls carries it on. Without one, only when an SDK
+    records spans: with the API alone a new root span is a no-op that costs every job."""
+    if _trace is None:
+        return False
+    if traceparent:
+        return True
+    return not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
 
 
 def current_traceparent() -> str | None:

@@ -17,9 +17,10 @@ _db = devdb.settings_from_url(os.environ["XJOBS_BENCH_DATABASE_URL"])
 _db["CONN_MAX_AGE"] = None  # persistent connections, as any worker process wants
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+_prefetch = os.environ.get("XJOBS_BENCH_PREFETCH", "auto")
 XJOBS = {
     "CONCURRENCY": int(os.environ.get("XJOBS_BENCH_CONCURRENCY", "10")),
-    "PREFETCH": int(os.environ.get("XJOBS_BENCH_PREFETCH", "10")),
+    "PREFETCH": _prefetch if _prefetch == "auto" else int(_prefetch),
     "NOTIFY": os.environ.get("XJOBS_BENCH_NOTIFY", "1") == "1",
     "POLL_INTERVAL": os.environ.get("XJOBS_BENCH_POLL", "1s"),
 }

@@ -135,7 +135,7 @@ def execute(
     """Run a sync job in the current (executor) thread."""
     close_old_connections()
     try:
-        if tracing.otel_available():
+        if tracing.wants_span(claimed.traceparent):
             with tracing.job_span(definition.name, claimed.traceparent,
                                   _span_attributes(claimed)):
                 value = definition.func(ctx, **_input(claimed))

@@ -27,7 +27,7 @@ SCALARS = {
     "tenant_id": "acme", "traceparent": None, "enqueued_by": "tests", "concurrency_key": None,
     "reason": "because", "note": "note", "worker_id": "worker-1", "label": "xjobs-tests",
     "max_attempts": 3, "priority": 0, "delay_ms": 0, "lease_ms": 30_000, "batch": 100,
-    "notify": False, "permanent": False, "spent": True, "resumed": False,
+    "notify": False, "permanent": False, "spent": True, "resumed": False, "results": "[{}]",
 }
 LISTS = {
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),

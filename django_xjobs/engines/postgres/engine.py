@@ -91,6 +91,12 @@ def _job_record(row: Sequence[Any]) -> JobRecord:
     )
 
 
+def _uuid_array(values: Iterable[Any]) -> str:
+    """A uuid[] literal. Built with one join instead of psycopg's per-element list dumper, which
+    cost a fifth of a worker's CPU at a thousand ids per statement; uuids need no quoting."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
 def _key(p: EnqueueParams) -> str:
     return p.idempotency_key if p.idempotency_key is not None else str(p.id)
 
@@ -329,9 +335,9 @@ class PostgresEngine(Engine):
         if not batch:
             return FenceReport()
         rows = self._run(S.JOBS_COMPLETE_IF_OWNED, {
-            "ids": [c.id for c in batch],
-            "tokens": [c.lease_token for c in batch],
-            "results": [c.result_json for c in batch],
+            "ids": _uuid_array(c.id for c in batch),
+            "tokens": _uuid_array(c.lease_token for c in batch),
+            "results": "[" + ",".join(c.result_json or "null" for c in batch) + "]",
         })
         owned = frozenset(r[0] for r in rows)
         if len(owned) == len(batch):
@@ -373,7 +379,8 @@ class PostgresEngine(Engine):
         if not leases:
             return frozenset()
         rows = self._run(S.JOBS_RENEW_IF_OWNED, {
-            "ids": [r.id for r in leases], "tokens": [r.lease_token for r in leases],
+            "ids": _uuid_array(r.id for r in leases),
+            "tokens": _uuid_array(r.lease_token for r in leases),
             "lease_ms": lease_ms,
         })
         return frozenset(r[0] for r in rows)
