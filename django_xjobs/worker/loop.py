@@ -65,6 +65,9 @@ WATCH_EVERY = 0.05
 # get almost none, so they are not hoarded by one worker while others idle.
 PREFETCH_WINDOW = 0.05
 PREFETCH_MAX = 1000
+# An executor thread idle for this long cleans up its Django connections before its next job
+# too (they may have aged past CONN_MAX_AGE or been closed by the server meanwhile).
+IDLE_RECHECK = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -342,10 +345,8 @@ class Worker:
             self._db_error("claim", exc)
             self._more_likely = False
             return 0
-        per_queue: Counter[str] = Counter()
-        for job in claimed:
-            per_queue[job.queue] += 1
-            self._dispatch(Run(job, registry.lookup(job.name), sent_at))
+        per_queue = Counter(job.queue for job in claimed)
+        self._dispatch([Run(job, registry.lookup(job.name), sent_at) for job in claimed])
         self._more_likely = any(per_queue[q] >= n for q, n in wants.items())
         self._low_water = max(1, (self.options.concurrency + self.prefetch()) // 2)
         self.stats["claimed"] += len(claimed)
@@ -355,25 +356,31 @@ class Worker:
             self.idle.clear()
         return len(claimed)
 
-    def _dispatch(self, run: Run) -> None:
+    def _dispatch(self, runs: list[Run]) -> None:
+        """Hand claimed runs to executors: sync ones to the thread queue, async ones to the
+        event loop, unknown names straight to their outcome."""
+        sync = [r for r in runs if r.definition is not None and not r.definition.is_async]
         with self._lock:
-            self._runs[run.job.lease_token] = run
-        if run.definition is None:
-            self._finish(run, executor.unknown_job(run.job, self.settings), from_phase=QUEUED)
+            for run in runs:
+                self._runs[run.job.lease_token] = run
+            self._queued += len(sync)
+        for run in sync:
+            self._work.put(run)
+        if len(sync) == len(runs):
             return
-        if run.definition.is_async:
-            run.phase = RUNNING
-            if run.definition.timeout is not None:
-                run.deadline = clock.monotonic() + run.definition.timeout
-            run.future = asyncio.run_coroutine_threadsafe(self._run_async(run),
-                                                          self._event_loop())
-            return
-        with self._lock:
-            self._queued += 1
-        self._work.put(run)
+        for run in runs:
+            if run.definition is None:
+                self._finish(run, executor.unknown_job(run.job, self.settings), from_phase=QUEUED)
+            elif run.definition.is_async:
+                run.phase = RUNNING
+                if run.definition.timeout is not None:
+                    run.deadline = clock.monotonic() + run.definition.timeout
+                run.future = asyncio.run_coroutine_threadsafe(self._run_async(run),
+                                                              self._event_loop())
 
     # -------------------------------------------------------------------- executors --
     def _executor_main(self) -> None:
+        last_job_end = 0.0
         while True:
             run = self._work.get()
             if run is None:
@@ -392,8 +399,11 @@ class Worker:
                     reset_queries()
                 assert run.definition is not None
                 started = clock.monotonic()
-                outcome = executor.execute(run.definition, run.job, run.ctx, self.settings)
-                ended = clock.monotonic()
+                outcome = executor.execute(
+                    run.definition, run.job, run.ctx, self.settings,
+                    fresh_connections=started - last_job_end >= IDLE_RECHECK,
+                )
+                ended = last_job_end = clock.monotonic()
                 avg = self._avg_run
                 self._avg_run = ended - started if avg is None else (
                     0.9 * avg + 0.1 * (ended - started)
@@ -472,8 +482,16 @@ class Worker:
                 self._db_error("acknowledge", exc)
                 unsettled.extend(done)
             else:
-                for r in done:
-                    self._settled(r, report.outcome(r.job.lease_token), "done")
+                if len(report.owned) == len(done) and not log.isEnabledFor(logging.DEBUG):
+                    # The usual case: every run still owned its job. Settle them in one go.
+                    with self._lock:
+                        for r in done:
+                            r.phase = SETTLED
+                            del self._runs[r.job.lease_token]
+                    self.stats["done"] += len(done)
+                else:
+                    for r in done:
+                        self._settled(r, report.outcome(r.job.lease_token), "done")
         for r in others:
             try:
                 fence, state = self._write_outcome(r)
