@@ -31,7 +31,7 @@ from .exceptions import (
     JobNotFound,
     PayloadTooLarge,
 )
-from .records import EnqueueParams, EnqueueResult, JobRecord, new_id
+from .records import EnqueueParams, EnqueueResult, JobRecord, new_ids
 
 _enqueued_by: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "xjobs_enqueued_by", default=None
@@ -42,6 +42,8 @@ ENQUEUE_OPTIONS = frozenset({
     "idempotency_key", "delay", "run_at", "tenant_id", "priority", "queue", "max_attempts",
     "enqueued_by", "traceparent",
 })
+# One encoder for every enqueue: json.dumps with any option builds a new JSONEncoder per call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 MAX_KEY_LENGTH = 1000
 MAX_DELAY_SECONDS = 100 * 366 * 86400.0
 INT32 = 2**31 - 1
@@ -116,7 +118,7 @@ def encode_json(value: Any, *, what: str, limit: int | None) -> str:
     if bad:
         raise InvalidJobInput(f"{what} is not JSON-serialisable: {bad}")
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:  # pragma: no cover - walk found none
         raise InvalidJobInput(f"{what} is not JSON-serialisable: {exc}") from None
     try:
@@ -240,9 +242,10 @@ def build_params(definition: registry.Job, input: Any, options: Mapping[str, Any
     else:
         traceparent = tracing.current_traceparent()
 
+    job_id, run_id = new_ids(2)
     return EnqueueParams(
-        id=new_id(),
-        run_id=new_id(),
+        id=job_id,
+        run_id=run_id,
         name=definition.name,
         queue=queue,
         input_json=input_json,

@@ -28,6 +28,9 @@ SCALARS = {
     "reason": "because", "note": "note", "worker_id": "worker-1", "label": "xjobs-tests",
     "max_attempts": 3, "priority": 0, "delay_ms": 0, "lease_ms": 30_000, "batch": 100,
     "notify": False, "permanent": False, "spent": True, "resumed": False, "results": "[{}]",
+    "meta": '[["0190a1b2-0000-7000-8000-000000000000", "testapp.noop", "default", null,'
+            ' "0190a1b2-0000-7000-8000-000000000001", 3, 0, null, 0, null, null, "t", null]]',
+    "inputs": "[{}]",
 }
 LISTS = {
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
