@@ -249,9 +249,18 @@ counts claims, except a resume from `suspended` (waking from a durable sleep is 
 attempt). A lapsed lease whose attempt was already the last one goes to `dead` instead of
 running again: a job that kills its worker must not loop forever. Its token is cleared, so the
 late writes of the run that lost it read as lost.
+
+The claim commits asynchronously (`synchronous_commit` off for its own transaction only; the
+claim never runs inside a caller's transaction). If PostgreSQL crashes before the claim's WAL
+reaches disk, the claim never happened: the job is claimable again and the run that started
+it is fenced out by its token. That is at-least-once execution, which a crash after a durable
+claim gives as well; what it saves is a disk flush on every claim, the largest part of an idle
+worker's enqueue-to-start latency.
 """,
     sql="""
-with wants as (
+with async_commit as (
+    select set_config('synchronous_commit', 'off', true)
+), wants as (
     select * from unnest(%(queues)s::text[], %(limits)s::int[]) as w(queue, n)
 ), lapsed as (
     select c.id, c.prev_state, c.exhausted, w.queue
@@ -316,7 +325,7 @@ with wants as (
 select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
        tenant_id, traceparent, concurrency_key, resumed
   from claimed
- where state = 'running'
+ where state = 'running' and (select count(*) from async_commit) = 1
 """,
 )
 
