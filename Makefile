@@ -3,6 +3,7 @@
 #   make demo                 migrate the example project, enqueue real work, run a worker, show it
 #   make test                 the whole suite against a real PostgreSQL
 #   make bench                our own benchmark table (bench/)
+#   make bench-scale          claim latency and drain rate at 10k/100k/1M queued, 1M in history
 #   make bench-peers          the shared harness: the peers and django-xjobs in one run
 #   make lint                 ruff + import-linter (the layer contract in pyproject.toml)
 #
@@ -19,7 +20,7 @@ DJANGO_REQ := $(if $(DJANGO),Django==$(DJANGO).*,)
 STAMP := $(VENV)/.installed-django$(if $(DJANGO),$(DJANGO),-latest)
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench bench-peers lint install clean-db
+.PHONY: demo test bench bench-scale bench-peers lint install clean-db
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +45,9 @@ demo: install
 
 bench: install
 	$(PY) bench/run.py
+
+bench-scale: install
+	$(PY) bench/scale.py $(BENCH_ARGS)
 
 # The harness runs its workers with PYTHONDONTWRITEBYTECODE=1 and installs this checkout in
 # editable mode, so without this step every worker would compile django_xjobs from source at

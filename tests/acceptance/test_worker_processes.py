@@ -1,0 +1,62 @@
+"""``xjobs_worker --processes N``: one command, N worker processes, a supervisor that restarts
+a child that dies and forwards SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.conftest import wait_until
+
+from .conftest import FAST, SETTLE, wait_exit, wait_state
+
+pytestmark = pytest.mark.acceptance
+
+
+def _children(supervisor_pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{supervisor_pid}/task/{supervisor_pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _worker_ids():
+    from django_xjobs.models import Job
+
+    return set(Job.objects.filter(state="done").values_list("claimed_by", flat=True))
+
+
+def test_n_processes_share_the_queue_and_a_dead_child_is_replaced(spawn_worker):
+    from tests.testapp import jobs
+
+    supervisor = spawn_worker("--processes", "2", "--concurrency", "2", settings=FAST)
+    wait_until(lambda: len(_children(supervisor.pid)) == 2, timeout=SETTLE,
+               message="two worker processes")
+    first_children = set(_children(supervisor.pid))
+
+    handles = [jobs.sleepy.enqueue(seconds=0.05, tag=str(i)) for i in range(40)]
+    for handle in handles:
+        wait_state(handle.id, "done")
+    # Two processes took part: two different worker ids claimed jobs.
+    assert len(_worker_ids()) == 2
+
+    # A child killed from outside (as an OOM kill would) is replaced; the queue keeps moving.
+    victim = sorted(first_children)[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_until(
+        lambda: len(_children(supervisor.pid)) == 2 and victim not in _children(supervisor.pid),
+        timeout=SETTLE, message="the killed worker process to be replaced",
+    )
+    later = jobs.record.enqueue(tag="after the kill")
+    wait_state(later.id, "done")
+    assert "exited with" in supervisor.log() and "restarting" in supervisor.log()
+
+    # SIGTERM reaches every child; all stop gracefully and the supervisor exits 0.
+    children = _children(supervisor.pid)
+    supervisor.signal(signal.SIGTERM)
+    assert wait_exit(supervisor) == 0
+    wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in children),
+               timeout=SETTLE, message="every worker process to be gone")
