@@ -1,6 +1,6 @@
 """django-xjobs benchmark (``make bench``): the four workloads of ../shared/bench, for us alone.
 
-    python bench/run.py [--quick] [--workloads W1,W2,W3,W4] [--concurrency 10] [--prefetch 10]
+    python bench/run.py [--quick] [--workloads W1,...,W5] [--concurrency 10] [--prefetch auto]
 
 W1 enqueue-single   5,000 no-op jobs, one enqueue = one transaction, one process      jobs/s x3
 W2 enqueue-bulk     50,000 no-op jobs through enqueue_many, 1,000 per call               jobs/s
@@ -8,6 +8,8 @@ W3 drain            20,000 preloaded no-op jobs, 2 worker processes spawned; tim
                     spawn to the last finished_at in the database; steady = first
                     started_at -> last finished_at                                       jobs/s x3
 W4 latency          2 idle workers; 500 jobs enqueued at 50/s; enqueue -> job start      p50/p95/p99
+W5 event wake-up    250 jobs suspended in wait_for_event; publish_event at 50/s;
+                    publish -> the step after the wait                                p50/p95/p99
 
 The database is a fresh ``xjobs_bench`` on the server ``django_xjobs.devdb`` picks (the one the
 tests use). Figures depend on the machine: compare systems within ONE run of the shared harness
@@ -95,7 +97,7 @@ class Bench:
             return cur.fetchall() if cur.description else []
 
     def reset(self) -> None:
-        self.sql("truncate x_jobs, x_job_steps")
+        self.sql("truncate x_jobs, x_job_steps, x_job_events")
         self.sql("analyze x_jobs")
         self.sql("checkpoint")
 
@@ -201,10 +203,46 @@ class Bench:
                 "rss": peak}
 
 
+    def w5(self) -> dict[str, float]:
+        """Event wake-up: suspended waiters, publish_event at 50/s, publish -> resumed step."""
+        from django_xjobs import publish_event
+
+        self.reset()
+        self.sql("truncate x_job_events")
+        n = self.sizes["w4"] // 2
+        with tempfile.TemporaryDirectory() as lat_dir:
+            procs = self.spawn_workers(extra_env={"XJOBS_BENCH_LAT_DIR": lat_dir})
+            for i in range(n):
+                self.jobs.wait_lat.enqueue(i=i)
+            deadline = time.monotonic() + 120
+            while self.sql("select count(*) from x_jobs where state = 'suspended'")[0][0] < n:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("W5 waiters did not all suspend in 120 s")
+                time.sleep(0.05)
+            start = time.monotonic() + 0.05
+            for i in range(n):
+                delay = start + i / 50 - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                publish_event("bench.go", {"t": time.time()}, correlation_key=str(i))
+            while self.sql("select count(*) from x_jobs where state <> 'done'")[0][0]:
+                if time.monotonic() > deadline + 60:
+                    raise RuntimeError("W5 waiters did not all resume")
+                time.sleep(0.05)
+            self.stop_workers(procs)
+            seen: dict[int, float] = {}
+            for f in Path(lat_dir).iterdir():
+                for line in f.read_text().splitlines():
+                    i, te, ts = line.split()
+                    seen.setdefault(int(i), float(ts) - float(te))
+        ms = [v * 1000 for v in seen.values()]
+        return {"p50": percentile(ms, 50), "p95": percentile(ms, 95), "p99": percentile(ms, 99)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--workloads", default="W1,W2,W3,W4")
+    p.add_argument("--workloads", default="W1,W2,W3,W4,W5")
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--prefetch", default="auto")
     args = p.parse_args()
@@ -232,6 +270,10 @@ def main() -> None:
         r4 = bench.w4()
         rows.append(("W4 enqueue -> start p50 / p95 / p99 (50 jobs/s)",
                      f"{r4['p50']:.1f} / {r4['p95']:.1f} / {r4['p99']:.1f} ms"))
+    if "W5" in chosen:
+        r5 = bench.w5()
+        rows.append(("W5 publish_event -> resumed step p50 / p95 / p99 (50/s)",
+                     f"{r5['p50']:.1f} / {r5['p95']:.1f} / {r5['p99']:.1f} ms"))
     width = max(len(k) for k, _ in rows)
     print(f"\ndjango-xjobs bench ({'quick' if args.quick else 'full'}; concurrency "
           f"{args.concurrency}, prefetch {args.prefetch}, 2 worker processes)\n")

@@ -24,6 +24,7 @@ __all__ = [
     "enqueue_many",
     "get_job",
     "job",
+    "publish_event",
     "retry",
 ]
 
@@ -33,10 +34,11 @@ from .registry import job
 
 if TYPE_CHECKING:
     from .api import JobHandle, cancel, enqueue, enqueue_many, get_job, retry
+    from .steps import publish_event
 
 _LAZY = {
     "JobHandle": "api", "cancel": "api", "enqueue": "api", "enqueue_many": "api",
-    "get_job": "api", "retry": "api",
+    "get_job": "api", "retry": "api", "publish_event": "steps",
 }
 
 

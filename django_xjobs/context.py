@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +67,20 @@ class JobContext:
     traceparent: str | None
     cancelled: StopSignal = field(default_factory=StopSignal)
     stop_reason: str | None = None
+    # Builds ``step`` on first use (the worker supplies it: it knows the engine and the lease).
+    step_factory: Callable[[JobContext], Any] | None = None
     _logger: logging.LoggerAdapter[Any] | None = None
+    _step: Any = None
+
+    @property
+    def step(self) -> Any:
+        """The durable steps of this run: ``run``, ``sleep``, ``sleep_until``,
+        ``wait_for_event``, ``wait_for_any`` (awaitable in an ``async def`` job)."""
+        if self._step is None:
+            if self.step_factory is None:
+                raise RuntimeError("steps are only available to a job run by a worker")
+            self._step = self.step_factory(self)
+        return self._step
 
     @property
     def logger(self) -> logging.LoggerAdapter[Any]:

@@ -17,7 +17,10 @@ Actions:
 ``raise``       raise ``OperationalError`` without touching the connection;
 ``exit``        ``os._exit(137)``, as a SIGKILL would end the process;
 ``stop``        SIGSTOP this process (a frozen VM, a long GC pause);
-``sleep:S``     sleep S seconds.
+``sleep:S``     sleep S seconds;
+a callable      (in-process only, :func:`inject_hook`) called with the point's name: a test
+                that must act at an exact moment (publish an event between a waiter's check
+                and its suspension) does it there, deterministically.
 
 ``*N`` fires the fault N times (default: every time).
 """
@@ -28,6 +31,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 ENV_VAR = "XJOBS_FAULTS"
@@ -35,7 +39,7 @@ ENV_VAR = "XJOBS_FAULTS"
 
 @dataclass
 class _Fault:
-    action: str
+    action: str | Callable[[str], None]
     remaining: int | None  # None = unlimited
 
 
@@ -65,6 +69,14 @@ def inject(point: str, action: str, *, times: int | None = 1) -> None:
         armed = True
 
 
+def inject_hook(point: str, hook: Callable[[str], None], *, times: int | None = 1) -> None:
+    """Call ``hook(point)`` when the code reaches ``point`` (tests)."""
+    global armed
+    with _lock:
+        _points[point] = _Fault(hook, times)
+        armed = True
+
+
 def clear() -> None:
     global armed
     with _lock:
@@ -86,8 +98,12 @@ def hit(point: str) -> None:
     _act(point, fault.action)
 
 
-def _act(point: str, action: str) -> None:
+def _act(point: str, action: str | Callable[[str], None]) -> None:
     from django.db import OperationalError, connections
+
+    if callable(action):
+        action(point)
+        return
 
     if action == "disconnect":
         raw = connections[alias].connection

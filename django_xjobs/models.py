@@ -103,6 +103,10 @@ class Job(models.Model):
                 fields=["state", "finished_at"], condition=Q(state__in=TERMINAL_STATES),
                 name="x_jobs_finished_idx",
             ),
+            # publish_event wakes the suspended jobs whose steps wait for it, by run_id.
+            models.Index(
+                fields=["run_id"], condition=Q(state="suspended"), name="x_jobs_suspended_run_idx",
+            ),
         ]
         permissions = [
             ("cancel_job", "Can cancel jobs"),
@@ -130,6 +134,10 @@ class JobStep(models.Model):
     correlation_key = models.TextField(null=True, blank=True)
     attempts = models.IntegerField(default=1, db_default=1)
     error = models.TextField(null=True, blank=True)
+    # Additions of ours: the event an event wait consumed (id and publication time). A run's
+    # next wait on the same event starts after it, so waits consume events in order.
+    event_id = models.BigIntegerField(null=True, blank=True)
+    event_published_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "x_job_steps"
@@ -162,6 +170,7 @@ class JobEvent(models.Model):
         indexes = [
             models.Index(fields=["name", "correlation_key", "published_at"],
                          name="x_job_events_match_idx"),
+            models.Index(fields=["name", "published_at", "id"], name="x_job_events_order_idx"),
             models.Index(fields=["expires_at"], name="x_job_events_expiry_idx"),
         ]
 

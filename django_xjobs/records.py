@@ -249,6 +249,56 @@ class LeaseRef:
     lease_token: str
 
 
+# --------------------------------------------------------------------------- steps, events --
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOwner:
+    """Whose step writes these are: the job, the claim (fence) and the run (step key)."""
+
+    job_id: str
+    lease_token: str
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    """One row of ``x_job_steps``; ``due`` is ``wake_at <= now()`` on the database clock."""
+
+    name: str
+    status: str
+    output: Any
+    attempts: int
+    error: str | None
+    started_at: datetime | None
+    completed_at: datetime | None
+    wake_at: datetime | None
+    event: str | None
+    correlation_key: str | None
+    event_id: int | None
+    event_published_at: datetime | None
+    due: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParkedStep:
+    """A step that waits: since when, until when, and whether that moment has come."""
+
+    started_at: datetime
+    wake_at: datetime
+    due: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventRecord:
+    id: int
+    name: str
+    payload: Any
+    correlation_key: str | None = None
+    published_at: datetime
+    expires_at: datetime | None = None
+
+
 # ---------------------------------------------------------------------------- operations --
 
 

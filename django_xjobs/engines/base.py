@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import LiteralString
@@ -29,12 +30,16 @@ from ..records import (
     Completion,
     EnqueueParams,
     EnqueueResult,
+    EventRecord,
     Failure,
     FenceReport,
     JobRecord,
     LeaseRef,
+    ParkedStep,
     QueueStats,
     Requeue,
+    RunOwner,
+    StepRecord,
     Suspension,
 )
 
@@ -133,6 +138,64 @@ class Engine(abc.ABC):
     def jobs_renew_if_owned(self, leases: Sequence[LeaseRef], lease_ms: int) -> frozenset[str]:
         """Extend every lease still owned; return the lease TOKENS renewed (a missing token =
         that run lost the job)."""
+
+    # ------------------------------------------------------------------------- steps --
+    @abc.abstractmethod
+    def atomic(self) -> AbstractContextManager[object]:
+        """A transaction (or savepoint) on this thread's connection for the engine's alias."""
+
+    @abc.abstractmethod
+    def steps_of_run(self, run_id: str) -> list[StepRecord]: ...
+
+    @abc.abstractmethod
+    def step_complete_if_owned(
+        self, owner: RunOwner, name: str, output_json: str | None, *,
+        event: str | None = None, correlation_key: str | None = None,
+        event_id: int | None = None, event_published_at: datetime | None = None,
+    ) -> bool:
+        """Record a step's output; False if the run no longer owns its job (nothing written)."""
+
+    @abc.abstractmethod
+    def step_fail_if_owned(self, owner: RunOwner, name: str, error: str) -> int | None:
+        """Record a step's failure; the step's attempts, or None if the run lost its job."""
+
+    @abc.abstractmethod
+    def step_park_if_owned(
+        self, owner: RunOwner, name: str, *, status: str, wake_at: datetime | None = None,
+        duration_ms: int = 0, event: str | None = None, correlation_key: str | None = None,
+    ) -> ParkedStep | None:
+        """Open (or find) a sleep or event wait; None if the run lost its job."""
+
+    @abc.abstractmethod
+    def step_cancel_siblings(self, owner: RunOwner, prefix: str) -> None:
+        """Close the open waits whose names start with ``prefix`` (wait_for_any's losers)."""
+
+    # ------------------------------------------------------------------------ events --
+    @abc.abstractmethod
+    def event_lock(self, names: Sequence[str]) -> None:
+        """Take the event rendezvous lock(s) until the end of the current transaction."""
+
+    @abc.abstractmethod
+    def event_publish(
+        self, name: str, payload_json: str, correlation_key: str | None, ttl_ms: int
+    ) -> EventRecord: ...
+
+    @abc.abstractmethod
+    def event_wake_waiters(self, name: str, correlation_key: str | None) -> int:
+        """Make suspended jobs waiting for this event due now; how many were woken."""
+
+    @abc.abstractmethod
+    def event_next(
+        self, names: Sequence[str], correlation_key: str | None, after_at: datetime,
+        after_id: int,
+    ) -> EventRecord | None: ...
+
+    @abc.abstractmethod
+    def events_list(self, name: str | None = None, limit: int = 100) -> list[EventRecord]: ...
+
+    @abc.abstractmethod
+    def events_purge(self, batch_size: int = 1000) -> int:
+        """Delete expired events in bounded batches; how many."""
 
     # ------------------------------------------------------------------- operators --
     @abc.abstractmethod

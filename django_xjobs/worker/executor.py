@@ -5,6 +5,7 @@ The job's code is found by its stored name in the registry, never imported
 
 =====================================  ==============================================
 returns a JSON-serialisable value      ``Done`` (the value is stored as the result)
+a step suspended the job               ``Suspended`` (already written by the step)
 returns something JSON cannot encode   ``Retry(permanent=True)``: re-running cannot fix it
 raises ``PermanentError``              ``Retry(permanent=True)``: straight to ``dead``
 raises ``Snooze(delay)``               ``GiveBack``: later, without spending an attempt
@@ -32,6 +33,7 @@ from ..context import JobContext
 from ..exceptions import InvalidJobInput, JobCancelled, PermanentError, Snooze
 from ..records import ClaimedJob
 from ..registry import Job
+from ..steps import StepSuspended
 from .backoff import retry_delay
 
 MAX_ERROR_CHARS = 8000
@@ -56,7 +58,10 @@ class GiveBack:
 
 
 @dataclass(frozen=True, slots=True)
-class Park:
+class Suspended:
+    """A step parked the job (a sleep, an event wait): the database already says so, in the
+    step's own fenced transaction; nothing is left to write."""
+
     wake_at: datetime
 
 
@@ -65,7 +70,7 @@ class Discard:
     reason: str
 
 
-Outcome = Done | Retry | GiveBack | Park | Discard
+Outcome = Done | Retry | GiveBack | Suspended | Discard
 
 
 def format_error(exc: BaseException) -> str:
@@ -149,6 +154,8 @@ def execute(
                 value = definition.func(ctx, **_input(claimed))
         else:
             value = definition.func(ctx, **_input(claimed))
+    except StepSuspended as parked:
+        return Suspended(parked.wake_at)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             return Retry(error=format_error(exc), delay=backoff_for(definition, claimed.attempt,
@@ -182,6 +189,8 @@ async def execute_async(
         )
     except asyncio.CancelledError:
         return Discard(ctx.stop_reason or "cancelled")
+    except StepSuspended as parked:
+        return Suspended(parked.wake_at)
     except Exception as exc:
         return _outcome_of_exception(exc, definition, claimed, ctx, settings)
     if ctx.cancelled.is_set():

@@ -38,6 +38,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings as django_settings
 from django.db import connections, reset_queries
@@ -46,9 +47,9 @@ from .. import clock, conf, faults, registry
 from ..context import JobContext
 from ..engines import get_engine
 from ..exceptions import XJobsError
-from ..records import ClaimedJob, Completion, Failure, Fence, Requeue, Suspension
+from ..records import ClaimedJob, Completion, Failure, Fence, Requeue, RunOwner
 from . import executor
-from .executor import Discard, Done, GiveBack, Outcome, Park, Retry
+from .executor import Discard, Done, GiveBack, Outcome, Retry, Suspended
 from .heartbeat import Heartbeat
 from .listener import WakeListener
 from .shutdown import ShutdownSignals
@@ -109,7 +110,7 @@ class Run:
     """One claim of one job, from the claim until its fenced write settles it."""
 
     __slots__ = ("abandoned", "ctx", "deadline", "definition", "future", "job", "outcome",
-                 "phase", "renewed_at")
+                 "parking", "phase", "renewed_at")
 
     def __init__(self, job: ClaimedJob, definition: registry.Job | None, now: float) -> None:
         self.job = job
@@ -122,11 +123,26 @@ class Run:
         # Set when the run was stopped while its thread still executes it: that thread exits
         # when the code returns (a replacement thread already took its place).
         self.abandoned = False
+        # Set by a step about to suspend the job: the job stops being `running` in the database
+        # before the run ends here, and the heartbeat must not take that for a lost lease.
+        self.parking = False
         self.ctx = JobContext(
             job_id=job.id, run_id=job.run_id, name=job.name, queue=job.queue,
             attempt=job.attempt, max_attempts=job.max_attempts, tenant_id=job.tenant_id,
-            traceparent=job.traceparent,
+            traceparent=job.traceparent, step_factory=self._steps,
         )
+
+    def _steps(self, ctx: JobContext) -> Any:
+        from ..engines import get_engine
+        from ..steps import AsyncSteps, Steps
+
+        def on_park() -> None:
+            self.parking = True
+
+        owner = RunOwner(job_id=self.job.id, lease_token=self.job.lease_token,
+                         run_id=self.job.run_id)
+        steps = Steps(get_engine(), owner, ctx, on_park)
+        return AsyncSteps(steps) if self.definition and self.definition.is_async else steps
 
 
 def new_worker_id() -> str:
@@ -518,11 +534,8 @@ class Worker:
                 spent_attempt=not job.resumed, resumed=job.resumed, note=outcome.note,
             ))
             return report.outcome(job.lease_token), "requeued"
-        if isinstance(outcome, Park):
-            report = self.engine.job_suspend_if_owned(Suspension(
-                id=job.id, lease_token=job.lease_token, wake_at=outcome.wake_at,
-            ))
-            return report.outcome(job.lease_token), "suspended"
+        if isinstance(outcome, Suspended):
+            return Fence.OWNED, "suspended"
         assert isinstance(outcome, Discard)
         return Fence.LOST, "discarded"
 
@@ -596,7 +609,7 @@ class Worker:
             if run.job.lease_token in renewed:
                 run.renewed_at = sent_at
                 continue
-            if run.phase in (QUEUED, RUNNING):
+            if run.phase in (QUEUED, RUNNING) and not run.parking:
                 self.stats["lost_on_heartbeat"] += 1
                 log.warning("job %s (%s) attempt %d: lease lost (cancelled, or re-claimed after "
                             "a lapse); stopping the run", run.job.id, run.job.name,

@@ -49,3 +49,28 @@ async def send_digest(ctx, batch: str) -> dict:
     async for order in Order.objects.filter(batch=batch):
         counts[order.status] = counts.get(order.status, 0) + 1
     return {"batch": batch, "orders": counts}
+
+
+def _note(order_id: int, entry: str) -> None:
+    with transaction.atomic():
+        order = Order.objects.select_for_update().get(pk=order_id)
+        order.timeline = [*order.timeline, entry]
+        order.save(update_fields=["timeline", "updated_at"])
+
+
+@job(max_attempts=3)
+def fulfil_order(ctx, order_id: int) -> dict:
+    """A durable workflow: reserve stock, wait for the payment provider's event, wait for the
+    next warehouse pickup, ship. Each step runs once however often the job is resumed."""
+    ctx.step.run("reserve-stock", lambda: _note(order_id, "stock reserved"))
+    payment = ctx.step.wait_for_event(
+        "payment", event="payment.captured", correlation_key=str(order_id), timeout=60
+    )
+    if payment is None:
+        ctx.step.run("release-stock", lambda: _note(order_id, "no payment: stock released"))
+        return {"order": order_id, "shipped": False}
+    ctx.step.run("record-payment", lambda: _note(order_id, f"paid {payment['amount']}"))
+    ctx.step.sleep("next-pickup", 1.0)
+    ctx.step.run("ship", lambda: _note(order_id, "handed to the carrier"))
+    Order.objects.filter(pk=order_id).update(status="shipped")
+    return {"order": order_id, "shipped": True, "paid": payment["amount"]}

@@ -131,3 +131,97 @@ def trace_probe(ctx):
     from django_xjobs import tracing
 
     return {"traceparent": ctx.traceparent, "inside": tracing.current_traceparent()}
+
+
+# ---------------------------------------------------------------------------- durable steps --
+
+
+@job(max_attempts=5)
+def three_steps(ctx, fail_third_times=2):
+    """Steps 1 and 2 always succeed; step 3 fails on the first ``fail_third_times`` attempts."""
+    first = ctx.step.run("first", lambda: _effect(ctx, "step", "first") or {"n": 1})
+    second = ctx.step.run("second", lambda: _effect(ctx, "step", "second") or {"n": 2})
+
+    def third():
+        _effect(ctx, "step", "third")
+        if ctx.attempt <= fail_third_times:
+            raise RuntimeError(f"third step fails on attempt {ctx.attempt}")
+        return {"n": 3}
+
+    return [first, second, ctx.step.run("third", third)]
+
+
+@job
+def sleeper(ctx, seconds=1.0, tag=""):
+    ctx.step.run("before", lambda: _effect(ctx, "before", tag))
+    ctx.step.sleep("nap", seconds)
+    ctx.step.run("after", lambda: _effect(ctx, "after", tag))
+    return {"slept": seconds}
+
+
+@job(max_attempts=1)
+def many_naps(ctx, naps=50):
+    for i in range(naps):
+        ctx.step.sleep(f"nap-{i}", 0.001)
+    return {"naps": naps, "attempt": ctx.attempt}
+
+
+@job
+def waiter(ctx, event="order.paid", key=None, timeout=30.0):
+    payload = ctx.step.wait_for_event("wait", event=event, correlation_key=key, timeout=timeout)
+    _effect(ctx, "resumed", key or "")
+    return {"payload": payload}
+
+
+@job
+def two_waits(ctx, event="order.paid", key=None, timeout=30.0):
+    first = ctx.step.wait_for_event("first", event=event, correlation_key=key, timeout=timeout)
+    second = ctx.step.wait_for_event("second", event=event, correlation_key=key, timeout=timeout)
+    return [first, second]
+
+
+@job
+def any_waiter(ctx, events=("a", "b"), key=None, timeout=30.0):
+    won = ctx.step.wait_for_any("race", events=list(events), correlation_key=key,
+                                timeout=timeout)
+    return None if won is None else {"event": won.event, "payload": won.payload}
+
+
+@job(max_attempts=3)
+def step_then_hang(ctx, seconds=30.0):
+    """Step 1 commits, then the run hangs (a test kills its worker here)."""
+    ctx.step.run("first", lambda: _effect(ctx, "step", "first") or {"done": "first"})
+    if ctx.attempt == 1:
+        time.sleep(seconds)
+    ctx.step.run("second", lambda: _effect(ctx, "step", "second") or {"done": "second"})
+    return {"attempt": ctx.attempt}
+
+
+@job
+def reused_step_name(ctx):
+    ctx.step.run("same", lambda: 1)
+    ctx.step.run("same", lambda: 2)
+
+
+@job
+def non_json_step(ctx):
+    ctx.step.run("bad", lambda: object())
+
+
+@job
+async def async_steps(ctx, event="async.go", key=None):
+    async def fetch():
+        await asyncio.sleep(0)
+        return {"fetched": True}
+
+    fetched = await ctx.step.run("fetch", fetch)
+    await ctx.step.sleep("pause", 0.2)
+    got = await ctx.step.wait_for_event("go", event=event, correlation_key=key, timeout=30)
+    return {"fetched": fetched, "got": got}
+
+
+@job
+def step_loop(ctx, steps=100, pause=0.05):
+    for i in range(steps):
+        ctx.step.run(f"s{i}", lambda i=i: time.sleep(pause) or i)
+    return {"steps": steps}

@@ -28,3 +28,11 @@ def noop(ctx, i):
 @job
 def lat(ctx, i, t):
     record_start(i, t)
+
+
+@job
+def wait_lat(ctx, i):
+    """W5: the time from publish_event to the step after the wait (payload["t"] = publish)."""
+    payload = ctx.step.wait_for_event("go", event="bench.go", correlation_key=str(i),
+                                      timeout=120)
+    record_start(i, payload["t"])

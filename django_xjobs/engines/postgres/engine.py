@@ -36,12 +36,16 @@ from ...records import (
     Completion,
     EnqueueParams,
     EnqueueResult,
+    EventRecord,
     Failure,
     FenceReport,
     JobRecord,
     LeaseRef,
+    ParkedStep,
     QueueStats,
     Requeue,
+    RunOwner,
+    StepRecord,
     Suspension,
 )
 from ..base import Engine, Features, Listener, ListenerLost, Statement
@@ -119,6 +123,11 @@ def _schema_missing(exc: ProgrammingError, stmt: Statement, alias: str) -> Schem
 
 def _key(p: EnqueueParams) -> str:
     return p.idempotency_key if p.idempotency_key is not None else str(p.id)
+
+
+def _like_prefix(prefix: str) -> str:
+    """A LIKE pattern matching names that start with ``prefix`` literally."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def _tenants(tenant_ids: Iterable[str] | None) -> list[str] | None:
@@ -421,6 +430,105 @@ class PostgresEngine(Engine):
             "lease_ms": lease_ms,
         })
         return frozenset(r[0] for r in rows)
+
+    # ----------------------------------------------------------------------------- steps --
+    def atomic(self) -> Any:
+        return db_transaction.atomic(using=self.alias)
+
+    def steps_of_run(self, run_id: str) -> list[StepRecord]:
+        return [
+            StepRecord(
+                name=r[0], status=r[1], output=_decode_json(r[2]), attempts=r[3], error=r[4],
+                started_at=r[5], completed_at=r[6], wake_at=r[7], event=r[8],
+                correlation_key=r[9], event_id=r[10], event_published_at=r[11], due=r[12],
+            )
+            for r in self._run(S.STEPS_OF_RUN, {"run_id": run_id})
+        ]
+
+    @staticmethod
+    def _owner(owner: RunOwner) -> dict[str, Any]:
+        return {"job_id": owner.job_id, "token": owner.lease_token, "run_id": owner.run_id}
+
+    def step_complete_if_owned(
+        self, owner: RunOwner, name: str, output_json: str | None, *,
+        event: str | None = None, correlation_key: str | None = None,
+        event_id: int | None = None, event_published_at: datetime | None = None,
+    ) -> bool:
+        row = self._run(S.STEP_COMPLETE_IF_OWNED, {
+            **self._owner(owner), "name": name, "output": output_json, "event": event,
+            "correlation_key": correlation_key, "event_id": event_id,
+            "event_published_at": event_published_at,
+        }, fetch="one")
+        return row is not None
+
+    def step_fail_if_owned(self, owner: RunOwner, name: str, error: str) -> int | None:
+        row = self._run(S.STEP_FAIL_IF_OWNED, {**self._owner(owner), "name": name,
+                                                "error": error}, fetch="one")
+        return row[0] if row is not None else None
+
+    def step_park_if_owned(
+        self, owner: RunOwner, name: str, *, status: str, wake_at: datetime | None = None,
+        duration_ms: int = 0, event: str | None = None, correlation_key: str | None = None,
+    ) -> ParkedStep | None:
+        row = self._run(S.STEP_PARK_IF_OWNED, {
+            **self._owner(owner), "name": name, "status": status, "wake_at": wake_at,
+            "duration_ms": duration_ms, "event": event, "correlation_key": correlation_key,
+        }, fetch="one")
+        if row is None:
+            return None
+        return ParkedStep(started_at=row[0], wake_at=row[1], due=row[2])
+
+    def step_cancel_siblings(self, owner: RunOwner, prefix: str) -> None:
+        self._run(S.STEP_CANCEL_SIBLINGS, {**self._owner(owner), "prefix": _like_prefix(prefix)},
+                  fetch="count")
+
+    # ---------------------------------------------------------------------------- events --
+    def event_lock(self, names: Sequence[str]) -> None:
+        self._run(S.EVENT_LOCK, {"names": list(names)}, fetch="one")
+
+    def event_publish(
+        self, name: str, payload_json: str, correlation_key: str | None, ttl_ms: int
+    ) -> EventRecord:
+        id_, published_at = self._run(S.EVENT_PUBLISH, {
+            "name": name, "payload": payload_json, "correlation_key": correlation_key,
+            "ttl_ms": ttl_ms,
+        }, fetch="one")
+        return EventRecord(id=id_, name=name, payload=_decode_json(payload_json),
+                           correlation_key=correlation_key, published_at=published_at)
+
+    def event_wake_waiters(self, name: str, correlation_key: str | None) -> int:
+        woken, _queues = self._run(S.EVENT_WAKE_WAITERS, {
+            "name": name, "correlation_key": correlation_key,
+        }, fetch="one")
+        return int(woken)
+
+    def event_next(
+        self, names: Sequence[str], correlation_key: str | None, after_at: datetime,
+        after_id: int,
+    ) -> EventRecord | None:
+        row = self._run(S.EVENT_NEXT, {
+            "names": list(names), "correlation_key": correlation_key, "after_at": after_at,
+            "after_id": after_id,
+        }, fetch="one")
+        if row is None:
+            return None
+        return EventRecord(id=row[0], name=row[1], payload=_decode_json(row[2]),
+                           published_at=row[3])
+
+    def events_list(self, name: str | None = None, limit: int = 100) -> list[EventRecord]:
+        return [
+            EventRecord(id=r[0], name=r[1], payload=_decode_json(r[2]), correlation_key=r[3],
+                        published_at=r[4], expires_at=r[5])
+            for r in self._run(S.EVENTS_LIST, {"name": name, "limit": limit})
+        ]
+
+    def events_purge(self, batch_size: int = 1000) -> int:
+        total = 0
+        while True:
+            deleted = self._run(S.EVENTS_PURGE, {"batch": batch_size}, fetch="count")
+            total += deleted
+            if deleted < batch_size:
+                return total
 
     # ------------------------------------------------------------------------- operators --
     def job_get(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> JobRecord | None:

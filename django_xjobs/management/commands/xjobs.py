@@ -5,6 +5,7 @@
     manage.py xjobs cancel ID [--reason]  stop a job (a running one stops at its next heartbeat)
     manage.py xjobs retry ID              dead/cancelled -> a fresh set of attempts, due now
     manage.py xjobs run-now ID            delayed/suspended -> due now
+    manage.py xjobs events [--name N]     recent published events
     manage.py xjobs purge --older-than 7d [--state done ...]
 """
 
@@ -22,7 +23,7 @@ from ... import api
 from ...conf import parse_duration
 from ...engines import get_engine
 from ...exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
-from ...records import TERMINAL_STATES, ChangeResult, JobRecord
+from ...records import TERMINAL_STATES, ChangeResult, EventRecord, JobRecord, StepRecord
 
 
 def _jsonable(value: Any) -> Any:
@@ -35,6 +36,16 @@ def _jsonable(value: Any) -> Any:
 
 def job_dict(job: JobRecord) -> dict[str, Any]:
     return {name: _jsonable(getattr(job, name)) for name in job.__dataclass_fields__}
+
+
+def step_dict(step: StepRecord) -> dict[str, Any]:
+    return {name: _jsonable(getattr(step, name)) for name in step.__dataclass_fields__
+            if name != "due"}
+
+
+def _preview(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Command(BaseCommand):
@@ -52,11 +63,14 @@ class Command(BaseCommand):
         retry.add_argument("job_id")
         run_now = sub.add_parser("run-now", help="make a delayed or suspended job due now")
         run_now.add_argument("job_id")
+        events = sub.add_parser("events", help="recent published events, newest first")
+        events.add_argument("--name", help="only events of this name")
+        events.add_argument("--limit", type=int, default=50)
         purge = sub.add_parser("purge", help="delete finished jobs past an age")
         purge.add_argument("--older-than", required=True, help="e.g. 7d, 12h")
         purge.add_argument("--state", action="append", choices=TERMINAL_STATES,
                            help="finished state to delete (repeatable; default all three)")
-        for p in (show, cancel, retry, run_now, purge):
+        for p in (show, cancel, retry, run_now, events, purge):
             # SUPPRESS: an absent sub-level flag must not reset `xjobs --json show ID`.
             p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                            help="machine-readable output")
@@ -76,6 +90,9 @@ class Command(BaseCommand):
                 self._change("retry", api.retry(options["job_id"]), as_json)
             elif action == "run-now":
                 self._change("run-now", api.run_now(options["job_id"]), as_json)
+            elif action == "events":
+                self._events(get_engine().events_list(options["name"], options["limit"]),
+                             as_json)
             elif action == "purge":
                 self._purge(options, as_json)
         except LiveJobExists as exc:
@@ -121,8 +138,10 @@ class Command(BaseCommand):
         self.stdout.write(f"\noutbox: {pending} pending{age}")
 
     def _show(self, job: JobRecord, as_json: bool) -> None:
+        steps = sorted(get_engine().steps_of_run(str(job.run_id)),
+                       key=lambda s: (s.started_at is None, s.started_at, s.name))
         if as_json:
-            self._emit(job_dict(job))
+            self._emit({**job_dict(job), "steps": [step_dict(s) for s in steps]})
             return
         fields = ("id", "name", "queue", "state", "attempt", "max_attempts", "priority",
                   "run_at", "created_at", "updated_at", "started_at", "finished_at",
@@ -135,6 +154,20 @@ class Command(BaseCommand):
             self.stdout.write(f"{'result':>16}: {json.dumps(job.result, indent=2)}")
         if job.last_error:
             self.stdout.write(f"{'last_error':>16}:\n{job.last_error}")
+        if steps:
+            self.stdout.write(f"\nsteps ({len(steps)}):")
+            for step in steps:
+                when = _jsonable(step.completed_at or step.wake_at or step.started_at)
+                detail = ""
+                if step.status == "completed":
+                    detail = _preview(step.output)
+                elif step.status in ("sleeping", "waiting"):
+                    detail = f"until {_jsonable(step.wake_at)}" + (
+                        f" for event {step.event!r}" if step.event else "")
+                elif step.error:
+                    detail = step.error.strip().splitlines()[-1]
+                self.stdout.write(f"  {step.name:<24} {step.status:<10} attempts {step.attempts}"
+                                  f"  {when}  {detail}")
 
     def _change(self, action: str, result: ChangeResult, as_json: bool) -> None:
         job = result.job
@@ -147,6 +180,18 @@ class Command(BaseCommand):
             self.stdout.write(f"{action}: job {job.id} ({job.name}) is now {job.state}")
         else:
             self.stdout.write(f"{action}: job {job.id} ({job.name}) unchanged: {result.reason}")
+
+    def _events(self, events: list[EventRecord], as_json: bool) -> None:
+        if as_json:
+            self._emit([{name: _jsonable(getattr(e, name)) for name in e.__dataclass_fields__}
+                        for e in events])
+            return
+        if not events:
+            self.stdout.write("(no events)")
+        for e in events:
+            key = f" key={e.correlation_key}" if e.correlation_key else ""
+            self.stdout.write(f"{_jsonable(e.published_at)}  #{e.id} {e.name}{key}  "
+                              f"{_preview(e.payload)}")
 
     def _purge(self, options: dict[str, Any], as_json: bool) -> None:
         try:

@@ -79,14 +79,50 @@ class Command(BaseCommand):
             digest = send_digest.enqueue(batch=batch)
             self._wait(lambda: Job.objects.get(pk=digest.id).state in ("done", "dead"),
                        options["timeout"], "the digest job")
+            workflows = self._durable_workflow(Job, Order, batch, options["timeout"])
         finally:
             self.say("\nstopping the worker with SIGTERM (graceful: in-flight jobs finish)")
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=60)
             time.sleep(0.1)  # let the log pump print the last lines
         self._summary(Job, Order, batch, charge_handles, ship_keys, digest)
+        self._workflow_summary(Job, Order, workflows)
 
     # ----------------------------------------------------------------------------------
+    def _durable_workflow(self, Job, Order, batch, timeout):
+        """Two fulfil_order workflows: they suspend waiting for a payment event, resume when
+        the demo publishes it, sleep until the next pickup, and ship."""
+        from django_xjobs import publish_event
+        from shop.jobs import fulfil_order
+
+        orders = [Order.objects.create(batch=batch, email=f"vip{i}@example.com",
+                                       sku=f"SKU-90{i}", total_cents=5000 + 100 * i)
+                  for i in range(2)]
+        handles = [fulfil_order.enqueue(order_id=o.pk) for o in orders]
+        self.say(self.style.MIGRATE_HEADING("\na durable workflow (shop.fulfil_order)"))
+        self._wait(lambda: all(Job.objects.get(pk=h.id).state == "suspended" for h in handles),
+                   timeout, "the workflows to suspend")
+        for h, o in zip(handles, orders, strict=True):
+            job = Job.objects.get(pk=h.id)
+            self.say(f"  order {o.pk}: job {job.id} is {job.state}, waiting for event "
+                     f"'payment.captured' (key {o.pk}); no worker thread is held")
+        for o in orders:
+            publish_event("payment.captured", {"amount": o.total_cents},
+                          correlation_key=str(o.pk))
+            self.say(f"  published payment.captured for order {o.pk}")
+        self._wait(lambda: all(Job.objects.get(pk=h.id).state in ("done", "dead")
+                               for h in handles), timeout, "the workflows to finish")
+        return list(zip(handles, orders, strict=True))
+
+    def _workflow_summary(self, Job, Order, workflows):
+        self.say(self.style.MIGRATE_HEADING("\nthe workflows, resumed and finished"))
+        for h, o in workflows:
+            job = Job.objects.get(pk=h.id)
+            order = Order.objects.get(pk=o.pk)
+            self.say(f"  order {o.pk}: {job.state} at attempt {job.attempt} "
+                     f"(waking from a wait or a sleep spends none): {order.timeline}")
+        self.say(f"  its steps: python manage.py xjobs show {workflows[0][0].id}")
+
     def _start_worker(self):
         self.say("\nstarting a worker: manage.py xjobs_worker --concurrency 4\n")
         env = dict(os.environ)

@@ -1,0 +1,418 @@
+"""Durable steps and events: ``ctx.step.run / sleep / sleep_until / wait_for_event /
+wait_for_any`` and :func:`publish_event`.
+
+A job's code is re-run from the top after every retry, crash or wake-up; its steps make that
+cheap and correct. The rows of ``x_job_steps`` are keyed by the job's ``run_id``, which a job
+keeps across retries, so:
+
+* ``run(name, fn)``: a step that completed returns its stored output and ``fn`` is not called
+  again. A step that raises is recorded ``failed`` and the job fails (and retries by its
+  policy); the step runs again on the next attempt.
+* ``sleep(name, d)``: the first time, the step records its ``wake_at`` and the job is suspended
+  (``state = suspended``, ``run_at = wake_at``) in one transaction; the worker's thread is free
+  at once. When due, the job is claimed again (a resume spends no attempt), the step completes
+  and the code continues past it.
+* ``wait_for_event(name, event=..., correlation_key=..., timeout=...)``: the payload of the
+  earliest matching event published at or after the step started, or after the event this run
+  consumed last from the same names; ``None`` after the timeout.
+
+The event protocol (why no event is ever missed). A waiter and a publisher of one event name
+meet under a transaction-scoped advisory lock on that name (``event_lock``):
+
+=====================================  ===============================================
+waiter, one transaction                publisher, one transaction (the caller's)
+=====================================  ===============================================
+lock(name)                             lock(name)
+register the wait (started_at =        insert the event (published_at =
+  clock time under the lock)             clock time under the lock)
+look for an event after the cursor     make suspended jobs waiting for it due now,
+found: complete the step; else           NOTIFY their queues
+  suspend the job until the timeout
+commit (releases the lock)             commit (releases the lock)
+=====================================  ===============================================
+
+Whichever takes the lock second sees what the first committed: a publisher that comes second
+finds the waiter suspended and wakes it; a waiter that comes second finds the event. Both
+timestamps are taken under the lock, so publication order and lock order agree. The pinning
+test injects a publish between a waiter's check and its suspension
+(tests/integration/test_steps.py::test_an_event_published_between_the_check_and_the_suspend_is_not_missed).
+Publishers should run under READ COMMITTED (Django's default): under REPEATABLE READ the wake-up
+statement would not see a suspension committed after the publisher's snapshot, and the waiter
+would only find the event at its timeout.
+
+Every step write is fenced on the job's ownership (id, running, lease token): a run that lost
+its lease records nothing, and learns it as :class:`~django_xjobs.exceptions.JobCancelled`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from . import conf, faults
+from .exceptions import InvalidJobInput, JobCancelled, PermanentError
+from .records import EventRecord, RunOwner, StepRecord
+
+DEFAULT_EVENT_TTL = timedelta(days=7)
+MAX_STEP_NAME = 200
+
+
+class StepSuspended(BaseException):
+    """Raised by a step that parked its job (a sleep or an event wait) to unwind the job's code.
+
+    A BaseException, so that ``except Exception`` in job code cannot swallow it. The job is
+    already suspended in the database when this is raised; the worker only frees the thread.
+    """
+
+    def __init__(self, wake_at: datetime) -> None:
+        super().__init__(f"suspended until {wake_at.isoformat()}")
+        self.wake_at = wake_at
+
+
+class StepNameReused(PermanentError):
+    """Two steps of one run used the same name: their records would be confused."""
+
+
+class StepOutputError(PermanentError):
+    """A step returned something JSON cannot store; re-running the job cannot fix it."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventWon:
+    """What ``wait_for_any`` returns: which event arrived first, and its payload."""
+
+    event: str
+    payload: Any
+
+
+def _milliseconds(value: timedelta | float | int, what: str) -> int:
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise InvalidJobInput(f"{what} must be a timedelta or seconds, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidJobInput(f"{what} must not be negative, got {value!r}")
+    return round(seconds * 1000)
+
+
+def _aware(value: Any, what: str) -> datetime:
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidJobInput(f"{what} must be an aware datetime, got {value!r}")
+    return value
+
+
+class Steps:
+    """``ctx.step`` of a sync job (see the module docstring)."""
+
+    def __init__(self, engine: Any, owner: RunOwner, ctx: Any,
+                 on_park: Callable[[], None] | None = None) -> None:
+        self._engine = engine
+        self._owner = owner
+        self._ctx = ctx
+        self._on_park = on_park
+        self._records: dict[str, StepRecord] | None = None
+        self._used: set[str] = set()
+
+    # --------------------------------------------------------------------- plumbing --
+    def _begin(self, name: Any) -> StepRecord | None:
+        """Every step boundary: stop if asked to, refuse a reused name, return its record."""
+        self._ctx.check_cancelled()
+        if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME or "#" in name:
+            raise InvalidJobInput(
+                f"step name must be a non-empty string of at most {MAX_STEP_NAME} characters "
+                f"without '#', got {name!r}"
+            )
+        if name in self._used:
+            raise StepNameReused(
+                f"step name {name!r} is used twice in one run; give every step its own name"
+            )
+        self._used.add(name)
+        if self._records is None:
+            self._records = {r.name: r for r in self._engine.steps_of_run(self._owner.run_id)}
+        return self._records.get(name)
+
+    def _lost(self, what: str) -> JobCancelled:
+        return JobCancelled(f"{what}: this run no longer owns the job (lease lost or cancelled)")
+
+    def _complete(self, name: str, output_json: str | None, **event: Any) -> None:
+        if not self._engine.step_complete_if_owned(self._owner, name, output_json, **event):
+            raise self._lost(f"step {name!r} not recorded")
+
+    def _park(self, wake_at: datetime) -> StepSuspended:
+        """Suspend the job (inside the caller's transaction); the signal that unwinds it."""
+        from .records import Suspension
+
+        if self._on_park is not None:
+            self._on_park()
+        report = self._engine.job_suspend_if_owned(Suspension(
+            id=self._owner.job_id, lease_token=self._owner.lease_token, wake_at=wake_at,
+        ))
+        if self._owner.lease_token not in report.owned:
+            raise self._lost("job not suspended")
+        return StepSuspended(wake_at)
+
+    # ------------------------------------------------------------------------- run --
+    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` once per job run and return its (JSON) output; later runs replay it."""
+        record = self._lookup(name)
+        if record is not None:
+            return record.output
+        try:
+            value = fn()
+        except (JobCancelled, StepSuspended):
+            raise
+        except Exception as exc:
+            self._record_failure(name, exc)
+            raise
+        return self._record_output(name, value)
+
+    def _lookup(self, name: str) -> StepRecord | None:
+        """The completed record of ``name``, or None when the step must run."""
+        record = self._begin(name)
+        return record if record is not None and record.status == "completed" else None
+
+    def _record_failure(self, name: str, exc: BaseException) -> None:
+        from .worker.executor import format_error
+
+        if self._engine.step_fail_if_owned(self._owner, name, format_error(exc)) is None:
+            raise self._lost(f"step {name!r} failure not recorded") from exc
+
+    def _record_output(self, name: str, value: Any) -> Any:
+        from .api import encode_json
+
+        try:
+            text = encode_json(value, what=f"output of step {name!r}", limit=None)
+        except InvalidJobInput as exc:
+            raise StepOutputError(str(exc)) from None
+        self._complete(name, text)
+        # Return what a replay returns (tuples become lists, ...): the same code sees the same
+        # value on every run.
+        import json
+
+        return json.loads(text)
+
+    # ----------------------------------------------------------------------- sleep --
+    def sleep(self, name: str, duration: timedelta | float | int) -> None:
+        """Suspend the job for ``duration`` (once per run; later runs pass straight on)."""
+        self._sleep(name, duration_ms=_milliseconds(duration, "sleep duration"), wake_at=None)
+
+    def sleep_until(self, name: str, when: datetime) -> None:
+        """Suspend the job until ``when`` (an aware datetime)."""
+        self._sleep(name, duration_ms=0, wake_at=_aware(when, "sleep_until"))
+
+    def _sleep(self, name: str, *, duration_ms: int, wake_at: datetime | None) -> None:
+        record = self._begin(name)
+        if record is not None and record.status == "completed":
+            return
+        with self._engine.atomic():
+            parked = self._engine.step_park_if_owned(
+                self._owner, name, status="sleeping", wake_at=wake_at, duration_ms=duration_ms,
+            )
+            if parked is None:
+                raise self._lost(f"sleep {name!r} not recorded")
+            if parked.due:
+                self._complete(name, None)
+                return
+            signal = self._park(parked.wake_at)
+        raise signal
+
+    # ---------------------------------------------------------------------- events --
+    def wait_for_event(self, name: str, *, event: str, correlation_key: str | None = None,
+                       timeout: timedelta | float | int) -> Any:
+        """The payload of the next matching event, or None once ``timeout`` has passed."""
+        won = self._wait(name, [event], correlation_key, timeout, wait_any=False)
+        return won.payload if won is not None else None
+
+    def wait_for_any(self, name: str, *, events: Sequence[str],
+                     correlation_key: str | None = None,
+                     timeout: timedelta | float | int) -> EventWon | None:
+        """The first of several events to arrive (``EventWon(event, payload)``), or None after
+        ``timeout``. The waits on the others are closed in the same transaction."""
+        if isinstance(events, str) or not events:
+            raise InvalidJobInput("wait_for_any needs a non-empty list of event names")
+        return self._wait(name, list(events), correlation_key, timeout, wait_any=True)
+
+    def _wait(self, name: str, events: list[str], correlation_key: str | None,
+              timeout: timedelta | float | int, *, wait_any: bool) -> EventWon | None:
+        for event in events:
+            _event_name(event)
+        if correlation_key is not None:
+            _text(correlation_key, "correlation_key")
+        timeout_ms = _milliseconds(timeout, "timeout")
+        record = self._begin(name)
+        if record is not None and record.status == "completed":
+            return self._won(record, wait_any)
+        engine, owner = self._engine, self._owner
+        with engine.atomic():
+            engine.event_lock(events)
+            parked = engine.step_park_if_owned(
+                owner, name, status="waiting", duration_ms=timeout_ms,
+                event=None if wait_any else events[0], correlation_key=correlation_key,
+            )
+            if parked is None:
+                raise self._lost(f"wait {name!r} not recorded")
+            if wait_any:  # one waiting row per event, so each event's publisher finds it
+                for event in events:
+                    if engine.step_park_if_owned(
+                        owner, f"{name}#{event}", status="waiting", duration_ms=timeout_ms,
+                        event=event, correlation_key=correlation_key,
+                    ) is None:
+                        raise self._lost(f"wait {name!r} not recorded")
+            after_at, after_id = self._cursor(events, parked.started_at)
+            found = engine.event_next(events, correlation_key, after_at, after_id)
+            if faults.armed:
+                faults.hit("step:after-event-check")
+            if found is not None:
+                return self._consume(name, found, correlation_key, wait_any)
+            if parked.due:  # timed out: the wait ends with nothing
+                self._complete(name, None, event=None, correlation_key=correlation_key)
+                if wait_any:
+                    engine.step_cancel_siblings(owner, f"{name}#")
+                return None
+            signal = self._park(parked.wake_at)
+        raise signal
+
+    def _cursor(self, events: list[str], started_at: datetime) -> tuple[datetime, int]:
+        """Events after the last one this run consumed from these names, else after the start."""
+        consumed = [
+            (r.event_published_at, r.event_id) for r in (self._records or {}).values()
+            if r.status == "completed" and r.event_id is not None and r.event in events
+            and r.event_published_at is not None
+        ]
+        return max(consumed) if consumed else (started_at, 0)
+
+    def _consume(self, name: str, found: EventRecord, correlation_key: str | None,
+                 wait_any: bool) -> EventWon:
+        from .api import encode_json
+
+        won = EventWon(event=found.name, payload=found.payload)
+        output = {"event": found.name, "payload": found.payload} if wait_any else found.payload
+        self._complete(
+            name, encode_json(output, what="event payload", limit=None), event=found.name,
+            correlation_key=correlation_key, event_id=found.id,
+            event_published_at=found.published_at,
+        )
+        if wait_any:
+            self._engine.step_cancel_siblings(self._owner, f"{name}#")
+        assert self._records is not None
+        self._records[name] = StepRecord(
+            name=name, status="completed", output=output, attempts=1, error=None,
+            started_at=None, completed_at=None, wake_at=None, event=found.name,
+            correlation_key=correlation_key, event_id=found.id,
+            event_published_at=found.published_at,
+        )
+        return won
+
+    @staticmethod
+    def _won(record: StepRecord, wait_any: bool) -> EventWon | None:
+        if record.event_id is None:  # the wait timed out
+            return None
+        if wait_any:
+            return EventWon(event=record.output["event"], payload=record.output["payload"])
+        return EventWon(event=record.event or "", payload=record.output)
+
+
+class AsyncSteps:
+    """``ctx.step`` of an ``async def`` job: the same steps, awaitable.
+
+    Database work runs in a worker thread (``asyncio.to_thread``); a step's ``fn`` may be a
+    plain function or a coroutine function.
+    """
+
+    def __init__(self, steps: Steps) -> None:
+        self._steps = steps
+
+    async def run(self, name: str, fn: Callable[[], Any]) -> Any:
+        steps = self._steps
+        record = await asyncio.to_thread(steps._lookup, name)
+        if record is not None:
+            return record.output
+        try:
+            value = fn()
+            if inspect.isawaitable(value):
+                value = await value
+        except (JobCancelled, StepSuspended):
+            raise
+        except Exception as exc:
+            await asyncio.to_thread(steps._record_failure, name, exc)
+            raise
+        return await asyncio.to_thread(steps._record_output, name, value)
+
+    async def sleep(self, name: str, duration: timedelta | float | int) -> None:
+        await asyncio.to_thread(self._steps.sleep, name, duration)
+
+    async def sleep_until(self, name: str, when: datetime) -> None:
+        await asyncio.to_thread(self._steps.sleep_until, name, when)
+
+    async def wait_for_event(self, name: str, *, event: str, correlation_key: str | None = None,
+                             timeout: timedelta | float | int) -> Any:
+        return await asyncio.to_thread(
+            lambda: self._steps.wait_for_event(name, event=event,
+                                               correlation_key=correlation_key, timeout=timeout)
+        )
+
+    async def wait_for_any(self, name: str, *, events: Sequence[str],
+                           correlation_key: str | None = None,
+                           timeout: timedelta | float | int) -> EventWon | None:
+        return await asyncio.to_thread(
+            lambda: self._steps.wait_for_any(name, events=events,
+                                             correlation_key=correlation_key, timeout=timeout)
+        )
+
+
+# ----------------------------------------------------------------------------- publishing --
+
+
+def _event_name(value: Any) -> str:
+    if not isinstance(value, str) or not conf.NAME_RE.match(value):
+        raise InvalidJobInput(
+            f"event name {value!r} is not valid: use 1-200 characters from [A-Za-z0-9_.:-]"
+        )
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    from .api import _text_option
+
+    return _text_option(what, value)
+
+
+def publish_event(name: str, payload: Any = None, *, correlation_key: str | None = None,
+                  ttl: timedelta | float | int = DEFAULT_EVENT_TTL) -> EventRecord:
+    """Publish an event: every job waiting for it (and for its correlation key) resumes now.
+
+    Runs in the caller's transaction on ``XJOBS["DATABASE"]``: a rolled-back publish never
+    happened and woke nobody. The event stays for ``ttl`` (default 7 days) for waits that start
+    later; maintenance deletes it after that.
+    """
+    from .api import encode_json
+    from .engines import get_engine
+
+    _event_name(name)
+    if correlation_key is not None:
+        _text(correlation_key, "correlation_key")
+    ttl_ms = _milliseconds(ttl, "ttl")
+    if ttl_ms <= 0:
+        raise InvalidJobInput("ttl must be greater than zero")
+    payload_json = encode_json(payload, what=f"payload of event {name!r}",
+                               limit=conf.get().max_payload_bytes)
+    engine = get_engine()
+    with engine.atomic():
+        engine.event_lock([name])
+        event = engine.event_publish(name, payload_json, correlation_key, ttl_ms)
+        engine.event_wake_waiters(name, correlation_key)
+    return event
+
+
+def purge_expired_events(batch_size: int = 1000) -> int:
+    """Delete events past their ttl, in bounded batches; how many (maintenance)."""
+    from .engines import get_engine
+
+    return get_engine().events_purge(batch_size)
