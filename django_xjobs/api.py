@@ -45,6 +45,7 @@ ENQUEUE_OPTIONS = frozenset({
 # One encoder for every enqueue: json.dumps with any option builds a new JSONEncoder per call.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 MAX_KEY_LENGTH = 1000
+_NO_OPTIONS: Mapping[str, Any] = {}
 MAX_DELAY_SECONDS = 100 * 366 * 86400.0
 INT32 = 2**31 - 1
 
@@ -177,24 +178,52 @@ def _delay_seconds(value: Any) -> float:
     return seconds
 
 
-def build_params(definition: registry.Job, input: Any, options: Mapping[str, Any]) -> EnqueueParams:
-    """Validate one enqueue and turn it into engine params. Raises before anything is written."""
+@dataclass(frozen=True, slots=True)
+class _Template:
+    """Everything about an enqueue but its input and ids: validated once per call (per batch,
+    for enqueue_many), applied to each input."""
+
+    definition: registry.Job
+    queue: str
+    key: str | None
+    max_attempts: int
+    priority: int
+    run_at: datetime | None
+    delay_ms: int
+    tenant_id: str | None
+    traceparent: str | None
+    enqueued_by: str
+    payload_limit: int
+
+    def params(self, input: Any, job_id: UUID, run_id: UUID) -> EnqueueParams:
+        if input is None:
+            input = {}
+        elif not isinstance(input, Mapping):
+            raise InvalidJobInput(
+                f"input of {self.definition.name} must be a dict of keyword arguments, "
+                f"got {type(input).__name__}"
+            )
+        input_json = encode_json(input if type(input) is dict else dict(input),
+                                 what=f"input of {self.definition.name}",
+                                 limit=self.payload_limit)
+        return EnqueueParams(
+            id=job_id, run_id=run_id, name=self.definition.name, queue=self.queue,
+            input_json=input_json, idempotency_key=self.key, max_attempts=self.max_attempts,
+            priority=self.priority, run_at=self.run_at, delay_ms=self.delay_ms,
+            tenant_id=self.tenant_id, traceparent=self.traceparent,
+            enqueued_by=self.enqueued_by,
+        )
+
+
+def _template(definition: registry.Job, options: Mapping[str, Any]) -> _Template:
+    """Validate the enqueue options for ``definition``. Raises before anything is written."""
     settings = conf.get()
-    unknown = set(options) - ENQUEUE_OPTIONS
-    if unknown:
-        raise InvalidJobInput(
-            f"unknown enqueue option(s) {sorted(unknown)}; known: {sorted(ENQUEUE_OPTIONS)}"
-        )
-    if input is None:
-        input = {}
-    if not isinstance(input, Mapping):
-        raise InvalidJobInput(
-            f"input of {definition.name} must be a dict of keyword arguments, "
-            f"got {type(input).__name__}"
-        )
-    input_json = encode_json(
-        dict(input), what=f"input of {definition.name}", limit=settings.max_payload_bytes
-    )
+    if options:
+        unknown = set(options) - ENQUEUE_OPTIONS
+        if unknown:
+            raise InvalidJobInput(
+                f"unknown enqueue option(s) {sorted(unknown)}; known: {sorted(ENQUEUE_OPTIONS)}"
+            )
     queue = _name("queue", options.get("queue", definition.queue))
 
     run_at = options.get("run_at")
@@ -241,23 +270,19 @@ def build_params(definition: registry.Job, input: Any, options: Mapping[str, Any
             )
     else:
         traceparent = tracing.current_traceparent()
-
-    job_id, run_id = new_ids(2)
-    return EnqueueParams(
-        id=job_id,
-        run_id=run_id,
-        name=definition.name,
-        queue=queue,
-        input_json=input_json,
-        idempotency_key=key,
-        max_attempts=max_attempts,
-        priority=priority,
-        run_at=run_at,
-        delay_ms=delay_ms,
-        tenant_id=tenant_id,
-        traceparent=traceparent,
-        enqueued_by=enqueued_by,
+    return _Template(
+        definition=definition, queue=queue, key=key, max_attempts=max_attempts,
+        priority=priority, run_at=run_at, delay_ms=delay_ms, tenant_id=tenant_id,
+        traceparent=traceparent, enqueued_by=enqueued_by,
+        payload_limit=settings.max_payload_bytes,
     )
+
+
+def build_params(definition: registry.Job, input: Any, options: Mapping[str, Any]) -> EnqueueParams:
+    """Validate one enqueue and turn it into engine params. Raises before anything is written."""
+    template = _template(definition, options)
+    job_id, run_id = new_ids(2)
+    return template.params(input, job_id, run_id)
 
 
 # --------------------------------------------------------------------------------- handles --
@@ -344,11 +369,18 @@ def enqueue_many(
     batch as well as against existing jobs. Every item is validated before the first statement,
     so one bad item writes nothing.
     """
+    items = list(items)
+    ids = new_ids(2 * len(items))  # one read of the system's randomness for the whole call
+    templates: dict[tuple[str, int], _Template] = {}
     params: list[EnqueueParams] = []
-    for item in items:
+    for n, item in enumerate(items):
         name, input, *rest = item
-        options = rest[0] if rest else {}
-        params.append(build_params(registry.get(_name("job name", name)), input, options))
+        options = rest[0] if rest else _NO_OPTIONS
+        template = templates.get((name, id(options)))
+        if template is None:
+            template = _template(registry.get(_name("job name", name)), options)
+            templates[(name, id(options))] = template
+        params.append(template.params(input, ids[2 * n], ids[2 * n + 1]))
     engine = get_engine()
     handles: list[JobHandle] = []
     for start in range(0, len(params), batch_size):

@@ -35,6 +35,17 @@ STATE_CHOICES = [(s.value, s.value) for s in JobState]
 DEFAULT_KEY_EXCLUDED = ~Q(idempotency_key=Cast(F("id"), models.TextField()))
 
 
+class TransactionNow(Func):
+    """``now()``: the start of the transaction, the clock every queue statement compares with.
+
+    A due-now default must not be later than the ``now()`` of a claim in the same transaction,
+    which Django's ``Now()`` (``statement_timestamp()``) can be.
+    """
+
+    template = "now()"
+    output_field = models.DateTimeField()
+
+
 class GenRandomUUID(Func):
     """``gen_random_uuid()`` (PostgreSQL 13+), as a column's database default."""
 
@@ -56,7 +67,7 @@ class Job(models.Model):
     max_attempts = models.IntegerField(default=3, db_default=3)
     state = models.TextField(choices=STATE_CHOICES, default=JobState.READY.value,
                              db_default=JobState.READY.value)
-    run_at = models.DateTimeField(db_default=Now())
+    run_at = models.DateTimeField(db_default=TransactionNow())
     visible_at = models.DateTimeField(null=True, blank=True)
     claimed_by = models.TextField(null=True, blank=True)
     last_error = models.TextField(null=True, blank=True)

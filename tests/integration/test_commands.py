@@ -432,7 +432,12 @@ def test_each_printed_statement_is_accepted_by_postgresql(name):
     with connection.cursor() as cur:
         cur.execute("savepoint before_statement")
         try:
-            cur.execute(text)  # no parameters: the text goes to the server exactly as printed
+            if text.splitlines()[1].lower().startswith("copy"):
+                # COPY ... FROM STDIN: psql reads the rows that follow; here, none.
+                with cur.cursor.copy(text.split("\n", 1)[1].rstrip().rstrip(";")):
+                    pass
+            else:
+                cur.execute(text)  # no parameters: the text goes to the server as printed
             if prepared:
                 cur.execute(f"deallocate {name}")  # PREPARE outlives a rollback
         finally:

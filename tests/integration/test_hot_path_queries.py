@@ -1,5 +1,5 @@
-"""The hot path is pinned: one statement per claim, per ack batch, per heartbeat round and per
-bulk enqueue, whatever the number of jobs (STYLE habit 15)."""
+"""The hot path is pinned: one statement per claim, per ack batch, per heartbeat round, and two
+(COPY, NOTIFY) per bulk enqueue of jobs due now, whatever the number of jobs (STYLE habit 15)."""
 
 from __future__ import annotations
 
@@ -80,22 +80,25 @@ def test_a_heartbeat_round_reports_a_lost_lease_in_the_same_one_statement():
     assert len(sql) == 1
 
 
-def test_bulk_enqueue_of_500_is_one_statement():
+@pytest.mark.parametrize("n", [50, 500])
+def test_bulk_enqueue_of_jobs_due_now_is_one_copy_and_one_notify(n):
     handles, sql = statements_run(
-        lambda: testapp_jobs.record.bulk_enqueue({"tag": str(i)} for i in range(500))
+        lambda: testapp_jobs.record.bulk_enqueue({"tag": str(i)} for i in range(n))
     )
-    assert len(handles) == 500
+    assert len(handles) == n
     assert all(h.created for h in handles)
-    assert len({h.id for h in handles}) == 500
-    assert len(sql) == 1
-    assert Job.objects.count() == 500
+    assert len({h.id for h in handles}) == n
+    assert len(sql) == 2
+    assert sql[0].lower().startswith("copy x_jobs")
+    assert "jobs_notify_queues" in sql[1] and "pg_notify" in sql[1]
+    assert Job.objects.count() == n
 
 
-def test_enqueue_many_of_500_mixed_jobs_is_one_statement():
+def test_enqueue_many_of_500_mixed_jobs_costs_the_same_two_statements():
     items = [("testapp.record" if i % 2 else "testapp.noop", {"i": i}) for i in range(500)]
     handles, sql = statements_run(lambda: enqueue_many(items))
     assert len(handles) == 500
-    assert len(sql) == 1
+    assert len(sql) == 2
     assert Job.objects.filter(name="testapp.noop").count() == 250
 
 

@@ -191,6 +191,31 @@ select id, state from inserted where (select count(*) from notified) >= 0
 """,
 )
 
+JOBS_COPY = Statement(
+    "jobs_copy",
+    why="""
+The fast path of a bulk enqueue: jobs without an idempotency key that are due now. They can
+never conflict (their key is their own id, left out of the live-key index), need no `on
+conflict`, and take every other column's default (state ready, run_at now()); so COPY, which
+halves the server time of a thousand-row batch against INSERT ... SELECT. It is followed, in the
+same transaction, by jobs_notify_queues: COPY cannot send the NOTIFY itself.
+""",
+    sql="""
+copy x_jobs (id, name, queue, input, idempotency_key, run_id, max_attempts, priority,
+             tenant_id, traceparent, enqueued_by, concurrency_key)
+from stdin
+""",
+)
+
+JOBS_NOTIFY_QUEUES = Statement(
+    "jobs_notify_queues",
+    why="""
+One NOTIFY per queue for the jobs a jobs_copy just added (delivered on commit, like the
+enqueue statements' own NOTIFY).
+""",
+    sql="select count(pg_notify('xjobs', q)) from unnest(%(queues)s::text[]) as q",
+)
+
 JOB_FIND_LIVE_BY_KEY = Statement(
     "job_find_live_by_key",
     why="""
