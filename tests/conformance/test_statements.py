@@ -28,6 +28,9 @@ SCALARS = {
     "reason": "because", "note": "note", "worker_id": "worker-1", "label": "xjobs-tests",
     "max_attempts": 3, "priority": 0, "delay_ms": 0, "lease_ms": 30_000, "batch": 100,
     "notify": False, "permanent": False, "spent": True, "resumed": False, "results": "[{}]",
+    "job_id": uuid.uuid4(), "output": "{}", "event": "evt", "correlation_key": None,
+    "event_id": 1, "event_published_at": None, "status": "sleeping", "duration_ms": 1000,
+    "prefix": "race#%", "payload": "{}", "ttl_ms": 60_000, "after_id": 0, "limit": 10,
     "meta": '[["0190a1b2-0000-7000-8000-000000000000", "testapp.noop", "default", null,'
             ' "0190a1b2-0000-7000-8000-000000000001", 3, 0, null, 0, null, null, "t", null]]',
     "inputs": "[{}]",
@@ -37,9 +40,9 @@ LISTS = {
     "names": "testapp.noop", "queues": "default", "inputs": "{}", "keys": "k",
     "results": "{}", "tenant_ids": "acme", "traceparents": None, "enqueued_bys": "tests",
     "concurrency_keys": None, "max_attempts": 3, "priorities": 0, "delays_ms": 0, "limits": 10,
-    "states": "done", "run_ats": None,
+    "states": "done", "run_ats": None, "names": "evt",
 }
-TIMES = {"run_at", "wake_at", "before"}  # filled with the database clock
+TIMES = {"run_at", "wake_at", "before", "after_at"}  # filled with the database clock
 
 
 def placeholders(sql: str) -> dict[str, bool]:

@@ -202,14 +202,17 @@ def test_an_event_published_between_the_check_and_the_suspend_is_not_missed():
     assert row.result == {"payload": {"race": True}}
 
 
-def test_a_publisher_holding_the_lock_first_is_seen_by_the_waiter_that_waited_for_it():
+def test_a_waiter_that_checks_while_a_publisher_holds_the_lock_sees_its_event():
+    """The other order: the publisher is inside its transaction (holding the event lock) when
+    the waiter checks again. The waiter blocks on the lock and, once the publisher commits,
+    finds the event (published after its wait started)."""
     release = threading.Event()
     published = threading.Event()
 
     def publish_in_a_long_transaction():
         try:
             with transaction.atomic():
-                publish_event("order.paid", {"first": "publisher"}, correlation_key="p-1")
+                publish_event("order.paid", {"held": True}, correlation_key="p-1")
                 published.set()
                 release.wait(10)
         finally:
@@ -217,17 +220,23 @@ def test_a_publisher_holding_the_lock_first_is_seen_by_the_waiter_that_waited_fo
 
     handle = jobs.waiter.enqueue(event="order.paid", key="p-1", timeout=600)
     with running_worker():
-        # Hold the lock before the waiter starts its wait; let the waiter block on it.
+        wait_waiting(handle)  # the wait started and the job is suspended
+        # The job is made due again as a retry or a rescue would (its wait row stays): it is
+        # not `suspended`, so the publisher's wake-up will not touch (and lock) its row.
+        from django.db.models.functions import Now
+
+        Job.objects.filter(pk=handle.id).update(state="ready", run_at=Now())
         publisher = threading.Thread(target=publish_in_a_long_transaction, daemon=True)
         publisher.start()
-        published.wait(10)
+        assert published.wait(10)
         wait_until(lambda: Job.objects.filter(pk=handle.id, state="running").exists(),
-                   message="the waiter to run")
-        time.sleep(0.2)
+                   message="the waiter to check again")
+        time.sleep(0.2)  # it is blocked on the lock now
+        assert job(handle).state == "running"
         release.set()
         publisher.join(10)
         row = wait_state(handle, "done", timeout=20)
-    assert row.result == {"payload": {"first": "publisher"}}
+    assert row.result == {"payload": {"held": True}}
 
 
 def test_an_event_published_before_the_wait_started_is_not_taken():

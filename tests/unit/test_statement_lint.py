@@ -89,9 +89,9 @@ def test_each_statement_is_a_single_statement(key, stmt):
 def test_each_if_owned_write_is_fenced_on_the_token_and_running(key, stmt):
     # SPEC "Fencing": every write a worker makes about a run matches (id, running, token).
     sql = " ".join(stmt.sql.split())
-    assert re.search(r"lease_token = (%\(token\)s|v\.token)", sql), key
+    assert re.search(r"lease_token = (%\(token\)s(::uuid)?|v\.token)", sql), key
     assert re.search(r"state = 'running'", sql), key
-    assert re.search(r"\bid = (%\(id\)s|v\.id)", sql), key
+    assert re.search(r"\bid = (%\(id\)s|%\(job_id\)s::uuid|v\.id)", sql), key
 
 
 def test_the_engine_runs_only_statements_of_the_module_and_all_of_them():

@@ -87,6 +87,10 @@ class Command(BaseCommand):
             time.sleep(0.1)  # let the log pump print the last lines
         self._summary(Job, Order, batch, charge_handles, ship_keys, digest)
         self._workflow_summary(Job, Order, workflows)
+        self.say(self.style.MIGRATE_HEADING("\nthe console"))
+        self.say("  cd example_project && ../.venv/bin/python manage.py runserver")
+        self.say("  then open http://127.0.0.1:8000/admin/django_xjobs/job/  "
+                 "(login: admin / admin)")
 
     # ----------------------------------------------------------------------------------
     def _durable_workflow(self, Job, Order, batch, timeout):
@@ -189,7 +193,3 @@ class Command(BaseCommand):
         self.say(self.style.MIGRATE_HEADING("\nasync digest job"))
         self.say(f"  {d.id}  {d.state}: {d.result}")
 
-        self.say(self.style.MIGRATE_HEADING("\nthe console"))
-        self.say("  cd example_project && ../.venv/bin/python manage.py runserver")
-        self.say("  then open http://127.0.0.1:8000/admin/django_xjobs/job/  "
-                 "(login: admin / admin)")

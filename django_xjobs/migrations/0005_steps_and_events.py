@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_xjobs', '0003_x_jobs_autovacuum'),
+        ('django_xjobs', '0004_run_at_defaults_to_transaction_now'),
     ]
 
     operations = [
