@@ -40,7 +40,7 @@ LISTS = {
     "names": "testapp.noop", "queues": "default", "inputs": "{}", "keys": "k",
     "results": "{}", "tenant_ids": "acme", "traceparents": None, "enqueued_bys": "tests",
     "concurrency_keys": None, "max_attempts": 3, "priorities": 0, "delays_ms": 0, "limits": 10,
-    "states": "done", "run_ats": None, "names": "evt",
+    "states": "done", "run_ats": None,
 }
 TIMES = {"run_at", "wake_at", "before", "after_at"}  # filled with the database clock
 
