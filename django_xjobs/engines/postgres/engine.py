@@ -219,10 +219,13 @@ class PostgresEngine(Engine):
                 cursor.execute(stmt.sql, params)
             except ProgrammingError as exc:
                 raise _schema_missing(exc, stmt, self.alias) or exc
-            if conn.queries_logged and conn.queries_log and conn.queries_log[-1]["sql"] is None:
-                # Django renders a server-bound query only with server_side_binding set in
-                # OPTIONS; name the statement instead of logging nothing.
-                conn.queries_log[-1]["sql"] = f"/* {stmt.name} */ {stmt.sql.strip()}"
+            if conn.queries_logged and conn.queries_log:
+                # Name the statement in Django's query log, as in ours. Django renders a
+                # server-bound query only with server_side_binding set in OPTIONS (else None,
+                # or "QUERY = ... - PARAMS = ..." depending on the version): keep what it
+                # rendered, or the statement's text.
+                entry = conn.queries_log[-1]
+                entry["sql"] = f"/* {stmt.name} */ {(entry['sql'] or stmt.sql).strip()}"
             return _fetch(cursor, fetch)
 
     @staticmethod
