@@ -835,10 +835,12 @@ select count(*), extract(epoch from now() - min(staged_at))::float8
 SESSION_LABEL = Statement(
     "session_label",
     why="""
-Name a worker connection (`application_name`), so `pg_stat_activity` shows which worker and which
-role (dispatcher, heartbeat, listener) a backend serves, and fault tests can find it.
+Set up a worker's own connection. `application_name` names it, so `pg_stat_activity` shows which
+worker and which role (loop, heartbeat, listener) a backend serves, and fault tests can find it.
+`jit` off: the claim's generic plan on a table of a million rows is costed high enough to be
+JIT-compiled, which took 1.3 s per claim where executing it takes 50 ms (bench/scale.py).
 """,
-    sql="select set_config('application_name', %(label)s, false)",
+    sql="select set_config('application_name', %(label)s, false), set_config('jit', 'off', false)",
 )
 
 LISTEN = Statement(
