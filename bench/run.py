@@ -1,6 +1,6 @@
 """django-xjobs benchmark (``make bench``): the four workloads of ../shared/bench, for us alone.
 
-    python bench/run.py [--quick] [--workloads W1,...,W5] [--concurrency 10] [--prefetch auto]
+    python bench/run.py [--quick] [--workloads W1,...,W6] [--concurrency 10] [--prefetch auto]
 
 W1 enqueue-single   5,000 no-op jobs, one enqueue = one transaction, one process      jobs/s x3
 W2 enqueue-bulk     50,000 no-op jobs through enqueue_many, 1,000 per call               jobs/s
@@ -10,6 +10,7 @@ W3 drain            20,000 preloaded no-op jobs, 2 worker processes spawned; tim
 W4 latency          2 idle workers; 500 jobs enqueued at 50/s; enqueue -> job start      p50/p95/p99
 W5 event wake-up    250 jobs suspended in wait_for_event; publish_event at 50/s;
                     publish -> the step after the wait                                p50/p95/p99
+W6 multi-step       5,000 jobs of three durable steps each, 2 workers                 jobs/s
 
 The database is a fresh ``xjobs_bench`` on the server ``django_xjobs.devdb`` picks (the one the
 tests use). Figures depend on the machine: compare systems within ONE run of the shared harness
@@ -203,6 +204,30 @@ class Bench:
                 "rss": peak}
 
 
+    def w6(self) -> dict[str, float]:
+        """A multi-step job: 5,000 jobs of three durable steps, drained by 2 workers."""
+        from django_xjobs import enqueue_many
+
+        self.reset()
+        n = max(100, self.sizes["w3"] // 4)
+        for start in range(0, n, 1000):
+            enqueue_many([("bench.three_steps", {"i": i})
+                          for i in range(start, min(n, start + 1000))])
+        self.sql("analyze x_jobs")
+        t0 = time.time()
+        procs = self.spawn_workers()
+        deadline = time.monotonic() + 600
+        while self.sql("select count(*) from x_jobs where state <> 'done'")[0][0]:
+            if time.monotonic() > deadline:
+                raise RuntimeError("W6 drain did not finish in 600 s")
+            time.sleep(0.1)
+        self.stop_workers(procs)
+        first, last = self.sql("select extract(epoch from min(started_at)),"
+                               " extract(epoch from max(finished_at)) from x_jobs")[0]
+        steps = self.sql("select count(*) from x_job_steps where status = 'completed'")[0][0]
+        assert steps == 3 * n, f"{steps} steps for {n} jobs"
+        return {"rate": n / (float(last) - t0), "steady": n / (float(last) - float(first))}
+
     def w5(self) -> dict[str, float]:
         """Event wake-up: suspended waiters, publish_event at 50/s, publish -> resumed step."""
         from django_xjobs import publish_event
@@ -242,7 +267,7 @@ class Bench:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--workloads", default="W1,W2,W3,W4,W5")
+    p.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6")
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--prefetch", default="auto")
     args = p.parse_args()
@@ -274,6 +299,10 @@ def main() -> None:
         r5 = bench.w5()
         rows.append(("W5 publish_event -> resumed step p50 / p95 / p99 (50/s)",
                      f"{r5['p50']:.1f} / {r5['p95']:.1f} / {r5['p99']:.1f} ms"))
+    if "W6" in chosen:
+        r6 = bench.w6()
+        rows.append(("W6 drain of 3-step jobs, 2 workers (steady)",
+                     f"{r6['rate']:,.0f} jobs/s ({r6['steady']:,.0f})"))
     width = max(len(k) for k, _ in rows)
     print(f"\ndjango-xjobs bench ({'quick' if args.quick else 'full'}; concurrency "
           f"{args.concurrency}, prefetch {args.prefetch}, 2 worker processes)\n")

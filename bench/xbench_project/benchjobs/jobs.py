@@ -36,3 +36,11 @@ def wait_lat(ctx, i):
     payload = ctx.step.wait_for_event("go", event="bench.go", correlation_key=str(i),
                                       timeout=120)
     record_start(i, payload["t"])
+
+
+@job
+def three_steps(ctx, i):
+    """W6: a multi-step job: three durable steps, each a stored output."""
+    a = ctx.step.run("a", lambda: i)
+    b = ctx.step.run("b", lambda: a + 1)
+    return ctx.step.run("c", lambda: b + 1)
