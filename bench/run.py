@@ -12,7 +12,7 @@ W5 event wake-up    250 jobs suspended in wait_for_event; publish_event at 50/s;
                     publish -> the step after the wait                                p50/p95/p99
 W6 multi-step       5,000 jobs of three durable steps each, 2 workers                 jobs/s
 
-The database is a fresh ``xjobs_bench`` on the server ``django_xjobs.devdb`` picks (the one the
+The database is a fresh ``xjobs_bench`` (``XJOBS_BENCH_DB`` names another) on the server ``django_xjobs.devdb`` picks (the one the
 tests use). Figures depend on the machine: compare systems within ONE run of the shared harness
 (``make bench-peers``), never across runs. Nothing here is a test; nothing asserts a time.
 """
@@ -48,7 +48,8 @@ def setup_database() -> str:
     from django_xjobs import devdb
 
     url, source = devdb.resolve()
-    url = devdb.with_database(url, "xjobs_bench")
+    name = os.environ.get("XJOBS_BENCH_DB", "xjobs_bench")
+    url = devdb.with_database(url, name)
     entry = devdb.settings_from_url(url)
     import psycopg
     from psycopg import sql
@@ -59,9 +60,9 @@ def setup_database() -> str:
     }.items() if v}
     with psycopg.connect(**admin, autocommit=True) as conn:
         conn.execute(sql.SQL("drop database if exists {} with (force)").format(
-            sql.Identifier("xjobs_bench")))
-        conn.execute(sql.SQL("create database {}").format(sql.Identifier("xjobs_bench")))
-    print(f"bench: database xjobs_bench on {source}", file=sys.stderr)
+            sql.Identifier(name)))
+        conn.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
+    print(f"bench: database {name} on {source}", file=sys.stderr)
     return url
 
 
