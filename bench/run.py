@@ -12,9 +12,10 @@ W5 event wake-up    250 jobs suspended in wait_for_event; publish_event at 50/s;
                     publish -> the step after the wait                                p50/p95/p99
 W6 multi-step       5,000 jobs of three durable steps each, 2 workers                 jobs/s
 
-The database is a fresh ``xjobs_bench`` (``XJOBS_BENCH_DB`` names another) on the server ``django_xjobs.devdb`` picks (the one the
-tests use). Figures depend on the machine: compare systems within ONE run of the shared harness
-(``make bench-peers``), never across runs. Nothing here is a test; nothing asserts a time.
+The database is a fresh ``xjobs_bench`` (``XJOBS_BENCH_DB`` names another) on the server
+``django_xjobs.devdb`` picks (the one the tests use). Figures depend on the machine: compare
+systems within ONE run of the shared harness (``make bench-peers``), never across runs.
+Nothing here is a test; nothing asserts a time.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ def drain(
         burst=True,
         install_signals=False,
         notify=False,
+        duties=(),  # no scheduler or relay threads: a test drains exactly what it enqueued
     )
     worker = Worker(options)
     worker.run()

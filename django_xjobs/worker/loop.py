@@ -48,7 +48,7 @@ from ..context import JobContext
 from ..engines import get_engine
 from ..exceptions import XJobsError
 from ..records import ClaimedJob, Completion, Failure, Fence, Requeue, RunOwner
-from . import executor
+from . import duties, executor
 from .executor import Discard, Done, GiveBack, Outcome, Retry, Suspended
 from .heartbeat import Heartbeat
 from .listener import WakeListener
@@ -85,6 +85,8 @@ class WorkerOptions:
     burst: bool = False  # exit once nothing is due and nothing is in flight
     install_signals: bool = True
     worker_id: str | None = None
+    # Background duties to run beside the job loop (worker/duties.py); default: all of them.
+    duties: tuple[str, ...] | None = None
 
     @classmethod
     def from_settings(cls, **overrides: object) -> WorkerOptions:
@@ -103,6 +105,8 @@ class WorkerOptions:
         values.update({k: v for k, v in overrides.items() if v is not None})
         if values["prefetch"] == "auto":
             values["prefetch"] = None
+        if values.get("duties") is None:
+            values["duties"] = tuple(duties.AVAILABLE)
         return cls(**values)  # type: ignore[arg-type]
 
 
@@ -179,6 +183,7 @@ class Worker:
         self._heartbeat: Heartbeat | None = None
         self._heartbeat_generation = 0
         self._listener: WakeListener | None = None
+        self._duties: list[tuple[duties.Duty, threading.Thread]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._avg_run: float | None = None  # EWMA of sync run durations (s), for auto prefetch
@@ -236,6 +241,8 @@ class Worker:
                 queues=self.options.queues, wake=self.notify, stop=self._stop_threads,
             )
             self._listener.start()
+        self._duties = duties.start(self.options.duties or (), engine=self.engine,
+                                    worker_id=self.worker_id, stop=self._stop_threads)
 
     def _spawn_executor(self) -> None:
         self._thread_serial += 1

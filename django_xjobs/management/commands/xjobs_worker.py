@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ...conf import NAME_RE, parse_duration
 from ...exceptions import ConfigurationError
+from ...worker import duties
 from ...worker.loop import Worker, WorkerOptions
 from ...worker.supervisor import Supervisor
 
@@ -59,6 +60,12 @@ class Command(BaseCommand):
         parser.add_argument("--burst", action="store_true",
                             help="exit once no job is due and none is in flight")
         parser.add_argument("--worker-id", help="name in claimed_by (default host:pid:random)")
+        parser.add_argument("--no-scheduler", action="store_true",
+                            help="do not run the cron scheduler and maintenance here (run "
+                                 "manage.py xjobs_scheduler, or leave it to other workers)")
+        parser.add_argument("--no-relay", action="store_true",
+                            help="do not relay the enqueue_on_commit outbox here (run "
+                                 "manage.py xjobs_relay, or leave it to other workers)")
         parser.add_argument("--processes", type=int, default=1,
                             help="run N worker processes under a supervisor that restarts any "
                                  "that dies (default 1: this process is the worker)")
@@ -78,6 +85,10 @@ class Command(BaseCommand):
             "prefetch": options["prefetch"],
             "burst": options["burst"],
             "worker_id": options["worker_id"],
+            "duties": tuple(
+                name for name in duties.AVAILABLE
+                if not options.get(f"no_{name}")
+            ),
         }
         for key in ("lease", "heartbeat", "poll_interval", "shutdown_grace"):
             if options[key] is not None:
@@ -111,6 +122,9 @@ def _child_args(options: dict[str, Any]) -> list[str]:
             args += [f"--{key.replace('_', '-')}", str(options[key])]
     if options["burst"]:
         args.append("--burst")
+    for flag in ("no_scheduler", "no_relay"):
+        if options[flag]:
+            args.append(f"--{flag.replace('_', '-')}")
     args += ["--verbosity", str(options["verbosity"])]
     return args
 
