@@ -261,6 +261,13 @@ def declared(path: str) -> Task | None:
         return _tasks.get(path)
 
 
+def forget(path: str) -> None:
+    """Undo a declaration (tests): the task and its job registration."""
+    with _lock:
+        _tasks.pop(path, None)
+    registry.unregister(path)
+
+
 def ready() -> None:
     """At startup (``AppConfig.ready``): finish early declarations, then, when a ``TASKS``
     backend is of this class, import every installed app's ``tasks.py`` so that this process
@@ -476,8 +483,10 @@ def exception_class_path(text: str) -> str:
     lines = text.splitlines()
     start = 0
     for n, line in enumerate(lines):
-        if line in (_TRACEBACK, _TRUNCATED):
+        if line == _TRACEBACK:
             start = n + 1
+        elif line == _TRUNCATED:
+            start = n + 2  # the line after the cut is the end of some line, not a whole one
     for line in lines[start:]:
         if not line.strip() or line[0].isspace():
             continue

@@ -49,6 +49,12 @@ def fails_then_waits(message):
     raise RuntimeError(message)
 
 
+@task
+def fails(message):
+    """Fails with no attempt budget of its own: the backend's or XJOBS' default applies."""
+    raise RuntimeError(message)
+
+
 @task(takes_context=True, max_attempts=3, retry_base="0.01s", retry_cap="0.02s")
 def flaky(context, fail_times=1):
     if context.attempt <= fail_times:
@@ -98,6 +104,11 @@ def slow_first_attempt(context, seconds=60.0):
     if context.attempt == 1:
         time.sleep(seconds)
     return {"attempt": context.attempt, "worker_ids": result.worker_ids}
+
+
+def undeclared(x):
+    """A plain function tests declare as a task on the spot (and forget again)."""
+    return x
 
 
 def plain_helper(marker):
