@@ -267,3 +267,37 @@ def test_the_backend_is_built_and_declares_tasks_without_the_database(declare):
     assert backend.max_attempts == 2 and backend.queues == {"default"}
     declare(max_attempts=2)
     assert xtasks.declared("tests.testapp.tasks.undeclared") is not None
+
+
+# ---------------------------------------------------------------------- early declarations --
+
+EARLY = """
+import django
+from django.tasks import task
+from django_xjobs import registry, tasks
+import {module} as early_module
+
+declared = task(early_module.early)  # the app registry is not ready: the declaration waits
+assert tasks.declared("{module}.early") is None
+django.setup()  # AppConfig.ready finishes it
+assert tasks.declared("{module}.early") is declared, "not declared at ready()"
+assert registry.lookup("{module}.early") is not None, "not registered for workers"
+print("declared")
+"""
+
+
+@pytest.mark.parametrize(("module", "outcome"), [
+    ("tests.testapp.early", "declared"),
+    ("tests.outside_apps", "is not in an installed app's module"),
+])
+def test_a_task_declared_before_the_app_registry_is_ready_is_checked_at_startup(module, outcome):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", EARLY.format(module=module)], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert outcome in done.stdout + done.stderr, done.stdout + done.stderr
