@@ -617,8 +617,9 @@ class XJobsBackend(BaseTaskBackend):
     def prepare(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
                 ) -> tuple[api.BoundJob, dict[str, Any]]:
         """Validate one call of ``task`` and turn it into the job enqueue it becomes: the bound
-        job and its input. Raises before anything is written (``enqueue`` and the outbox share
-        this, so a task enqueues the same way through either)."""
+        job and its input. Raises before anything is written. ``enqueue`` is this plus
+        ``bound.enqueue(**input)``; an on-commit enqueue is this plus the bound job's on-commit
+        enqueue, so a task is validated and stored the same way through either."""
         self.validate_task(task)
         definition = registry.lookup(task.module_path)
         if definition is None:  # declared before the app registry was ready, not finished yet
