@@ -19,3 +19,12 @@ class XJobsConfig(AppConfig):
         checks.register()
         # Found the way the admin finds admin.py: import every installed app's jobs.py.
         autodiscover_modules("jobs")
+
+        # ---- django.tasks backend (Django 6+): finish early @task declarations and, when a
+        # TASKS backend is django_xjobs.tasks.XJobsBackend, import each installed app's tasks.py.
+        from importlib.util import find_spec
+
+        if find_spec("django.tasks") is not None:
+            from . import tasks
+
+            tasks.ready()

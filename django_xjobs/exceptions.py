@@ -108,3 +108,14 @@ class Snooze(Exception):
             raise ValueError(f"Snooze delay must not be negative, got {seconds}s")
         super().__init__(f"snoozed for {seconds:g}s")
         self.seconds = seconds
+
+
+# ---------------------------------------------------------------------- django.tasks backend --
+
+
+class JobFailed(XJobsError):
+    """Never raised: the exception class a ``django.tasks`` ``TaskError`` names when the failure
+    the worker recorded carries no exception class of its own (the worker buried a job whose
+    lease was lost too many times, or the recorded text cannot be read back). See
+    docs/django-tasks.md, "Errors".
+    """

@@ -48,6 +48,16 @@ if os.environ.get("XJOBS_TEST_SETTINGS"):  # acceptance tests pass worker timing
 
     XJOBS.update(json.loads(os.environ["XJOBS_TEST_SETTINGS"]))
 
+# ---- django.tasks backend (read by Django 6+ only; tests/integration/test_django_tasks.py) ----
+TASKS = {
+    "default": {
+        "BACKEND": "django_xjobs.tasks.XJobsBackend",
+        "QUEUES": ["default", "other"],
+    },
+    # A second backend of another kind: its tasks must never run in an xjobs worker.
+    "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
+}
+
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
