@@ -765,18 +765,32 @@ def cancel(run_id: Any) -> PassChange:
 
 
 def retry(run_id: Any) -> PassHandle:
-    """Resume a failed or cancelled pass from its cursor: its job is retried (same run id, a
-    fresh set of attempts), or, if the job was purged meanwhile, enqueued again under the same
-    run id. Raises :class:`InvalidTransition` for a pass that is not failed or cancelled, or
-    whose job is still live (it resumes by itself)."""
+    """Resume a pass from its cursor: its job is retried (same run id, a fresh set of
+    attempts), or, if retention purged the job, enqueued again under the same run id.
+
+    For a ``failed`` or ``cancelled`` pass, and for a ``running`` or ``pending`` one whose job
+    is no longer live (cancelled with ``xjobs cancel``, or dead after too many lost leases: the
+    pass had no chance to record it). Raises :class:`InvalidTransition` for a completed pass, or
+    one whose job is still live (it goes on by itself)."""
     from . import api
     from .engines import get_engine
+    from .records import LIVE_STATES
 
     record = get_pass(run_id)
-    if record.status not in ("failed", "cancelled"):
+    if record.status == "completed":
         raise InvalidTransition(
-            f"pass {record.run_id} of {record.name} is {record.status}; only failed or "
-            "cancelled passes are retried"
+            f"pass {record.run_id} of {record.name} is completed: there is nothing to resume"
+        )
+    if record.job_state in LIVE_STATES:
+        raise InvalidTransition(
+            f"pass {record.run_id} of {record.name} is {record.status} and its job "
+            f"{record.job_id} is {record.job_state}: it goes on by itself (manage.py xjobs "
+            f"run-now {record.job_id} brings a delayed retry forward)"
+        )
+    if record.job_state == "done":
+        raise InvalidTransition(
+            f"pass {record.run_id} of {record.name} is {record.status} but its job "
+            f"{record.job_id} is done; start a new pass"
         )
     definition = get(record.name)
     check_alias(definition)
@@ -785,12 +799,6 @@ def retry(run_id: Any) -> PassHandle:
         job = result.job
         return PassHandle(name=record.name, run_id=record.run_id, job_id=job.id,
                           created=bool(result.changed))
-    if record.job_state is not None:
-        raise InvalidTransition(
-            f"pass {record.run_id} of {record.name}: its job {record.job_id} is "
-            f"{record.job_state}, so it resumes by itself (manage.py xjobs run-now "
-            f"{record.job_id} brings a delayed retry forward)"
-        )
     # The job is gone (purged by retention): a new job under the same run id adopts the row.
     import dataclasses
 

@@ -636,10 +636,35 @@ def test_bad_input_is_a_command_error(args, fragment):
         run(*args)
 
 
-def test_retry_of_a_pass_that_is_not_failed_or_cancelled_is_refused(three_passes):
-    for key in ("completed", "pending"):
-        with pytest.raises(CommandError, match="only failed or cancelled passes are retried"):
-            run("retry", three_passes[key]["run_id"])
+def test_retry_of_a_completed_pass_or_one_whose_job_is_live_is_refused(three_passes):
+    with pytest.raises(CommandError, match="is completed: there is nothing to resume"):
+        run("retry", three_passes["completed"]["run_id"])
+    with pytest.raises(CommandError, match=r"is pending and its job .* is ready: it goes on"):
+        run("retry", three_passes["pending"]["run_id"])
+
+
+def test_retry_resumes_a_running_pass_whose_job_was_cancelled_under_it():
+    make_rows(500)
+    started = start()
+    seen = []
+
+    def cancel_the_job_only(point):  # `xjobs cancel JOB_ID`: the pass cannot record it
+        seen.append(point)
+        if len(seen) == 2:
+            call_command("xjobs", "cancel", started["job_id"], stdout=StringIO())
+
+    faults.inject_hook("backfill:after-commit", cancel_the_job_only, times=None)
+    work()
+    faults.clear()
+    orphan = pass_of(started)
+    assert (orphan.status, orphan.rows_processed, job_of(started).state) == (
+        "running", 200, "cancelled")
+
+    run("retry", started["run_id"])
+    work()
+
+    assert (pass_of(started).status, pass_of(started).rows_processed) == ("completed", 500)
+    assert hits() == [1] * 500
 
 
 def test_retry_refuses_while_another_pass_of_the_backfill_is_live(three_passes):
