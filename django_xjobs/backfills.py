@@ -49,6 +49,10 @@ stop) or at its next batch's fence, whichever comes first; between batches the p
 ``ctx.cancelled`` and waits out its throttle on it, so neither a cancel nor a shutdown waits
 for a throttle to end.
 
+Fault points (``django_xjobs.faults``, for crash tests): ``backfill:before-progress`` (the
+batch's writes done, its progress not yet written), ``backfill:after-commit`` and
+``backfill:completed`` (after the final batch's commit, before the job's ack).
+
 One transaction needs one database: the user's writes and ``x_backfills`` must share an alias.
 A backfill declares the alias it writes to (``using=``, default ``"default"``), and a backfill
 whose alias is not ``XJOBS["DATABASE"]`` is refused when it is declared, started or run.
@@ -511,7 +515,12 @@ def _pass_function(name: str) -> Callable[..., Any]:
     changes the backfill's code is what the next attempt runs)."""
 
     def run_pass(ctx: JobContext, batch_size: int | None = None,
-                 throttle: float | None = None) -> dict[str, Any]:
+                 throttle: float | None = None, **unknown: Any) -> dict[str, Any]:
+        if unknown:  # enqueued by hand with input `start` never writes: retrying cannot help
+            raise PermanentError(
+                f"backfill {name}: unknown pass option(s) {sorted(unknown)}; start passes with "
+                "manage.py xjobs_backfill start"
+            )
         return _Pass(get(name), ctx, batch_size=batch_size, throttle=throttle).run()
 
     run_pass.__qualname__ = f"run_pass[{name}]"
@@ -535,11 +544,17 @@ def _validated(definition: BackfillDefinition, result: Any) -> tuple[Any, int, s
         )
     if result.next_cursor is None:
         return None, processed, None
+    what = f"cursor of backfill {definition.name}"
     try:
-        cursor_json = encode_json(result.next_cursor, what=f"cursor of backfill "
-                                  f"{definition.name}", limit=MAX_CURSOR_BYTES)
+        cursor_json = encode_json(result.next_cursor, what=what, limit=None)
     except InvalidJobInput as exc:
         raise BadBatch(str(exc)) from None
+    size = len(cursor_json.encode("utf-8"))
+    if size > MAX_CURSOR_BYTES:
+        raise BadBatch(
+            f"{what} is {size} bytes as JSON, over the {MAX_CURSOR_BYTES} a cursor may take: a "
+            "cursor is a position (the last key of the batch), not data"
+        )
     return result.next_cursor, processed, cursor_json
 
 

@@ -225,7 +225,7 @@ def test_a_bad_batch_is_refused_with_the_reason():
         (Batch(None, -1), "processed must be an integer >= 0"),
         (Batch(None, True), "processed must be an integer >= 0"),
         (Batch(object(), 1), "not JSON-serialisable"),
-        (Batch("x" * (backfills.MAX_CURSOR_BYTES + 1), 1), "MAX_PAYLOAD_BYTES"),
+        (Batch("x" * (backfills.MAX_CURSOR_BYTES + 1), 1), "a cursor is a position"),
         ((5, 10), "not Batch"),
     ]:
         with pytest.raises(BadBatch, match=reason):
@@ -375,6 +375,18 @@ def test_the_fence_waits_for_a_cancel_in_flight_and_then_refuses():
     assert stats["lost"] == 1  # ...and then matched no owned job
     assert hits() == [0] * 300
     assert pass_of(started).rows_processed == 0
+
+
+def test_a_pass_job_enqueued_by_hand_with_unknown_input_goes_dead_at_once():
+    from django_xjobs import enqueue
+
+    handle = enqueue("backfill:testapp.count_rows", {"cursor": 500})
+    work()
+
+    job = Job.objects.get(pk=handle.id)
+    assert (job.state, job.attempt) == ("dead", 1)
+    assert "unknown pass option(s) ['cursor']" in job.last_error
+    assert not Backfill.objects.exists()
 
 
 def test_a_pass_run_outside_a_worker_is_refused():
