@@ -157,6 +157,32 @@ def test_a_paused_worker_whose_lease_lapsed_cannot_commit_its_batch(start_worker
     wait_log(stale, "result discarded")  # the stale run learnt it had lost the job
 
 
+def test_a_worker_stopped_by_sigterm_hands_the_pass_back_and_the_next_one_resumes_it(
+    start_worker,
+):
+    make_rows(3000)
+    # 30 batches 100 ms apart: the pass outlives the 1 s grace period by far.
+    started = start_pass("testapp.count_rows", "--batch-size", "100", "--throttle", "100ms")
+    first = start_worker("first", *ON_BACKFILLS, settings={"SHUTDOWN_GRACE": "1s"})
+    wait_rows(started, 300)
+
+    first.signal(signal.SIGTERM)  # a deploy: the pass outlives the grace period
+    assert wait_exit(first) == 0
+    handed_back = pass_row(started)
+    assert 300 <= handed_back.rows_processed < 3000
+    job = job_row(started["job_id"])
+    assert (job.state, job.attempt) == ("ready", 0)  # given back without spending an attempt
+
+    second = start_worker("second", *ON_BACKFILLS)
+    done = wait_status(started, "completed", timeout=120)
+
+    assert done.rows_processed == 3000
+    assert hits() == [1] * 3000
+    assert wait_job_state(started, "done").attempt == 1
+    assert "handing it back" in first.log()
+    assert f"resuming at {handed_back.rows_processed} rows" in second.log()
+
+
 def test_cancel_stops_a_running_pass_after_its_current_batch_and_retry_resumes_it(
     start_worker,
 ):
