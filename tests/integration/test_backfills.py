@@ -193,7 +193,7 @@ def test_a_failed_pass_with_attempts_left_resumes_by_itself():
         work()
         assert pass_of(started).status == "failed"
         assert (job_of(started).state, job_of(started).attempt) == ("delayed", 1)
-        with pytest.raises(CommandError, match="resumes by itself"):
+        with pytest.raises(CommandError, match="it goes on by itself"):
             run("retry", started["run_id"])
         Counted.objects.update(poison=False)
 
