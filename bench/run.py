@@ -11,6 +11,8 @@ W4 latency          2 idle workers; 500 jobs enqueued at 50/s; enqueue -> job st
 W5 event wake-up    250 jobs suspended in wait_for_event; publish_event at 50/s;
                     publish -> the step after the wait                                p50/p95/p99
 W6 multi-step       5,000 jobs of three durable steps each, 2 workers                 jobs/s
+W9 backfill         one pass over a real 100,000-row table, keyset batches of 1,000
+                    (val + 1 per row, each batch committed with its progress), 1 worker  rows/s
 
 The database is a fresh ``xjobs_bench`` (``XJOBS_BENCH_DB`` names another) on the server
 ``django_xjobs.devdb`` picks (the one the tests use). Figures depend on the machine: compare
@@ -33,8 +35,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
-FULL = {"w1": 5000, "w2": 50000, "w3": 20000, "w4": 500, "reps": 3}
-QUICK = {"w1": 500, "w2": 5000, "w3": 2000, "w4": 50, "reps": 1}
+FULL = {"w1": 5000, "w2": 50000, "w3": 20000, "w4": 500, "reps": 3, "w9": 100_000}
+QUICK = {"w1": 500, "w2": 5000, "w3": 2000, "w4": 50, "reps": 1, "w9": 10_000}
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -104,11 +106,13 @@ class Bench:
         self.sql("analyze x_jobs")
         self.sql("checkpoint")
 
-    def spawn_workers(self, n: int = 2, extra_env: dict[str, str] | None = None):
+    def spawn_workers(self, n: int = 2, extra_env: dict[str, str] | None = None,
+                      args: tuple[str, ...] = ()):
         env = dict(self.env, **(extra_env or {}))
         return [
             subprocess.Popen(
-                [sys.executable, "-m", "django", "xjobs_worker", "--worker-id", f"bench-w{i}"],
+                [sys.executable, "-m", "django", "xjobs_worker", "--worker-id", f"bench-w{i}",
+                 *args],
                 env=env, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             )
             for i in range(n)
@@ -266,10 +270,45 @@ class Bench:
         return {"p50": percentile(ms, 50), "p95": percentile(ms, 95), "p99": percentile(ms, 99)}
 
 
+    # ------------------------------------------------------------------------ backfills --
+    def w9(self) -> dict[str, float]:
+        """One backfill pass over a real table; the pass's own time (started_at -> completed_at
+        in x_backfills) and spawn -> completed."""
+        from django_xjobs import backfills
+
+        self.reset()
+        n = self.sizes["w9"]
+        self.sql("drop table if exists bench_rows")
+        self.sql("create table bench_rows (id bigint generated always as identity primary key,"
+                 " val int not null default 0, payload text not null)")
+        self.sql(f"insert into bench_rows (payload) select md5(g::text)"
+                 f" from generate_series(1, {n}) g")
+        self.sql("truncate x_backfills")
+        self.sql("vacuum analyze bench_rows")
+        self.sql("checkpoint")
+        t0 = time.time()
+        handle = backfills.start("bench.touch_rows")
+        procs = self.spawn_workers(1, args=("--queue", "backfills"))
+        deadline = time.monotonic() + 600
+        while self.sql(f"select status from x_backfills where run_id = '{handle.run_id}'")[0][0] \
+                != "completed":
+            if time.monotonic() > deadline:
+                raise RuntimeError("W9 pass did not complete in 600 s")
+            time.sleep(0.05)
+        self.stop_workers(procs)
+        rows, began, ended = self.sql(
+            "select rows_processed, extract(epoch from started_at),"
+            f" extract(epoch from completed_at) from x_backfills where run_id = '{handle.run_id}'"
+        )[0]
+        touched = self.sql("select count(*) from bench_rows where val = 1")[0][0]
+        assert rows == n == touched, f"{rows} rows processed, {touched} touched of {n}"
+        return {"rate": n / (float(ended) - float(began)), "overall": n / (float(ended) - t0)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6")
+    p.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6,W9")
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--prefetch", default="auto")
     args = p.parse_args()
@@ -305,6 +344,10 @@ def main() -> None:
         r6 = bench.w6()
         rows.append(("W6 drain of 3-step jobs, 2 workers (steady)",
                      f"{r6['rate']:,.0f} jobs/s ({r6['steady']:,.0f})"))
+    if "W9" in chosen:
+        r9 = bench.w9()
+        rows.append((f"W9 backfill pass, {bench.sizes['w9']:,} rows, batches of 1,000",
+                     f"{r9['rate']:,.0f} rows/s (spawn -> completed {r9['overall']:,.0f})"))
     width = max(len(k) for k, _ in rows)
     print(f"\ndjango-xjobs bench ({'quick' if args.quick else 'full'}; concurrency "
           f"{args.concurrency}, prefetch {args.prefetch}, 2 worker processes)\n")

@@ -3,6 +3,7 @@
 The public API (everything else is internal)::
 
     from django_xjobs import job, enqueue, enqueue_many, JobHandle, PermanentError, Snooze
+    from django_xjobs import backfill, Batch     # resumable data backfills (docs/backfills.md)
 
     @job(queue="emails", max_attempts=5)
     def send_welcome(ctx, user_id: int) -> dict: ...
@@ -15,10 +16,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "Batch",
     "JobContext",
     "JobHandle",
     "PermanentError",
     "Snooze",
+    "backfill",
     "cancel",
     "enqueue",
     "enqueue_many",
@@ -34,11 +37,13 @@ from .registry import job
 
 if TYPE_CHECKING:
     from .api import JobHandle, cancel, enqueue, enqueue_many, get_job, retry
+    from .backfills import Batch, backfill
     from .steps import publish_event
 
 _LAZY = {
     "JobHandle": "api", "cancel": "api", "enqueue": "api", "enqueue_many": "api",
     "get_job": "api", "retry": "api", "publish_event": "steps",
+    "backfill": "backfills", "Batch": "backfills",
 }
 
 

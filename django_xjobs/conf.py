@@ -86,6 +86,9 @@ class XJobsSettings:
     schedule: Mapping[str, Any] = field(default_factory=dict)
     app_version: str | None = None
     admin_tenant_scope: str | None = None
+    # ---- backfills: the pause between two batches of a pass, unless the backfill or
+    # `xjobs_backfill start --throttle` says otherwise (seconds).
+    backfill_throttle: float = 0.0
     raw: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -94,6 +97,7 @@ _KNOWN_KEYS = {
     "NOTIFY", "MAX_PAYLOAD_BYTES", "MAX_ATTEMPTS", "RETRY_BASE", "RETRY_CAP", "SHUTDOWN_GRACE",
     "ACK_BATCH", "ACK_INTERVAL", "RETENTION", "SCHEDULE", "APP_VERSION", "ADMIN_TENANT_SCOPE",
     "PREPARED_STATEMENTS",
+    "BACKFILL_THROTTLE",  # ---- backfills
 }
 
 
@@ -223,6 +227,7 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
         schedule=schedule,
         app_version=app_version,
         admin_tenant_scope=scope if isinstance(scope, str) or scope is None else None,
+        backfill_throttle=_duration(raw, "BACKFILL_THROTTLE", 0.0, positive=False),  # backfills
         raw=raw,
     )
 

@@ -65,6 +65,9 @@ class JobContext:
     max_attempts: int
     tenant_id: str | None
     traceparent: str | None
+    # The claim's fence token: services that write about the run inside the job's own code
+    # (backfills, whose batches commit with their progress) fence those writes on it.
+    lease_token: str | None = None
     cancelled: StopSignal = field(default_factory=StopSignal)
     stop_reason: str | None = None
     # Builds ``step`` on first use (the worker supplies it: it knows the engine and the lease).

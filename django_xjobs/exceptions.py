@@ -81,6 +81,17 @@ class JobCancelled(XJobsError):
     """
 
 
+# ------------------------------------------------------------------------------- backfills --
+
+
+class UnknownBackfill(XJobsError, LookupError):
+    """No backfill with this name is registered in this process."""
+
+
+class BackfillNotFound(XJobsError, LookupError):
+    """No backfill pass with this run id exists."""
+
+
 # --------------------------------------------------------------------------- control signals --
 
 

@@ -286,6 +286,10 @@ class Backfill(models.Model):
     error = models.TextField(null=True, blank=True)
     job_id = models.UUIDField(null=True, blank=True)
     updated_at = models.DateTimeField(null=True, blank=True)
+    # ---- backfills: every resume under code other than the code the pass last ran with
+    # ({"checksum", "app_version", "at", "rows_processed"}), so an audit can tell which rows
+    # which code processed (django_xjobs/backfills.py).
+    code_changes = models.JSONField(default=list, db_default=Value([], models.JSONField()))
 
     class Meta:
         db_table = "x_backfills"

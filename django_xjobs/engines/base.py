@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import LiteralString
 
 from ..records import (
+    BackfillRecord,
     ChangeResult,
     ClaimedJob,
     Completion,
@@ -231,6 +232,51 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def outbox_pending(self) -> tuple[int, float | None]:
         """Staged outbox rows not yet relayed, and the age in seconds of the oldest."""
+
+    # ------------------------------------------------------------------ backfills --
+    # A pass's progress row (``x_backfills``), keyed by its job's run_id. Worker writes are
+    # fenced on the job's ownership (``_if_owned``: None/False = the run lost its job, nothing
+    # was written) and meant to run inside the batch's transaction (``atomic()``), so the
+    # user's writes and the progress commit together. See django_xjobs/backfills.py.
+    @abc.abstractmethod
+    def backfill_create(self, *, run_id: str, name: str, job_id: str, checksum: str,
+                        app_version: str) -> bool:
+        """Record a pass as ``pending`` (with the enqueue of its job); False if it exists."""
+
+    @abc.abstractmethod
+    def backfill_start_if_owned(self, owner: RunOwner, *, name: str, checksum: str,
+                                app_version: str) -> BackfillRecord | None:
+        """Open or adopt the pass of ``owner.run_id``: ``running`` (progress kept), or
+        ``completed`` left as it is. None if the run does not own its job."""
+
+    @abc.abstractmethod
+    def backfill_progress_if_owned(self, owner: RunOwner, *, processed: int,
+                                   cursor_json: str) -> int | None:
+        """Add ``processed`` rows and store the cursor; rows_processed after, or None."""
+
+    @abc.abstractmethod
+    def backfill_complete_if_owned(self, owner: RunOwner, *, processed: int) -> int | None:
+        """The final batch: add ``processed``, ``completed``, cursor cleared; or None."""
+
+    @abc.abstractmethod
+    def backfill_fail_if_owned(self, owner: RunOwner, *, error: str) -> bool:
+        """``failed`` with ``error``, cursor kept; False if the run does not own its job."""
+
+    @abc.abstractmethod
+    def backfill_cancel(self, run_id: str) -> BackfillRecord | None:
+        """A pending, running or failed pass becomes ``cancelled`` (cursor kept); None if
+        there is no such pass or it is completed or cancelled already. Cancel the job first,
+        in the same transaction."""
+
+    @abc.abstractmethod
+    def backfills_list(self, *, name: str | None = None, status: str | None = None,
+                       run_id: str | None = None, limit: int = 50) -> list[BackfillRecord]:
+        """Passes newest first, each with its job's state; every filter optional. A run_id
+        that is not a uuid matches nothing."""
+
+    @abc.abstractmethod
+    def backfill_get(self, run_id: str) -> BackfillRecord | None:
+        """One pass with its job's state, or None (also for a run_id that is not a uuid)."""
 
     # ---------------------------------------------------------------- connections --
     @abc.abstractmethod

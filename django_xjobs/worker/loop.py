@@ -133,7 +133,7 @@ class Run:
         self.ctx = JobContext(
             job_id=job.id, run_id=job.run_id, name=job.name, queue=job.queue,
             attempt=job.attempt, max_attempts=job.max_attempts, tenant_id=job.tenant_id,
-            traceparent=job.traceparent, step_factory=self._steps,
+            traceparent=job.traceparent, step_factory=self._steps, lease_token=job.lease_token,
         )
 
     def _steps(self, ctx: JobContext) -> Any:

@@ -4,8 +4,9 @@ import asyncio
 
 from django.db import transaction
 from django.db.models import F
+from django.db.models.functions import Lower
 
-from django_xjobs import PermanentError, job
+from django_xjobs import Batch, PermanentError, backfill, job
 
 from .models import Order
 
@@ -74,3 +75,24 @@ def fulfil_order(ctx, order_id: int) -> dict:
     ctx.step.run("ship", lambda: _note(order_id, "handed to the carrier"))
     Order.objects.filter(pk=order_id).update(status="shipped")
     return {"order": order_id, "shipped": True, "paid": payment["amount"]}
+
+
+# --------------------------------------------------------------------------------- backfills --
+
+
+@backfill("shop.normalize_order_emails", batch_size=500, queue="default")
+def normalize_order_emails(ctx, cursor):
+    """Lower-case every order's e-mail (an old import left some in capitals).
+
+    A keyset cursor (the last primary key of the batch) and an idempotent write: each batch
+    touches only the rows that still need it, and commits with its progress.
+    """
+    pks = list(Order.objects.filter(pk__gt=cursor or 0).order_by("pk")
+               .values_list("pk", flat=True)[: ctx.batch_size])
+    Order.objects.filter(pk__in=pks).exclude(email=Lower("email")).update(email=Lower("email"))
+    return Batch(pks[-1] if len(pks) == ctx.batch_size else None, len(pks))
+
+
+@normalize_order_emails.total
+def count_orders():
+    return Order.objects.count()

@@ -35,6 +35,9 @@ SCALARS = {
             ' "0190a1b2-0000-7000-8000-000000000001", 3, 0, null, 0, null, null, "t", null]]',
     "inputs": "[{}]",
 }
+SCALARS.update({  # ---- backfills
+    "checksum": "0" * 64, "app_version": "1.0", "processed": 100, "cursor": "100",
+})
 LISTS = {
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
     "names": "testapp.noop", "queues": "default", "inputs": "{}", "keys": "k",

@@ -5,9 +5,11 @@ import os
 import time
 import uuid
 
-from django_xjobs import PermanentError, Snooze, job
+from django.db.models import F
 
-from .models import Effect
+from django_xjobs import Batch, PermanentError, Snooze, backfill, job
+
+from .models import Counted, Effect
 
 
 def _effect(ctx, kind, tag=""):
@@ -225,3 +227,48 @@ def step_loop(ctx, steps=100, pause=0.05):
     for i in range(steps):
         ctx.step.run(f"s{i}", lambda i=i: time.sleep(pause) or i)
     return {"steps": steps}
+
+
+# -------------------------------------------------------------------------------- backfills --
+
+
+def count_batch(ctx, cursor):
+    """A keyset batch over Counted: hits + 1 on the next ctx.batch_size rows after the cursor.
+    Not idempotent on purpose: a batch committed twice shows as hits = 2."""
+    ids = list(Counted.objects.filter(pk__gt=cursor or 0).order_by("pk")
+               .values_list("pk", flat=True)[: ctx.batch_size])
+    Counted.objects.filter(pk__in=ids).update(hits=F("hits") + 1)
+    poisoned = Counted.objects.filter(pk__in=ids, poison=True).values_list("pk", flat=True)
+    if poisoned:  # raised after the update: the rollback must undo it
+        raise ValueError(f"poisoned row {poisoned[0]} in the batch after cursor {cursor}")
+    return Batch(ids[-1] if len(ids) == ctx.batch_size else None, len(ids))
+
+
+@backfill("testapp.count_rows", batch_size=100, max_attempts=10)
+def count_rows(ctx, cursor):
+    return count_batch(ctx, cursor)
+
+
+@count_rows.total
+def count_rows_total():
+    return Counted.objects.count()
+
+
+@backfill("testapp.count_rows_once", batch_size=100, max_attempts=1)
+def count_rows_once(ctx, cursor):
+    """count_rows whose pass goes dead at its first failure."""
+    return count_batch(ctx, cursor)
+
+
+@backfill("testapp.bad_batch", max_attempts=1)
+def bad_batch(ctx, cursor):
+    Counted.objects.update(hits=F("hits") + 1)
+    return {"next": None}  # not a Batch
+
+
+@backfill("testapp.enqueue_per_batch", batch_size=50, max_attempts=1)
+def enqueue_per_batch(ctx, cursor):
+    """Enqueues one job per batch inside the batch: it commits (or not) with the batch."""
+    batch = count_batch(ctx, cursor)
+    record.enqueue(tag=f"after:{cursor}")
+    return batch

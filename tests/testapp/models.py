@@ -15,3 +15,12 @@ class Effect(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["job_id"])]
+
+
+class Counted(models.Model):
+    """A row the test backfills touch: ``hits`` counts how often a committed batch processed it,
+    so "every row exactly once" is "every hits is 1". ``poison`` makes a batch that meets the
+    row raise."""
+
+    hits = models.IntegerField(default=0)
+    poison = models.BooleanField(default=False)

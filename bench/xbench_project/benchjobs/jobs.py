@@ -3,7 +3,7 @@
 import os
 import time
 
-from django_xjobs import job
+from django_xjobs import Batch, backfill, job
 
 try:  # inside the shared harness (../shared/bench): its recorder and file layout
     from common import record_start
@@ -44,3 +44,26 @@ def three_steps(ctx, i):
     a = ctx.step.run("a", lambda: i)
     b = ctx.step.run("b", lambda: a + 1)
     return ctx.step.run("c", lambda: b + 1)
+
+
+# ------------------------------------------------------------------------------- backfills --
+
+
+@backfill("bench.touch_rows", batch_size=1000)
+def touch_rows(ctx, cursor):
+    """W9: a keyset batch over bench_rows (made by bench/run.py): val + 1 on the next rows."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        # `= any(array(...))` reaches the rows through the primary key; a join with the batch's
+        # ids lets the planner hash the whole table instead (a sequential scan per batch).
+        cur.execute(
+            "with touched as (update bench_rows set val = val + 1"
+            "                  where id = any(array(select id from bench_rows where id > %s"
+            "                                        order by id limit %s))"
+            "                 returning id)"
+            " select count(*), max(id) from touched",
+            [cursor or 0, ctx.batch_size],
+        )
+        count, last = cur.fetchone()
+    return Batch(last if count == ctx.batch_size else None, count)

@@ -32,6 +32,7 @@ from django.db import transaction as db_transaction
 from ... import faults
 from ...exceptions import LiveJobExists, SchemaMissing
 from ...records import (
+    BackfillRecord,
     ChangeResult,
     ClaimedJob,
     Completion,
@@ -676,6 +677,64 @@ class PostgresEngine(Engine):
         count, age = self._run(S.OUTBOX_PENDING, {}, fetch="one")
         return int(count), age
 
+    # ------------------------------------------------------------------------- backfills --
+    def backfill_create(self, *, run_id: str, name: str, job_id: str, checksum: str,
+                        app_version: str) -> bool:
+        created = self._run(S.BACKFILL_CREATE, {
+            "run_id": run_id, "name": name, "job_id": job_id, "checksum": checksum,
+            "app_version": app_version,
+        }, fetch="count")
+        return bool(created)
+
+    def backfill_start_if_owned(self, owner: RunOwner, *, name: str, checksum: str,
+                                app_version: str) -> BackfillRecord | None:
+        row = self._run(S.BACKFILL_START_IF_OWNED, {
+            **self._owner(owner), "name": name, "checksum": checksum,
+            "app_version": app_version,
+        }, fetch="one")
+        return _backfill_record(row) if row is not None else None
+
+    def backfill_progress_if_owned(self, owner: RunOwner, *, processed: int,
+                                   cursor_json: str) -> int | None:
+        row = self._run(S.BACKFILL_PROGRESS_IF_OWNED, {
+            **self._owner(owner), "processed": processed, "cursor": cursor_json,
+        }, fetch="one")
+        return int(row[0]) if row is not None else None
+
+    def backfill_complete_if_owned(self, owner: RunOwner, *, processed: int) -> int | None:
+        row = self._run(S.BACKFILL_COMPLETE_IF_OWNED, {
+            **self._owner(owner), "processed": processed,
+        }, fetch="one")
+        return int(row[0]) if row is not None else None
+
+    def backfill_fail_if_owned(self, owner: RunOwner, *, error: str) -> bool:
+        row = self._run(S.BACKFILL_FAIL_IF_OWNED, {**self._owner(owner), "error": error},
+                        fetch="one")
+        return row is not None
+
+    def backfill_cancel(self, run_id: str) -> BackfillRecord | None:
+        run_uuid = _as_uuid(run_id)
+        if run_uuid is None:
+            return None
+        row = self._run(S.BACKFILL_CANCEL, {"run_id": run_uuid}, fetch="one")
+        return _backfill_record(row) if row is not None else None
+
+    def backfills_list(self, *, name: str | None = None, status: str | None = None,
+                       run_id: str | None = None, limit: int = 50) -> list[BackfillRecord]:
+        run_uuid = None
+        if run_id is not None:
+            run_uuid = _as_uuid(run_id)
+            if run_uuid is None:
+                return []
+        rows = self._run(S.BACKFILLS_LIST, {
+            "name": name, "status": status, "run_id": run_uuid, "limit": limit,
+        })
+        return [_backfill_record(r) for r in rows]
+
+    def backfill_get(self, run_id: str) -> BackfillRecord | None:
+        found = self.backfills_list(run_id=run_id, limit=1)
+        return found[0] if found else None
+
     # ----------------------------------------------------------------------- connections --
     def session_label(self, label: str) -> None:
         self._run(S.SESSION_LABEL, {"label": label[:63]}, fetch="one")
@@ -685,6 +744,20 @@ class PostgresEngine(Engine):
 
     def listener(self, channel_label: str) -> Listener:
         return PostgresListener(self.alias, channel_label)
+
+
+def _backfill_record(row: Sequence[Any]) -> BackfillRecord:
+    """A row in the order of statements.BACKFILL_COLUMNS, maybe followed by job state, attempt."""
+    (run_id, name, status, rows_processed, last_cursor, checksum, app_version, started_at,
+     completed_at, updated_at, error, job_id, code_changes) = row[:13]
+    job_state, job_attempt = (row[13], row[14]) if len(row) > 13 else (None, None)
+    return BackfillRecord(
+        run_id=run_id, name=name, status=status, rows_processed=int(rows_processed),
+        last_cursor=_decode_json(last_cursor), checksum=checksum, app_version=app_version,
+        started_at=started_at, completed_at=completed_at, updated_at=updated_at, error=error,
+        job_id=job_id, code_changes=list(_decode_json(code_changes) or []),
+        job_state=job_state, job_attempt=job_attempt,
+    )
 
 
 def _as_uuid(value: Any) -> UUID | None:
