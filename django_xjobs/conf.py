@@ -55,6 +55,65 @@ def parse_duration(value: Any, *, what: str = "duration") -> float:
 DEFAULT_RETENTION = {"done": 7 * 86400.0, "cancelled": 7 * 86400.0, "dead": 30 * 86400.0}
 
 
+# ---------------------------------------------------------------------------------- outbox --
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxSettings:
+    """``XJOBS["OUTBOX"]``: where ``enqueue_on_commit`` stages and how the relay works.
+
+    ``databases``: the aliases whose ``x_outbox`` the relays read (``enqueue_on_commit(using=)``
+    must name one of them); the first is where the admin reads the outbox. ``batch_size``: rows
+    one relay transaction publishes. ``poll_interval``: how often a relay looks without a
+    wake-up (default ``XJOBS["POLL_INTERVAL"]``).
+    """
+
+    databases: tuple[str, ...] = ("default",)
+    batch_size: int = 500
+    poll_interval: float = 1.0
+
+
+_OUTBOX_KEYS = {"DATABASES", "BATCH_SIZE", "POLL_INTERVAL"}
+
+
+def _outbox_settings(raw: Mapping[str, Any], poll_interval: float) -> OutboxSettings:
+    options = raw.get("OUTBOX", {})
+    if not isinstance(options, Mapping):
+        raise ConfigurationError(
+            'XJOBS["OUTBOX"] must be a dict like {"DATABASES": ["default"], "BATCH_SIZE": 500}'
+        )
+    unknown = sorted(set(options) - _OUTBOX_KEYS)
+    if unknown:
+        raise ConfigurationError(
+            f'XJOBS["OUTBOX"] has unknown key(s) {unknown}; known keys: {sorted(_OUTBOX_KEYS)}'
+        )
+    databases = options.get("DATABASES", ["default"])
+    if isinstance(databases, str) or not isinstance(databases, list | tuple) or not databases:
+        raise ConfigurationError(
+            'XJOBS["OUTBOX"]["DATABASES"] must be a non-empty list of database aliases,'
+            f" got {databases!r}"
+        )
+    for alias in databases:
+        if not isinstance(alias, str) or not alias:
+            raise ConfigurationError(
+                f'XJOBS["OUTBOX"]["DATABASES"]: {alias!r} is not a database alias'
+            )
+    if len(set(databases)) != len(databases):
+        raise ConfigurationError(f'XJOBS["OUTBOX"]["DATABASES"] repeats an alias: {databases!r}')
+    batch_size = _positive_int(options, "BATCH_SIZE", 500,
+                               where='XJOBS["OUTBOX"]["BATCH_SIZE"]')
+    poll = options.get("POLL_INTERVAL")
+    if poll is not None:
+        poll_interval = parse_duration(poll, what='XJOBS["OUTBOX"]["POLL_INTERVAL"]')
+        if poll_interval <= 0:
+            raise ConfigurationError('XJOBS["OUTBOX"]["POLL_INTERVAL"] must be greater than zero')
+    return OutboxSettings(databases=tuple(databases), batch_size=batch_size,
+                          poll_interval=poll_interval)
+
+
+# ------------------------------------------------------------------------------ end outbox --
+
+
 @dataclass(frozen=True, slots=True)
 class XJobsSettings:
     database: str = "default"
@@ -87,6 +146,7 @@ class XJobsSettings:
     app_version: str | None = None
     admin_tenant_scope: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict)
+    outbox: OutboxSettings = field(default_factory=OutboxSettings)
 
 
 _KNOWN_KEYS = {
@@ -94,6 +154,7 @@ _KNOWN_KEYS = {
     "NOTIFY", "MAX_PAYLOAD_BYTES", "MAX_ATTEMPTS", "RETRY_BASE", "RETRY_CAP", "SHUTDOWN_GRACE",
     "ACK_BATCH", "ACK_INTERVAL", "RETENTION", "SCHEDULE", "APP_VERSION", "ADMIN_TENANT_SCOPE",
     "PREPARED_STATEMENTS",
+    "OUTBOX",
 }
 
 
@@ -201,6 +262,7 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
     scope = raw.get("ADMIN_TENANT_SCOPE")
     if scope is not None and not (isinstance(scope, str) or callable(scope)):
         raise ConfigurationError('XJOBS["ADMIN_TENANT_SCOPE"] must be a dotted path or callable')
+    poll_interval = _duration(raw, "POLL_INTERVAL", 1.0)
     return XJobsSettings(
         database=database,
         queues=queues,
@@ -209,7 +271,7 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
         prefetch=prefetch,
         lease=lease,
         heartbeat=heartbeat,
-        poll_interval=_duration(raw, "POLL_INTERVAL", 1.0),
+        poll_interval=poll_interval,
         notify=notify,
         prepared_statements=prepared,
         max_payload_bytes=_positive_int(raw, "MAX_PAYLOAD_BYTES", 1024 * 1024),
@@ -224,6 +286,7 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
         app_version=app_version,
         admin_tenant_scope=scope if isinstance(scope, str) or scope is None else None,
         raw=raw,
+        outbox=_outbox_settings(raw, poll_interval),
     )
 
 
