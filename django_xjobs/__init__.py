@@ -19,9 +19,11 @@ __all__ = [
     "JobHandle",
     "PermanentError",
     "Snooze",
+    "StagedJob",
     "cancel",
     "enqueue",
     "enqueue_many",
+    "enqueue_on_commit",
     "get_job",
     "job",
     "publish_event",
@@ -33,12 +35,14 @@ from .exceptions import PermanentError, Snooze
 from .registry import job
 
 if TYPE_CHECKING:
-    from .api import JobHandle, cancel, enqueue, enqueue_many, get_job, retry
+    from .api import JobHandle, cancel, enqueue, enqueue_many, enqueue_on_commit, get_job, retry
+    from .outbox import StagedJob
     from .steps import publish_event
 
 _LAZY = {
     "JobHandle": "api", "cancel": "api", "enqueue": "api", "enqueue_many": "api",
     "get_job": "api", "retry": "api", "publish_event": "steps",
+    "enqueue_on_commit": "api", "StagedJob": "outbox",
 }
 
 

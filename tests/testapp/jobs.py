@@ -225,3 +225,11 @@ def step_loop(ctx, steps=100, pause=0.05):
     for i in range(steps):
         ctx.step.run(f"s{i}", lambda i=i: time.sleep(pause) or i)
     return {"steps": steps}
+
+
+# ---- outbox ----
+@job
+def stage_child(ctx, tag=""):
+    """Stages a `record` job with enqueue_on_commit: relayed once this run's work commits."""
+    _effect(ctx, "start", tag)
+    return {"staged": str(record.enqueue_on_commit(tag=f"child of {tag}").id)}
