@@ -74,3 +74,11 @@ def fulfil_order(ctx, order_id: int) -> dict:
     ctx.step.run("ship", lambda: _note(order_id, "handed to the carrier"))
     Order.objects.filter(pk=order_id).update(status="shipped")
     return {"order": order_id, "shipped": True, "paid": payment["amount"]}
+
+
+# ---- outbox (shop/demo_outbox.py) ----
+@job
+def send_receipt(ctx, order_id: int) -> dict:
+    """Staged with enqueue_on_commit when an order is placed: it exists only if the order does."""
+    _note(order_id, "receipt sent")
+    return {"order": order_id, "receipt": True}
