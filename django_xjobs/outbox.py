@@ -178,6 +178,26 @@ def _publish_elsewhere(jobs: Engine, params: list[EnqueueParams]) -> list[Enqueu
     return [existing[p.id] if p.id in existing else next(made) for p in params]
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Stagings not relayed yet over every outbox alias: a growing ``oldest_seconds`` means no
+    relay is running. ``by_alias``: alias -> (pending, oldest age in seconds or None)."""
+
+    count: int
+    oldest_seconds: float | None
+    by_alias: dict[str, tuple[int, float | None]]
+
+
+def pending() -> Pending:
+    """What ``manage.py xjobs`` and the console show about the outbox. Each alias's x_outbox is
+    read on that alias: with a separate jobs database, the jobs' engine has none."""
+    by_alias = {alias: get_engine(alias).outbox_pending()
+                for alias in conf.get().outbox.databases}
+    ages = [age for _, age in by_alias.values() if age is not None]
+    return Pending(count=sum(n for n, _ in by_alias.values()),
+                   oldest_seconds=max(ages) if ages else None, by_alias=by_alias)
+
+
 def relay_pending(aliases: tuple[str, ...] | None = None) -> int:
     """Relay every committed pending row of ``aliases`` (default: all outbox aliases) until none
     is left; how many. Runs on this thread's connections: call it outside ``atomic()`` (or

@@ -154,19 +154,13 @@ class Command(BaseCommand):
     # ---- outbox ----
     @staticmethod
     def _outbox_pending() -> dict[str, Any]:
-        """Pending stagings over every outbox alias (XJOBS["OUTBOX"]["DATABASES"]): the total,
-        the oldest's age (a growing age means no relay is running), and per alias."""
-        from ... import conf
+        """Pending stagings over every outbox alias (XJOBS["OUTBOX"]["DATABASES"])."""
+        from ... import outbox
 
-        per_alias: dict[str, dict[str, Any]] = {}
-        for alias in conf.get().outbox.databases:
-            count, age = get_engine(alias).outbox_pending()
-            per_alias[alias] = {"pending": count, "oldest_pending_seconds": age}
-        ages = [e["oldest_pending_seconds"] for e in per_alias.values()
-                if e["oldest_pending_seconds"] is not None]
-        return {"pending": sum(e["pending"] for e in per_alias.values()),
-                "oldest_pending_seconds": max(ages) if ages else None,
-                "databases": per_alias}
+        summary = outbox.pending()
+        return {"pending": summary.count, "oldest_pending_seconds": summary.oldest_seconds,
+                "databases": {alias: {"pending": n, "oldest_pending_seconds": age}
+                              for alias, (n, age) in summary.by_alias.items()}}
 
     def _show(self, job: JobRecord, as_json: bool) -> None:
         steps = sorted(get_engine().steps_of_run(str(job.run_id)),
