@@ -475,3 +475,34 @@ def test_xjobs_relay_once_relays_what_is_pending_and_says_how_many():
 def test_xjobs_relay_refuses_bad_options(args, message):
     with pytest.raises(CommandError, match=message):
         call_command("xjobs_relay", *args)
+
+
+# ------------------------------------------------------------------------------ the hot path --
+
+
+def test_relaying_a_batch_is_four_statements_whatever_its_size():
+    from django.test.utils import CaptureQueriesContext
+
+    with transaction.atomic():
+        for i in range(60):
+            record.enqueue_on_commit(tag=str(i))
+    engine = get_engine()
+    with CaptureQueriesContext(connection) as ctx:
+        assert outbox.relay_batch(engine, engine) == 60
+    sql = [q["sql"] for q in ctx.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    # One transaction: one claim, the jobs' COPY and its NOTIFY, one mark; none per row.
+    assert [q["sql"] for q in ctx.captured_queries].count("COMMIT") == 1
+    assert len(sql) == 4, sql
+    assert sql[0].startswith("/* outbox_claim */")
+    assert sql[1].startswith("copy x_jobs") and sql[1].endswith("-- 60 rows")
+    assert sql[2].startswith("/* jobs_notify_queues */")
+    assert sql[3].startswith("/* outbox_mark_published */")
+
+
+def test_staging_is_one_statement_in_the_callers_transaction():
+    from django.test.utils import CaptureQueriesContext
+
+    with transaction.atomic(), CaptureQueriesContext(connection) as ctx:
+        record.enqueue_on_commit(tag="one")
+    sql = [q["sql"] for q in ctx.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    assert len(sql) == 1 and sql[0].startswith("/* outbox_stage */"), sql
