@@ -1,6 +1,6 @@
 """django-xjobs benchmark (``make bench``): the four workloads of ../shared/bench, for us alone.
 
-    python bench/run.py [--quick] [--workloads W1,...,W6] [--concurrency 10] [--prefetch auto]
+    python bench/run.py [--quick] [--workloads W1,...,W9] [--concurrency 10] [--prefetch auto]
 
 W1 enqueue-single   5,000 no-op jobs, one enqueue = one transaction, one process      jobs/s x3
 W2 enqueue-bulk     50,000 no-op jobs through enqueue_many, 1,000 per call               jobs/s
@@ -11,6 +11,9 @@ W4 latency          2 idle workers; 500 jobs enqueued at 50/s; enqueue -> job st
 W5 event wake-up    250 jobs suspended in wait_for_event; publish_event at 50/s;
                     publish -> the step after the wait                                p50/p95/p99
 W6 multi-step       5,000 jobs of three durable steps each, 2 workers                 jobs/s
+W7 relay lag        a dedicated xjobs_relay; 500 enqueue_on_commit at 50/s, each its own
+                    transaction; staging commit -> the relay's commit that makes the job
+                    claimable (the job channel's NOTIFY, sent on that commit)     p50/p95/p99
 W9 backfill         one pass over a real 100,000-row table, keyset batches of 1,000
                     (val + 1 per row, each batch committed with its progress), 1 worker  rows/s
 
@@ -269,6 +272,99 @@ class Bench:
         ms = [v * 1000 for v in seen.values()]
         return {"p50": percentile(ms, 50), "p95": percentile(ms, 95), "p99": percentile(ms, 99)}
 
+    # ---- outbox ----
+    def w7(self) -> dict[str, float]:
+        """Relay lag: commit of an enqueue_on_commit -> the job is claimable.
+
+        "Claimable" is the commit of the relay transaction that inserted the job; that commit
+        delivers the job channel's NOTIFY (one per relay transaction), which a listener here
+        timestamps. The k-th notification is the k-th relay transaction, whose rows share one
+        published_at (the transaction's now()): that is how each row finds its moment.
+        """
+        import threading
+
+        import psycopg
+
+        from django_xjobs import devdb
+
+        self.reset()
+        self.sql("truncate x_outbox")
+        n = self.sizes["w4"]
+        entry = devdb.settings_from_url(self.url)
+        params = {k: v for k, v in {
+            "dbname": entry["NAME"], "user": entry["USER"] or None,
+            "host": entry["HOST"] or None, "port": entry["PORT"] or None,
+            "password": entry["PASSWORD"] or None}.items() if v}
+        heard: list[float] = []
+        stop = threading.Event()
+        listener = psycopg.connect(**params, autocommit=True)
+        listener.execute("listen xjobs")
+
+        def listen() -> None:
+            while not stop.is_set():
+                for _ in listener.notifies(timeout=0.2):
+                    heard.append(time.time())
+
+        thread = threading.Thread(target=listen, daemon=True)
+        thread.start()
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "django", "xjobs_relay", "--worker-id", "bench-relay"],
+            env=self.env, cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        try:
+            time.sleep(3)  # the relay's start-up is not part of the lag
+            committed: dict[str, float] = {}
+            noop = self.jobs.noop
+            start = time.monotonic() + 0.05
+            for i in range(n):
+                delay = start + i / 50 - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                staged = noop.enqueue_on_commit(i=i)  # autocommit: committed on return
+                committed[str(staged.id)] = time.time()
+            deadline = time.monotonic() + 60
+            while self.sql("select count(*) from x_outbox where published_at is null")[0][0]:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("W7 relay did not publish everything in 60 s")
+                time.sleep(0.05)
+            groups = self.sql("select published_at, array_agg(id::text) from x_outbox"
+                              " group by published_at order by published_at")
+            deadline = time.monotonic() + 10
+            while len(heard) < len(groups) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            heard_for_lag = list(heard)  # the backlog's relay transactions notify as well
+            throughput = self._w7_throughput()
+        finally:
+            relay.terminate()
+            relay.wait(timeout=30)
+            stop.set()
+            thread.join(5)
+            listener.close()
+        if len(heard_for_lag) != len(groups):
+            raise RuntimeError(f"W7: {len(heard_for_lag)} notifications for {len(groups)} "
+                               "relay transactions; cannot attribute them")
+        ms = [(t_claimable - committed[i]) * 1000
+              for (_, ids), t_claimable in zip(groups, heard_for_lag, strict=True) for i in ids]
+        return {"p50": percentile(ms, 50), "p95": percentile(ms, 95), "p99": percentile(ms, 99),
+                "batches": len(groups), "rate": throughput}
+
+    def _w7_throughput(self) -> float:
+        """A backlog: 10,000 stagings (1,000 quick) committed at once; commit -> all published,
+        by the relay that is running (batches of XJOBS["OUTBOX"]["BATCH_SIZE"])."""
+        from django.db import transaction
+
+        n = self.sizes["w2"] // 5
+        with transaction.atomic():
+            for i in range(n):
+                self.jobs.noop.enqueue_on_commit(i=i)
+        t0 = time.monotonic()
+        deadline = t0 + 300
+        while self.sql("select count(*) from x_outbox where published_at is null")[0][0]:
+            if time.monotonic() > deadline:
+                raise RuntimeError("W7 backlog was not published in 300 s")
+            time.sleep(0.01)
+        return n / (time.monotonic() - t0)
+
 
     # ------------------------------------------------------------------------ backfills --
     def w9(self) -> dict[str, float]:
@@ -308,7 +404,7 @@ class Bench:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6,W9")
+    p.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6,W7,W9")
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--prefetch", default="auto")
     args = p.parse_args()
@@ -348,6 +444,12 @@ def main() -> None:
         r9 = bench.w9()
         rows.append((f"W9 backfill pass, {bench.sizes['w9']:,} rows, batches of 1,000",
                      f"{r9['rate']:,.0f} rows/s (spawn -> completed {r9['overall']:,.0f})"))
+    if "W7" in chosen:
+        r7 = bench.w7()
+        rows.append(("W7 enqueue_on_commit commit -> claimable p50 / p95 / p99 (50/s)",
+                     f"{r7['p50']:.1f} / {r7['p95']:.1f} / {r7['p99']:.1f} ms"))
+        rows.append(("W7 relay of a committed backlog (one relay process)",
+                     f"{r7['rate']:,.0f} jobs/s"))
     width = max(len(k) for k, _ in rows)
     print(f"\ndjango-xjobs bench ({'quick' if args.quick else 'full'}; concurrency "
           f"{args.concurrency}, prefetch {args.prefetch}, 2 worker processes)\n")

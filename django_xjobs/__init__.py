@@ -21,10 +21,12 @@ __all__ = [
     "JobHandle",
     "PermanentError",
     "Snooze",
+    "StagedJob",
     "backfill",
     "cancel",
     "enqueue",
     "enqueue_many",
+    "enqueue_on_commit",
     "get_job",
     "job",
     "publish_event",
@@ -36,14 +38,16 @@ from .exceptions import PermanentError, Snooze
 from .registry import job
 
 if TYPE_CHECKING:
-    from .api import JobHandle, cancel, enqueue, enqueue_many, get_job, retry
+    from .api import JobHandle, cancel, enqueue, enqueue_many, enqueue_on_commit, get_job, retry
     from .backfills import Batch, backfill
+    from .outbox import StagedJob
     from .steps import publish_event
 
 _LAZY = {
     "JobHandle": "api", "cancel": "api", "enqueue": "api", "enqueue_many": "api",
     "get_job": "api", "retry": "api", "publish_event": "steps",
     "backfill": "backfills", "Batch": "backfills",
+    "enqueue_on_commit": "api", "StagedJob": "outbox",
 }
 
 

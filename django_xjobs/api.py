@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from . import conf, registry, tracing
@@ -32,6 +32,9 @@ from .exceptions import (
     PayloadTooLarge,
 )
 from .records import EnqueueParams, EnqueueResult, JobRecord, new_ids
+
+if TYPE_CHECKING:
+    from .outbox import StagedJob
 
 _enqueued_by: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "xjobs_enqueued_by", default=None
@@ -348,6 +351,10 @@ class BoundJob:
         """Enqueue many inputs of this job in one statement per 1,000; see :func:`enqueue_many`."""
         return enqueue_many((self.definition.name, inp, self.options) for inp in inputs)
 
+    def enqueue_on_commit(self, **input: Any) -> StagedJob:
+        """Stage this job in the current transaction; see :func:`enqueue_on_commit`."""
+        return _stage(self.definition, input, self.options, using="default")
+
 
 def enqueue(name: str, input: Mapping[str, Any] | None = None, **options: Any) -> JobHandle:
     """Enqueue a registered job by name: ``enqueue("emails.send_welcome", {"user_id": 42})``."""
@@ -386,6 +393,46 @@ def enqueue_many(
     for start in range(0, len(params), batch_size):
         handles.extend(_handle(r) for r in engine.jobs_enqueue(params[start:start + batch_size]))
     return handles
+
+
+# ---------------------------------------------------------------------------------- outbox --
+
+
+def enqueue_on_commit(name: str, input: Mapping[str, Any] | None = None, *,
+                      using: str = "default", **options: Any) -> StagedJob:
+    """Stage a registered job in the current transaction of database alias ``using``; the job
+    exists if and only if that transaction commits (docs/transactional-enqueue.md).
+
+    Same options and validation as :func:`enqueue`, all checked before anything is written.
+    Outside ``atomic()`` the staging commits at once and a relay publishes it right away.
+    Returns a :class:`~django_xjobs.outbox.StagedJob` (its ``id`` is the job's id to be).
+    """
+    definition = registry.get(_name("job name", name)) if isinstance(name, str) else None
+    if definition is None:
+        raise InvalidJobInput(f"job name must be a string, got {name!r}")
+    return _stage(definition, input, options, using=using)
+
+
+def _stage(definition: registry.Job, input: Any, options: Mapping[str, Any], *,
+           using: Any) -> StagedJob:
+    from . import outbox
+
+    params = build_params(definition, input, options)
+    aliases = conf.get().outbox.databases
+    if using not in aliases:
+        raise InvalidJobInput(
+            f"enqueue_on_commit(using={using!r}): the relays read the outbox of "
+            f'XJOBS["OUTBOX"]["DATABASES"] = {list(aliases)} only; add the alias there'
+        )
+    # SPEC §3: a stager that named nobody (no enqueued_by option, no acting_as/middleware)
+    # leaves it to the relay, which records "outbox" rather than this process's host:pid.
+    enqueued_by = params.enqueued_by if (
+        options.get("enqueued_by") is not None or _enqueued_by.get() is not None
+    ) else None
+    return outbox.stage(params, using=using, enqueued_by=enqueued_by)
+
+
+# ------------------------------------------------------------------------------ end outbox --
 
 
 # ------------------------------------------------------------------------------- operators --

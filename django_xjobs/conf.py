@@ -55,6 +55,65 @@ def parse_duration(value: Any, *, what: str = "duration") -> float:
 DEFAULT_RETENTION = {"done": 7 * 86400.0, "cancelled": 7 * 86400.0, "dead": 30 * 86400.0}
 
 
+# ---------------------------------------------------------------------------------- outbox --
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxSettings:
+    """``XJOBS["OUTBOX"]``: where ``enqueue_on_commit`` stages and how the relay works.
+
+    ``databases``: the aliases whose ``x_outbox`` the relays read (``enqueue_on_commit(using=)``
+    must name one of them); the first is where the admin reads the outbox. ``batch_size``: rows
+    one relay transaction publishes. ``poll_interval``: how often a relay looks without a
+    wake-up (default ``XJOBS["POLL_INTERVAL"]``).
+    """
+
+    databases: tuple[str, ...] = ("default",)
+    batch_size: int = 500
+    poll_interval: float = 1.0
+
+
+_OUTBOX_KEYS = {"DATABASES", "BATCH_SIZE", "POLL_INTERVAL"}
+
+
+def _outbox_settings(raw: Mapping[str, Any], poll_interval: float) -> OutboxSettings:
+    options = raw.get("OUTBOX", {})
+    if not isinstance(options, Mapping):
+        raise ConfigurationError(
+            'XJOBS["OUTBOX"] must be a dict like {"DATABASES": ["default"], "BATCH_SIZE": 500}'
+        )
+    unknown = sorted(set(options) - _OUTBOX_KEYS)
+    if unknown:
+        raise ConfigurationError(
+            f'XJOBS["OUTBOX"] has unknown key(s) {unknown}; known keys: {sorted(_OUTBOX_KEYS)}'
+        )
+    databases = options.get("DATABASES", ["default"])
+    if isinstance(databases, str) or not isinstance(databases, list | tuple) or not databases:
+        raise ConfigurationError(
+            'XJOBS["OUTBOX"]["DATABASES"] must be a non-empty list of database aliases,'
+            f" got {databases!r}"
+        )
+    for alias in databases:
+        if not isinstance(alias, str) or not alias:
+            raise ConfigurationError(
+                f'XJOBS["OUTBOX"]["DATABASES"]: {alias!r} is not a database alias'
+            )
+    if len(set(databases)) != len(databases):
+        raise ConfigurationError(f'XJOBS["OUTBOX"]["DATABASES"] repeats an alias: {databases!r}')
+    batch_size = _positive_int(options, "BATCH_SIZE", 500,
+                               where='XJOBS["OUTBOX"]["BATCH_SIZE"]')
+    poll = options.get("POLL_INTERVAL")
+    if poll is not None:
+        poll_interval = parse_duration(poll, what='XJOBS["OUTBOX"]["POLL_INTERVAL"]')
+        if poll_interval <= 0:
+            raise ConfigurationError('XJOBS["OUTBOX"]["POLL_INTERVAL"] must be greater than zero')
+    return OutboxSettings(databases=tuple(databases), batch_size=batch_size,
+                          poll_interval=poll_interval)
+
+
+# ------------------------------------------------------------------------------ end outbox --
+
+
 @dataclass(frozen=True, slots=True)
 class XJobsSettings:
     database: str = "default"
@@ -90,6 +149,7 @@ class XJobsSettings:
     # `xjobs_backfill start --throttle` says otherwise (seconds).
     backfill_throttle: float = 0.0
     raw: Mapping[str, Any] = field(default_factory=dict)
+    outbox: OutboxSettings = field(default_factory=OutboxSettings)
 
 
 _KNOWN_KEYS = {
@@ -98,6 +158,7 @@ _KNOWN_KEYS = {
     "ACK_BATCH", "ACK_INTERVAL", "RETENTION", "SCHEDULE", "APP_VERSION", "ADMIN_TENANT_SCOPE",
     "PREPARED_STATEMENTS",
     "BACKFILL_THROTTLE",  # ---- backfills
+    "OUTBOX",
 }
 
 
@@ -205,6 +266,7 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
     scope = raw.get("ADMIN_TENANT_SCOPE")
     if scope is not None and not (isinstance(scope, str) or callable(scope)):
         raise ConfigurationError('XJOBS["ADMIN_TENANT_SCOPE"] must be a dotted path or callable')
+    poll_interval = _duration(raw, "POLL_INTERVAL", 1.0)
     return XJobsSettings(
         database=database,
         queues=queues,
@@ -213,7 +275,7 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
         prefetch=prefetch,
         lease=lease,
         heartbeat=heartbeat,
-        poll_interval=_duration(raw, "POLL_INTERVAL", 1.0),
+        poll_interval=poll_interval,
         notify=notify,
         prepared_statements=prepared,
         max_payload_bytes=_positive_int(raw, "MAX_PAYLOAD_BYTES", 1024 * 1024),
@@ -229,6 +291,7 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
         admin_tenant_scope=scope if isinstance(scope, str) or scope is None else None,
         backfill_throttle=_duration(raw, "BACKFILL_THROTTLE", 0.0, positive=False),  # backfills
         raw=raw,
+        outbox=_outbox_settings(raw, poll_interval),
     )
 
 

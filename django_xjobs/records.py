@@ -360,3 +360,41 @@ class BackfillRecord:
     code_changes: list[dict[str, Any]] = field(default_factory=list)
     job_state: str | None = None
     job_attempt: int | None = None
+# ---------------------------------------------------------------------------------- outbox --
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboxRow:
+    """One ``x_outbox`` row: a job staged by ``enqueue_on_commit``, not yet (or being) relayed.
+
+    ``id`` is also the id the job gets when the relay publishes it (unless an idempotency key
+    names a live job already). Staged with either ``run_at`` (absolute) or ``delay_ms``
+    (counted from the staging); a claimed row carries the resolved ``run_at`` (None: due now)
+    and ``delay_ms = 0``. ``enqueued_by`` is None when the stager knew nobody better than
+    "outbox" (SPEC §3).
+    """
+
+    id: UUID
+    name: str
+    queue: str
+    input_json: str
+    idempotency_key: str | None
+    max_attempts: int | None
+    priority: int = 0
+    run_at: datetime | None = None
+    delay_ms: int = 0
+    tenant_id: str | None = None
+    traceparent: str | None = None
+    enqueued_by: str | None = None
+    concurrency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboxStatus:
+    """Where a staged row is: pending (``published_at`` None) or relayed into job ``job_id``."""
+
+    id: UUID
+    name: str
+    staged_at: datetime
+    published_at: datetime | None
+    job_id: UUID | None

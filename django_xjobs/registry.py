@@ -22,6 +22,7 @@ from .exceptions import ConfigurationError, DuplicateJobName, UnknownJob
 
 if TYPE_CHECKING:
     from .api import BoundJob, JobHandle
+    from .outbox import StagedJob
 
 INT32 = 2**31 - 1  # the columns are PostgreSQL integers
 _lock = threading.Lock()
@@ -72,6 +73,12 @@ class Job:
         from .api import BoundJob
 
         return BoundJob(self, options).bulk_enqueue(inputs)
+
+    def enqueue_on_commit(self, **input: Any) -> StagedJob:
+        """Stage this job in the current transaction (docs/transactional-enqueue.md)."""
+        from .api import BoundJob
+
+        return BoundJob(self, {}).enqueue_on_commit(**input)
 
 
 def _default_name(func: Callable[..., Any]) -> str:

@@ -35,6 +35,20 @@ _db["CONN_MAX_AGE"] = 0
 _db["TEST"] = {"NAME": os.environ.get("XJOBS_TEST_DB", "test_xjobs")}
 DATABASES = {"default": _db}
 
+# ---- outbox: a second database for the two-database tests (test_outbox_two_databases.py) ----
+# Created by pytest-django only when a collected test asks for it (databases=[..., "jobs"]);
+# its test name derives from the default's, so each engineer's run has its own. The job tables
+# go on it when a test sets XJOBS["DATABASE"] = "jobs" (override_settings, or
+# XJOBS_TEST_SETTINGS for subprocesses); XJOBS_TEST_ROUTERS=1 lists XJobsRouter.
+_jobs_db = dict(_db)
+_jobs_db["TEST"] = {"NAME": f"{_db['TEST']['NAME']}_jobs"}
+if os.environ.get("XJOBS_TEST_JOBS_DB_NAME"):  # a subprocess: the jobs test database directly
+    _jobs_db["NAME"] = os.environ["XJOBS_TEST_JOBS_DB_NAME"]
+DATABASES["jobs"] = _jobs_db
+if os.environ.get("XJOBS_TEST_ROUTERS"):
+    DATABASE_ROUTERS = ["django_xjobs.routers.XJobsRouter"]
+# ---- end outbox ----
+
 XJOBS = {
     "LEASE": "30s",
     "HEARTBEAT": "5s",

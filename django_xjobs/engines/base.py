@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import LiteralString
+from uuid import UUID
 
 from ..records import (
     BackfillRecord,
@@ -36,6 +37,8 @@ from ..records import (
     FenceReport,
     JobRecord,
     LeaseRef,
+    OutboxRow,
+    OutboxStatus,
     ParkedStep,
     QueueStats,
     Requeue,
@@ -277,6 +280,34 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def backfill_get(self, run_id: str) -> BackfillRecord | None:
         """One pass with its job's state, or None (also for a run_id that is not a uuid)."""
+    # -------------------------------------------------------------------------- outbox --
+    # x_outbox lives on the app's alias and x_jobs on XJOBS["DATABASE"]: the outbox methods
+    # are called on the engine of the alias that holds x_outbox, jobs_find_by_ids on the jobs'.
+
+    @abc.abstractmethod
+    def outbox_stage(self, row: OutboxRow) -> None:
+        """Insert a staged job in the current transaction and, on its commit, wake the relays."""
+
+    @abc.abstractmethod
+    def outbox_claim(self, batch_size: int) -> list[OutboxRow]:
+        """Lock up to ``batch_size`` pending rows, oldest first, skipping rows other relays
+        hold, until the current transaction ends (call it inside :meth:`atomic`)."""
+
+    @abc.abstractmethod
+    def outbox_mark_published(self, published: Mapping[UUID, UUID]) -> int:
+        """Mark rows (outbox id -> job id) published; how many were still pending."""
+
+    @abc.abstractmethod
+    def outbox_status(self, outbox_id: UUID | str) -> OutboxStatus | None: ...
+
+    @abc.abstractmethod
+    def jobs_find_by_ids(self, ids: Sequence[UUID]) -> list[EnqueueResult]:
+        """The jobs, in any state, whose id is among ``ids`` (``created`` False)."""
+
+    @abc.abstractmethod
+    def outbox_listener(self, channel_label: str) -> Listener:
+        """Open a dedicated connection that receives staging wake-ups (``wait`` returns a
+        non-empty list when something was staged)."""
 
     # ---------------------------------------------------------------- connections --
     @abc.abstractmethod

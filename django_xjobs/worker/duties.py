@@ -33,6 +33,7 @@ log = logging.getLogger("django_xjobs.worker")
 
 # name -> "module:Class" under django_xjobs. Order is start order.
 AVAILABLE: dict[str, str] = {}
+AVAILABLE["relay"] = "worker.relay:Relay"  # the enqueue_on_commit outbox (outbox.py)
 
 
 class Duty(abc.ABC):

@@ -96,3 +96,9 @@ def normalize_order_emails(ctx, cursor):
 @normalize_order_emails.total
 def count_orders():
     return Order.objects.count()
+# ---- outbox (shop/demo_outbox.py) ----
+@job
+def send_receipt(ctx, order_id: int) -> dict:
+    """Staged with enqueue_on_commit when an order is placed: it exists only if the order does."""
+    _note(order_id, "receipt sent")
+    return {"order": order_id, "receipt": True}

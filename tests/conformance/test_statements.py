@@ -44,6 +44,7 @@ LISTS = {
     "results": "{}", "tenant_ids": "acme", "traceparents": None, "enqueued_bys": "tests",
     "concurrency_keys": None, "max_attempts": 3, "priorities": 0, "delays_ms": 0, "limits": 10,
     "states": "done", "run_ats": None,
+    "job_ids": uuid.uuid4(),  # outbox_mark_published
 }
 TIMES = {"run_at", "wake_at", "before", "after_at"}  # filled with the database clock
 

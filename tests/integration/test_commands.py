@@ -110,7 +110,10 @@ def test_stats_json_shows_the_buckets_per_queue(one_of_each):
     queues = {q.pop("queue"): q for q in data["queues"]}
     assert queues["stats-q"] == EXPECTED
     assert queues["other-q"] == {**dict.fromkeys(EXPECTED, 0), "ready": 1}
-    assert data["outbox"] == {"pending": 0, "oldest_pending_seconds": None}
+    assert data["outbox"] == {
+        "pending": 0, "oldest_pending_seconds": None,
+        "databases": {"default": {"pending": 0, "oldest_pending_seconds": None}},
+    }
 
 
 @pytest.mark.django_db

@@ -272,3 +272,9 @@ def enqueue_per_batch(ctx, cursor):
     batch = count_batch(ctx, cursor)
     record.enqueue(tag=f"after:{cursor}")
     return batch
+# ---- outbox ----
+@job
+def stage_child(ctx, tag=""):
+    """Stages a `record` job with enqueue_on_commit: relayed once this run's work commits."""
+    _effect(ctx, "start", tag)
+    return {"staged": str(record.enqueue_on_commit(tag=f"child of {tag}").id)}

@@ -43,6 +43,8 @@ from ...records import (
     FenceReport,
     JobRecord,
     LeaseRef,
+    OutboxRow,
+    OutboxStatus,
     ParkedStep,
     QueueStats,
     Requeue,
@@ -734,6 +736,54 @@ class PostgresEngine(Engine):
     def backfill_get(self, run_id: str) -> BackfillRecord | None:
         found = self.backfills_list(run_id=run_id, limit=1)
         return found[0] if found else None
+    # ---------------------------------------------------------------------------- outbox --
+    def outbox_stage(self, row: OutboxRow) -> None:
+        self._run(S.OUTBOX_STAGE, {
+            "id": row.id, "name": row.name, "queue": row.queue, "input": row.input_json,
+            "key": row.idempotency_key, "max_attempts": row.max_attempts,
+            "run_at": row.run_at, "delay_ms": row.delay_ms, "priority": row.priority,
+            "tenant_id": row.tenant_id, "traceparent": row.traceparent,
+            "enqueued_by": row.enqueued_by, "concurrency_key": row.concurrency_key,
+            "notify": self.notify,
+        }, fetch="one")
+
+    def outbox_claim(self, batch_size: int) -> list[OutboxRow]:
+        return [
+            OutboxRow(
+                id=r[0], name=r[1], queue=r[2], input_json=r[3], idempotency_key=r[4],
+                max_attempts=r[5], run_at=r[6], priority=r[7], tenant_id=r[8],
+                traceparent=r[9], enqueued_by=r[10], concurrency_key=r[11],
+            )
+            for r in self._run(S.OUTBOX_CLAIM, {"batch": batch_size})
+        ]
+
+    def outbox_mark_published(self, published: Mapping[UUID, UUID]) -> int:
+        if not published:
+            return 0
+        return int(self._run(S.OUTBOX_MARK_PUBLISHED, {
+            "ids": _uuid_array(published), "job_ids": _uuid_array(published.values()),
+        }, fetch="count"))
+
+    def outbox_status(self, outbox_id: UUID | str) -> OutboxStatus | None:
+        outbox_uuid = _as_uuid(outbox_id)
+        if outbox_uuid is None:
+            return None
+        row = self._run(S.OUTBOX_STATUS, {"id": outbox_uuid}, fetch="one")
+        if row is None:
+            return None
+        return OutboxStatus(id=row[0], name=row[1], staged_at=row[2], published_at=row[3],
+                            job_id=row[4])
+
+    def jobs_find_by_ids(self, ids: Sequence[UUID]) -> list[EnqueueResult]:
+        if not ids:
+            return []
+        return [
+            EnqueueResult(id=r[0], run_id=r[1], created=False, state=r[2])
+            for r in self._run(S.JOBS_FIND_BY_IDS, {"ids": _uuid_array(ids)})
+        ]
+
+    def outbox_listener(self, channel_label: str) -> Listener:
+        return PostgresListener(self.alias, channel_label, listen=S.OUTBOX_LISTEN)
 
     # ----------------------------------------------------------------------- connections --
     def session_label(self, label: str) -> None:
@@ -772,11 +822,12 @@ def _as_uuid(value: Any) -> UUID | None:
 class PostgresListener(Listener):
     """A dedicated autocommit connection that LISTENs on the ``xjobs`` channel.
 
-    The payload of a notification is a queue name. Connection errors surface as
-    :class:`ListenerLost`; the worker reconnects (and LISTENs again) with backoff.
+    The payload of a notification is a queue name. A relay's listener LISTENs on the outbox's
+    channel instead (``listen=S.OUTBOX_LISTEN``), whose payload is empty. Connection errors
+    surface as :class:`ListenerLost`; the worker reconnects (and LISTENs again) with backoff.
     """
 
-    def __init__(self, alias: str, label: str) -> None:
+    def __init__(self, alias: str, label: str, *, listen: Statement = S.LISTEN) -> None:
         import psycopg
 
         params = dict(connections[alias].get_connection_params())
@@ -789,7 +840,7 @@ class PostgresListener(Listener):
         params.setdefault("keepalives_count", 3)
         try:
             self._conn = psycopg.connect(**params, autocommit=True)
-            self._conn.execute(S.LISTEN.sql)
+            self._conn.execute(listen.sql)
         except psycopg.Error as exc:
             raise ListenerLost(str(exc)) from exc
 

@@ -43,6 +43,16 @@ def step_dict(step: StepRecord) -> dict[str, Any]:
             if name != "due"}
 
 
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 120:
+        return f", oldest {seconds:.1f}s"
+    if seconds < 7200:
+        return f", oldest {seconds / 60:.0f}m"
+    return f", oldest {seconds / 3600:.1f}h"
+
+
 def _preview(value: Any, limit: int = 60) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -107,7 +117,8 @@ class Command(BaseCommand):
     def _stats(self, as_json: bool) -> None:
         engine = get_engine()
         rows = engine.queue_stats()
-        pending, oldest = engine.outbox_pending()
+        outbox = self._outbox_pending()
+        pending, oldest = outbox["pending"], outbox["oldest_pending_seconds"]
         if as_json:
             self._emit({
                 "queues": [
@@ -116,7 +127,7 @@ class Command(BaseCommand):
                      "done": r.done, "cancelled": r.cancelled}
                     for r in rows
                 ],
-                "outbox": {"pending": pending, "oldest_pending_seconds": oldest},
+                "outbox": outbox,
             })
             return
         columns = ("queue", "ready", "delayed", "running", "suspended", "dead", "done",
@@ -134,8 +145,22 @@ class Command(BaseCommand):
                 self.stdout.write("  ".join("-" * w for w in widths))
         if not rows:
             self.stdout.write("(no jobs)")
-        age = f", oldest {oldest:.1f}s" if oldest is not None else ""
-        self.stdout.write(f"\noutbox: {pending} pending{age}")
+        self.stdout.write(f"\noutbox: {pending} pending{_age(oldest)}")
+        if len(outbox["databases"]) > 1:
+            for alias, entry in outbox["databases"].items():
+                self.stdout.write(f"  {alias}: {entry['pending']} pending"
+                                  f"{_age(entry['oldest_pending_seconds'])}")
+
+    # ---- outbox ----
+    @staticmethod
+    def _outbox_pending() -> dict[str, Any]:
+        """Pending stagings over every outbox alias (XJOBS["OUTBOX"]["DATABASES"])."""
+        from ... import outbox
+
+        summary = outbox.pending()
+        return {"pending": summary.count, "oldest_pending_seconds": summary.oldest_seconds,
+                "databases": {alias: {"pending": n, "oldest_pending_seconds": age}
+                              for alias, (n, age) in summary.by_alias.items()}}
 
     def _show(self, job: JobRecord, as_json: bool) -> None:
         steps = sorted(get_engine().steps_of_run(str(job.run_id)),
