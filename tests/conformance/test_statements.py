@@ -41,6 +41,8 @@ LISTS = {
     "results": "{}", "tenant_ids": "acme", "traceparents": None, "enqueued_bys": "tests",
     "concurrency_keys": None, "max_attempts": 3, "priorities": 0, "delays_ms": 0, "limits": 10,
     "states": "done", "run_ats": None,
+    "holders": "job/token/worker", "slots": 0, "spent": True, "resumed": False,  # slots
+    "notes": None,
 }
 TIMES = {"run_at", "wake_at", "before", "after_at"}  # filled with the database clock
 
