@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "Concurrency",
     "JobContext",
     "JobHandle",
     "PermanentError",
@@ -31,6 +32,7 @@ __all__ = [
 from .context import JobContext
 from .exceptions import PermanentError, Snooze
 from .registry import job
+from .slots import Concurrency
 
 if TYPE_CHECKING:
     from .api import JobHandle, cancel, enqueue, enqueue_many, get_job, retry
