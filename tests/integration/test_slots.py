@@ -472,3 +472,44 @@ def test_a_job_whose_keys_get_no_limit_fails_the_system_check():
                         if m.id == "xjobs.E010"]) == 1
     finally:
         registry.unregister("t.unlimited_template")
+
+
+# ------------------------------------------------------------------------- the hot path --
+
+
+def statements_run(fn):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as ctx:
+        result = fn()
+    return result, [q["sql"] for q in ctx.captured_queries]
+
+
+def test_acquiring_renewing_and_releasing_forty_slots_is_one_statement_each():
+    engine = get_engine()
+    requests = [SlotRequest(lease_key=f"hot:{i % 8}", limit=5, holder=f"h{i}")
+                for i in range(40)]
+
+    granted, acquire = statements_run(lambda: engine.slots_acquire(requests, 60_000))
+    renewed, renew = statements_run(lambda: engine.slots_renew_if_held(granted, 60_000))
+    released, release = statements_run(lambda: engine.slots_release_if_held(granted))
+
+    assert len(granted) == 40 and renewed == {g.holder for g in granted} and released == 40
+    assert [len(acquire), len(renew), len(release)] == [1, 1, 1]
+    assert "slots_acquire" in acquire[0] and "slots_release_if_held" in release[0]
+
+
+def test_handing_back_forty_refused_claims_is_one_statement():
+    from django_xjobs.records import Requeue
+
+    engine = get_engine()
+    jobs.record.bulk_enqueue({"tag": str(i)} for i in range(40))
+    claimed = engine.jobs_claim(wants={"default": 40}, worker_id="tests:hot", lease_ms=60_000)
+    batch = [Requeue(id=c.id, lease_token=c.lease_token, delay_ms=200, spent_attempt=True,
+                     resumed=False) for c in claimed]
+
+    report, sql = statements_run(lambda: engine.jobs_requeue_if_owned(batch))
+
+    assert len(report.owned) == 40
+    assert len(sql) == 1
