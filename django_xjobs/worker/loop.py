@@ -132,7 +132,7 @@ class Run:
     """One claim of one job, from the claim until its fenced write settles it."""
 
     __slots__ = ("abandoned", "ctx", "deadline", "definition", "future", "job", "outcome",
-                 "parking", "phase", "renewed_at", "slot", "slot_renewed_at")
+                 "parking", "phase", "renewed_at", "slot", "slot_renewed_at", "slot_ttl")
 
     def __init__(self, job: ClaimedJob, definition: registry.Job | None, now: float) -> None:
         self.job = job
@@ -152,6 +152,7 @@ class Run:
         # when the acquire or the last renewal that landed was SENT (monotonic).
         self.slot: SlotHold | None = None
         self.slot_renewed_at = now
+        self.slot_ttl = 0.0  # SLOT_TTL, set with the slot
         self.ctx = JobContext(
             job_id=job.id, run_id=job.run_id, name=job.name, queue=job.queue,
             attempt=job.attempt, max_attempts=job.max_attempts, tenant_id=job.tenant_id,
@@ -167,8 +168,14 @@ class Run:
 
         owner = RunOwner(job_id=self.job.id, lease_token=self.job.lease_token,
                          run_id=self.job.run_id)
-        steps = Steps(get_engine(), owner, ctx, on_park)
+        steps = Steps(get_engine(), owner, ctx, on_park,
+                      self._slot_guard if self.slot is not None else None)
         return AsyncSteps(steps) if self.definition and self.definition.is_async else steps
+
+    def _slot_guard(self) -> None:
+        """Before a step write: the run must still be able to prove it holds its slot."""
+        if self.slot is not None and clock.monotonic() - self.slot_renewed_at >= self.slot_ttl:
+            raise SlotLost(f"{SLOT_LOST}: the run's slot may have lapsed; step not recorded")
 
 
 def new_worker_id() -> str:
@@ -486,7 +493,9 @@ class Worker:
         with self._lock:
             if run.phase != from_phase:
                 return False
-            lost = (run.slot is not None and isinstance(outcome, Done | Retry)
+            # Discard too: a step write the slot guard refused (Run._slot_guard) ends the run
+            # with SlotLost, and the job must be handed back, not left to its lease.
+            lost = (run.slot is not None and isinstance(outcome, Done | Retry | Discard)
                     and clock.monotonic() - run.slot_renewed_at >= self._slot_ttl)
             if lost:
                 # The run ended after its slot may have lapsed (a worker frozen past the TTL
@@ -726,6 +735,7 @@ class Worker:
             else:
                 run.slot = hold
                 run.slot_renewed_at = sent_at
+                run.slot_ttl = self._slot_ttl
                 self._holding += 1
         if not refused:
             return runs

@@ -373,6 +373,44 @@ def test_a_run_that_finishes_after_its_slot_lapsed_never_writes_its_result(caplo
     assert any("X_JOB_SLOT_LOST" in r.getMessage() for r in caplog.records)
 
 
+def test_a_step_that_ends_after_its_runs_slot_lapsed_is_not_recorded():
+    from django_xjobs.models import JobStep
+
+    handle = jobs.slotted_step.enqueue(group="late", seconds=1.0)
+    started, release = threading.Event(), threading.Event()
+
+    def hang_heartbeat(point: str) -> None:
+        release.wait(10)
+
+    def hang_loop(point: str) -> None:
+        if started.is_set():
+            time.sleep(2)
+
+    with override_settings(XJOBS={"LEASE": "30s", "HEARTBEAT": "0.2s", "SLOT_TTL": "0.6s",
+                                  "POLL_INTERVAL": "0.2s"}), \
+            running_worker(concurrency=1):
+        wait_until(lambda: Job.objects.filter(pk=handle.id, state="running").exists(),
+                   message="the run to start")
+        faults.inject_hook("before:slots_renew_if_held", hang_heartbeat, times=None)
+        faults.inject_hook("before:jobs_claim", hang_loop, times=None)
+        started.set()
+        try:
+            wait_until(lambda: effects(handle, "work"), message="the step's code to end")
+            wait_until(lambda: handle.get().state != "running", message="the hand-back")
+            handed_back = handle.get()
+            steps = list(JobStep.objects.filter(run_id=handed_back.run_id, status="completed"))
+        finally:
+            faults.clear()
+            release.set()
+
+    assert steps == []  # the slow execution's output was never stored
+    assert "X_JOB_SLOT_LOST" in handed_back.last_error
+    assert handed_back.attempt == 0
+    drain_until(handle)
+    assert handle.get().result == {"worked": True}
+    assert len(effects(handle, "work")) == 2  # the step ran again, under a slot
+
+
 # --------------------------------------------------------------------------- durable sleep --
 
 

@@ -284,3 +284,16 @@ def slotted_outcome(ctx, group, outcome="done"):
     if outcome == "timeout":
         time.sleep(3)
     return {"outcome": outcome}
+
+
+@job(concurrency=Concurrency(key="stepslot:{group}", limit=1))
+def slotted_step(ctx, group, seconds=1.0):
+    """One durable step, slow on its first execution only."""
+
+    def work():
+        first = not Effect.objects.filter(job_id=ctx.job_id, kind="work").exists()
+        time.sleep(seconds if first else 0)
+        _effect(ctx, "work", group)
+        return {"worked": True}
+
+    return ctx.step.run("work", work)
