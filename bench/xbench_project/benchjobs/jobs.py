@@ -3,7 +3,7 @@
 import os
 import time
 
-from django_xjobs import job
+from django_xjobs import Concurrency, job
 
 try:  # inside the shared harness (../shared/bench): its recorder and file layout
     from common import record_start
@@ -44,3 +44,9 @@ def three_steps(ctx, i):
     a = ctx.step.run("a", lambda: i)
     b = ctx.step.run("b", lambda: a + 1)
     return ctx.step.run("c", lambda: b + 1)
+
+
+@job(concurrency=Concurrency(key="bench:{k}", limit=2))
+def keyed(ctx, i, k):
+    """W8: a no-op under a concurrency slot (at most 2 runs per key ``k`` fleet-wide)."""
+    return None
