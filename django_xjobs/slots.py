@@ -31,7 +31,10 @@ States of one slot ``(key, n)``, ``0 <= n < limit``::
   (``X_JOB_SLOT_LOST``: :class:`~django_xjobs.exceptions.SlotLost`).
 * **release** (``slots_release_if_held``, with the settle of the run, batched): however the
   run ended (done, failed, snoozed, suspended by a step, timed out, handed back at shutdown,
-  lost). A crashed worker releases nothing: its slots free themselves at expiry.
+  lost). A crashed worker releases nothing: its slots free themselves at expiry. Each slot a
+  worker releases wakes one job that same worker refused on that key (``jobs_wake_refused``:
+  due now instead of at the end of its poll interval), fenced on the token of the refused
+  claim, so a job claimed again since is left alone.
 
 A run's life with a slot (worker/loop.py)::
 
@@ -41,6 +44,7 @@ A run's life with a slot (worker/loop.py)::
                  │                     ─▶ X_JOB_SLOT_LOST: run stopped, result discarded,
                  │                        job re-queued (its attempt given back)
                  └─refused─▶ re-queued due after one POLL_INTERVAL, its attempt given back
+                             (or due at once when this worker releases a slot of its key)
 
 Timeouts, and which bounds which:
 
@@ -53,9 +57,10 @@ Timeouts, and which bounds which:
   run is stopped (the self-fence, for a hung connection) and an outcome it reports is replaced
   by ``X_JOB_SLOT_LOST`` (for a worker that was frozen and woke up after its slot was taken):
   a run that could not prove it still held its slot never writes its result.
-* ``POLL_INTERVAL`` is how long a refused job waits before it is due again; a refused job is
-  re-queued with a later ``run_at``, so the worker does not claim it again in a tight loop,
+* ``POLL_INTERVAL`` is the longest a refused job waits before it is due again; a refused job
+  is re-queued with a later ``run_at``, so the worker does not claim it again in a tight loop,
   and the queue's other keys are claimed in between (the saturated key does not starve them).
+  It is woken earlier only by a release of its key in the worker that refused it.
 * The job's own lease (``LEASE``) is independent: a slot lost does not lose the job, and a job
   lease lost stops the run as always (its slot is then released with its settle).
 

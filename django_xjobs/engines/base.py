@@ -263,6 +263,11 @@ class Engine(abc.ABC):
         """Live slots per key, busiest key first."""
 
     @abc.abstractmethod
+    def jobs_wake_refused(self, refused: Sequence[LeaseRef]) -> int:
+        """Make due now each job still waiting after the refusal of the claim ``lease_token``
+        (no claim since); how many were woken."""
+
+    @abc.abstractmethod
     def jobs_requeue_if_owned(self, batch: Sequence[Requeue]) -> FenceReport:
         """:meth:`job_requeue_if_owned` for many runs in one statement (refused slots)."""
 

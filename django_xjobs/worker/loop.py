@@ -23,7 +23,8 @@ Concurrency slots (``slots.py`` has the protocol): a claimed batch's slot-limite
 their slots in ONE ``slots_acquire`` before dispatch (step 3); a refused one never starts and
 goes back, due after one poll interval with its attempt given back, in ONE
 ``jobs_requeue_if_owned`` at the next settle. Held slots are renewed with the heartbeat and
-released in ONE ``slots_release_if_held`` per settle (step 1), however the run ended. A run
+released in ONE ``slots_release_if_held`` per settle (step 1), however the run ended; each slot
+released wakes one job this worker refused on its key (ONE ``jobs_wake_refused``). A run
 that cannot prove it still holds its slot (a refused renewal, or none for a whole SLOT_TTL) is
 stopped with ``X_JOB_SLOT_LOST`` and its job handed back; its result is never written. A batch
 without slot-limited jobs runs none of these statements.
@@ -61,6 +62,7 @@ from ..records import (
     Completion,
     Failure,
     Fence,
+    LeaseRef,
     Requeue,
     RunOwner,
     SlotHold,
@@ -84,6 +86,9 @@ WATCH_EVERY = 0.05
 # get almost none, so they are not hoarded by one worker while others idle.
 PREFETCH_WINDOW = 0.05
 PREFETCH_MAX = 1000
+# Refused jobs remembered per key for an early wake-up (slots), and keys remembered at most.
+WAITING_MAX = 10_000
+WAITING_KEYS_MAX = 10_000
 # An executor thread idle for this long cleans up its Django connections before its next job
 # too (they may have aged past CONN_MAX_AGE or been closed by the server meanwhile).
 IDLE_RECHECK = 1.0
@@ -219,13 +224,16 @@ class Worker:
         self._low_water = 1  # wake the loop when no more than this many runs wait to start
         self._finished_since = 0.0  # when the oldest unsettled outcome was recorded
         self.started = threading.Event()  # test signal: threads up, first claim done
+        self.idle = threading.Event()  # test signal: nothing in flight after a claim found none
         # ---- concurrency slots (slots.py) ----
         self._slot_ttl = self.settings.slot_ttl
         self._slot_ttl_ms = round(self._slot_ttl * 1000)
         self._holding = 0  # runs holding a slot not yet handed to a release
         self._releases: list[SlotHold] = []  # slots of settled runs, released at the next try
         self._limitless_keys: set[str] = set()  # keys already warned about (no limit known)
-        self.idle = threading.Event()  # test signal: nothing in flight after a claim found none
+        # Jobs this worker refused a slot, per key, until they are due again anyway: a slot of
+        # that key released here wakes them at once (jobs_wake_refused).
+        self._waiting: dict[str, deque[tuple[float, LeaseRef]]] = {}
 
     # ------------------------------------------------------------------------ public --
     def run(self) -> None:
@@ -766,6 +774,13 @@ class Worker:
             for r in refused:
                 r.phase = SETTLED
                 self._runs.pop(r.job.lease_token, None)
+        due_at = clock.monotonic() + self.options.poll_interval
+        for r in refused:
+            if report.outcome(r.job.lease_token) is Fence.OWNED:
+                key = r.job.concurrency_key
+                assert key is not None
+                self._waiting.setdefault(key, deque(maxlen=WAITING_MAX)).append(
+                    (due_at, LeaseRef(id=r.job.id, lease_token=r.job.lease_token)))
         lost = [r for r in refused if report.outcome(r.job.lease_token) is Fence.LOST]
         if lost:
             self.stats["lost"] += len(lost)
@@ -794,7 +809,36 @@ class Worker:
         except Exception as exc:
             self._db_error("slot release", exc)
             return
-        self._releases = []
+        released, self._releases = self._releases, []
+        if self._waiting:
+            self._wake_waiting(Counter(h.lease_key for h in released))
+
+    def _wake_waiting(self, freed: Counter[str]) -> None:
+        """For each slot just released, make one job this worker refused on that key due now
+        (one statement), instead of letting it wait out its poll interval."""
+        now = clock.monotonic()
+        wake: list[LeaseRef] = []
+        for key, n in freed.items():
+            waiting = self._waiting.get(key)
+            while waiting and n > 0:
+                due_at, ref = waiting.popleft()
+                if due_at > now:  # past it, the job is due again by itself
+                    wake.append(ref)
+                    n -= 1
+            if waiting is not None and not waiting:
+                del self._waiting[key]
+        if len(self._waiting) > WAITING_KEYS_MAX:  # keys nobody released for a while
+            self._waiting = {k: w for k, w in self._waiting.items() if w and w[-1][0] > now}
+        if not wake:
+            return
+        try:
+            woken = self.engine.jobs_wake_refused(wake)
+        except Exception as exc:
+            self._db_error("wake refused", exc)  # they are due after their poll interval
+            return
+        self.stats["slot_woken"] += woken
+        if woken:
+            self._more_likely = True  # claim them now, while their slots are free
 
     def on_slots_renewed(self, runs: Sequence[Run], renewed: frozenset[str],
                          sent_at: float) -> None:

@@ -447,3 +447,68 @@ def test_a_batch_requeue_retried_after_its_commit_reads_as_already_applied(engin
 
     assert again.already_applied == {claimed[0].lease_token}
     assert Job.objects.get(id=claimed[0].id).attempt == 0  # not given back twice
+
+
+# ------------------------------------------------------------------ refused jobs woken up --
+
+
+def refs(claimed) -> list:
+    from django_xjobs.records import LeaseRef
+
+    return [LeaseRef(id=c.id, lease_token=c.lease_token) for c in claimed]
+
+
+def test_a_refused_job_is_woken_due_now(engine):
+    enqueue(engine)
+    claimed = claim(engine, n=1)
+    engine.jobs_requeue_if_owned(refused(claimed, delay_ms=60_000))
+    assert claim(engine, n=1) == []
+
+    assert engine.jobs_wake_refused(refs(claimed)) == 1
+
+    again = claim(engine, n=1)
+    assert [c.id for c in again] == [claimed[0].id]
+    assert again[0].attempt == 1
+
+
+def test_a_job_claimed_since_its_refusal_is_not_woken(engine):
+    enqueue(engine)
+    first = claim(engine, n=1)
+    engine.jobs_requeue_if_owned(refused(first, delay_ms=50))
+    wait_until(lambda: claim(engine, n=1, worker="worker-2"), message="the job to be due")
+    # Claimed again by worker-2, which failed it into a long backoff.
+    row = Job.objects.get(id=first[0].id)
+    from django_xjobs.records import Failure
+
+    engine.job_fail_if_owned(Failure(id=str(row.id), lease_token=str(row.lease_token),
+                                     error="boom", retry_delay_ms=60_000))
+    before = Job.objects.get(id=row.id).run_at
+
+    assert engine.jobs_wake_refused(refs(first)) == 0
+
+    assert Job.objects.get(id=row.id).run_at == before
+
+
+def test_waking_touches_only_jobs_still_waiting(engine):
+    for _ in range(3):
+        enqueue(engine)
+    claimed = claim(engine, n=3)
+    engine.jobs_requeue_if_owned(refused(claimed[:1], delay_ms=60_000))  # waiting
+    engine.jobs_requeue_if_owned(refused(claimed[1:2], delay_ms=0))  # already due
+    # claimed[2] is still running under its claim.
+
+    assert engine.jobs_wake_refused(refs(claimed)) == 1
+    assert Job.objects.get(id=claimed[2].id).state == "running"
+
+
+def test_a_refused_resume_is_woken_and_stays_a_resume(engine):
+    enqueue(engine)
+    first = claim(engine, n=1)[0]
+    Job.objects.filter(id=first.id).update(state="suspended", lease_token=None)
+    resumed = claim(engine, n=1)[0]
+    engine.jobs_requeue_if_owned(refused([resumed], delay_ms=60_000))
+
+    assert engine.jobs_wake_refused(refs([resumed])) == 1
+
+    again = claim(engine, n=1)[0]
+    assert again.resumed and again.attempt == 1

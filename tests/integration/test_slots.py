@@ -202,6 +202,26 @@ def test_a_refused_job_goes_back_due_after_a_poll_interval_without_spending_an_a
     assert [e.attempt for e in effects(handle, "start")] == [1]
 
 
+def test_a_slot_released_here_wakes_a_job_refused_here_instead_of_a_poll_interval_later():
+    # Poll interval far longer than the test: without the wake-up, one drain would leave the
+    # refused jobs delayed (drain leaves jobs that are not due).
+    handles = [jobs.slotted.enqueue(group="relay", seconds=0.05) for _ in range(6)]
+
+    with override_settings(XJOBS={"POLL_INTERVAL": "60s",
+                                  "CONCURRENCY_LIMITS": {"slot:relay": 1}}), \
+            counting("jobs_wake_refused") as counts:
+        stats = drain(concurrency=4, prefetch=0)
+
+    assert {h.get().state for h in handles} == {"done"}
+    assert stats["slot_refused"] >= 5
+    assert stats["slot_woken"] >= 5
+    assert counts["jobs_wake_refused"] >= 1
+    assert {h.get().attempt for h in handles} == {1}
+    # One at a time all along: each run started after the previous one ended.
+    marks = [e.kind for e in Effect.objects.filter(tag__startswith="relay|").order_by("at", "id")]
+    assert marks == ["start", "end"] * 6
+
+
 def test_a_claimed_batch_takes_its_slots_and_hands_back_its_refusals_in_one_statement_each():
     hold_slots("slot:full", 2, 2)
     refused = [jobs.slotted.enqueue(group="full", seconds=0) for _ in range(6)]

@@ -722,6 +722,15 @@ class PostgresEngine(Engine):
             for r in self._run(S.SLOTS_USAGE, {"limit": limit})
         ]
 
+    def jobs_wake_refused(self, refused: Sequence[LeaseRef]) -> int:
+        if not refused:
+            return 0
+        woken, _notified = self._run(S.JOBS_WAKE_REFUSED, {
+            "ids": _uuid_array(r.id for r in refused),
+            "tokens": _uuid_array(r.lease_token for r in refused), "notify": self.notify,
+        }, fetch="one")
+        return int(woken)
+
     def jobs_requeue_if_owned(self, batch: Sequence[Requeue]) -> FenceReport:
         if not batch:
             return FenceReport()

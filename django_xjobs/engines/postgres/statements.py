@@ -1003,6 +1003,33 @@ select lease_key, count(*), min(expires_at)
 """,
 )
 
+JOBS_WAKE_REFUSED = Statement(
+    "jobs_wake_refused",
+    why="""
+Make jobs that were refused a slot due now, because the worker that refused them has just
+released a slot of their key: without it, a refused job waits its whole poll interval even when
+a slot frees a millisecond later, and a saturated key of short jobs runs `limit` jobs per poll
+interval. The worker names each job with the token of the claim it refused: the refusal leaves
+that token on the row, and any later claim replaces it, so a job that was claimed again since
+(and perhaps failed into a backoff, or snoozed) is not touched. Only rows still waiting
+(`run_at > now()`) move. NOTIFY wakes the other workers of the queues, at most once per queue.
+""",
+    sql="""
+with woken as (
+    update x_jobs j
+       set run_at = now(), updated_at = now()
+      from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
+     where j.id = v.id and j.lease_token = v.token
+       and j.state in ('ready', 'delayed', 'suspended') and j.run_at > now()
+    returning j.queue
+)
+select (select count(*) from woken),
+       (select count(pg_notify('xjobs', d.queue))
+          from (select distinct queue from woken) d
+         where %(notify)s)
+""",
+)
+
 JOBS_REQUEUE_IF_OWNED = Statement(
     "jobs_requeue_if_owned",
     why="""
