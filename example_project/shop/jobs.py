@@ -74,3 +74,19 @@ def fulfil_order(ctx, order_id: int) -> dict:
     ctx.step.run("ship", lambda: _note(order_id, "handed to the carrier"))
     Order.objects.filter(pk=order_id).update(status="shipped")
     return {"order": order_id, "shipped": True, "paid": payment["amount"]}
+
+
+# ------------------------------------------------------------------ concurrency slots (demo) --
+
+from django_xjobs import Concurrency  # noqa: E402
+
+
+@job(queue="payments", concurrency=Concurrency(key="partner-api:{tenant_id}", limit=2))
+def sync_partner(ctx, n: int) -> dict:
+    """Calls a partner API that allows two connections per tenant: at most two of these run at
+    once per tenant, across every worker."""
+    import time
+
+    started = time.time()
+    time.sleep(0.3)
+    return {"n": n, "started": started, "ended": time.time()}
