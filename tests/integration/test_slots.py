@@ -571,3 +571,14 @@ def test_handing_back_forty_refused_claims_is_one_statement():
 
     assert len(report.owned) == 40
     assert len(sql) == 1
+
+
+def test_xjobs_show_names_the_jobs_concurrency_key():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    handle = jobs.per_tenant.using(tenant_id="acme").enqueue(n=1)
+    out = StringIO()
+    call_command("xjobs", "show", str(handle.id), stdout=out)
+    assert "concurrency_key: tenant:acme" in out.getvalue()

@@ -166,7 +166,7 @@ class Command(BaseCommand):
         fields = ("id", "name", "queue", "state", "attempt", "max_attempts", "priority",
                   "run_at", "created_at", "updated_at", "started_at", "finished_at",
                   "claimed_by", "tenant_id", "idempotency_key", "run_id", "enqueued_by",
-                  "traceparent", "rescues")
+                  "traceparent", "rescues", "concurrency_key")
         for name in fields:
             self.stdout.write(f"{name:>16}: {_jsonable(getattr(job, name))}")
         self.stdout.write(f"{'input':>16}: {json.dumps(job.input, indent=2)}")
