@@ -16,6 +16,8 @@ W7 relay lag        a dedicated xjobs_relay; 500 enqueue_on_commit at 50/s, each
                     claimable (the job channel's NOTIFY, sent on that commit)     p50/p95/p99
 W9 backfill         one pass over a real 100,000-row table, keyset batches of 1,000
                     (val + 1 per row, each batch committed with its progress), 1 worker  rows/s
+W8 slot-limited     5,000 no-op jobs under Concurrency(limit=2) over 20 keys, 2 workers,
+                    keys interleaved and keys clustered, beside the same 5,000 unlimited  jobs/s
 
 The database is a fresh ``xjobs_bench`` (``XJOBS_BENCH_DB`` names another) on the server
 ``django_xjobs.devdb`` picks (the one the tests use). Figures depend on the machine: compare
@@ -237,6 +239,42 @@ class Bench:
         assert steps == 3 * n, f"{steps} steps for {n} jobs"
         return {"rate": n / (float(last) - t0), "steady": n / (float(last) - float(first))}
 
+    # ---- W8: concurrency slots (slots.py) ----
+    def _drain(self, items: list[tuple[str, dict]], what: str) -> dict[str, float]:
+        from django_xjobs import enqueue_many
+
+        self.reset()
+        self.sql("truncate x_job_leases")
+        for start in range(0, len(items), 1000):
+            enqueue_many(items[start:start + 1000])
+        self.sql("analyze x_jobs")
+        t0 = time.time()
+        procs = self.spawn_workers()
+        deadline = time.monotonic() + 900
+        while self.sql("select count(*) from x_jobs where state <> 'done'")[0][0]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"W8 {what} did not finish in 900 s")
+            time.sleep(0.1)
+        self.stop_workers(procs)
+        first, last = self.sql("select extract(epoch from min(started_at)),"
+                               " extract(epoch from max(finished_at)) from x_jobs")[0]
+        n = len(items)
+        return {"rate": n / (float(last) - t0), "steady": n / (float(last) - float(first))}
+
+    def w8(self) -> dict[str, dict[str, float]]:
+        """The cost of slots: the same no-op drain unlimited, then under Concurrency(limit=2)
+        on 20 keys, with the keys interleaved (i % 20: a claimed batch spans every key) and
+        clustered (i // (n / 20): a claimed batch is mostly one key, so most of it is refused
+        and waits a poll interval)."""
+        n = max(500, self.sizes["w3"] // 4)
+        return {
+            "unlimited": self._drain([("bench.noop", {"i": i}) for i in range(n)], "unlimited"),
+            "interleaved": self._drain([("bench.keyed", {"i": i, "k": i % 20})
+                                        for i in range(n)], "interleaved"),
+            "clustered": self._drain([("bench.keyed", {"i": i, "k": i * 20 // n})
+                                      for i in range(n)], "clustered"),
+        }
+
     def w5(self) -> dict[str, float]:
         """Event wake-up: suspended waiters, publish_event at 50/s, publish -> resumed step."""
         from django_xjobs import publish_event
@@ -404,7 +442,7 @@ class Bench:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6,W7,W9")
+    p.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6,W7,W8,W9")
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--prefetch", default="auto")
     args = p.parse_args()
@@ -450,6 +488,16 @@ def main() -> None:
                      f"{r7['p50']:.1f} / {r7['p95']:.1f} / {r7['p99']:.1f} ms"))
         rows.append(("W7 relay of a committed backlog (one relay process)",
                      f"{r7['rate']:,.0f} jobs/s"))
+    if "W8" in chosen:
+        r8 = bench.w8()
+        base = r8["unlimited"]["steady"]
+        for variant, label in (("unlimited", "no limit"),
+                               ("interleaved", "limit 2 x 20 keys, interleaved"),
+                               ("clustered", "limit 2 x 20 keys, clustered")):
+            r = r8[variant]
+            rows.append((f"W8 drain, {label} (steady)",
+                         f"{r['rate']:,.0f} jobs/s ({r['steady']:,.0f}; "
+                         f"{r['steady'] / base:.0%} of unlimited)"))
     width = max(len(k) for k, _ in rows)
     print(f"\ndjango-xjobs bench ({'quick' if args.quick else 'full'}; concurrency "
           f"{args.concurrency}, prefetch {args.prefetch}, 2 worker processes)\n")

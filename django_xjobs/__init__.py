@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "Batch",
+    "Concurrency",
     "JobContext",
     "JobHandle",
     "PermanentError",
@@ -36,6 +37,7 @@ __all__ = [
 from .context import JobContext
 from .exceptions import PermanentError, Snooze
 from .registry import job
+from .slots import Concurrency
 
 if TYPE_CHECKING:
     from .api import JobHandle, cancel, enqueue, enqueue_many, enqueue_on_commit, get_job, retry

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from . import conf, registry, tracing
+from . import conf, registry, slots, tracing
 from .engines import get_engine
 from .exceptions import (
     InvalidJobInput,
@@ -44,6 +44,7 @@ _process_identity = f"{socket.gethostname()}:{os.getpid()}"
 ENQUEUE_OPTIONS = frozenset({
     "idempotency_key", "delay", "run_at", "tenant_id", "priority", "queue", "max_attempts",
     "enqueued_by", "traceparent",
+    "concurrency_key",  # an explicit concurrency key (slots.py), over the job's own template
 })
 # One encoder for every enqueue: json.dumps with any option builds a new JSONEncoder per call.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -197,6 +198,7 @@ class _Template:
     traceparent: str | None
     enqueued_by: str
     payload_limit: int
+    slot_keys: slots.EnqueueKeys | None = None  # None: the job is not slot-limited
 
     def params(self, input: Any, job_id: UUID, run_id: UUID) -> EnqueueParams:
         if input is None:
@@ -206,6 +208,7 @@ class _Template:
                 f"input of {self.definition.name} must be a dict of keyword arguments, "
                 f"got {type(input).__name__}"
             )
+        concurrency_key = None if self.slot_keys is None else self.slot_keys.key(input)
         input_json = encode_json(input if type(input) is dict else dict(input),
                                  what=f"input of {self.definition.name}",
                                  limit=self.payload_limit)
@@ -214,7 +217,7 @@ class _Template:
             input_json=input_json, idempotency_key=self.key, max_attempts=self.max_attempts,
             priority=self.priority, run_at=self.run_at, delay_ms=self.delay_ms,
             tenant_id=self.tenant_id, traceparent=self.traceparent,
-            enqueued_by=self.enqueued_by,
+            enqueued_by=self.enqueued_by, concurrency_key=concurrency_key,
         )
 
 
@@ -278,6 +281,8 @@ def _template(definition: registry.Job, options: Mapping[str, Any]) -> _Template
         priority=priority, run_at=run_at, delay_ms=delay_ms, tenant_id=tenant_id,
         traceparent=traceparent, enqueued_by=enqueued_by,
         payload_limit=settings.max_payload_bytes,
+        slot_keys=slots.enqueue_keys(definition, options.get("concurrency_key"), tenant_id,
+                                     settings),
     )
 
 

@@ -85,5 +85,38 @@ def _raw() -> Any:
     return getattr(settings, "XJOBS", None)
 
 
+# ------------------------------------------------------------------------ concurrency slots --
+
+
+def check_concurrency(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A job declared with ``Concurrency(limit=None)`` needs XJOBS["CONCURRENCY_LIMITS"] to give
+    every key its template can make a limit, or its every enqueue would be refused."""
+    from . import registry, slots
+
+    try:
+        settings = conf.build(_raw())
+    except ConfigurationError:
+        return []  # check_settings reports it
+    errors: list[checks.CheckMessage] = []
+    for name, definition in sorted(registry.all_jobs().items()):
+        concurrency = slots.concurrency_of(definition)
+        if concurrency is None or concurrency.limit is not None:
+            continue
+        # Every key of the template starts with its literal prefix; a settings prefix covers
+        # them all only if it is a prefix of that.
+        if not any(concurrency.prefix.startswith(p) for p, _ in settings.concurrency_limits):
+            errors.append(checks.Error(
+                f"job {name!r}: Concurrency(key={concurrency.key!r}) has no limit, and no "
+                f'prefix of XJOBS["CONCURRENCY_LIMITS"] covers its keys (they start with '
+                f"{concurrency.prefix!r})",
+                hint="Give it Concurrency(..., limit=N), or add a prefix of "
+                     f'{concurrency.prefix!r} to XJOBS["CONCURRENCY_LIMITS"]. See '
+                     "docs/concurrency.md",
+                id="xjobs.E010",
+            ))
+    return errors
+
+
 def register() -> None:
     checks.register(check_settings, "django_xjobs")
+    checks.register(check_concurrency, "django_xjobs")

@@ -150,6 +150,13 @@ class XJobsSettings:
     backfill_throttle: float = 0.0
     raw: Mapping[str, Any] = field(default_factory=dict)
     outbox: OutboxSettings = field(default_factory=OutboxSettings)
+    # ---- concurrency slots (slots.py) ----
+    # XJOBS["CONCURRENCY_LIMITS"] as (prefix, limit) pairs, longest prefix first: the first
+    # prefix a key starts with gives its limit, over the job's own Concurrency(limit=...).
+    concurrency_limits: tuple[tuple[str, int], ...] = ()
+    # How long a slot stays held without a renewal (a crashed or frozen holder blocks it that
+    # long). Renewed with every heartbeat. Default: the lease.
+    slot_ttl: float = 30.0
 
 
 _KNOWN_KEYS = {
@@ -159,6 +166,7 @@ _KNOWN_KEYS = {
     "PREPARED_STATEMENTS",
     "BACKFILL_THROTTLE",  # ---- backfills
     "OUTBOX",
+    "CONCURRENCY_LIMITS", "SLOT_TTL",  # concurrency slots
 }
 
 
@@ -292,7 +300,43 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
         backfill_throttle=_duration(raw, "BACKFILL_THROTTLE", 0.0, positive=False),  # backfills
         raw=raw,
         outbox=_outbox_settings(raw, poll_interval),
+        **_slot_settings(raw, lease=lease, heartbeat=heartbeat),
     )
+
+
+# ------------------------------------------------------------------------ concurrency slots --
+
+MAX_SLOT_KEY = 500  # characters of a concurrency key (and so of a CONCURRENCY_LIMITS prefix)
+
+
+def _slot_settings(raw: Mapping[str, Any], *, lease: float, heartbeat: float) -> dict[str, Any]:
+    """XJOBS["CONCURRENCY_LIMITS"] and XJOBS["SLOT_TTL"]."""
+    limits_raw = raw.get("CONCURRENCY_LIMITS", {})
+    if not isinstance(limits_raw, Mapping):
+        raise ConfigurationError(
+            'XJOBS["CONCURRENCY_LIMITS"] must be a dict of key prefix -> limit, like'
+            ' {"tenant:": 5}'
+        )
+    limits: list[tuple[str, int]] = []
+    for prefix in limits_raw:
+        if not isinstance(prefix, str) or len(prefix) > MAX_SLOT_KEY or "\x00" in prefix:
+            raise ConfigurationError(
+                f'XJOBS["CONCURRENCY_LIMITS"]: the prefix {prefix!r:.80} must be a string of at'
+                f" most {MAX_SLOT_KEY} characters without NUL"
+            )
+        limits.append((prefix, _positive_int(
+            limits_raw, prefix, 1, where=f'XJOBS["CONCURRENCY_LIMITS"][{prefix!r}]'
+        )))
+    limits.sort(key=lambda item: -len(item[0]))
+    slot_ttl = _duration(raw, "SLOT_TTL", lease)
+    if slot_ttl < 3 * heartbeat - 1e-9:  # 0.6 s is 3 x 0.2 s, whatever floats say
+        raise ConfigurationError(
+            f'XJOBS["SLOT_TTL"] ({slot_ttl:g}s) must be at least 3 x XJOBS["HEARTBEAT"]'
+            f" ({heartbeat:g}s): slots are renewed with the heartbeat, and with fewer renewals"
+            " per TTL one slow round lets a held slot lapse, so another run takes it while this"
+            " one still runs"
+        )
+    return {"concurrency_limits": tuple(limits), "slot_ttl": slot_ttl}
 
 
 _cache: tuple[int, XJobsSettings] | None = None

@@ -70,6 +70,8 @@ class JobContext:
     lease_token: str | None = None
     cancelled: StopSignal = field(default_factory=StopSignal)
     stop_reason: str | None = None
+    # What check_cancelled raises: a JobCancelled, or a subclass naming why (SlotLost).
+    stop_error: type[JobCancelled] = JobCancelled
     # Builds ``step`` on first use (the worker supplies it: it knows the engine and the lease).
     step_factory: Callable[[JobContext], Any] | None = None
     _logger: logging.LoggerAdapter[Any] | None = None
@@ -100,13 +102,15 @@ class JobContext:
     def is_last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, error: type[JobCancelled] = JobCancelled) -> None:
         """Ask the run to stop (the worker calls this); the first reason wins."""
         if not self.cancelled.is_set():
             self.stop_reason = reason
+            self.stop_error = error
             self.cancelled.set()
 
     def check_cancelled(self) -> None:
-        """Raise :class:`JobCancelled` if the run was asked to stop."""
+        """Raise :class:`JobCancelled` (or the subclass the worker named, e.g. ``SlotLost``) if
+        the run was asked to stop."""
         if self.cancelled.is_set():
-            raise JobCancelled(self.stop_reason or "cancelled")
+            raise self.stop_error(self.stop_reason or "cancelled")

@@ -130,3 +130,22 @@ class JobFailed(XJobsError):
     lease was lost too many times, or the recorded text cannot be read back). See
     docs/django-tasks.md, "Errors".
     """
+# ---------------------------------------------------------------------- concurrency slots --
+
+SLOT_LOST = "X_JOB_SLOT_LOST"
+
+
+class InvalidConcurrencyKey(InvalidJobInput):
+    """A job's concurrency key cannot be built or has no limit: a field of the key template is
+    missing from the input, a value is not a string or an integer, the key is empty or too long,
+    or no limit applies to it (neither ``Concurrency(limit=...)`` nor
+    ``XJOBS["CONCURRENCY_LIMITS"]``). Raised at enqueue, before anything is written."""
+
+
+class SlotLost(JobCancelled):
+    """Raised inside a job at a step boundary once its run lost its concurrency slot
+    (``X_JOB_SLOT_LOST``): the slot lapsed before the worker renewed it (a frozen or hung
+    worker), so another run may hold it now. The worker stops the run, discards its result and
+    re-queues the job; job code does not need to catch it."""
+
+    code = SLOT_LOST

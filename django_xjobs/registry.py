@@ -177,6 +177,7 @@ def job(
     priority: int = ...,
     retry_base: timedelta | float | str | None = ...,
     retry_cap: timedelta | float | str | None = ...,
+    concurrency: Any = ...,  # a slots.Concurrency (registered through _extension_options)
 ) -> Callable[[Callable[..., Any]], Job]: ...
 def job(func: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
     """Register a function as a job: ``@job`` or ``@job(queue="emails", max_attempts=5)``.

@@ -42,6 +42,9 @@ would only find the event at its timeout.
 
 Every step write is fenced on the job's ownership (id, running, lease token): a run that lost
 its lease records nothing, and learns it as :class:`~django_xjobs.exceptions.JobCancelled`.
+A run that holds a concurrency slot (``slots.py``) also passes its worker's ``guard``, called
+before each step write: a run that can no longer prove it holds its slot records nothing either
+(:class:`~django_xjobs.exceptions.SlotLost`), since a stored output is replayed by later runs.
 """
 
 from __future__ import annotations
@@ -112,11 +115,14 @@ class Steps:
     """``ctx.step`` of a sync job (see the module docstring)."""
 
     def __init__(self, engine: Any, owner: RunOwner, ctx: Any,
-                 on_park: Callable[[], None] | None = None) -> None:
+                 on_park: Callable[[], None] | None = None,
+                 guard: Callable[[], None] | None = None) -> None:
         self._engine = engine
         self._owner = owner
         self._ctx = ctx
         self._on_park = on_park
+        # Raises before a step write the run may no longer make (a lapsed concurrency slot).
+        self._guard = guard
         self._records: dict[str, StepRecord] | None = None
         self._used: set[str] = set()
 
@@ -142,6 +148,8 @@ class Steps:
         return JobCancelled(f"{what}: this run no longer owns the job (lease lost or cancelled)")
 
     def _complete(self, name: str, output_json: str | None, **event: Any) -> None:
+        if self._guard is not None:
+            self._guard()
         if not self._engine.step_complete_if_owned(self._owner, name, output_json, **event):
             raise self._lost(f"step {name!r} not recorded")
 
@@ -181,6 +189,8 @@ class Steps:
     def _record_failure(self, name: str, exc: BaseException) -> None:
         from .worker.executor import format_error
 
+        if self._guard is not None:
+            self._guard()
         if self._engine.step_fail_if_owned(self._owner, name, format_error(exc)) is None:
             raise self._lost(f"step {name!r} failure not recorded") from exc
 
@@ -211,6 +221,8 @@ class Steps:
         record = self._begin(name)
         if record is not None and record.status == "completed":
             return
+        if self._guard is not None:
+            self._guard()
         with self._engine.atomic():
             parked = self._engine.step_park_if_owned(
                 self._owner, name, status="sleeping", wake_at=wake_at, duration_ms=duration_ms,
@@ -250,6 +262,8 @@ class Steps:
         if record is not None and record.status == "completed":
             return self._won(record, wait_any)
         engine, owner = self._engine, self._owner
+        if self._guard is not None:
+            self._guard()
         with engine.atomic():
             engine.event_lock(events)
             parked = engine.step_park_if_owned(

@@ -43,6 +43,10 @@ from ..records import (
     QueueStats,
     Requeue,
     RunOwner,
+    SlotHold,
+    SlotRecord,
+    SlotRequest,
+    SlotUsage,
     StepRecord,
     Suspension,
 )
@@ -308,6 +312,40 @@ class Engine(abc.ABC):
     def outbox_listener(self, channel_label: str) -> Listener:
         """Open a dedicated connection that receives staging wake-ups (``wait`` returns a
         non-empty list when something was staged)."""
+    # ----------------------------------------------------------- concurrency slots --
+    # The protocol is in django_xjobs/slots.py. A slot is free when its row is missing or
+    # lapsed; every write below is fenced on the holder, and a renewal on expiry as well.
+    @abc.abstractmethod
+    def slots_acquire(self, requests: Sequence[SlotRequest], ttl_ms: int) -> list[SlotHold]:
+        """Grant each request the lowest free slot of its key below its own limit, or nothing;
+        the slots granted (a missing holder = refused). Never grants a live slot twice, also
+        to two requests of one batch or to two concurrent callers."""
+
+    @abc.abstractmethod
+    def slots_renew_if_held(self, holds: Sequence[SlotHold], ttl_ms: int) -> frozenset[str]:
+        """Extend each slot still held by its holder AND not yet expired; the holders renewed
+        (a missing holder = that run lost its slot; a lapsed slot is never revived)."""
+
+    @abc.abstractmethod
+    def slots_release_if_held(self, holds: Sequence[SlotHold]) -> int:
+        """Free each slot its holder still has (lapsed or not); how many rows went."""
+
+    @abc.abstractmethod
+    def slots_list(self, *, lease_key: str | None = None, limit: int = 1000) -> list[SlotRecord]:
+        """Live slots (of one key), by key then slot."""
+
+    @abc.abstractmethod
+    def slots_usage(self, limit: int = 1000) -> list[SlotUsage]:
+        """Live slots per key, busiest key first."""
+
+    @abc.abstractmethod
+    def jobs_wake_refused(self, refused: Sequence[LeaseRef]) -> int:
+        """Make due now each job still waiting after the refusal of the claim ``lease_token``
+        (no claim since); how many were woken."""
+
+    @abc.abstractmethod
+    def jobs_requeue_if_owned(self, batch: Sequence[Requeue]) -> FenceReport:
+        """:meth:`job_requeue_if_owned` for many runs in one statement (refused slots)."""
 
     # ---------------------------------------------------------------- connections --
     @abc.abstractmethod

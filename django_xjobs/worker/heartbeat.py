@@ -11,6 +11,12 @@ Protocol (the database is authoritative for ownership):
   answered: the database's ``now() + lease`` was computed at or after that moment, so the
   worker's belief about the lease never outlives the database's.
 
+Concurrency slots (``slots.py``): when some of those runs hold a slot, the same round sends ONE
+more statement, ``slots_renew_if_held``, fenced on the holder and on the slot not having expired
+(a lapsed slot is never revived); a run whose slot is missing from the answer lost it
+(``Worker.on_slots_renewed``: ``X_JOB_SLOT_LOST``). Its ``sent_at`` is taken the same way. A
+round with no slot held sends nothing more.
+
 A hung connection (a stopped backend, a half-open socket) blocks this thread inside the
 statement. The worker does not wait for it: its loop stops every run that has gone a whole
 lease without renewal (the self-fence) and replaces this thread after a lease, bumping
@@ -44,6 +50,8 @@ class Heartbeat(threading.Thread):
         snapshot: Callable[[], Sequence[Any]],
         on_renewed: Callable[[Sequence[Any], frozenset[str], float], None],
         stop: threading.Event,
+        slot_ttl_ms: int = 0,
+        on_slots_renewed: Callable[[Sequence[Any], frozenset[str], float], None] | None = None,
     ) -> None:
         super().__init__(name=f"xjobs-heartbeat-{generation}", daemon=True)
         self.engine = engine
@@ -55,6 +63,8 @@ class Heartbeat(threading.Thread):
         self._snapshot = snapshot
         self._on_renewed = on_renewed
         self._stop = stop
+        self.slot_ttl_ms = slot_ttl_ms
+        self._on_slots_renewed = on_slots_renewed
         self.in_call_since: float | None = None
         self.rounds = 0
 
@@ -89,6 +99,39 @@ class Heartbeat(threading.Thread):
                 return  # replaced while this call hung: its answer is stale
             self.rounds += 1
             self._on_renewed(runs, renewed, sent_at)
+            if self._on_slots_renewed is not None:
+                answer = self._renew_slots(runs)
+                if answer == "replaced":
+                    return  # replaced while the slot renewal hung
+                labelled = labelled and answer != "reconnect"
+        self._close()
+
+    def _renew_slots(self, runs: Sequence[Any]) -> str:
+        """The slot half of a round: "ok", "reconnect" (the connection was reset) or
+        "replaced" (this thread was replaced while the statement hung)."""
+        held = [(r, r.slot) for r in runs if r.slot is not None]
+        if not held:
+            return "ok"
+        assert self._on_slots_renewed is not None
+        sent_at = clock.monotonic()
+        self.in_call_since = sent_at
+        try:
+            renewed = self.engine.slots_renew_if_held([h for _, h in held], self.slot_ttl_ms)
+        except Exception as exc:
+            log.warning("slot renewal failed (%d slots not renewed this round): %s",
+                        len(held), exc)
+            if self.engine.is_connection_error(exc):
+                self.engine.reset_connection()
+                return "reconnect"
+            return "ok"
+        finally:
+            self.in_call_since = None
+        if self.generation != self._current_generation():
+            return "replaced"
+        self._on_slots_renewed([r for r, _ in held], renewed, sent_at)
+        return "ok"
+
+    def _close(self) -> None:
         # Closing is best effort; the thread may be abandoned with a hung connection.
         try:
             from django.db import connections

@@ -19,6 +19,16 @@ The loop, in the order one iteration runs it (``Worker._iterate``):
 4. **Wait** on the wake event: set by the LISTEN thread, by executors when the work queue runs
    low or enough results wait to be settled, and by the signal handler.
 
+Concurrency slots (``slots.py`` has the protocol): a claimed batch's slot-limited jobs take
+their slots in ONE ``slots_acquire`` before dispatch (step 3); a refused one never starts and
+goes back, due after one poll interval with its attempt given back, in ONE
+``jobs_requeue_if_owned`` at the next settle. Held slots are renewed with the heartbeat and
+released in ONE ``slots_release_if_held`` per settle (step 1), however the run ended; each slot
+released wakes one job this worker refused on its key (ONE ``jobs_wake_refused``). A run
+that cannot prove it still holds its slot (a refused renewal, or none for a whole SLOT_TTL) is
+stopped with ``X_JOB_SLOT_LOST`` and its job handed back; its result is never written. A batch
+without slot-limited jobs runs none of these statements.
+
 Shutdown (first SIGTERM/SIGINT): stop claiming, hand queued runs back at once, let running ones
 finish within ``shutdown_grace``, then stop them and hand their jobs back without spending an
 attempt. In-flight runs are tracked per claim (lease token), never per job id: a thread that
@@ -43,13 +53,23 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.db import connections, reset_queries
 
-from .. import clock, conf, faults, registry
+from .. import clock, conf, faults, registry, slots
 from ..context import JobContext
 from ..engines import get_engine
-from ..exceptions import XJobsError
-from ..records import ClaimedJob, Completion, Failure, Fence, Requeue, RunOwner
+from ..exceptions import SLOT_LOST, JobCancelled, SlotLost, XJobsError
+from ..records import (
+    ClaimedJob,
+    Completion,
+    Failure,
+    Fence,
+    LeaseRef,
+    Requeue,
+    RunOwner,
+    SlotHold,
+    SlotRequest,
+)
 from . import duties, executor
-from .executor import Discard, Done, GiveBack, Outcome, Retry, Suspended
+from .executor import Discard, Done, GiveBack, Outcome, Retry, SlotRefused, Suspended
 from .heartbeat import Heartbeat
 from .listener import WakeListener
 from .shutdown import ShutdownSignals
@@ -66,6 +86,9 @@ WATCH_EVERY = 0.05
 # get almost none, so they are not hoarded by one worker while others idle.
 PREFETCH_WINDOW = 0.05
 PREFETCH_MAX = 1000
+# Refused jobs remembered per key for an early wake-up (slots), and keys remembered at most.
+WAITING_MAX = 10_000
+WAITING_KEYS_MAX = 10_000
 # An executor thread idle for this long cleans up its Django connections before its next job
 # too (they may have aged past CONN_MAX_AGE or been closed by the server meanwhile).
 IDLE_RECHECK = 1.0
@@ -114,7 +137,7 @@ class Run:
     """One claim of one job, from the claim until its fenced write settles it."""
 
     __slots__ = ("abandoned", "ctx", "deadline", "definition", "future", "job", "outcome",
-                 "parking", "phase", "renewed_at")
+                 "parking", "phase", "renewed_at", "slot", "slot_renewed_at", "slot_ttl")
 
     def __init__(self, job: ClaimedJob, definition: registry.Job | None, now: float) -> None:
         self.job = job
@@ -130,6 +153,11 @@ class Run:
         # Set by a step about to suspend the job: the job stops being `running` in the database
         # before the run ends here, and the heartbeat must not take that for a lost lease.
         self.parking = False
+        # The concurrency slot this run holds (slots.py), from its acquire to its release, and
+        # when the acquire or the last renewal that landed was SENT (monotonic).
+        self.slot: SlotHold | None = None
+        self.slot_renewed_at = now
+        self.slot_ttl = 0.0  # SLOT_TTL, set with the slot
         self.ctx = JobContext(
             job_id=job.id, run_id=job.run_id, name=job.name, queue=job.queue,
             attempt=job.attempt, max_attempts=job.max_attempts, tenant_id=job.tenant_id,
@@ -145,8 +173,14 @@ class Run:
 
         owner = RunOwner(job_id=self.job.id, lease_token=self.job.lease_token,
                          run_id=self.job.run_id)
-        steps = Steps(get_engine(), owner, ctx, on_park)
+        steps = Steps(get_engine(), owner, ctx, on_park,
+                      self._slot_guard if self.slot is not None else None)
         return AsyncSteps(steps) if self.definition and self.definition.is_async else steps
+
+    def _slot_guard(self) -> None:
+        """Before a step write: the run must still be able to prove it holds its slot."""
+        if self.slot is not None and clock.monotonic() - self.slot_renewed_at >= self.slot_ttl:
+            raise SlotLost(f"{SLOT_LOST}: the run's slot may have lapsed; step not recorded")
 
 
 def new_worker_id() -> str:
@@ -191,6 +225,15 @@ class Worker:
         self._finished_since = 0.0  # when the oldest unsettled outcome was recorded
         self.started = threading.Event()  # test signal: threads up, first claim done
         self.idle = threading.Event()  # test signal: nothing in flight after a claim found none
+        # ---- concurrency slots (slots.py) ----
+        self._slot_ttl = self.settings.slot_ttl
+        self._slot_ttl_ms = round(self._slot_ttl * 1000)
+        self._holding = 0  # runs holding a slot not yet handed to a release
+        self._releases: list[SlotHold] = []  # slots of settled runs, released at the next try
+        self._limitless_keys: set[str] = set()  # keys already warned about (no limit known)
+        # Jobs this worker refused a slot, per key, until they are due again anyway: a slot of
+        # that key released here wakes them at once (jobs_wake_refused).
+        self._waiting: dict[str, deque[tuple[float, LeaseRef]]] = {}
 
     # ------------------------------------------------------------------------ public --
     def run(self) -> None:
@@ -260,6 +303,7 @@ class Worker:
             generation=self._heartbeat_generation,
             current_generation=lambda: self._heartbeat_generation,
             snapshot=self._unsettled, on_renewed=self.on_renewed, stop=self._stop_threads,
+            slot_ttl_ms=self._slot_ttl_ms, on_slots_renewed=self.on_slots_renewed,
         )
         self._heartbeat.start()
 
@@ -369,7 +413,10 @@ class Worker:
             self._more_likely = False
             return 0
         per_queue = Counter(job.queue for job in claimed)
-        self._dispatch([Run(job, registry.lookup(job.name), sent_at) for job in claimed])
+        runs = [Run(job, registry.lookup(job.name), sent_at) for job in claimed]
+        if any(job.concurrency_key is not None for job in claimed):
+            runs = self._take_slots(runs)  # unlimited batches never get here
+        self._dispatch(runs)
         self._more_likely = any(per_queue[q] >= n for q, n in wants.items())
         self._low_water = max(1, (self.options.concurrency + self.prefetch()) // 2)
         self.stats["claimed"] += len(claimed)
@@ -454,7 +501,18 @@ class Worker:
         with self._lock:
             if run.phase != from_phase:
                 return False
+            # Discard too: a step write the slot guard refused (Run._slot_guard) ends the run
+            # with SlotLost, and the job must be handed back, not left to its lease.
+            lost = (run.slot is not None and isinstance(outcome, Done | Retry | Discard)
+                    and clock.monotonic() - run.slot_renewed_at >= self._slot_ttl)
+            if lost:
+                # The run ended after its slot may have lapsed (a worker frozen past the TTL
+                # wakes up with its code finishing): it cannot prove it held the slot, so its
+                # result is not written (slots.py).
+                outcome = self._slot_lost_outcome("the run ended after its slot lapsed")
             self._record(run, outcome)
+        if lost:
+            self._log_slot_lost(run, "the run ended after its slot lapsed")
         return True
 
     def _record(self, run: Run, outcome: Outcome) -> None:
@@ -465,7 +523,8 @@ class Worker:
             self._finished_since = clock.monotonic()
         self._finished.append(run)
 
-    def _stop_run(self, run: Run, reason: str, outcome: Outcome) -> None:
+    def _stop_run(self, run: Run, reason: str, outcome: Outcome,
+                  error: type[JobCancelled] = JobCancelled) -> None:
         """Stop a queued or running run with ``outcome`` (settled by the next flush).
 
         A sync run's thread cannot be killed: it is marked abandoned (it exits once the code
@@ -477,7 +536,7 @@ class Worker:
                 return
             self._record(run, outcome)
             run.abandoned = previous == RUNNING and run.future is None
-        run.ctx.stop(reason)
+        run.ctx.stop(reason, error)
         if run.future is not None:
             run.future.cancel()  # cancels the task on the event loop
         elif run.abandoned:
@@ -494,6 +553,10 @@ class Worker:
         done = [r for r in batch if isinstance(r.outcome, Done)]
         others = [r for r in batch if not isinstance(r.outcome, Done)]
         unsettled: list[Run] = []
+        if others and any(type(r.outcome) is SlotRefused for r in others):
+            refused = [r for r in others if type(r.outcome) is SlotRefused]
+            others = [r for r in others if type(r.outcome) is not SlotRefused]
+            self._requeue_refused(refused, unsettled)
         if done:
             try:
                 report = self.engine.jobs_complete_if_owned([
@@ -526,6 +589,8 @@ class Worker:
         if unsettled:
             with self._lock:
                 self._finished.extendleft(reversed(unsettled))
+        if self._holding or self._releases:
+            self._release_slots(batch)
 
     def _write_outcome(self, run: Run) -> tuple[Fence, str]:
         job, outcome = run.job, run.outcome
@@ -587,6 +652,11 @@ class Worker:
                           f"({timeout:g}s); the run was stopped and its result will be discarded",
                     delay=executor.backoff_for(run.definition, run.job.attempt, self.settings),
                 ))
+            elif run.slot is not None and now - run.slot_renewed_at >= self._slot_ttl:
+                # The self-fence of a slot: a hung heartbeat cannot renew it, and past its TTL
+                # another worker may take it.
+                self._slot_lost(run, f"no slot renewal for {now - run.slot_renewed_at:.1f}s "
+                                     f"(SLOT_TTL {self._slot_ttl:g}s)")
             elif now - run.renewed_at >= lease:
                 self.stats["self_fenced"] += 1
                 log.error("job %s (%s): no lease renewal for %.1fs (lease %gs); stopping the run "
@@ -623,6 +693,185 @@ class Worker:
                             run.job.attempt)
                 self._stop_run(run, "lease lost", Discard("lease lost at heartbeat"))
         self._wake.set()
+
+    # ------------------------------------------------------- concurrency slots --
+    # The protocol is in django_xjobs/slots.py; these are the worker's side of it.
+    def _slot_limit(self, run: Run) -> int:
+        key = run.job.concurrency_key
+        assert key is not None
+        limit = slots.limit_for(key, run.definition, self.settings)
+        if limit is not None:
+            return limit
+        # Enqueue refuses a key without a limit, so this is a job enqueued under other settings
+        # or code. 1 is the limit that cannot over-grant: the key's runs go one at a time.
+        if key not in self._limitless_keys:
+            self._limitless_keys.add(key)
+            log.warning("job %s (%s): no concurrency limit applies to key %r here (neither "
+                        "its job's Concurrency(limit=...) nor XJOBS['CONCURRENCY_LIMITS']); "
+                        "running its jobs one at a time", run.job.id, run.job.name, key)
+        return 1
+
+    def _take_slots(self, runs: list[Run]) -> list[Run]:
+        """Acquire the slots of a claimed batch in one statement; the runs that may start.
+
+        Refused runs are recorded as ``SlotRefused`` (settled in one statement by the next
+        ``_settle``). A run whose job is unknown here takes no slot: it is nacked unrun.
+        """
+        keyed = [r for r in runs if r.job.concurrency_key is not None and r.definition]
+        if not keyed:
+            return runs
+        requests = [
+            SlotRequest(lease_key=r.job.concurrency_key, limit=self._slot_limit(r),
+                        holder=slots.holder(r.job, self.worker_id))
+            for r in keyed if r.job.concurrency_key is not None
+        ]
+        sent_at = clock.monotonic()
+        try:
+            granted = {h.holder: h for h in self.engine.slots_acquire(requests,
+                                                                      self._slot_ttl_ms)}
+        except Exception as exc:
+            # Nothing is known to be granted: hand every keyed run back. A slot the statement
+            # did grant before the connection died is held by nobody who renews it and frees
+            # itself at expiry.
+            self._db_error("slot acquire", exc)
+            granted = {}
+        refused: list[Run] = []
+        for run, request in zip(keyed, requests, strict=True):
+            hold = granted.get(request.holder)
+            if hold is None:
+                refused.append(run)
+            else:
+                run.slot = hold
+                run.slot_renewed_at = sent_at
+                run.slot_ttl = self._slot_ttl
+                self._holding += 1
+        if not refused:
+            return runs
+        delay = self.options.poll_interval
+        with self._lock:
+            for run in refused:
+                self._runs[run.job.lease_token] = run
+                self._record(run, SlotRefused(delay=delay))
+        self.stats["slot_refused"] += len(refused)
+        refused_ids = {id(r) for r in refused}
+        return [r for r in runs if id(r) not in refused_ids]
+
+    def _requeue_refused(self, refused: list[Run], unsettled: list[Run]) -> None:
+        """Hand refused claims back in one statement: due after their delay, attempt given
+        back. A failed write leaves them unsettled (retried with the next settle)."""
+        try:
+            report = self.engine.jobs_requeue_if_owned([
+                Requeue(id=r.job.id, lease_token=r.job.lease_token,
+                        delay_ms=round(r.outcome.delay * 1000),  # type: ignore[union-attr]
+                        spent_attempt=not r.job.resumed, resumed=r.job.resumed)
+                for r in refused
+            ])
+        except Exception as exc:
+            self._db_error("requeue refused", exc)
+            unsettled.extend(refused)
+            return
+        with self._lock:
+            for r in refused:
+                r.phase = SETTLED
+                self._runs.pop(r.job.lease_token, None)
+        due_at = clock.monotonic() + self.options.poll_interval
+        for r in refused:
+            if report.outcome(r.job.lease_token) is Fence.OWNED:
+                key = r.job.concurrency_key
+                assert key is not None
+                self._waiting.setdefault(key, deque(maxlen=WAITING_MAX)).append(
+                    (due_at, LeaseRef(id=r.job.id, lease_token=r.job.lease_token)))
+        lost = [r for r in refused if report.outcome(r.job.lease_token) is Fence.LOST]
+        if lost:
+            self.stats["lost"] += len(lost)
+            for r in lost:
+                log.info("job %s (%s): refused a concurrency slot, and no longer owned by this "
+                         "run when handed back (cancelled meanwhile?)", r.job.id, r.job.name)
+        if log.isEnabledFor(logging.DEBUG):
+            for r in refused:
+                log.debug("job %s (%s): no free slot of %r; due again in %gs", r.job.id,
+                          r.job.name, r.job.concurrency_key, self.options.poll_interval)
+
+    def _release_slots(self, batch: list[Run]) -> None:
+        """Release the slots of the runs this settle finished (and any left from a failed
+        release) in one statement. A failed release is retried with the next settle; until
+        then, and at worst, the slots free themselves at expiry."""
+        for run in batch:
+            hold = run.slot
+            if hold is not None and run.phase == SETTLED:
+                run.slot = None
+                self._holding -= 1
+                self._releases.append(hold)
+        if not self._releases:
+            return
+        try:
+            self.engine.slots_release_if_held(self._releases)
+        except Exception as exc:
+            self._db_error("slot release", exc)
+            return
+        released, self._releases = self._releases, []
+        if self._waiting:
+            self._wake_waiting(Counter(h.lease_key for h in released))
+
+    def _wake_waiting(self, freed: Counter[str]) -> None:
+        """For each slot just released, make one job this worker refused on that key due now
+        (one statement), instead of letting it wait out its poll interval."""
+        now = clock.monotonic()
+        wake: list[LeaseRef] = []
+        for key, n in freed.items():
+            waiting = self._waiting.get(key)
+            while waiting and n > 0:
+                due_at, ref = waiting.popleft()
+                if due_at > now:  # past it, the job is due again by itself
+                    wake.append(ref)
+                    n -= 1
+            if waiting is not None and not waiting:
+                del self._waiting[key]
+        if len(self._waiting) > WAITING_KEYS_MAX:  # keys nobody released for a while
+            self._waiting = {k: w for k, w in self._waiting.items() if w and w[-1][0] > now}
+        if not wake:
+            return
+        try:
+            woken = self.engine.jobs_wake_refused(wake)
+        except Exception as exc:
+            self._db_error("wake refused", exc)  # they are due after their poll interval
+            return
+        self.stats["slot_woken"] += woken
+        if woken:
+            self._more_likely = True  # claim them now, while their slots are free
+
+    def on_slots_renewed(self, runs: Sequence[Run], renewed: frozenset[str],
+                         sent_at: float) -> None:
+        """Heartbeat answer for slots (renewed holders): a run whose slot was not renewed
+        lost it (it lapsed, and may have been taken): stop it (X_JOB_SLOT_LOST)."""
+        for run in runs:
+            hold = run.slot
+            if hold is None:
+                continue
+            if hold.holder in renewed:
+                run.slot_renewed_at = sent_at
+            elif run.phase in (QUEUED, RUNNING) and not run.parking:
+                self._slot_lost(run, "the slot's renewal was refused: it lapsed (and may have "
+                                     "been taken by another run)")
+        self._wake.set()
+
+    def _slot_lost_outcome(self, why: str) -> GiveBack:
+        self.stats["slot_lost"] += 1
+        return GiveBack(delay=self.options.poll_interval,
+                        note=f"{SLOT_LOST}: run stopped and job re-queued: {why}")
+
+    def _log_slot_lost(self, run: Run, why: str) -> None:
+        hold = run.slot
+        where = f"slot {hold.lease_key!r}#{hold.slot}" if hold is not None else "its slot"
+        log.error("job %s (%s) attempt %d: %s: lost %s: %s; the run is stopped, its result "
+                  "discarded, and the job re-queued", run.job.id, run.job.name, run.job.attempt,
+                  SLOT_LOST, where, why)
+
+    def _slot_lost(self, run: Run, why: str) -> None:
+        if run.phase not in (QUEUED, RUNNING):
+            return
+        self._log_slot_lost(run, why)
+        self._stop_run(run, f"{SLOT_LOST}: {why}", self._slot_lost_outcome(why), SlotLost)
 
     # --------------------------------------------------------------- shutdown --
     def _drain_step(self) -> bool:

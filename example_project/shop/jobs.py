@@ -102,3 +102,17 @@ def send_receipt(ctx, order_id: int) -> dict:
     """Staged with enqueue_on_commit when an order is placed: it exists only if the order does."""
     _note(order_id, "receipt sent")
     return {"order": order_id, "receipt": True}
+# ------------------------------------------------------------------ concurrency slots (demo) --
+
+from django_xjobs import Concurrency  # noqa: E402
+
+
+@job(queue="payments", concurrency=Concurrency(key="partner-api:{tenant_id}", limit=2))
+def sync_partner(ctx, n: int) -> dict:
+    """Calls a partner API that allows two connections per tenant: at most two of these run at
+    once per tenant, across every worker."""
+    import time
+
+    started = time.time()
+    time.sleep(0.3)
+    return {"n": n, "started": started, "ended": time.time()}

@@ -45,6 +45,8 @@ LISTS = {
     "concurrency_keys": None, "max_attempts": 3, "priorities": 0, "delays_ms": 0, "limits": 10,
     "states": "done", "run_ats": None,
     "job_ids": uuid.uuid4(),  # outbox_mark_published
+    "holders": "job/token/worker", "slots": 0, "spent": True, "resumed": False,  # slots
+    "notes": None,
 }
 TIMES = {"run_at", "wake_at", "before", "after_at"}  # filled with the database clock
 

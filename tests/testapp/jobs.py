@@ -7,7 +7,7 @@ import uuid
 
 from django.db.models import F
 
-from django_xjobs import Batch, PermanentError, Snooze, backfill, job
+from django_xjobs import Batch, Concurrency, PermanentError, Snooze, backfill, job
 
 from .models import Counted, Effect
 
@@ -278,3 +278,73 @@ def stage_child(ctx, tag=""):
     """Stages a `record` job with enqueue_on_commit: relayed once this run's work commits."""
     _effect(ctx, "start", tag)
     return {"staged": str(record.enqueue_on_commit(tag=f"child of {tag}").id)}
+# ------------------------------------------------------------------------ concurrency slots --
+
+
+@job(concurrency=Concurrency(key="slot:{group}", limit=2))
+def slotted(ctx, group, seconds=0.2, later=None):
+    """Records its start and end (tag "<group>|<run nonce>") and returns the nonce, so the
+    stored result says which run's acknowledgement was written. ``later``, when given, is how
+    long every run after the job's first one sleeps."""
+    run = uuid.uuid4().hex
+    _effect(ctx, "start", f"{group}|{run}")
+    first = Effect.objects.filter(job_id=ctx.job_id, kind="start").count() == 1
+    time.sleep(seconds if later is None or first else later)
+    _effect(ctx, "end", f"{group}|{run}")
+    return {"run": run, "attempt": ctx.attempt}
+
+
+@job(concurrency=Concurrency(key="tenant:{tenant_id}", limit=2))
+def per_tenant(ctx, n=0):
+    return {"tenant": ctx.tenant_id, "n": n}
+
+
+@job(concurrency=Concurrency(key="nap:{group}", limit=1))
+def slotted_sleeper(ctx, group, seconds=0.5):
+    """Holds its key's only slot, then sleeps durably (releasing it), then finishes."""
+    ctx.step.run("before", lambda: _effect(ctx, "before", group))
+    ctx.step.sleep("nap", seconds)
+    ctx.step.run("after", lambda: _effect(ctx, "after", group))
+    return {"group": group}
+
+
+@job(concurrency=Concurrency(key="slowslot:{group}", limit=1))
+def slotted_polite(ctx, group, seconds=30.0):
+    """Holds its slot until asked to stop; records why it stopped."""
+    _effect(ctx, "start", group)
+    ctx.cancelled.wait(seconds)
+    _effect(ctx, "end", ctx.stop_reason or "")
+    try:
+        ctx.check_cancelled()
+    except Exception as exc:
+        _effect(ctx, "raised", type(exc).__name__)
+        raise
+    return {"stopped": False}
+
+
+@job(concurrency=Concurrency(key="outcome:{group}", limit=1), timeout=1.0, max_attempts=2)
+def slotted_outcome(ctx, group, outcome="done"):
+    """Ends its run the way ``outcome`` says: done, fail, permanent, snooze (once), timeout."""
+    _effect(ctx, "start", outcome)
+    if outcome == "fail":
+        raise RuntimeError("slotted failure")
+    if outcome == "permanent":
+        raise PermanentError("slotted permanent failure")
+    if outcome == "snooze" and Effect.objects.filter(job_id=ctx.job_id).count() == 1:
+        raise Snooze(0.05)
+    if outcome == "timeout":
+        time.sleep(3)
+    return {"outcome": outcome}
+
+
+@job(concurrency=Concurrency(key="stepslot:{group}", limit=1))
+def slotted_step(ctx, group, seconds=1.0):
+    """One durable step, slow on its first execution only."""
+
+    def work():
+        first = not Effect.objects.filter(job_id=ctx.job_id, kind="work").exists()
+        time.sleep(seconds if first else 0)
+        _effect(ctx, "work", group)
+        return {"worked": True}
+
+    return ctx.step.run("work", work)

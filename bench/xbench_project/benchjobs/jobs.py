@@ -3,7 +3,7 @@
 import os
 import time
 
-from django_xjobs import Batch, backfill, job
+from django_xjobs import Batch, Concurrency, backfill, job
 
 try:  # inside the shared harness (../shared/bench): its recorder and file layout
     from common import record_start
@@ -67,3 +67,7 @@ def touch_rows(ctx, cursor):
         )
         count, last = cur.fetchone()
     return Batch(last if count == ctx.batch_size else None, count)
+@job(concurrency=Concurrency(key="bench:{k}", limit=2))
+def keyed(ctx, i, k):
+    """W8: a no-op under a concurrency slot (at most 2 runs per key ``k`` fleet-wide)."""
+    return None

@@ -49,6 +49,10 @@ from ...records import (
     QueueStats,
     Requeue,
     RunOwner,
+    SlotHold,
+    SlotRecord,
+    SlotRequest,
+    SlotUsage,
     StepRecord,
     Suspension,
 )
@@ -784,6 +788,76 @@ class PostgresEngine(Engine):
 
     def outbox_listener(self, channel_label: str) -> Listener:
         return PostgresListener(self.alias, channel_label, listen=S.OUTBOX_LISTEN)
+    # ----------------------------------------------------------------- concurrency slots --
+    def slots_acquire(self, requests: Sequence[SlotRequest], ttl_ms: int) -> list[SlotHold]:
+        if not requests:
+            return []
+        rows = self._run(S.SLOTS_ACQUIRE, {
+            "keys": [r.lease_key for r in requests], "limits": [r.limit for r in requests],
+            "holders": [r.holder for r in requests], "ttl_ms": ttl_ms,
+        })
+        return [SlotHold(lease_key=r[0], slot=r[1], holder=r[2]) for r in rows]
+
+    @staticmethod
+    def _holds(holds: Sequence[SlotHold]) -> dict[str, Any]:
+        # Sorted by (key, slot): row locks are then taken in the order slots_acquire takes
+        # them, which keeps a renewal and an acquire of overlapping slots from deadlocking.
+        ordered = sorted(holds, key=lambda h: (h.lease_key, h.slot))
+        return {"keys": [h.lease_key for h in ordered], "slots": [h.slot for h in ordered],
+                "holders": [h.holder for h in ordered]}
+
+    def slots_renew_if_held(self, holds: Sequence[SlotHold], ttl_ms: int) -> frozenset[str]:
+        if not holds:
+            return frozenset()
+        rows = self._run(S.SLOTS_RENEW_IF_HELD, {**self._holds(holds), "ttl_ms": ttl_ms})
+        return frozenset(r[0] for r in rows)
+
+    def slots_release_if_held(self, holds: Sequence[SlotHold]) -> int:
+        if not holds:
+            return 0
+        return int(self._run(S.SLOTS_RELEASE_IF_HELD, self._holds(holds), fetch="count"))
+
+    def slots_list(self, *, lease_key: str | None = None, limit: int = 1000) -> list[SlotRecord]:
+        return [
+            SlotRecord(lease_key=r[0], slot=r[1], holder=r[2], expires_at=r[3],
+                       expires_in=r[4] / 1000)
+            for r in self._run(S.SLOTS_LIST, {"key": lease_key, "limit": limit})
+        ]
+
+    def slots_usage(self, limit: int = 1000) -> list[SlotUsage]:
+        return [
+            SlotUsage(lease_key=r[0], held=r[1], next_expiry=r[2])
+            for r in self._run(S.SLOTS_USAGE, {"limit": limit})
+        ]
+
+    def jobs_wake_refused(self, refused: Sequence[LeaseRef]) -> int:
+        if not refused:
+            return 0
+        woken, _notified = self._run(S.JOBS_WAKE_REFUSED, {
+            "ids": _uuid_array(r.id for r in refused),
+            "tokens": _uuid_array(r.lease_token for r in refused), "notify": self.notify,
+        }, fetch="one")
+        return int(woken)
+
+    def jobs_requeue_if_owned(self, batch: Sequence[Requeue]) -> FenceReport:
+        if not batch:
+            return FenceReport()
+        rows = self._run(S.JOBS_REQUEUE_IF_OWNED, {
+            "ids": _uuid_array(r.id for r in batch),
+            "tokens": _uuid_array(r.lease_token for r in batch),
+            "delays_ms": [r.delay_ms for r in batch],
+            "spent": [r.spent_attempt for r in batch],
+            "resumed": [r.resumed for r in batch],
+            "notes": [r.note for r in batch],
+        })
+        owned = frozenset(r[0] for r in rows)
+        if len(owned) == len(batch):
+            return FenceReport(owned=owned)
+        rest = self._fence_check(
+            "requeue", [(r.id, r.lease_token) for r in batch if r.lease_token not in owned]
+        )
+        return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost,
+                           states=rest.states)
 
     # ----------------------------------------------------------------------- connections --
     def session_label(self, label: str) -> None:

@@ -7,6 +7,7 @@
     manage.py xjobs run-now ID            delayed/suspended -> due now
     manage.py xjobs events [--name N]     recent published events
     manage.py xjobs purge --older-than 7d [--state done ...]
+    manage.py xjobs slots [--key K]       concurrency slots held now: holder, expiry
 """
 
 from __future__ import annotations
@@ -19,11 +20,19 @@ from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import api
+from ... import api, conf, slots
 from ...conf import parse_duration
 from ...engines import get_engine
 from ...exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
-from ...records import TERMINAL_STATES, ChangeResult, EventRecord, JobRecord, StepRecord
+from ...records import (
+    TERMINAL_STATES,
+    ChangeResult,
+    EventRecord,
+    JobRecord,
+    SlotRecord,
+    SlotUsage,
+    StepRecord,
+)
 
 
 def _jsonable(value: Any) -> Any:
@@ -80,7 +89,10 @@ class Command(BaseCommand):
         purge.add_argument("--older-than", required=True, help="e.g. 7d, 12h")
         purge.add_argument("--state", action="append", choices=TERMINAL_STATES,
                            help="finished state to delete (repeatable; default all three)")
-        for p in (show, cancel, retry, run_now, events, purge):
+        slots_cmd = sub.add_parser("slots", help="concurrency slots held now, per key")
+        slots_cmd.add_argument("--key", help="only the slots of this key")
+        slots_cmd.add_argument("--limit", type=int, default=1000)
+        for p in (show, cancel, retry, run_now, events, purge, slots_cmd):
             # SUPPRESS: an absent sub-level flag must not reset `xjobs --json show ID`.
             p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                            help="machine-readable output")
@@ -105,6 +117,11 @@ class Command(BaseCommand):
                              as_json)
             elif action == "purge":
                 self._purge(options, as_json)
+            elif action == "slots":
+                if options["limit"] < 1:
+                    raise CommandError("--limit must be at least 1")
+                self._slots(get_engine().slots_list(lease_key=options["key"],
+                                                    limit=options["limit"]), as_json)
         except LiveJobExists as exc:
             raise CommandError(f"{exc} (see: manage.py xjobs show {exc.live_job_id})") from None
         except (JobNotFound, ConfigurationError, XJobsError) as exc:
@@ -119,6 +136,7 @@ class Command(BaseCommand):
         rows = engine.queue_stats()
         outbox = self._outbox_pending()
         pending, oldest = outbox["pending"], outbox["oldest_pending_seconds"]
+        held = engine.slots_usage(limit=STATS_SLOT_KEYS + 1)
         if as_json:
             self._emit({
                 "queues": [
@@ -128,6 +146,7 @@ class Command(BaseCommand):
                     for r in rows
                 ],
                 "outbox": outbox,
+                "slots": _slot_usage_json(held),
             })
             return
         columns = ("queue", "ready", "delayed", "running", "suspended", "dead", "done",
@@ -150,6 +169,7 @@ class Command(BaseCommand):
             for alias, entry in outbox["databases"].items():
                 self.stdout.write(f"  {alias}: {entry['pending']} pending"
                                   f"{_age(entry['oldest_pending_seconds'])}")
+        self._slot_usage(held)
 
     # ---- outbox ----
     @staticmethod
@@ -171,7 +191,7 @@ class Command(BaseCommand):
         fields = ("id", "name", "queue", "state", "attempt", "max_attempts", "priority",
                   "run_at", "created_at", "updated_at", "started_at", "finished_at",
                   "claimed_by", "tenant_id", "idempotency_key", "run_id", "enqueued_by",
-                  "traceparent", "rescues")
+                  "traceparent", "rescues", "concurrency_key")
         for name in fields:
             self.stdout.write(f"{name:>16}: {_jsonable(getattr(job, name))}")
         self.stdout.write(f"{'input':>16}: {json.dumps(job.input, indent=2)}")
@@ -230,3 +250,50 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"purged {deleted} finished job(s) ({', '.join(states)}) older "
                               f"than {options['older_than']}")
+
+    # ---------------------------------------------------------------- concurrency slots --
+    def _slot_usage(self, held: list[SlotUsage]) -> None:
+        if not held:
+            self.stdout.write("slots: none held")
+            return
+        settings = conf.get()
+        self.stdout.write("\nslots held (key, held / limit from XJOBS['CONCURRENCY_LIMITS']):")
+        for usage in held[:STATS_SLOT_KEYS]:
+            limit = slots.settings_limit(usage.lease_key, settings)
+            self.stdout.write(f"  {usage.lease_key}  {usage.held} / {limit or '-'}")
+        if len(held) > STATS_SLOT_KEYS:
+            self.stdout.write("  ... more keys: manage.py xjobs slots")
+
+    def _slots(self, records: list[SlotRecord], as_json: bool) -> None:
+        if as_json:
+            self._emit([_slot_json(r) for r in records])
+            return
+        if not records:
+            self.stdout.write("(no slots held)")
+            return
+        table = [("key", "slot", "job", "worker", "expires in")] + [
+            (r.lease_key, str(r.slot), *slots.parse_holder(r.holder)[::2],
+             f"{r.expires_in:.1f}s")
+            for r in records
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        for n, row in enumerate(table):
+            self.stdout.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths,
+                                                                         strict=True)))
+            if n == 0:
+                self.stdout.write("  ".join("-" * w for w in widths))
+
+
+STATS_SLOT_KEYS = 20  # keys the stats list; `xjobs slots` lists them all
+
+
+def _slot_json(record: SlotRecord) -> dict[str, Any]:
+    job_id, token, worker = slots.parse_holder(record.holder)
+    return {"key": record.lease_key, "slot": record.slot, "holder": record.holder,
+            "job_id": job_id, "lease_token": token, "worker_id": worker,
+            "expires_at": record.expires_at.isoformat(), "expires_in_seconds": record.expires_in}
+
+
+def _slot_usage_json(held: list[SlotUsage]) -> list[dict[str, Any]]:
+    return [{"key": u.lease_key, "held": u.held, "next_expiry": u.next_expiry.isoformat()}
+            for u in held[:STATS_SLOT_KEYS]]

@@ -1,0 +1,340 @@
+"""Per-key concurrency slots: at most ``limit`` runs per key across the whole fleet (SPEC §8).
+
+::
+
+    @job(concurrency=Concurrency(key="tenant:{tenant_id}", limit=2))
+    def sync_account(ctx, account_id: int) -> None: ...
+
+    sync_account.using(tenant_id="acme").enqueue(account_id=7)       # key "tenant:acme"
+    sync_account.using(concurrency_key="tenant:big").enqueue(...)   # an explicit key
+
+The protocol. The database (``x_job_leases``, unique on ``(lease_key, slot)``) is authoritative
+for who holds a slot; a worker only ever *believes* it holds one, and its belief is made to end
+before the database's record does.
+
+States of one slot ``(key, n)``, ``0 <= n < limit``::
+
+    free ──acquire──▶ held by H ──renew (H, live)──▶ held by H, later expiry
+     ▲  ◀──release (H)──┘  │
+     └────────expiry───────┘   (expires_at <= now(): H crashed, froze or hung)
+
+* **free**: no row, or a row whose ``expires_at`` has passed (a lapsed row is free, whoever
+  it names; maintenance deletes such rows later, this module never does).
+* **acquire** (``slots_acquire``, once per claimed batch): the lowest free slot under the
+  limit, in ONE statement for every keyed job of the batch. The unique index serialises two
+  workers that picked the same slot; the loser's ``on conflict do update`` only fires on an
+  expired row, so a live slot is never granted twice. Under contention a free slot can be
+  refused; a refusal costs one poll interval, an over-grant would cost the guarantee.
+* **renew** (``slots_renew_if_held``, one statement per heartbeat round, only when the worker
+  holds slots): fenced on the holder AND ``expires_at > now()``. A lapsed slot is NOT revived:
+  from the moment it lapsed any worker may have taken it, so the run is stopped instead
+  (``X_JOB_SLOT_LOST``: :class:`~django_xjobs.exceptions.SlotLost`).
+* **release** (``slots_release_if_held``, with the settle of the run, batched): however the
+  run ended (done, failed, snoozed, suspended by a step, timed out, handed back at shutdown,
+  lost). A crashed worker releases nothing: its slots free themselves at expiry. Each slot a
+  worker releases wakes one job that same worker refused on that key (``jobs_wake_refused``:
+  due now instead of at the end of its poll interval), fenced on the token of the refused
+  claim, so a job claimed again since is left alone.
+
+A run's life with a slot (worker/loop.py)::
+
+    claim ─▶ acquire ─granted─▶ execute ─▶ settle (fenced write) ─▶ release
+                 │                  │
+                 │                  └─ renewal refused, or no renewal for a whole SLOT_TTL
+                 │                     ─▶ X_JOB_SLOT_LOST: run stopped, result discarded,
+                 │                        job re-queued (its attempt given back)
+                 └─refused─▶ re-queued due after one POLL_INTERVAL, its attempt given back
+                             (or due at once when this worker releases a slot of its key)
+
+Timeouts, and which bounds which:
+
+* ``XJOBS["SLOT_TTL"]`` (default: the lease) is how long a slot stays held without renewal:
+  how long a crashed or frozen holder blocks it. It must be at least 3 x ``HEARTBEAT``, the
+  renewal period.
+* The worker's belief in a slot ends at ``sent_at + SLOT_TTL`` on its monotonic clock, where
+  ``sent_at`` is when it SENT the acquire or the last renewal that landed; the database
+  computed ``now() + SLOT_TTL`` at or after that moment, so the belief ends first. Past it, the
+  run is stopped (the self-fence, for a hung connection) and an outcome it reports is replaced
+  by ``X_JOB_SLOT_LOST`` (for a worker that was frozen and woke up after its slot was taken):
+  a run that could not prove it still held its slot never writes its result.
+* ``POLL_INTERVAL`` is the longest a refused job waits before it is due again; a refused job
+  is re-queued with a later ``run_at``, so the worker does not claim it again in a tight loop,
+  and the queue's other keys are claimed in between (the saturated key does not starve them).
+  It is woken earlier only by a release of its key in the worker that refused it.
+* The job's own lease (``LEASE``) is independent: a slot lost does not lose the job, and a job
+  lease lost stops the run as always (its slot is then released with its settle).
+
+The holder of a slot is ``<job id>/<lease token>/<worker id>``. The lease token makes it unique
+per run: a claim writes a fresh token that is never reused, so the stale run of a re-claimed job
+and the run that replaced it never share a holder, and a job resumed after a durable sleep (a
+new claim) takes a new slot under a new holder. The job id and the worker id are there for the
+operator reading ``manage.py xjobs slots``.
+
+Limits are the acquirer's: each run asks for a slot under the limit that applies to it, the
+longest matching prefix of ``XJOBS["CONCURRENCY_LIMITS"]`` (operators change it without a
+deploy), else its job's ``Concurrency(limit=...)``. Two jobs that share a key with different
+limits each respect their own; a limit lowered while slots above it are held takes effect as
+those runs end (renewal does not look at the limit, acquisition does).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .conf import MAX_SLOT_KEY
+from .exceptions import SLOT_LOST, ConfigurationError, InvalidConcurrencyKey
+
+if TYPE_CHECKING:
+    from .conf import XJobsSettings
+    from .records import ClaimedJob
+    from .registry import Job
+
+__all__ = ["SLOT_LOST", "Concurrency"]
+
+log = logging.getLogger("django_xjobs.slots")
+
+INT32 = 2**31 - 1
+TENANT_FIELD = "tenant_id"
+
+
+@dataclass(frozen=True, slots=True)
+class Concurrency:
+    """At most ``limit`` runs at once, fleet-wide, per value of ``key``.
+
+    ``key`` is a template formatted at enqueue from the job's input and its ``tenant_id``:
+    ``"tenant:{tenant_id}"``, ``"export:{account_id}"``, or a constant (``"smtp"``: at most
+    ``limit`` runs of this job at all). Fields are plain names (``{name}``; no attributes,
+    indexes, conversions or format specs); a field's value must be a string or an integer.
+
+    ``limit`` may be left out when ``XJOBS["CONCURRENCY_LIMITS"]`` gives one for the key's
+    prefix; a settings limit always wins over this one.
+    """
+
+    key: str
+    limit: int | None = None
+    _parts: tuple[tuple[str, str | None], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not self.key or "\x00" in self.key:
+            raise ConfigurationError(
+                f"Concurrency(key=...) must be a non-empty key template without NUL, got "
+                f"{self.key!r:.80}"
+            )
+        if self.limit is not None and (
+            isinstance(self.limit, bool) or not isinstance(self.limit, int)
+            or not 1 <= self.limit <= INT32
+        ):
+            raise ConfigurationError(
+                f"Concurrency(limit=...) must be an integer from 1 to {INT32} (or None to take "
+                f'it from XJOBS["CONCURRENCY_LIMITS"]), got {self.limit!r}'
+            )
+        try:
+            parsed = list(string.Formatter().parse(self.key))
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"Concurrency key template {self.key!r} is not valid: {exc} (write a literal "
+                "brace as {{ or }})"
+            ) from None
+        parts: list[tuple[str, str | None]] = []
+        for literal, name, spec, conversion in parsed:
+            if name is not None and (not name.isidentifier() or spec or conversion):
+                raise ConfigurationError(
+                    f"Concurrency key template {self.key!r}: {{{name}"
+                    f"{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}} "
+                    "is not a plain field; use {name} with a name of the job's input or "
+                    "{tenant_id}"
+                )
+            parts.append((literal, name))
+        object.__setattr__(self, "_parts", tuple(parts))
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The field names of the template, in order."""
+        return tuple(name for _, name in self._parts if name is not None)
+
+    @property
+    def prefix(self) -> str:
+        """The literal text before the first field: every key of this template starts with it."""
+        out = []
+        for literal, name in self._parts:
+            out.append(literal)
+            if name is not None:
+                break
+        return "".join(out)
+
+    def format(self, values: Mapping[str, Any], *, tenant_id: str | None = None,
+               job: str = "job") -> str:
+        """The key for one input; :class:`InvalidConcurrencyKey` naming the field otherwise.
+
+        ``{tenant_id}`` is the job's tenant (``.using(tenant_id=...)``) when it has one, else an
+        input field of that name.
+        """
+        out: list[str] = []
+        for literal, name in self._parts:
+            out.append(literal)
+            if name is None:
+                continue
+            value = tenant_id if name == TENANT_FIELD and tenant_id is not None else (
+                values.get(name)
+            )
+            if value is None:
+                hint = (" (pass .using(tenant_id=...), or a tenant_id input field)"
+                        if name == TENANT_FIELD else "")
+                raise InvalidConcurrencyKey(
+                    f"{job}: the concurrency key {self.key!r} needs {{{name}}}, which this "
+                    f"enqueue does not give{hint}"
+                )
+            if isinstance(value, bool) or not isinstance(value, str | int):
+                raise InvalidConcurrencyKey(
+                    f"{job}: the concurrency key {self.key!r} needs {{{name}}} to be a string or"
+                    f" an integer, got {type(value).__name__} {value!r:.60}"
+                )
+            if value == "":
+                raise InvalidConcurrencyKey(
+                    f"{job}: the concurrency key {self.key!r} got an empty {{{name}}}"
+                )
+            out.append(str(value))
+        return validate_key("".join(out), job=job)
+
+
+def validate_key(key: Any, *, job: str = "job") -> str:
+    """A concurrency key as stored: a non-empty string of at most 500 characters, valid UTF-8,
+    without NUL."""
+    if not isinstance(key, str) or not key or len(key) > MAX_SLOT_KEY or "\x00" in key:
+        raise InvalidConcurrencyKey(
+            f"{job}: a concurrency key must be a non-empty string of at most {MAX_SLOT_KEY} "
+            f"characters without NUL, got {key!r:.100}"
+        )
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidConcurrencyKey(
+            f"{job}: the concurrency key contains a lone surrogate, which is not valid UTF-8"
+        ) from None
+    return key
+
+
+def concurrency_of(definition: Job | None) -> Concurrency | None:
+    if definition is None:
+        return None
+    value = definition.options.get("concurrency")
+    return value if isinstance(value, Concurrency) else None
+
+
+def settings_limit(key: str, settings: XJobsSettings) -> int | None:
+    """The limit ``XJOBS["CONCURRENCY_LIMITS"]`` gives ``key``: its longest matching prefix."""
+    for prefix, limit in settings.concurrency_limits:  # longest first (conf.py)
+        if key.startswith(prefix):
+            return limit
+    return None
+
+
+def limit_for(key: str, definition: Job | None, settings: XJobsSettings) -> int | None:
+    """The limit a run of ``definition`` asks under: settings first, then the job's own."""
+    limit = settings_limit(key, settings)
+    if limit is not None:
+        return limit
+    concurrency = concurrency_of(definition)
+    return concurrency.limit if concurrency is not None else None
+
+
+def holder(job: ClaimedJob, worker_id: str) -> str:
+    """``<job id>/<lease token>/<worker id>``: unique per run (see the module docstring)."""
+    return f"{job.id}/{job.lease_token}/{worker_id}"
+
+
+def parse_holder(value: str) -> tuple[str, str, str]:
+    """(job id, lease token, worker id) of a holder written by :func:`holder`."""
+    job_id, _, rest = value.partition("/")
+    token, _, worker = rest.partition("/")
+    return job_id, token, worker
+
+
+# ---------------------------------------------------------------------------- enqueue side --
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueKeys:
+    """The concurrency key of each input of one enqueue call (built once per call by api.py)."""
+
+    job: str
+    fixed: str | None  # .using(concurrency_key=...): the same key for every input
+    concurrency: Concurrency | None
+    tenant_id: str | None
+    settings: XJobsSettings
+
+    def key(self, values: Mapping[str, Any]) -> str:
+        if self.fixed is not None:
+            return self.fixed
+        assert self.concurrency is not None
+        key = self.concurrency.format(values, tenant_id=self.tenant_id, job=self.job)
+        if self.concurrency.limit is None and settings_limit(key, self.settings) is None:
+            raise _no_limit(self.job, key)
+        return key
+
+
+def enqueue_keys(definition: Job, explicit: Any, tenant_id: str | None,
+                 settings: XJobsSettings) -> EnqueueKeys | None:
+    """How an enqueue of ``definition`` gets its keys; None when it has none (unlimited)."""
+    concurrency = concurrency_of(definition)
+    if explicit is None and concurrency is None:
+        return None
+    fixed = None
+    if explicit is not None:
+        fixed = validate_key(explicit, job=definition.name)
+        if limit_for(fixed, definition, settings) is None:
+            raise _no_limit(definition.name, fixed)
+    return EnqueueKeys(job=definition.name, fixed=fixed, concurrency=concurrency,
+                       tenant_id=tenant_id, settings=settings)
+
+
+def _no_limit(job: str, key: str) -> InvalidConcurrencyKey:
+    return InvalidConcurrencyKey(
+        f"{job}: no concurrency limit applies to the key {key!r:.100}: give the job "
+        f'@job(concurrency=Concurrency(key=..., limit=N)), or add a prefix of the key to '
+        f'XJOBS["CONCURRENCY_LIMITS"]'
+    )
+
+
+# ------------------------------------------------------------------------- @job(concurrency=) --
+
+
+def _check_definition(definition: Job) -> None:
+    """registry hook: validate ``@job(concurrency=...)`` against the function it decorates."""
+    value = definition.options.get("concurrency")
+    if value is None:
+        definition.options.pop("concurrency", None)
+        return
+    if not isinstance(value, Concurrency):
+        raise ConfigurationError(
+            f"{definition.name}: concurrency= takes a Concurrency(key=..., limit=...), got "
+            f"{value!r:.80}"
+        )
+    try:
+        parameters = list(inspect.signature(definition.func).parameters.values())[1:]
+    except (TypeError, ValueError):  # a callable without a signature: nothing to check against
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    names = {p.name for p in parameters
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    for name in value.fields:
+        if name != TENANT_FIELD and name not in names:
+            raise ConfigurationError(
+                f"{definition.name}: the concurrency key {value.key!r} uses {{{name}}}, which is "
+                f"not a parameter of {definition.func.__qualname__} (nor {{tenant_id}})"
+            )
+
+
+def _register() -> None:
+    from . import registry
+
+    registry._extension_options["concurrency"] = _check_definition
+
+
+_register()
