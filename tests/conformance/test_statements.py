@@ -34,6 +34,9 @@ SCALARS = {
     "meta": '[["0190a1b2-0000-7000-8000-000000000000", "testapp.noop", "default", null,'
             ' "0190a1b2-0000-7000-8000-000000000001", 3, 0, null, 0, null, null, "t", null]]',
     "inputs": "[{}]",
+    # scheduler and maintenance
+    "lock_key": "scheduler", "holder": "worker-1", "margin_ms": 1000, "advisory_pid": None,
+    "lock_class": 1937010803, "lock_id": 12345, "paused": False, "grace_ms": 30_000,
 }
 LISTS = {
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
@@ -42,7 +45,7 @@ LISTS = {
     "concurrency_keys": None, "max_attempts": 3, "priorities": 0, "delays_ms": 0, "limits": 10,
     "states": "done", "run_ats": None,
 }
-TIMES = {"run_at", "wake_at", "before", "after_at"}  # filled with the database clock
+TIMES = {"run_at", "wake_at", "before", "after_at", "at"}  # filled with the database clock
 
 
 def placeholders(sql: str) -> dict[str, bool]:
