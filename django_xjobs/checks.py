@@ -42,5 +42,23 @@ def _raw() -> Any:
     return getattr(settings, "XJOBS", None)
 
 
+# ------------------------------------------------------------------------------ scheduler --
+
+
+def check_schedule(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Cron tasks: every XJOBS["SCHEDULE"] entry parses in its timezone, names a registered
+    job (the registry is complete by now: AppConfig.ready imported every jobs.py) and has a
+    JSON input; no name is taken twice. ``@job(cron=...)`` is judged when decorated."""
+    try:
+        conf.build(_raw())
+    except ConfigurationError:
+        return []  # check_settings reports it
+    from .scheduler.tasks import collect
+
+    _, problems = collect()
+    return [checks.Error(p.message, hint="See docs/scheduling.md", id=p.id) for p in problems]
+
+
 def register() -> None:
     checks.register(check_settings, "django_xjobs")
+    checks.register(check_schedule, "django_xjobs")

@@ -81,6 +81,13 @@ class JobCancelled(XJobsError):
     """
 
 
+# --------------------------------------------------------------------------------- scheduler --
+
+
+class UnknownTask(XJobsError, LookupError):
+    """No cron task of this name is configured (``@job(cron=...)`` or ``XJOBS["SCHEDULE"]``)."""
+
+
 # --------------------------------------------------------------------------- control signals --
 
 

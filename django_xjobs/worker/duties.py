@@ -33,6 +33,7 @@ log = logging.getLogger("django_xjobs.worker")
 
 # name -> "module:Class" under django_xjobs. Order is start order.
 AVAILABLE: dict[str, str] = {}
+AVAILABLE["scheduler"] = "scheduler.runner:SchedulerDuty"  # ---- scheduler: cron + maintenance
 
 
 class Duty(abc.ABC):

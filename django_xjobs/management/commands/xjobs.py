@@ -7,6 +7,8 @@
     manage.py xjobs run-now ID            delayed/suspended -> due now
     manage.py xjobs events [--name N]     recent published events
     manage.py xjobs purge --older-than 7d [--state done ...]
+    manage.py xjobs schedule [pause|resume|trigger NAME]   cron tasks and the leader
+    manage.py xjobs maintenance           run the retention deletes once
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ...conf import parse_duration
 from ...engines import get_engine
 from ...exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
 from ...records import TERMINAL_STATES, ChangeResult, EventRecord, JobRecord, StepRecord
+from .. import schedule_cli
 
 
 def _jsonable(value: Any) -> Any:
@@ -74,6 +77,8 @@ class Command(BaseCommand):
             # SUPPRESS: an absent sub-level flag must not reset `xjobs --json show ID`.
             p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                            help="machine-readable output")
+        for p in schedule_cli.add_arguments(sub):  # ---- scheduler ----
+            schedule_cli.suppress_json(p)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options.get("action")
@@ -95,6 +100,8 @@ class Command(BaseCommand):
                              as_json)
             elif action == "purge":
                 self._purge(options, as_json)
+            elif action in schedule_cli.ACTIONS:  # ---- scheduler ----
+                schedule_cli.handle(self, options, as_json)
         except LiveJobExists as exc:
             raise CommandError(f"{exc} (see: manage.py xjobs show {exc.live_job_id})") from None
         except (JobNotFound, ConfigurationError, XJobsError) as exc:
