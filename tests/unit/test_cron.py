@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -230,7 +231,7 @@ def test_fall_back_a_frequent_schedule_fires_through_both_passes_of_the_repeated
         "02:00+0200", "02:20+0200", "02:40+0200",
         "02:00+0100", "02:20+0100", "02:40+0100", "03:00+0100",
     ]
-    assert all(b - a == timedelta(minutes=20) for a, b in zip(fired, fired[1:], strict=False))
+    assert all(b - a == timedelta(minutes=20) for a, b in itertools.pairwise(fired))
 
 
 def test_fall_back_a_fixed_time_in_the_repeated_hour_fires_on_both_passes():
@@ -288,7 +289,7 @@ def test_occurrences_are_strictly_increasing_instants(expression, zone, start, o
     fired = schedule.between(begin, begin + timedelta(seconds=span), limit=2000)
 
     assert all(f.tzinfo is UTC for f in fired)
-    assert all(b > a for a, b in zip(fired, fired[1:], strict=False))
+    assert all(b > a for a, b in itertools.pairwise(fired))
     assert all(begin < f <= begin + timedelta(seconds=span) for f in fired)
 
 
