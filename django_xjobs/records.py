@@ -371,13 +371,14 @@ class SchedulerStateRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TaskLock:
-    """A task's state row, locked for one round's transaction.
+class LockedStates:
+    """The state rows a round locked until its transaction ends.
 
     ``leading`` False: the fence failed, this process no longer leads (nothing was locked).
-    ``watermark`` None while leading: another round holds the row (skipped, not waited for).
+    A task missing from ``watermarks`` while leading: another round holds its row (skipped, not
+    waited for), or it has none.
     """
 
     leading: bool
-    watermark: datetime | None = None
-    paused: bool = False
+    watermarks: Mapping[str, datetime] = field(default_factory=dict)
+    paused: frozenset[str] = frozenset()

@@ -37,6 +37,7 @@ from ..records import (
     LeaderFence,
     LeaderRecord,
     LeaseRef,
+    LockedStates,
     ParkedStep,
     QueueStats,
     Requeue,
@@ -44,7 +45,6 @@ from ..records import (
     SchedulerStateRecord,
     StepRecord,
     Suspension,
-    TaskLock,
 )
 
 
@@ -294,15 +294,16 @@ class Engine(abc.ABC):
         fenced on still leading; how many were created."""
 
     @abc.abstractmethod
-    def scheduler_state_lock_if_leading(self, name: str, fence: LeaderFence) -> TaskLock:
-        """Lock a task's state row until the end of the current transaction, fenced on still
-        leading; a row another transaction holds is skipped, not waited for."""
+    def scheduler_states_lock_if_leading(self, names: Sequence[str],
+                                         fence: LeaderFence) -> LockedStates:
+        """Lock the state rows of ``names`` until the end of the current transaction, fenced
+        on still leading; rows another transaction holds are skipped, not waited for."""
 
     @abc.abstractmethod
-    def scheduler_state_mark_if_leading(self, name: str, at: datetime,
-                                        fence: LeaderFence) -> datetime | None:
-        """Move the watermark forward to ``at`` (never back: ``greatest``), fenced on still
-        leading; the watermark now, or None if the fence failed (nothing written)."""
+    def scheduler_states_mark_if_leading(self, names: Sequence[str], at: datetime,
+                                         fence: LeaderFence) -> dict[str, datetime]:
+        """Move the watermarks of ``names`` forward to ``at`` (never back: ``greatest``),
+        fenced on still leading; the watermarks now by task, or {} if the fence failed."""
 
     @abc.abstractmethod
     def scheduler_states_list(self) -> list[SchedulerStateRecord]: ...

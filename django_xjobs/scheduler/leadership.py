@@ -49,8 +49,8 @@ L >= 3R, checked by conf.py):
   L - R, like a lease.
 
 Leadership alone does not make firing exactly-once: two processes can both believe they lead
-for a moment (a leader frozen past its lease, then resumed). The round's per-task transaction
-does: it locks the task's state row and reads the watermark under the lock, so overlapping
+for a moment (a leader frozen past its lease, then resumed). The round's transaction does: it
+locks the due tasks' state rows and reads their watermarks under the lock, so overlapping
 rounds serialise and the second computes nothing the first fired (scheduler/runner.py).
 """
 
@@ -173,7 +173,7 @@ class LeaseLeadership(Leadership):
 
     def resign(self) -> None:
         was_leader = self.state == LEADER
-        self._demote("resigned")
+        self.state, self._deadline = FOLLOWER, -math.inf
         try:
             if self.engine.leader_resign(self.lock_key, self.holder) and was_leader:
                 log.info("scheduler %s resigned the leadership", self.holder)
@@ -220,7 +220,7 @@ class AdvisoryLeadership(Leadership):
 
     def resign(self) -> None:
         was_leader = self.state == LEADER
-        self._demote("resigned")
+        self.state, self._deadline = FOLLOWER, -math.inf
         if self._session is not None and was_leader:
             try:
                 self._session.unlock()

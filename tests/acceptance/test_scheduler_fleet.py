@@ -155,7 +155,7 @@ def test_a_leader_killed_mid_round_is_replaced_and_no_occurrence_is_missed_or_do
     # A lingers in each round's transaction after the mark, before the commit: a kill there
     # lands after it enqueued and moved the watermark, and before either is committed.
     a = start_worker("a", settings=SCHEDULED,
-                     faults="after:scheduler_state_mark_if_leading=sleep:0.3")
+                     faults="after:scheduler_states_mark_if_leading=sleep:0.3")
     wait_until(lambda: lease_holder() == a.id, timeout=SETTLE, message="A to lead")
     b = start_worker("b", settings=SCHEDULED)
     wait_fired(3)

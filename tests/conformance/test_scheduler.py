@@ -14,7 +14,7 @@ from django.db import transaction
 
 from django_xjobs.engines import SessionLost
 from django_xjobs.models import SchedulerLeader, SchedulerState
-from django_xjobs.records import LeaderFence, TaskLock
+from django_xjobs.records import LeaderFence, LockedStates
 from tests.conftest import wait_until
 
 from .conftest import closing_connections
@@ -214,16 +214,27 @@ def test_ensure_by_a_process_that_does_not_lead_creates_nothing(engine):
     assert not SchedulerState.objects.exists()
 
 
+def lock(engine, names, f: LeaderFence | None = None) -> LockedStates:
+    return engine.scheduler_states_lock_if_leading(names, f or fence())
+
+
+def mark(engine, names, at, f: LeaderFence | None = None) -> dict:
+    return engine.scheduler_states_mark_if_leading(names, at, f or fence())
+
+
 @pytest.mark.django_db
-def test_the_leader_locks_a_task_and_reads_its_watermark(engine):
+def test_the_leader_locks_the_due_tasks_and_reads_their_watermarks(engine):
     at = engine.db_now() - timedelta(minutes=1)
     SchedulerState.objects.create(task_name="t", last_fired_at=at, paused=True)
+    SchedulerState.objects.create(task_name="u", last_fired_at=at - timedelta(hours=1))
+    SchedulerState.objects.create(task_name="other", last_fired_at=at)
     engine.leader_attempt_elect(KEY, "a", LONG)
 
     with engine.atomic():
-        lock = engine.scheduler_state_lock_if_leading("t", fence())
+        locked = lock(engine, ["t", "u", "missing"])
 
-    assert lock == TaskLock(leading=True, watermark=at, paused=True)
+    assert locked == LockedStates(leading=True, paused=frozenset({"t"}),
+                                  watermarks={"t": at, "u": at - timedelta(hours=1)})
 
 
 @pytest.mark.django_db
@@ -232,7 +243,7 @@ def test_a_process_that_does_not_lead_locks_nothing(engine):
     engine.leader_attempt_elect(KEY, "a", LONG)
 
     with engine.atomic():
-        assert engine.scheduler_state_lock_if_leading("t", fence("b")).leading is False
+        assert lock(engine, ["t"], fence("b")) == LockedStates(leading=False)
 
 
 @pytest.mark.django_db
@@ -241,8 +252,8 @@ def test_the_fence_fails_when_less_than_the_margin_of_the_lease_is_left(engine):
     engine.leader_attempt_elect(KEY, "a", 10_000)
 
     with engine.atomic():
-        assert engine.scheduler_state_lock_if_leading("t", fence(margin_ms=5_000)).leading
-        assert not engine.scheduler_state_lock_if_leading("t", fence(margin_ms=20_000)).leading
+        assert lock(engine, ["t"], fence(margin_ms=5_000)).leading
+        assert not lock(engine, ["t"], fence(margin_ms=20_000)).leading
 
 
 @pytest.mark.django_db
@@ -252,22 +263,23 @@ def test_a_lapsed_lease_fences_its_holder_out(engine):
     lapse(engine)
 
     with engine.atomic():
-        assert engine.scheduler_state_lock_if_leading("t", fence()).leading is False
+        assert lock(engine, ["t"]).leading is False
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_task_locked_by_another_round_is_skipped_not_waited_for(engine):
+def test_tasks_locked_by_another_round_are_skipped_not_waited_for(engine):
     if not engine.features.skip_locked:
         pytest.skip("engine does not skip locked rows")
     at = engine.db_now()
-    SchedulerState.objects.create(task_name="t", last_fired_at=at)
+    SchedulerState.objects.create(task_name="held", last_fired_at=at)
+    SchedulerState.objects.create(task_name="free", last_fired_at=at)
     engine.leader_attempt_elect(KEY, "a", LONG)
     locked, release, gave_up = threading.Event(), threading.Event(), threading.Event()
 
     @closing_connections
     def other_round():
         with transaction.atomic():
-            assert engine.scheduler_state_lock_if_leading("t", fence()).watermark == at
+            assert lock(engine, ["held"]).watermarks == {"held": at}
             locked.set()
             if not release.wait(timeout=20):
                 gave_up.set()
@@ -277,26 +289,28 @@ def test_a_task_locked_by_another_round_is_skipped_not_waited_for(engine):
         assert locked.wait(timeout=20)
         try:
             with engine.atomic():
-                lock = engine.scheduler_state_lock_if_leading("t", fence())
+                ours = lock(engine, ["free", "held"])
             assert not gave_up.is_set(), "the lock waited for the other round"
         finally:
             release.set()
             holder.result(timeout=30)
 
-    assert lock == TaskLock(leading=True, watermark=None, paused=False)
+    assert ours == LockedStates(leading=True, watermarks={"free": at})
     with engine.atomic():
-        assert engine.scheduler_state_lock_if_leading("t", fence()).watermark == at
+        assert lock(engine, ["free", "held"]).watermarks == {"free": at, "held": at}
 
 
 @pytest.mark.django_db
-def test_mark_moves_the_watermark_forward(engine):
+def test_mark_moves_the_watermarks_forward(engine):
     start = engine.db_now() - timedelta(hours=1)
-    SchedulerState.objects.create(task_name="t", last_fired_at=start)
+    for name in ("t", "u"):
+        SchedulerState.objects.create(task_name=name, last_fired_at=start)
     engine.leader_attempt_elect(KEY, "a", LONG)
     later = start + timedelta(minutes=30)
 
-    assert engine.scheduler_state_mark_if_leading("t", later, fence()) == later
-    assert state("t").last_fired_at == later
+    assert mark(engine, ["t", "u"], later) == {"t": later, "u": later}
+    assert state("t").last_fired_at == later == state("u").last_fired_at
+    assert mark(engine, [], later) == {}
 
 
 @pytest.mark.django_db
@@ -305,10 +319,11 @@ def test_an_older_round_never_rewinds_the_watermark(engine):
     newer = engine.db_now()
     older = newer - timedelta(minutes=5)
     SchedulerState.objects.create(task_name="t", last_fired_at=older - timedelta(minutes=1))
+    SchedulerState.objects.create(task_name="u", last_fired_at=older - timedelta(minutes=1))
     engine.leader_attempt_elect(KEY, "a", LONG)
-    engine.scheduler_state_mark_if_leading("t", newer, fence())
+    mark(engine, ["t"], newer)
 
-    assert engine.scheduler_state_mark_if_leading("t", older, fence()) == newer
+    assert mark(engine, ["t", "u"], older) == {"t": newer, "u": older}
     assert state("t").last_fired_at == newer
 
 
@@ -318,7 +333,7 @@ def test_mark_by_a_process_that_does_not_lead_writes_nothing(engine):
     SchedulerState.objects.create(task_name="t", last_fired_at=start)
     engine.leader_attempt_elect(KEY, "a", LONG)
 
-    assert engine.scheduler_state_mark_if_leading("t", engine.db_now(), fence("b")) is None
+    assert mark(engine, ["t"], engine.db_now(), fence("b")) == {}
     assert state("t").last_fired_at == start
 
 
@@ -330,13 +345,14 @@ def test_the_advisory_fence_passes_only_for_the_session_that_holds_the_lock(engi
     a.try_lock()
     now = engine.db_now()
 
-    assert engine.scheduler_state_mark_if_leading("t", now, fence(pid=b.backend_pid)) is None
-    assert engine.scheduler_state_mark_if_leading("t", now, fence(pid=a.backend_pid)) == now
+    assert mark(engine, ["t"], now, fence(pid=b.backend_pid)) == {}
+    assert mark(engine, ["t"], now, fence(pid=a.backend_pid)) == {"t": now}
+    with engine.atomic():
+        assert lock(engine, ["t"], fence(pid=a.backend_pid)).leading
     a.close()
     wait_until(lambda: engine.leader_advisory_holder(KEY) is None, timeout=15,
                message="the closed session's lock to free")
-    assert engine.scheduler_state_mark_if_leading(
-        "t", now + timedelta(seconds=1), fence(pid=a.backend_pid)) is None
+    assert mark(engine, ["t"], now + timedelta(seconds=1), fence(pid=a.backend_pid)) == {}
 
 
 @pytest.mark.django_db

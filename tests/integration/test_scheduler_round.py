@@ -247,24 +247,47 @@ def steal_lease(holder: str = "node-b") -> None:
 
 
 @pytest.mark.django_db
-def test_a_leader_that_loses_its_lease_mid_round_stops_the_round(fake_clock):
+def test_a_leader_that_loses_its_lease_mid_round_writes_nothing_and_steps_down(fake_clock):
     first, second = task("first"), task("second")
     leadership = leader()
     s = scheduler(first, second, leadership=leadership)
     s.round()
+    before = watermark("first"), watermark("second")
     fake_clock.advance(minutes=1)
-    # Right after the first task committed, the lease goes to another node.
-    faults.inject_hook("after:scheduler_state_mark_if_leading", lambda _: steal_lease())
+    # Right after the round locked its tasks, the lease goes to another node.
+    faults.inject_hook("after:scheduler_states_lock_if_leading", lambda _: steal_lease())
 
     report = s.round()
 
-    assert report.fired == {"first": [utc(2026, 1, 1, 12, 1)]}
-    assert "fence failed" in report.stopped
-    assert keys("second") == [] and not leadership.is_leader()
+    assert report.total == 0 and "fence failed marking" in report.stopped
+    assert keys("first") == keys("second") == []
+    assert (watermark("first"), watermark("second")) == before
+    assert not leadership.is_leader()
 
 
 @pytest.mark.django_db
-def test_a_fence_that_fails_at_the_mark_rolls_the_tasks_enqueue_back(fake_clock):
+def test_a_leader_whose_own_deadline_passes_mid_round_stops_before_enqueueing(fake_clock):
+    import time
+
+    jump = [0.0]
+    enqueues: list[str] = []
+    with clock.override(monotonic=lambda: time.monotonic() + jump[0]):
+        s = scheduler(task())
+        s.round()
+        fake_clock.advance(minutes=1)
+        # The process stalls after the lock for longer than its lease (a GC pause).
+        faults.inject_hook("after:scheduler_states_lock_if_leading",
+                           lambda _: jump.__setitem__(0, 3600.0))
+        faults.inject_hook("before:jobs_enqueue", enqueues.append)
+
+        report = s.round()
+
+    assert "deadline passed" in report.stopped
+    assert enqueues == [] and keys() == []
+
+
+@pytest.mark.django_db
+def test_a_fence_that_fails_at_the_mark_rolls_the_rounds_enqueue_back(fake_clock):
     s = scheduler(task())
     s.round()
     before = watermark()
@@ -274,7 +297,7 @@ def test_a_fence_that_fails_at_the_mark_rolls_the_tasks_enqueue_back(fake_clock)
 
     report = s.round()
 
-    assert report.total == 0 and "marking task t" in report.stopped
+    assert report.total == 0 and "fence failed marking" in report.stopped
     assert keys() == [] and watermark() == before
 
 

@@ -45,6 +45,7 @@ from ...records import (
     LeaderFence,
     LeaderRecord,
     LeaseRef,
+    LockedStates,
     ParkedStep,
     QueueStats,
     Requeue,
@@ -52,7 +53,6 @@ from ...records import (
     SchedulerStateRecord,
     StepRecord,
     Suspension,
-    TaskLock,
 )
 from ..base import AdvisorySession, Engine, Features, Listener, ListenerLost, SessionLost, Statement
 from . import statements as S
@@ -724,18 +724,23 @@ class PostgresEngine(Engine):
             "names": list(names), "at": at, **self._fence(fence),
         }, fetch="count"))
 
-    def scheduler_state_lock_if_leading(self, name: str, fence: LeaderFence) -> TaskLock:
-        leading, watermark, paused = self._run(S.SCHEDULER_STATE_LOCK_IF_LEADING, {
-            "name": name, **self._fence(fence),
-        }, fetch="one")
-        return TaskLock(leading=bool(leading), watermark=watermark, paused=bool(paused))
+    def scheduler_states_lock_if_leading(self, names: Sequence[str],
+                                         fence: LeaderFence) -> LockedStates:
+        rows = self._run(S.SCHEDULER_STATES_LOCK_IF_LEADING, {
+            "names": list(names), **self._fence(fence),
+        })
+        locked = [r for r in rows if r[1] is not None]
+        return LockedStates(leading=bool(rows[0][0]),
+                            watermarks={r[1]: r[2] for r in locked},
+                            paused=frozenset(r[1] for r in locked if r[3]))
 
-    def scheduler_state_mark_if_leading(self, name: str, at: datetime,
-                                        fence: LeaderFence) -> datetime | None:
-        row = self._run(S.SCHEDULER_STATE_MARK_IF_LEADING, {
-            "name": name, "at": at, **self._fence(fence),
-        }, fetch="one")
-        return row[0] if row is not None else None
+    def scheduler_states_mark_if_leading(self, names: Sequence[str], at: datetime,
+                                         fence: LeaderFence) -> dict[str, datetime]:
+        if not names:
+            return {}
+        return dict(self._run(S.SCHEDULER_STATES_MARK_IF_LEADING, {
+            "names": list(names), "at": at, **self._fence(fence),
+        }))
 
     def scheduler_states_list(self) -> list[SchedulerStateRecord]:
         return [

@@ -968,45 +968,47 @@ on conflict (task_name) do nothing
 """,
 )
 
-SCHEDULER_STATE_LOCK_IF_LEADING = Statement(
-    "scheduler_state_lock_if_leading",
+SCHEDULER_STATES_LOCK_IF_LEADING = Statement(
+    "scheduler_states_lock_if_leading",
     why="""
-Open one task's round: lock its state row until the transaction ends and read the watermark
-UNDER the lock. This, not the leader lease, is what makes two overlapping rounds safe (a leader
-whose lease lapsed while it was paused, and its successor): they serialise on the row, and the
-second reads the watermark the first committed, so it computes nothing the first already fired
-- even when that job has since finished and its key is free again. SKIP LOCKED: a round never
-waits behind another one (which may belong to a frozen process); it skips the task and comes
-back. Fenced on leading, so a process that no longer leads does not even look.
+Open a round: lock the state rows of the tasks that are due until the transaction ends, and
+read their watermarks UNDER the lock. This, not the leader lease, is what makes two overlapping
+rounds safe (a leader whose lease lapsed while it was frozen, and its successor): they
+serialise on the rows, and the second reads the watermarks the first committed, so it computes
+nothing the first already fired - even when that job has since finished and its key is free
+again. SKIP LOCKED: a round never waits behind another one (which may belong to a frozen
+process); it leaves those tasks for its next round. Fenced on leading, so a process that no
+longer leads locks nothing. Always one row at least, whose first column says whether we lead.
 """,
     sql=f"""
-select l.leading, s.last_fired_at, coalesce(s.paused, false)
+select l.leading, s.task_name, s.last_fired_at, s.paused
   from (select {_LEADING} as leading) l
   left join lateral (
-      select last_fired_at, paused
+      select task_name, last_fired_at, paused
         from x_scheduler_state
-       where task_name = %(name)s and l.leading
+       where task_name = any(%(names)s::text[]) and l.leading
+       order by task_name
          for update skip locked
   ) s on true
 """,
 )
 
-SCHEDULER_STATE_MARK_IF_LEADING = Statement(
-    "scheduler_state_mark_if_leading",
+SCHEDULER_STATES_MARK_IF_LEADING = Statement(
+    "scheduler_states_mark_if_leading",
     why="""
-Close one task's round: move the watermark to the round's time, in the transaction that
-enqueued the round's occurrences, so both commit or neither does (a crash between them would
-otherwise fire an occurrence twice once its first job finished). `greatest` and not an
-assignment: the watermark only ever moves FORWARD, and an older round must never rewind it -
-every occurrence between the two values would fire a second time (the seed's 2.0 fix). Fenced
-on leading, as the last statement before the commit: a leader that lost its lease mid-round
-gets no row, and its round is rolled back.
+Close a round: move the watermarks to the round's time, in the transaction that enqueued the
+round's occurrences, so both commit or neither does (a crash between them would otherwise fire
+an occurrence twice once its first job finished). `greatest` and not an assignment: a watermark
+only ever moves FORWARD, and an older round must never rewind it - every occurrence between
+the two values would fire a second time (the seed's 2.0 fix). Fenced on leading, as the last
+statement before the commit: a leader that lost its lease mid-round gets no rows, and its
+round is rolled back.
 """,
     sql=f"""
 update x_scheduler_state
    set last_fired_at = greatest(last_fired_at, %(at)s::timestamptz), updated_at = now()
- where task_name = %(name)s and {_LEADING}
-returning last_fired_at
+ where task_name = any(%(names)s::text[]) and {_LEADING}
+returning task_name, last_fired_at
 """,
 )
 
