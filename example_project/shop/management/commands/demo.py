@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand
 from django.db import connection, transaction
 
 from django_xjobs import devdb
+from shop import demo_scheduler
 
 PROJECT_DIR = Path(__file__).resolve().parents[3]
 
@@ -80,6 +81,7 @@ class Command(BaseCommand):
             self._wait(lambda: Job.objects.get(pk=digest.id).state in ("done", "dead"),
                        options["timeout"], "the digest job")
             workflows = self._durable_workflow(Job, Order, batch, options["timeout"])
+            demo_scheduler.show(self.stdout, options["timeout"])
         finally:
             self.say("\nstopping the worker with SIGTERM (graceful: in-flight jobs finish)")
             worker.send_signal(signal.SIGTERM)
