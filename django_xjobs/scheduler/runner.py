@@ -225,17 +225,18 @@ class SchedulerDuty(Duty):
                                            interval=self.settings.maintenance_interval,
                                            stop=self.stop)
             self.maintenance.start()
-        labelled = False
+        from django.db import connections
+
         try:
             while not self.stop.is_set():
                 try:
-                    if not labelled:
+                    # A fresh connection (the first, or after a reset by this loop or by the
+                    # leadership) gets its name, so operators and tests can find it.
+                    if connections[self.engine.alias].connection is None:
                         self.engine.session_label(f"xjobs:{self.worker_id}:scheduler")
-                        labelled = True
                     if self.leadership.tick():
                         self.scheduler.round()
                 except Exception as exc:
-                    labelled = False
                     self._db_error(exc)
                 self.started.set()
                 self.stop.wait(self._wait())

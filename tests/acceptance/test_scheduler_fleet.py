@@ -141,7 +141,7 @@ def test_two_workers_fire_every_second_exactly_once_while_the_leader_is_frozen_a
     values = sampler.stop()
 
     keys = assert_exactly_once(start)
-    assert len(keys) >= 8
+    assert len(keys) >= 7  # what the waits above guarantee: the run was not trivially short
     assert_never_decreased(values)
     assert not SchedulerLeader.objects.exists(), "a worker stopping cleanly resigns its lease"
     assert Job.objects.filter(enqueued_by="cron:tick").exclude(state="done").count() <= 2
@@ -175,7 +175,7 @@ def test_a_leader_killed_mid_round_is_replaced_and_no_occurrence_is_missed_or_do
     values = sampler.stop()
 
     keys = assert_exactly_once(start)
-    assert len(keys) >= 8
+    assert len(keys) >= 7  # what the waits above guarantee: the run was not trivially short
     assert_never_decreased(values)
 
 
