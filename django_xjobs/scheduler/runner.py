@@ -70,8 +70,8 @@ class LeadershipLost(Exception):
 
 @dataclass(slots=True)
 class RoundReport:
-    """What one round did, per task name (test signal and logs). Filled only once the round
-    committed: a round that was rolled back fired nothing."""
+    """What one round did, per task name (test signal and logs). ``fired`` is emptied when the
+    round was rolled back: such a round fired nothing."""
 
     fired: dict[str, list[datetime]] = field(default_factory=dict)
     busy: list[str] = field(default_factory=list)
