@@ -1,6 +1,6 @@
 """django-xjobs benchmark (``make bench``): the four workloads of ../shared/bench, for us alone.
 
-    python bench/run.py [--quick] [--workloads W1,...,W9] [--concurrency 10] [--prefetch auto]
+    python bench/run.py [--quick] [--workloads W1,...,W10] [--concurrency 10] [--prefetch auto]
 
 W1 enqueue-single   5,000 no-op jobs, one enqueue = one transaction, one process      jobs/s x3
 W2 enqueue-bulk     50,000 no-op jobs through enqueue_many, 1,000 per call               jobs/s
@@ -14,10 +14,13 @@ W6 multi-step       5,000 jobs of three durable steps each, 2 workers           
 W7 relay lag        a dedicated xjobs_relay; 500 enqueue_on_commit at 50/s, each its own
                     transaction; staging commit -> the relay's commit that makes the job
                     claimable (the job channel's NOTIFY, sent on that commit)     p50/p95/p99
-W9 backfill         one pass over a real 100,000-row table, keyset batches of 1,000
-                    (val + 1 per row, each batch committed with its progress), 1 worker  rows/s
 W8 slot-limited     5,000 no-op jobs under Concurrency(limit=2) over 20 keys, 2 workers,
                     keys interleaved and keys clustered, beside the same 5,000 unlimited  jobs/s
+W9 backfill         one pass over a real 100,000-row table, keyset batches of 1,000
+                    (val + 1 per row, each batch committed with its progress), 1 worker  rows/s
+W10 scheduler       in-process: one round over 100 due cron tasks; a catch-up of 1,000
+                    missed occurrences (misfire "all"); maintenance deleting 100,000 finished
+                    jobs with a step each, 1,000 rows per statement               ms, rows/s
 
 The database is a fresh ``xjobs_bench`` (``XJOBS_BENCH_DB`` names another) on the server
 ``django_xjobs.devdb`` picks (the one the tests use). Figures depend on the machine: compare
@@ -274,6 +277,68 @@ class Bench:
             "clustered": self._drain([("bench.keyed", {"i": i, "k": i * 20 // n})
                                       for i in range(n)], "clustered"),
         }
+    def w10(self) -> dict[str, float]:
+        """The scheduler's round and catch-up, and the maintenance purge (in this process)."""
+        from datetime import timedelta
+
+        from django_xjobs import clock, conf
+        from django_xjobs.engines import get_engine
+        from django_xjobs.maintenance import pruner
+        from django_xjobs.scheduler import cron
+        from django_xjobs.scheduler.leadership import LeaseLeadership
+        from django_xjobs.scheduler.runner import Scheduler
+        from django_xjobs.scheduler.tasks import Task
+
+        self.reset()
+        self.sql("truncate x_scheduler_state, x_scheduler_leader")
+        engine = get_engine()
+        leader = LeaseLeadership(engine=engine, holder="bench", lease=600, renew=150)
+        assert leader.tick()
+        settings = conf.build({**conf.get().raw, "CRON_MAX_CATCHUP": 1000,
+                               "CRON_MISFIRE_GRACE": 0})
+        every_second = cron.parse("* * * * * *")
+
+        def tasks(n: int, prefix: str) -> list[Task]:
+            return [Task(name=f"{prefix}-{i}", job="bench.noop", schedule=every_second,
+                         misfire="all", input={"i": i}) for i in range(n)]
+
+        now = clock.now().replace(microsecond=0)
+        many = Scheduler(engine=engine, leadership=leader, tasks=tasks(100, "t"),
+                         settings=settings)
+        many.round(now)  # the tasks start from here
+        t0 = time.perf_counter()
+        fired = many.round(now + timedelta(seconds=1)).total
+        round_ms = (time.perf_counter() - t0) * 1000
+        assert fired == 100, fired
+
+        one = Scheduler(engine=engine, leadership=leader, tasks=tasks(1, "catchup"),
+                        settings=settings)
+        one.round(now - timedelta(seconds=1000))
+        t0 = time.perf_counter()
+        fired = one.round(now).total
+        catchup = fired / (time.perf_counter() - t0)
+        assert fired == 1000, fired
+
+        self.reset()
+        n = self.sizes["w2"] * 2
+        self.sql(f"""
+            with j as (
+                insert into x_jobs (id, name, input, idempotency_key, run_id, state, run_at,
+                                    finished_at, attempt)
+                select gen_random_uuid(), 'bench.noop', '{{}}', g::text, gen_random_uuid(),
+                       'done', now() - interval '31 days', now() - interval '30 days', 1
+                  from generate_series(1, {n}) g
+                returning run_id)
+            insert into x_job_steps (run_id, name, status) select run_id, 's', 'completed' from j
+        """)
+        self.sql("vacuum analyze x_jobs")
+        self.sql("vacuum analyze x_job_steps")
+        t0 = time.perf_counter()
+        report = pruner.run_once(settings=conf.build({**conf.get().raw, "RETENTION": {
+            "done": "7d"}, "MAINTENANCE_BATCH": 1000}))
+        purge = report.jobs["done"] / (time.perf_counter() - t0)
+        assert report.jobs["done"] == n
+        return {"round_ms": round_ms, "catchup": catchup, "purge": purge, "purged": n}
 
     def w5(self) -> dict[str, float]:
         """Event wake-up: suspended waiters, publish_event at 50/s, publish -> resumed step."""
@@ -442,7 +507,7 @@ class Bench:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6,W7,W8,W9")
+    p.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6,W7,W8,W9,W10")
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--prefetch", default="auto")
     args = p.parse_args()
@@ -498,6 +563,13 @@ def main() -> None:
             rows.append((f"W8 drain, {label} (steady)",
                          f"{r['rate']:,.0f} jobs/s ({r['steady']:,.0f}; "
                          f"{r['steady'] / base:.0%} of unlimited)"))
+    if "W10" in chosen:
+        r10 = bench.w10()
+        rows.append(("W10 scheduler round, 100 due cron tasks", f"{r10['round_ms']:.0f} ms"))
+        rows.append(("W10 catch-up of 1,000 missed occurrences (misfire all)",
+                     f"{r10['catchup']:,.0f} occurrences/s"))
+        rows.append((f"W10 maintenance purge of {r10['purged']:,} done jobs + steps",
+                     f"{r10['purge']:,.0f} jobs/s"))
     width = max(len(k) for k, _ in rows)
     print(f"\ndjango-xjobs bench ({'quick' if args.quick else 'full'}; concurrency "
           f"{args.concurrency}, prefetch {args.prefetch}, 2 worker processes)\n")

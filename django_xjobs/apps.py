@@ -17,6 +17,9 @@ class XJobsConfig(AppConfig):
 
         conf.connect_signals()
         checks.register()
+        from .scheduler import options as cron_options  # ---- scheduler: @job(cron=...) ----
+
+        cron_options.install()
         # Found the way the admin finds admin.py: import every installed app's jobs.py.
         autodiscover_modules("jobs")
 

@@ -112,11 +112,27 @@ def check_concurrency(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
                 hint="Give it Concurrency(..., limit=N), or add a prefix of "
                      f'{concurrency.prefix!r} to XJOBS["CONCURRENCY_LIMITS"]. See '
                      "docs/concurrency.md",
-                id="xjobs.E010",
+                id="xjobs.E040",
             ))
     return errors
+# ------------------------------------------------------------------------------ scheduler --
+
+
+def check_schedule(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Cron tasks: every XJOBS["SCHEDULE"] entry parses in its timezone, names a registered
+    job (the registry is complete by now: AppConfig.ready imported every jobs.py) and has a
+    JSON input; no name is taken twice. ``@job(cron=...)`` is judged when decorated."""
+    try:
+        conf.build(_raw())
+    except ConfigurationError:
+        return []  # check_settings reports it
+    from .scheduler.tasks import collect
+
+    _, problems = collect()
+    return [checks.Error(p.message, hint="See docs/scheduling.md", id=p.id) for p in problems]
 
 
 def register() -> None:
     checks.register(check_settings, "django_xjobs")
     checks.register(check_concurrency, "django_xjobs")
+    checks.register(check_schedule, "django_xjobs")

@@ -157,6 +157,16 @@ class XJobsSettings:
     # How long a slot stays held without a renewal (a crashed or frozen holder blocks it that
     # long). Renewed with every heartbeat. Default: the lease.
     slot_ttl: float = 30.0
+    # ---- scheduler (see _scheduler_settings below and docs/scheduling.md) ----
+    leader: str = "lease"
+    leader_lease: float = 15.0
+    leader_renew: float = 5.0
+    cron_misfire_grace: float = 20.0
+    cron_max_catchup: int = 100
+    maintenance_interval: float | None = 60.0
+    maintenance_batch: int = 1000
+    outbox_retention: float = 86400.0
+    slot_purge_grace: float = 30.0
 
 
 _KNOWN_KEYS = {
@@ -246,9 +256,6 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
                 f'XJOBS["RETENTION"]: {state!r} is not a finished state (done, dead, cancelled)'
             )
         retention[state] = parse_duration(value, what=f'XJOBS["RETENTION"]["{state}"]')
-    schedule = raw.get("SCHEDULE", {})
-    if not isinstance(schedule, Mapping):
-        raise ConfigurationError('XJOBS["SCHEDULE"] must be a dict of task name -> options')
     notify = raw.get("NOTIFY", True)
     if not isinstance(notify, bool):
         raise ConfigurationError(f'XJOBS["NOTIFY"] must be True or False, got {notify!r}')
@@ -294,13 +301,13 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
         ack_batch=_positive_int(raw, "ACK_BATCH", 500),
         ack_interval=_duration(raw, "ACK_INTERVAL", 0.005, positive=False),
         retention=retention,
-        schedule=schedule,
         app_version=app_version,
         admin_tenant_scope=scope if isinstance(scope, str) or scope is None else None,
         backfill_throttle=_duration(raw, "BACKFILL_THROTTLE", 0.0, positive=False),  # backfills
         raw=raw,
         outbox=_outbox_settings(raw, poll_interval),
         **_slot_settings(raw, lease=lease, heartbeat=heartbeat),
+        **_scheduler_settings(raw, lease),
     )
 
 
@@ -337,6 +344,112 @@ def _slot_settings(raw: Mapping[str, Any], *, lease: float, heartbeat: float) ->
             " one still runs"
         )
     return {"concurrency_limits": tuple(limits), "slot_ttl": slot_ttl}
+
+
+
+# ------------------------------------------------------------------------------ scheduler --
+# The cron scheduler, its leader election and the maintenance duty (django_xjobs/scheduler/,
+# django_xjobs/maintenance/; docs/scheduling.md). Shapes are judged here; cron expressions,
+# timezones and job names are judged by the system checks (checks.py), which know the job
+# registry.
+
+_SCHEDULER_KEYS = {
+    "LEADER", "LEADER_LEASE", "LEADER_RENEW", "CRON_MISFIRE_GRACE", "CRON_MAX_CATCHUP",
+    "MAINTENANCE_INTERVAL", "MAINTENANCE_BATCH", "OUTBOX_RETENTION", "SLOT_PURGE_GRACE",
+}
+_KNOWN_KEYS.update(_SCHEDULER_KEYS)
+LEADER_MODES = ("lease", "advisory")
+SCHEDULE_ENTRY_KEYS = {"job", "cron", "timezone", "input", "misfire"}
+
+
+def _schedule(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``XJOBS["SCHEDULE"]``: task name -> {"job", "cron", "timezone", "input", "misfire"}."""
+    schedule = raw.get("SCHEDULE", {})
+    if not isinstance(schedule, Mapping):
+        raise ConfigurationError(
+            'XJOBS["SCHEDULE"] must be a dict of task name -> options, like {"nightly": '
+            '{"job": "app.fn", "cron": "0 3 * * *"}}'
+        )
+    entries: dict[str, dict[str, Any]] = {}
+    for task, entry in schedule.items():
+        where = f'XJOBS["SCHEDULE"][{task!r}]'
+        if not isinstance(task, str) or not NAME_RE.match(task):
+            raise ConfigurationError(
+                f'XJOBS["SCHEDULE"]: task name {task!r} is not valid: use 1-200 characters '
+                "from [A-Za-z0-9_.:-]"
+            )
+        if not isinstance(entry, Mapping):
+            raise ConfigurationError(f'{where} must be a dict with "job" and "cron"')
+        unknown = sorted(set(entry) - SCHEDULE_ENTRY_KEYS, key=str)
+        if unknown:
+            raise ConfigurationError(
+                f"{where} has unknown key(s) {unknown}; known: {sorted(SCHEDULE_ENTRY_KEYS)}"
+            )
+        for required in ("job", "cron"):
+            if required not in entry:
+                raise ConfigurationError(f'{where} needs a "{required}"')
+        job = entry["job"]
+        if not isinstance(job, str) or not NAME_RE.match(job):
+            raise ConfigurationError(f'{where}["job"] must be a registered job name, got {job!r}')
+        cron = entry["cron"]
+        if not isinstance(cron, str) or not cron.strip():
+            raise ConfigurationError(
+                f'{where}["cron"] must be a cron expression string, got {cron!r}'
+            )
+        timezone = entry.get("timezone", "UTC")
+        if not isinstance(timezone, str) or not timezone:
+            raise ConfigurationError(
+                f'{where}["timezone"] must be an IANA timezone name, got {timezone!r}'
+            )
+        input_ = entry.get("input", {})
+        if input_ is None:
+            input_ = {}
+        if not isinstance(input_, Mapping):
+            raise ConfigurationError(
+                f'{where}["input"] must be a dict of the job\'s keyword arguments, '
+                f"got {type(input_).__name__}"
+            )
+        misfire = entry.get("misfire", "latest")
+        if misfire not in ("latest", "all", "skip"):
+            raise ConfigurationError(
+                f'{where}["misfire"] must be "latest", "all" or "skip", got {misfire!r}'
+            )
+        entries[task] = {"job": job, "cron": cron, "timezone": timezone,
+                         "input": dict(input_), "misfire": misfire}
+    return entries
+
+
+def _scheduler_settings(raw: Mapping[str, Any], worker_lease: float) -> dict[str, Any]:
+    leader = raw.get("LEADER", "lease")
+    if leader not in LEADER_MODES:
+        raise ConfigurationError(
+            f'XJOBS["LEADER"] must be "lease" (safe behind a connection pooler) or "advisory" '
+            f"(a session lock on a dedicated connection), got {leader!r}"
+        )
+    leader_lease = _duration(raw, "LEADER_LEASE", 15.0)
+    leader_renew = _duration(raw, "LEADER_RENEW", leader_lease / 3)
+    if leader_lease < 3 * leader_renew:
+        raise ConfigurationError(
+            f'XJOBS["LEADER_LEASE"] ({leader_lease:g}s) must be at least 3 x '
+            f'XJOBS["LEADER_RENEW"] ({leader_renew:g}s): a leader stops acting once less than '
+            "one renewal interval of its lease is left, so with fewer renewals per lease one "
+            "slow renewal costs the leadership"
+        )
+    grace = _duration(raw, "CRON_MISFIRE_GRACE", leader_lease + leader_renew, positive=False)
+    interval_raw = raw.get("MAINTENANCE_INTERVAL", 60.0)
+    interval = None if interval_raw is None else _duration(raw, "MAINTENANCE_INTERVAL", 60.0)
+    return {
+        "schedule": _schedule(raw),
+        "leader": leader,
+        "leader_lease": leader_lease,
+        "leader_renew": leader_renew,
+        "cron_misfire_grace": grace,
+        "cron_max_catchup": _positive_int(raw, "CRON_MAX_CATCHUP", 100),
+        "maintenance_interval": interval,
+        "maintenance_batch": _positive_int(raw, "MAINTENANCE_BATCH", 1000),
+        "outbox_retention": _duration(raw, "OUTBOX_RETENTION", 86400.0, positive=False),
+        "slot_purge_grace": _duration(raw, "SLOT_PURGE_GRACE", worker_lease, positive=False),
+    }
 
 
 _cache: tuple[int, XJobsSettings] | None = None

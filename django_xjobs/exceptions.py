@@ -90,6 +90,11 @@ class UnknownBackfill(XJobsError, LookupError):
 
 class BackfillNotFound(XJobsError, LookupError):
     """No backfill pass with this run id exists."""
+# --------------------------------------------------------------------------------- scheduler --
+
+
+class UnknownTask(XJobsError, LookupError):
+    """No cron task of this name is configured (``@job(cron=...)`` or ``XJOBS["SCHEDULE"]``)."""
 
 
 # --------------------------------------------------------------------------- control signals --

@@ -50,11 +50,12 @@ def engine():
 class WorkerProcess:
     """A real ``manage.py xjobs_worker`` subprocess on the test database."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path,
+                 command: str = "xjobs_worker") -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "xjobs_worker", *args],
+            [sys.executable, "-m", "django", command, *args],
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
 
@@ -87,14 +88,15 @@ class WorkerProcess:
 def spawn_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start worker subprocesses on the test database; all are killed at teardown.
 
-    ``spawn_worker("--concurrency", "2", settings={"LEASE": "2s"}, faults="...")``
+    ``spawn_worker("--concurrency", "2", settings={"LEASE": "2s"}, faults="...")``; another
+    command of the worker family with ``command="xjobs_scheduler"``.
     """
     from django.db import connection
 
     started: list[WorkerProcess] = []
 
     def spawn(*args: str, settings: dict[str, Any] | None = None, faults: str | None = None,
-              log_level: str = "INFO") -> WorkerProcess:
+              log_level: str = "INFO", command: str = "xjobs_worker") -> WorkerProcess:
         env = dict(os.environ)
         env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
         env["XJOBS_TEST_DB_NAME"] = connection.settings_dict["NAME"]
@@ -104,7 +106,8 @@ def spawn_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerPro
         env.pop("XJOBS_FAULTS", None)
         if faults:
             env["XJOBS_FAULTS"] = faults
-        worker = WorkerProcess(list(args), env, tmp_path / f"worker-{len(started)}.log")
+        worker = WorkerProcess(list(args), env, tmp_path / f"worker-{len(started)}.log",
+                               command=command)
         started.append(worker)
         return worker
 

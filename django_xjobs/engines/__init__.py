@@ -9,9 +9,12 @@ from __future__ import annotations
 import threading
 
 from ..exceptions import EngineUnavailable
-from .base import Engine, Features, Listener, ListenerLost, Statement
+from .base import AdvisorySession, Engine, Features, Listener, ListenerLost, SessionLost, Statement
 
-__all__ = ["Engine", "Features", "Listener", "ListenerLost", "Statement", "get_engine"]
+__all__ = [
+    "AdvisorySession", "Engine", "Features", "Listener", "ListenerLost", "SessionLost",
+    "Statement", "get_engine",
+]
 
 _engines: dict[tuple[str, bool, bool], Engine] = {}
 _lock = threading.Lock()

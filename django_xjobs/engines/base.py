@@ -36,13 +36,17 @@ from ..records import (
     Failure,
     FenceReport,
     JobRecord,
+    LeaderFence,
+    LeaderRecord,
     LeaseRef,
+    LockedStates,
     OutboxRow,
     OutboxStatus,
     ParkedStep,
     QueueStats,
     Requeue,
     RunOwner,
+    SchedulerStateRecord,
     SlotHold,
     SlotRecord,
     SlotRequest,
@@ -91,6 +95,32 @@ class Listener(abc.ABC):
 
 class ListenerLost(Exception):
     """The LISTEN connection dropped; notifications sent meanwhile are lost (poll covers them)."""
+
+
+class AdvisorySession(abc.ABC):
+    """A dedicated, non-pooled connection holding the scheduler's session advisory lock
+    (``XJOBS["LEADER"] = "advisory"``). The lock lives exactly as long as this session: behind
+    a transaction pooler a session is not a client's, so this mode is unsafe there."""
+
+    backend_pid: int
+
+    @abc.abstractmethod
+    def try_lock(self) -> bool:
+        """Take the lock if free (never waits); True if this session holds it now."""
+
+    @abc.abstractmethod
+    def holds(self) -> bool:
+        """Whether this session still holds the lock (raises SessionLost if the session is gone)."""
+
+    @abc.abstractmethod
+    def unlock(self) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+class SessionLost(Exception):
+    """The advisory session's connection dropped; the server released its lock with it."""
 
 
 class Engine(abc.ABC):
@@ -346,6 +376,68 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def jobs_requeue_if_owned(self, batch: Sequence[Requeue]) -> FenceReport:
         """:meth:`job_requeue_if_owned` for many runs in one statement (refused slots)."""
+    # ------------------------------------------------------------------ scheduler --
+    # Leader election and the cron watermark (django_xjobs/scheduler/, docs/scheduling.md).
+    @abc.abstractmethod
+    def leader_attempt_elect(self, lock_key: str, holder: str, lease_ms: int) -> datetime | None:
+        """Acquire the lease of ``lock_key`` if unheld or expired, or renew it if ``holder``
+        holds it, in one statement; the new expiry, or None if another holder's lease is live."""
+
+    @abc.abstractmethod
+    def leader_resign(self, lock_key: str, holder: str) -> bool:
+        """Release the lease, only if ``holder`` holds it; whether it did."""
+
+    @abc.abstractmethod
+    def leader_get(self, lock_key: str) -> LeaderRecord | None:
+        """The lease row of ``lock_key`` (live or not), or None."""
+
+    @abc.abstractmethod
+    def leader_advisory_session(self, lock_key: str, label: str) -> AdvisorySession:
+        """Open a dedicated connection for the session advisory lock of ``lock_key``.
+
+        Raises :class:`SessionLost` when it cannot connect."""
+
+    @abc.abstractmethod
+    def leader_advisory_holder(self, lock_key: str) -> LeaderRecord | None:
+        """The backend holding the advisory lock of ``lock_key``, or None."""
+
+    @abc.abstractmethod
+    def scheduler_states_ensure(self, names: Sequence[str], at: datetime,
+                                fence: LeaderFence) -> int:
+        """Create the missing state rows with watermark ``at`` (a new task starts from now),
+        fenced on still leading; how many were created."""
+
+    @abc.abstractmethod
+    def scheduler_states_lock_if_leading(self, names: Sequence[str],
+                                         fence: LeaderFence) -> LockedStates:
+        """Lock the state rows of ``names`` until the end of the current transaction, fenced
+        on still leading; rows another transaction holds are skipped, not waited for."""
+
+    @abc.abstractmethod
+    def scheduler_states_mark_if_leading(self, names: Sequence[str], at: datetime,
+                                         fence: LeaderFence) -> dict[str, datetime]:
+        """Move the watermarks of ``names`` forward to ``at`` (never back: ``greatest``),
+        fenced on still leading; the watermarks now by task, or {} if the fence failed."""
+
+    @abc.abstractmethod
+    def scheduler_states_list(self) -> list[SchedulerStateRecord]: ...
+
+    @abc.abstractmethod
+    def scheduler_state_set_paused(self, name: str, paused: bool,
+                                   at: datetime) -> SchedulerStateRecord:
+        """Pause or resume a task (an operator's act, not fenced). Resuming moves the
+        watermark to at least ``at``, so the paused stretch is never replayed."""
+
+    # ---------------------------------------------------------------- maintenance --
+    @abc.abstractmethod
+    def outbox_purge_published(self, *, published_before: datetime,
+                               batch_size: int = 1000) -> int:
+        """Delete relayed outbox rows published before the cutoff, in bounded batches."""
+
+    @abc.abstractmethod
+    def leases_purge_expired(self, *, grace_ms: int, batch_size: int = 1000) -> int:
+        """Delete concurrency slot rows expired for longer than ``grace_ms``, in bounded
+        batches."""
 
     # ---------------------------------------------------------------- connections --
     @abc.abstractmethod

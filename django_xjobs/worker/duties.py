@@ -32,8 +32,10 @@ from ..engines import Engine
 log = logging.getLogger("django_xjobs.worker")
 
 # name -> "module:Class" under django_xjobs. Order is start order.
-AVAILABLE: dict[str, str] = {}
-AVAILABLE["relay"] = "worker.relay:Relay"  # the enqueue_on_commit outbox (outbox.py)
+AVAILABLE: dict[str, str] = {
+    "relay": "worker.relay:Relay",  # the enqueue_on_commit outbox (outbox.py)
+    "scheduler": "scheduler.runner:SchedulerDuty",  # cron, and maintenance while leading
+}
 
 
 class Duty(abc.ABC):

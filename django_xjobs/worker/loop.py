@@ -92,6 +92,8 @@ WAITING_KEYS_MAX = 10_000
 # An executor thread idle for this long cleans up its Django connections before its next job
 # too (they may have aged past CONN_MAX_AGE or been closed by the server meanwhile).
 IDLE_RECHECK = 1.0
+# How long a stopping worker waits for each background duty to finish its round and stop.
+DUTY_STOP_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -907,6 +909,10 @@ class Worker:
     def _shutdown(self) -> None:
         self._settle()
         self._stop_threads.set()
+        for _, thread in self._duties:
+            # A duty hands back what it holds when it stops (the scheduler resigns its lease,
+            # so the next leader need not wait for it to lapse); a stuck one is left behind.
+            thread.join(timeout=DUTY_STOP_TIMEOUT)
         for _ in self._threads:
             self._work.put(None)
         if self._loop is not None:

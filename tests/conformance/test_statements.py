@@ -34,6 +34,9 @@ SCALARS = {
     "meta": '[["0190a1b2-0000-7000-8000-000000000000", "testapp.noop", "default", null,'
             ' "0190a1b2-0000-7000-8000-000000000001", 3, 0, null, 0, null, null, "t", null]]',
     "inputs": "[{}]",
+    # scheduler and maintenance
+    "lock_key": "scheduler", "holder": "worker-1", "margin_ms": 1000, "advisory_pid": None,
+    "lock_class": 1937010803, "lock_id": 12345, "paused": False, "grace_ms": 30_000,
 }
 SCALARS.update({  # ---- backfills
     "checksum": "0" * 64, "app_version": "1.0", "processed": 100, "cursor": "100",
@@ -48,7 +51,7 @@ LISTS = {
     "holders": "job/token/worker", "slots": 0, "spent": True, "resumed": False,  # slots
     "notes": None,
 }
-TIMES = {"run_at", "wake_at", "before", "after_at"}  # filled with the database clock
+TIMES = {"run_at", "wake_at", "before", "after_at", "at"}  # filled with the database clock
 
 
 def placeholders(sql: str) -> dict[str, bool]:

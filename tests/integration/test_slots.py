@@ -520,14 +520,14 @@ def test_a_job_whose_keys_get_no_limit_fails_the_system_check():
         return n
 
     try:
-        messages = [m for m in checks.run_checks(tags=["django_xjobs"]) if m.id == "xjobs.E010"]
+        messages = [m for m in checks.run_checks(tags=["django_xjobs"]) if m.id == "xjobs.E040"]
         assert len(messages) == 1 and "t.unlimited_template" in messages[0].msg
         with override_settings(XJOBS={"CONCURRENCY_LIMITS": {"acct:": 2}}):
             assert [m for m in checks.run_checks(tags=["django_xjobs"])
-                    if m.id == "xjobs.E010"] == []
+                    if m.id == "xjobs.E040"] == []
         with override_settings(XJOBS={"CONCURRENCY_LIMITS": {"acct:big": 2}}):
             assert len([m for m in checks.run_checks(tags=["django_xjobs"])
-                        if m.id == "xjobs.E010"]) == 1
+                        if m.id == "xjobs.E040"]) == 1
     finally:
         registry.unregister("t.unlimited_template")
 

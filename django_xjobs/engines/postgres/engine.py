@@ -14,6 +14,7 @@ import json
 import logging
 import select
 import time
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -42,13 +43,17 @@ from ...records import (
     Failure,
     FenceReport,
     JobRecord,
+    LeaderFence,
+    LeaderRecord,
     LeaseRef,
+    LockedStates,
     OutboxRow,
     OutboxStatus,
     ParkedStep,
     QueueStats,
     Requeue,
     RunOwner,
+    SchedulerStateRecord,
     SlotHold,
     SlotRecord,
     SlotRequest,
@@ -56,8 +61,9 @@ from ...records import (
     StepRecord,
     Suspension,
 )
-from ..base import Engine, Features, Listener, ListenerLost, Statement
+from ..base import AdvisorySession, Engine, Features, Listener, ListenerLost, SessionLost, Statement
 from . import statements as S
+from .statements import ADVISORY_LOCK_CLASS
 
 log = logging.getLogger("django_xjobs.engine")
 
@@ -858,6 +864,101 @@ class PostgresEngine(Engine):
         )
         return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost,
                            states=rest.states)
+    # ------------------------------------------------------------------------- scheduler --
+    def leader_attempt_elect(self, lock_key: str, holder: str, lease_ms: int) -> datetime | None:
+        row = self._run(S.LEADER_ATTEMPT_ELECT, {
+            "lock_key": lock_key, "holder": holder, "lease_ms": lease_ms,
+        }, fetch="one")
+        return row[0] if row is not None else None
+
+    def leader_resign(self, lock_key: str, holder: str) -> bool:
+        return bool(self._run(S.LEADER_RESIGN, {"lock_key": lock_key, "holder": holder},
+                              fetch="count"))
+
+    def leader_get(self, lock_key: str) -> LeaderRecord | None:
+        row = self._run(S.LEADER_GET, {"lock_key": lock_key}, fetch="one")
+        if row is None:
+            return None
+        return LeaderRecord(lock_key=row[0], mode="lease", holder=row[1], expires_at=row[2],
+                            live=bool(row[3]))
+
+    def leader_advisory_session(self, lock_key: str, label: str) -> AdvisorySession:
+        return PostgresAdvisorySession(self.alias, lock_key, label)
+
+    def leader_advisory_holder(self, lock_key: str) -> LeaderRecord | None:
+        row = self._run(S.LEADER_ADVISORY_HOLDER, advisory_key(lock_key), fetch="one")
+        if row is None:
+            return None
+        return LeaderRecord(lock_key=lock_key, mode="advisory", holder=row[1] or f"pid {row[0]}",
+                            pid=row[0])
+
+    @staticmethod
+    def _fence(fence: LeaderFence) -> dict[str, Any]:
+        return {"lock_key": fence.lock_key, "holder": fence.holder,
+                "margin_ms": fence.margin_ms, "advisory_pid": fence.advisory_pid,
+                **advisory_key(fence.lock_key)}
+
+    def scheduler_states_ensure(self, names: Sequence[str], at: datetime,
+                                fence: LeaderFence) -> int:
+        if not names:
+            return 0
+        return int(self._run(S.SCHEDULER_STATES_ENSURE, {
+            "names": list(names), "at": at, **self._fence(fence),
+        }, fetch="count"))
+
+    def scheduler_states_lock_if_leading(self, names: Sequence[str],
+                                         fence: LeaderFence) -> LockedStates:
+        rows = self._run(S.SCHEDULER_STATES_LOCK_IF_LEADING, {
+            "names": list(names), **self._fence(fence),
+        })
+        locked = [r for r in rows if r[1] is not None]
+        return LockedStates(leading=bool(rows[0][0]),
+                            watermarks={r[1]: r[2] for r in locked},
+                            paused=frozenset(r[1] for r in locked if r[3]))
+
+    def scheduler_states_mark_if_leading(self, names: Sequence[str], at: datetime,
+                                         fence: LeaderFence) -> dict[str, datetime]:
+        if not names:
+            return {}
+        return dict(self._run(S.SCHEDULER_STATES_MARK_IF_LEADING, {
+            "names": list(names), "at": at, **self._fence(fence),
+        }))
+
+    def scheduler_states_list(self) -> list[SchedulerStateRecord]:
+        return [
+            SchedulerStateRecord(task_name=r[0], last_fired_at=r[1], paused=r[2],
+                                 updated_at=r[3])
+            for r in self._run(S.SCHEDULER_STATES_LIST, {})
+        ]
+
+    def scheduler_state_set_paused(self, name: str, paused: bool,
+                                   at: datetime) -> SchedulerStateRecord:
+        r = self._run(S.SCHEDULER_STATE_SET_PAUSED, {"name": name, "paused": paused, "at": at},
+                      fetch="one")
+        return SchedulerStateRecord(task_name=r[0], last_fired_at=r[1], paused=r[2],
+                                    updated_at=r[3])
+
+    # ----------------------------------------------------------------------- maintenance --
+    def outbox_purge_published(self, *, published_before: datetime,
+                               batch_size: int = 1000) -> int:
+        total = 0
+        while True:
+            deleted = self._run(S.OUTBOX_PURGE_PUBLISHED, {
+                "before": published_before, "batch": batch_size,
+            }, fetch="count")
+            total += deleted
+            if deleted < batch_size:
+                return total
+
+    def leases_purge_expired(self, *, grace_ms: int, batch_size: int = 1000) -> int:
+        total = 0
+        while True:
+            deleted = self._run(S.LEASES_PURGE_EXPIRED, {
+                "grace_ms": grace_ms, "batch": batch_size,
+            }, fetch="count")
+            total += deleted
+            if deleted < batch_size:
+                return total
 
     # ----------------------------------------------------------------------- connections --
     def session_label(self, label: str) -> None:
@@ -891,6 +992,74 @@ def _as_uuid(value: Any) -> UUID | None:
         return UUID(str(value))
     except ValueError:
         return None
+
+
+def advisory_key(lock_key: str) -> dict[str, int]:
+    """The (class, id) pair of the scheduler's advisory lock for ``lock_key``: a fixed class
+    and a 31-bit CRC of the key, both positive so they read the same in pg_locks' oids."""
+    return {"lock_class": ADVISORY_LOCK_CLASS,
+            "lock_id": zlib.crc32(lock_key.encode()) & 0x7FFF_FFFF}
+
+
+def _dedicated_connection(alias: str, label: str) -> Any:
+    """A psycopg connection of its own (autocommit) with the alias's parameters, outside
+    Django's connection handling and any pool Django manages."""
+    import psycopg
+
+    params = dict(connections[alias].get_connection_params())
+    params.pop("cursor_factory", None)
+    params.pop("pool", None)
+    params["application_name"] = label[:63]
+    # A peer that vanished without a FIN (host gone) is noticed by keepalives, not by reads.
+    params.setdefault("keepalives", 1)
+    params.setdefault("keepalives_idle", 10)
+    params.setdefault("keepalives_interval", 5)
+    params.setdefault("keepalives_count", 3)
+    return psycopg.connect(**params, autocommit=True)
+
+
+class PostgresAdvisorySession(AdvisorySession):
+    """The scheduler's advisory lock on a dedicated connection (see AdvisorySession).
+
+    Errors of the connection surface as :class:`SessionLost`: the server released the lock when
+    the session ended, so the caller is no longer leader and opens a new session to try again.
+    """
+
+    def __init__(self, alias: str, lock_key: str, label: str) -> None:
+        import psycopg
+
+        self._key = advisory_key(lock_key)
+        try:
+            self._conn = _dedicated_connection(alias, label)
+        except psycopg.Error as exc:
+            raise SessionLost(str(exc)) from exc
+        self.backend_pid = self._conn.info.backend_pid
+
+    def _scalar(self, stmt: Statement) -> Any:
+        import psycopg
+
+        if faults.armed:
+            faults.hit(f"before:{stmt.name}")
+        try:
+            row = self._conn.execute(stmt.sql, self._key).fetchone()
+        except psycopg.Error as exc:
+            raise SessionLost(str(exc)) from exc
+        return row[0] if row else None
+
+    def try_lock(self) -> bool:
+        return bool(self._scalar(S.LEADER_ADVISORY_LOCK_TRY))
+
+    def holds(self) -> bool:
+        return bool(self._scalar(S.LEADER_ADVISORY_HELD))
+
+    def unlock(self) -> None:
+        self._scalar(S.LEADER_ADVISORY_UNLOCK)
+
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        except Exception:  # closing a broken connection may raise; it is gone either way
+            pass
 
 
 class PostgresListener(Listener):

@@ -8,6 +8,8 @@
     manage.py xjobs events [--name N]     recent published events
     manage.py xjobs purge --older-than 7d [--state done ...]
     manage.py xjobs slots [--key K]       concurrency slots held now: holder, expiry
+    manage.py xjobs schedule [pause|resume|trigger NAME]   cron tasks and the leader
+    manage.py xjobs maintenance           run the retention deletes once
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ...records import (
     SlotUsage,
     StepRecord,
 )
+from .. import schedule_cli
 
 
 def _jsonable(value: Any) -> Any:
@@ -96,6 +99,8 @@ class Command(BaseCommand):
             # SUPPRESS: an absent sub-level flag must not reset `xjobs --json show ID`.
             p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                            help="machine-readable output")
+        for p in schedule_cli.add_arguments(sub):  # ---- scheduler ----
+            schedule_cli.suppress_json(p)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options.get("action")
@@ -122,6 +127,8 @@ class Command(BaseCommand):
                     raise CommandError("--limit must be at least 1")
                 self._slots(get_engine().slots_list(lease_key=options["key"],
                                                     limit=options["limit"]), as_json)
+            elif action in schedule_cli.ACTIONS:  # ---- scheduler ----
+                schedule_cli.handle(self, options, as_json)
         except LiveJobExists as exc:
             raise CommandError(f"{exc} (see: manage.py xjobs show {exc.live_job_id})") from None
         except (JobNotFound, ConfigurationError, XJobsError) as exc:

@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand
 from django.db import connection, transaction
 
 from django_xjobs import devdb
-from shop import demo_backfills, demo_outbox, demo_slots
+from shop import demo_backfills, demo_outbox, demo_scheduler, demo_slots
 
 PROJECT_DIR = Path(__file__).resolve().parents[3]
 
@@ -84,6 +84,7 @@ class Command(BaseCommand):
             demo_backfills.show(self.stdout, self.style, options["timeout"])
             demo_outbox.run(self.stdout, batch, options["timeout"])
             demo_slots.run(self.stdout, options["timeout"])
+            demo_scheduler.show(self.stdout, options["timeout"])
         finally:
             self.say("\nstopping the worker with SIGTERM (graceful: in-flight jobs finish)")
             worker.send_signal(signal.SIGTERM)

@@ -1,0 +1,55 @@
+"""``manage.py xjobs_scheduler``: run the cron scheduler (and maintenance, while it leads) as a
+process of its own; SIGTERM/SIGINT stop it cleanly and hand the leadership back.
+
+Thin: the scheduler is ``scheduler.runner.SchedulerDuty``, the same object every worker runs
+beside its jobs (``xjobs_worker --no-scheduler`` leaves it to processes like this one).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from ...engines import get_engine
+from ...scheduler.runner import SchedulerDuty
+from ...worker.loop import new_worker_id
+from ...worker.shutdown import ShutdownSignals
+from .xjobs_worker import _log_to_stderr
+
+log = logging.getLogger("django_xjobs.scheduler")
+
+
+class Command(BaseCommand):
+    help = "Run the django-xjobs cron scheduler and maintenance (leader-elected) until stopped."
+    requires_system_checks: list[str] = []  # django-xjobs' own checks only, as xjobs_worker
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--id", dest="scheduler_id",
+                            help="name in x_scheduler_leader.holder (default host:pid:random)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.check(tags=["django_xjobs"], display_num_errors=False)
+        if options["verbosity"] >= 1 and not logging.getLogger("django_xjobs").hasHandlers():
+            _log_to_stderr(options["verbosity"])
+        stop = threading.Event()
+        duty = SchedulerDuty(engine=get_engine(), worker_id=options["scheduler_id"]
+                             or new_worker_id(), stop=stop)
+
+        def on_signal(name: str) -> None:
+            log.info("scheduler %s stopping (%s)", duty.worker_id, name)
+            stop.set()
+
+        signals = ShutdownSignals(on_signal)
+        signals.install()
+        settings = duty.settings
+        log.info("scheduler %s started: leader=%s lease=%gs renew=%gs", duty.worker_id,
+                 settings.leader, settings.leader_lease, settings.leader_renew)
+        try:
+            duty.run()
+        finally:
+            signals.uninstall()
+            duty.close_connection()
+        log.info("scheduler %s stopped", duty.worker_id)

@@ -1,0 +1,43 @@
+"""``@job(cron=..., timezone=..., misfire=...)``: the options the scheduler adds to ``@job``.
+
+Registered in ``registry._extension_options`` when the app is ready (``apps.py``), before any
+app's ``jobs.py`` is imported, and validated when the job is decorated: a bad expression or an
+unknown timezone fails at import time, in the module that declared it.
+"""
+
+from __future__ import annotations
+
+from .. import registry
+from ..exceptions import ConfigurationError
+from . import cron
+
+OPTIONS = ("cron", "timezone", "misfire")
+
+
+def validate(definition: registry.Job) -> None:
+    """Check a definition's cron options and store them normalised."""
+    options = definition.options
+    expression = options.get("cron")
+    if expression is None:
+        given = [name for name in OPTIONS[1:] if name in options]
+        if given:
+            raise ConfigurationError(
+                f"{definition.name}: {', '.join(f'{n}=' for n in given)} needs cron="
+            )
+        return
+    schedule = cron.parse(expression, options.get("timezone", "UTC"),
+                          what=f"{definition.name}: cron")
+    options["cron"] = schedule.expression
+    options["timezone"] = schedule.timezone
+    options["misfire"] = cron.parse_misfire(options.get("misfire", "latest"),
+                                            what=f"{definition.name}: misfire")
+
+
+def _validated_with_cron(definition: registry.Job) -> None:
+    """timezone= and misfire= are judged together with cron= by :func:`validate`."""
+
+
+def install() -> None:
+    registry._extension_options["cron"] = validate
+    registry._extension_options["timezone"] = _validated_with_cron
+    registry._extension_options["misfire"] = _validated_with_cron

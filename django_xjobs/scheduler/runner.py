@@ -1,0 +1,307 @@
+"""THE ROUND: what the leading scheduler does at each occurrence, and the duty that runs it.
+
+One round (``Scheduler.round``), one transaction for every task that is due:
+
+1. **Self-check.** Stop if this process can no longer prove it leads
+   (``Leadership.is_leader``: a monotonic deadline, no database call).
+2. **Pick what is due.** A task whose next occurrence after its watermark (as this process last
+   saw it) is still ahead costs nothing; a round with nothing due sends no statement.
+3. **Lock** the due tasks' state rows and read their watermarks UNDER the lock
+   (``scheduler_states_lock_if_leading``, fenced on leading, SKIP LOCKED). A round that
+   overlaps with another leader's (a leader frozen past its lease, then resumed) serialises on
+   these rows and sees what the other committed; rows another round holds are skipped, and
+   those tasks retried shortly.
+4. **Compute** each task's occurrences in ``(watermark, now]`` under its misfire policy
+   (``cron.due``); a paused task fires nothing. Every job is built and validated before the
+   first write; a task whose job cannot be built is left out (not marked: retried next round).
+5. **Self-check again, then enqueue** every occurrence in one statement per 1,000, each with
+   the key ``cron:<task>:<occurrence ISO>`` and ``enqueued_by = "cron:<task>"``.
+6. **Mark**: the watermarks move to the round's time with ``greatest`` (never back), fenced on
+   still leading, as the last statement before the commit. Enqueue and mark commit together or
+   not at all: a crash in between leaves neither, and the next leader fires those occurrences
+   once. A fence that fails here rolls the round back; the process steps down.
+
+What guards against double firing, and which guard covers which case:
+
+* the watermark, read under the row lock and moved in the enqueue's transaction: one
+  occurrence is enqueued by at most one committed round, even after its job has finished (when
+  its key is free again);
+* the idempotency key: two enqueues of one occurrence while the first job is live give one job
+  (the live-key index), whatever path they took;
+* the leader fence: a process that lost the leadership writes nothing, and stops the round.
+
+One transaction per round rather than per task: the commit is the expensive part of a round
+(one WAL flush), and the row locks are held for a few statements either way (bench W7).
+
+Time: occurrences are computed on the wall clock (``clock.now()``, injectable in tests); the
+lease and the fences use the database clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from .. import api, clock, conf, faults, registry
+from ..engines import Engine
+from ..exceptions import InvalidJobInput, UnknownJob
+from ..records import EnqueueParams, LeaderFence
+from ..worker.duties import Duty
+from . import cron, leadership
+from .tasks import Task
+
+log = logging.getLogger("django_xjobs.scheduler")
+
+# A skipped task (its row held by another round) is looked at again this soon; a task whose
+# job could not be built (logged as an error) this late.
+RETRY_BUSY = 0.5
+RETRY_FAILED = 5.0
+# Rounds wake this long after an occurrence, so the occurrence is in the past when they run.
+WAKE_AFTER = 0.005
+ENQUEUE_BATCH = 1000  # jobs per enqueue statement, as api.enqueue_many
+
+
+class LeadershipLost(Exception):
+    """A fenced statement of the round matched nothing: another process leads now."""
+
+
+@dataclass(slots=True)
+class RoundReport:
+    """What one round did, per task name (test signal and logs). ``fired`` is emptied when the
+    round was rolled back: such a round fired nothing."""
+
+    fired: dict[str, list[datetime]] = field(default_factory=dict)
+    busy: list[str] = field(default_factory=list)
+    paused: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    stopped: str = ""  # why the round ended early ("" = it did not)
+
+    @property
+    def total(self) -> int:
+        return sum(len(v) for v in self.fired.values())
+
+
+class Scheduler:
+    """Runs rounds for ``tasks`` while ``leadership`` says this process leads."""
+
+    def __init__(self, *, engine: Engine, leadership: leadership.Leadership,
+                 tasks: Sequence[Task], settings: conf.XJobsSettings | None = None) -> None:
+        self.engine = engine
+        self.leadership = leadership
+        self.tasks = list(tasks)
+        self.settings = settings or conf.get()
+        self.grace = timedelta(seconds=self.settings.cron_misfire_grace)
+        # The next occurrence after each task's watermark as last seen; a task not in here is
+        # looked at. Watermarks only move forward, so a stale entry errs towards looking.
+        self._next_due: dict[str, datetime] = {}
+        self._ensured_term = 0  # the leadership term whose rows were ensured
+        self.rounds = 0
+
+    # -------------------------------------------------------------------------- round --
+    def round(self, now: datetime | None = None) -> RoundReport:
+        now = now or clock.now()
+        report = RoundReport()
+        self.rounds += 1
+        if not self.leadership.is_leader():
+            report.stopped = "not the leader"
+            return report
+        fence = self.leadership.fence()
+        if self._ensured_term != self.leadership.terms:
+            # A new task starts from now: its row is created with this round's time.
+            self.engine.scheduler_states_ensure([t.name for t in self.tasks], now, fence)
+            self._ensured_term = self.leadership.terms
+            self._next_due.clear()  # another leader moved the watermarks meanwhile
+        due = [t for t in self.tasks if self._next_due.get(t.name, now) <= now]
+        if not due:
+            return report
+        try:
+            self._round(due, now, fence, report)
+        except LeadershipLost as exc:
+            self.leadership.lost(str(exc))
+            report.fired, report.stopped = {}, str(exc)
+            log.warning("scheduler round stopped and rolled back: %s", exc)
+        return report
+
+    def _round(self, due: list[Task], now: datetime, fence: LeaderFence,
+               report: RoundReport) -> None:
+        tasks = {t.name: t for t in due}
+        with self.engine.atomic():
+            locked = self.engine.scheduler_states_lock_if_leading(list(tasks), fence)
+            if not locked.leading:
+                raise LeadershipLost("the leader fence failed locking the due tasks")
+            report.busy = [n for n in tasks if n not in locked.watermarks]
+            jobs: list[EnqueueParams] = []
+            for name, watermark in locked.watermarks.items():
+                task = tasks[name]
+                if name in locked.paused:
+                    report.paused.append(name)
+                    continue
+                fire = self._occurrences(task, watermark, now)
+                try:
+                    definition = registry.get(task.job)
+                    jobs += [api.build_params(definition, task.input, {
+                        "idempotency_key": cron.occurrence_key(name, occurrence),
+                        "enqueued_by": task.enqueued_by,
+                    }) for occurrence in fire]
+                except (InvalidJobInput, UnknownJob) as exc:
+                    report.failed.append(name)
+                    log.error("cron task %s cannot enqueue its job (%s); it is retried at the "
+                              "next round", name, exc)
+                    continue
+                if fire:
+                    report.fired[name] = list(fire)
+            if not self.leadership.is_leader():
+                raise LeadershipLost("the leadership deadline passed during the round")
+            for start in range(0, len(jobs), ENQUEUE_BATCH):
+                self.engine.jobs_enqueue(jobs[start:start + ENQUEUE_BATCH])
+            if faults.armed:
+                faults.hit("scheduler:before-mark")
+            names = [n for n in locked.watermarks if n not in report.failed]
+            marked = self.engine.scheduler_states_mark_if_leading(names, now, fence)
+            if len(marked) != len(names):
+                raise LeadershipLost("the leader fence failed marking the watermarks")
+        for name, watermark in marked.items():
+            self._next_due[name] = tasks[name].schedule.next_after(watermark)
+        for name in report.failed:
+            self._next_due[name] = now + timedelta(seconds=RETRY_FAILED)
+        if report.busy:
+            # Held by another round (or the row is gone: ensure it again on the next round).
+            self._ensured_term = 0
+            for name in report.busy:
+                self._next_due[name] = now + timedelta(seconds=RETRY_BUSY)
+        if report.fired:
+            log.debug("scheduler round: enqueued %s", {n: len(f) for n, f in report.fired.items()})
+
+    def _occurrences(self, task: Task, watermark: datetime, now: datetime
+                     ) -> tuple[datetime, ...]:
+        due = cron.due(task.schedule, watermark=watermark, now=now, misfire=task.misfire,
+                       grace=self.grace, max_catchup=self.settings.cron_max_catchup)
+        if due.late or due.dropped:
+            log.warning("cron task %s missed occurrences since %s (misfire=%s): %d late one(s) "
+                        "fire now%s", task.name, watermark.isoformat(), task.misfire, due.late,
+                        ", older ones are skipped" if due.dropped else "")
+        return due.fire
+
+    # --------------------------------------------------------------------- scheduling --
+    def next_round_at(self, now: datetime) -> datetime | None:
+        """When the next round is due: the earliest next occurrence, or retry, of any task."""
+        return min((self._next_due.get(t.name, now) for t in self.tasks), default=None)
+
+
+class SchedulerDuty(Duty):
+    """The scheduler as a worker duty (worker/duties.py) or a process of its own
+    (``manage.py xjobs_scheduler``): leader election, rounds, and maintenance on its own
+    thread while this process leads."""
+
+    name = "scheduler"
+
+    def __init__(self, *, engine: Engine, worker_id: str, stop: threading.Event) -> None:
+        super().__init__(engine=engine, worker_id=worker_id, stop=stop)
+        self.settings = conf.get()
+        self.leadership = leadership.build(
+            engine=self.engine, holder=self.worker_id, mode=self.settings.leader,
+            lease=self.settings.leader_lease, renew=self.settings.leader_renew,
+        )
+        self.scheduler: Scheduler | None = None
+        self.maintenance: Maintenance | None = None
+        self.started = threading.Event()  # test signal: the first tick ran
+
+    def _tasks(self) -> list[Task]:
+        from .tasks import collect
+
+        tasks, problems = collect()
+        for problem in problems:  # the system checks stop a misconfigured worker first
+            log.error("cron task %s is not scheduled: %s", problem.task, problem.message)
+        return list(tasks.values())
+
+    def run(self) -> None:
+        self.scheduler = Scheduler(engine=self.engine, leadership=self.leadership,
+                                   tasks=self._tasks(), settings=self.settings)
+        if self.settings.maintenance_interval is not None:
+            self.maintenance = Maintenance(engine=self.engine, leadership=self.leadership,
+                                           interval=self.settings.maintenance_interval,
+                                           stop=self.stop)
+            self.maintenance.start()
+        from django.db import connections
+
+        try:
+            while not self.stop.is_set():
+                try:
+                    # A fresh connection (the first, or after a reset by this loop or by the
+                    # leadership) gets its name, so operators and tests can find it.
+                    if connections[self.engine.alias].connection is None:
+                        self.engine.session_label(f"xjobs:{self.worker_id}:scheduler")
+                    if self.leadership.tick():
+                        self.scheduler.round()
+                except Exception as exc:
+                    self._db_error(exc)
+                self.started.set()
+                self.stop.wait(self._wait())
+        finally:
+            try:
+                self.leadership.resign()
+            finally:
+                self.leadership.close()
+                if self.maintenance is not None:
+                    self.maintenance.join(timeout=30)
+
+    def _wait(self) -> float:
+        wait = self.leadership.next_tick_in()
+        if self.leadership.is_leader() and self.scheduler is not None:
+            now = clock.now()
+            at = self.scheduler.next_round_at(now)
+            if at is not None:
+                wait = min(wait, max(0.0, (at - now).total_seconds()) + WAKE_AFTER)
+        return wait
+
+    def _db_error(self, exc: BaseException) -> None:
+        if self.engine.is_connection_error(exc):
+            self.engine.reset_connection()
+            log.warning("scheduler: database connection lost (%s); retrying", exc)
+        else:
+            log.exception("scheduler: round failed; retrying")
+        self.stop.wait(min(self.settings.leader_renew, 1.0))
+
+
+class Maintenance(threading.Thread):
+    """Runs ``maintenance.pruner.run_once`` every ``interval`` while this process leads, on
+    a thread (and connection) of its own, so a long purge never delays a cron round."""
+
+    def __init__(self, *, engine: Engine, leadership: leadership.Leadership, interval: float,
+                 stop: threading.Event) -> None:
+        super().__init__(name="xjobs-maintenance", daemon=True)
+        self.engine = engine
+        self.leadership = leadership
+        self.interval = interval
+        self.stop = stop
+        self.runs = 0
+
+    def run(self) -> None:
+        from django.db import connections
+
+        from ..maintenance import pruner
+
+        try:
+            # The first run waits one interval: a restarted fleet does not purge at start-up.
+            while not self.stop.wait(self.interval):
+                if not self.leadership.is_leader():
+                    continue
+                try:
+                    report = pruner.run_once(engine=self.engine,
+                                             keep_going=self.leadership.is_leader)
+                except Exception as exc:
+                    if self.engine.is_connection_error(exc):
+                        self.engine.reset_connection()
+                    log.warning("maintenance failed (%s); retrying at the next interval", exc)
+                    continue
+                self.runs += 1
+                if report.total:
+                    log.info("maintenance: %s", report.summary())
+        finally:
+            try:
+                connections[self.engine.alias].close()
+            except Exception:  # best effort: the connection may be broken already
+                log.debug("maintenance: closing its connection failed", exc_info=True)

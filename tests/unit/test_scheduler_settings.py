@@ -1,0 +1,149 @@
+"""The scheduler's settings (conf.py) and ``@job(cron=...)`` (scheduler/options.py). No database."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_xjobs import conf, job, registry
+from django_xjobs.exceptions import ConfigurationError
+
+
+@pytest.fixture(autouse=True)
+def isolated_registry():
+    before = registry.all_jobs()
+    yield
+    for name in set(registry.all_jobs()) - set(before):
+        registry.unregister(name)
+
+
+# ---------------------------------------------------------------------------- settings --
+
+
+def test_the_defaults_give_a_lease_leader_and_a_grace_covering_a_handover():
+    s = conf.build({})
+
+    assert (s.leader, s.leader_lease, s.leader_renew) == ("lease", 15.0, 5.0)
+    assert s.cron_misfire_grace == s.leader_lease + s.leader_renew
+    assert (s.cron_max_catchup, s.maintenance_interval, s.maintenance_batch) == (100, 60.0, 1000)
+    assert s.outbox_retention == 86400.0
+    assert s.slot_purge_grace == s.lease  # the worker lease
+    assert s.schedule == {}
+
+
+def test_durations_and_modes_are_parsed():
+    s = conf.build({"LEADER": "advisory", "LEADER_LEASE": "30s", "LEADER_RENEW": "5s",
+                    "CRON_MISFIRE_GRACE": "2m", "CRON_MAX_CATCHUP": 7,
+                    "MAINTENANCE_INTERVAL": "5m", "MAINTENANCE_BATCH": 50,
+                    "OUTBOX_RETENTION": "2d", "SLOT_PURGE_GRACE": 0})
+
+    assert (s.leader, s.leader_lease, s.leader_renew, s.cron_misfire_grace) == (
+        "advisory", 30.0, 5.0, 120.0)
+    assert (s.cron_max_catchup, s.maintenance_interval, s.maintenance_batch) == (7, 300.0, 50)
+    assert (s.outbox_retention, s.slot_purge_grace) == (172800.0, 0.0)
+
+
+def test_the_renew_interval_defaults_to_a_third_of_the_lease():
+    assert conf.build({"LEADER_LEASE": "9s"}).leader_renew == 3.0
+
+
+def test_maintenance_can_be_switched_off():
+    assert conf.build({"MAINTENANCE_INTERVAL": None}).maintenance_interval is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"LEADER": "advisory-lock"}, 'XJOBS["LEADER"] must be "lease"'),
+        ({"LEADER": None}, 'XJOBS["LEADER"]'),
+        ({"LEADER_LEASE": "10s", "LEADER_RENEW": "5s"}, "at least 3 x"),
+        ({"LEADER_LEASE": 0}, 'XJOBS["LEADER_LEASE"] must be greater than zero'),
+        ({"LEADER_RENEW": -1}, "must not be negative"),
+        ({"CRON_MISFIRE_GRACE": "soon"}, 'XJOBS["CRON_MISFIRE_GRACE"]'),
+        ({"CRON_MAX_CATCHUP": 0}, 'XJOBS["CRON_MAX_CATCHUP"] must be a positive integer'),
+        ({"CRON_MAX_CATCHUP": "100"}, "CRON_MAX_CATCHUP"),
+        ({"MAINTENANCE_INTERVAL": 0}, 'XJOBS["MAINTENANCE_INTERVAL"] must be greater than zero'),
+        ({"MAINTENANCE_BATCH": 0}, "MAINTENANCE_BATCH"),
+        ({"OUTBOX_RETENTION": "forever"}, "OUTBOX_RETENTION"),
+        ({"SLOT_PURGE_GRACE": -5}, "SLOT_PURGE_GRACE"),
+    ],
+)
+def test_a_bad_scheduler_setting_names_its_key(raw, fragment):
+    with pytest.raises(ConfigurationError) as info:
+        conf.build(raw)
+    assert fragment in str(info.value)
+
+
+GOOD = {"job": "testapp.noop", "cron": "0 3 * * *"}
+
+
+def test_a_schedule_entry_gets_its_defaults():
+    s = conf.build({"SCHEDULE": {"nightly": GOOD}})
+
+    assert s.schedule == {"nightly": {"job": "testapp.noop", "cron": "0 3 * * *",
+                                      "timezone": "UTC", "input": {}, "misfire": "latest"}}
+
+
+@pytest.mark.parametrize(
+    ("schedule", "fragment"),
+    [
+        ([GOOD], "must be a dict of task name"),
+        ({"bad name": GOOD}, "task name 'bad name' is not valid"),
+        ({3: GOOD}, "task name 3 is not valid"),
+        ({"t": "0 3 * * *"}, "must be a dict with"),
+        ({"t": {"cron": "0 3 * * *"}}, 'needs a "job"'),
+        ({"t": {"job": "testapp.noop"}}, 'needs a "cron"'),
+        ({"t": {**GOOD, "when": "daily"}}, "unknown key"),
+        ({"t": {**GOOD, "job": "no spaces allowed"}}, '"job"'),
+        ({"t": {**GOOD, "job": None}}, '"job"'),
+        ({"t": {**GOOD, "cron": ""}}, '"cron"'),
+        ({"t": {**GOOD, "cron": ["0", "3"]}}, '"cron"'),
+        ({"t": {**GOOD, "timezone": 1}}, '"timezone"'),
+        ({"t": {**GOOD, "input": [1, 2]}}, '"input"'),
+        ({"t": {**GOOD, "misfire": "never"}}, '"misfire"'),
+    ],
+)
+def test_a_malformed_schedule_entry_is_refused_naming_the_entry(schedule, fragment):
+    with pytest.raises(ConfigurationError, match="SCHEDULE") as info:
+        conf.build({"SCHEDULE": schedule})
+    assert fragment in str(info.value)
+
+
+# ------------------------------------------------------------------------- @job(cron=) --
+
+
+def test_job_takes_cron_timezone_and_misfire_and_stores_them_normalised():
+    @job(name="tests.cron_job", cron="  */5  * * * * ", timezone="Europe/Paris", misfire="all")
+    def cron_job(ctx):
+        return None
+
+    assert cron_job.options == {"cron": "*/5 * * * *", "timezone": "Europe/Paris",
+                                "misfire": "all"}
+
+
+def test_job_cron_defaults_to_utc_and_latest():
+    @job(name="tests.cron_defaults", cron="0 3 * * *")
+    def cron_defaults(ctx):
+        return None
+
+    assert cron_defaults.options == {"cron": "0 3 * * *", "timezone": "UTC",
+                                     "misfire": "latest"}
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"cron": "61 * * * *"}, "not a valid cron expression"),
+        ({"cron": "* * *"}, "has 3 fields"),
+        ({"cron": "0 3 * * *", "timezone": "Europe/Atlantis"}, "unknown timezone"),
+        ({"cron": "0 3 * * *", "misfire": "twice"}, "misfire must be one of"),
+        ({"timezone": "Europe/Paris"}, "timezone= needs cron="),
+        ({"misfire": "all"}, "misfire= needs cron="),
+    ],
+)
+def test_job_refuses_bad_cron_options_when_decorated(options, fragment):
+    with pytest.raises(ConfigurationError, match=fragment):
+        @job(name="tests.bad_cron", **options)
+        def bad_cron(ctx):
+            return None
+
+    assert registry.lookup("tests.bad_cron") is None
