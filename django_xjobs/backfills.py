@@ -309,21 +309,6 @@ def check_alias(definition: BackfillDefinition) -> None:
         )
 
 
-def _check_alias_if_configured(definition: BackfillDefinition) -> None:
-    """At declaration: settings may not be configured yet (a script importing the module), or
-    XJOBS may be invalid, which the system checks report on their own; start and run check
-    again."""
-    from django.conf import settings
-
-    if not settings.configured:
-        return
-    try:
-        conf.get()
-    except ConfigurationError:
-        return
-    check_alias(definition)
-
-
 def build(
     func: Callable[..., Any],
     *,
@@ -373,8 +358,11 @@ def build(
 
 
 def register(definition: BackfillDefinition) -> BackfillDefinition:
-    """Register the backfill and the job that runs its passes."""
-    _check_alias_if_configured(definition)
+    """Register the backfill and the job that runs its passes.
+
+    A backfill on another alias than the job tables is not refused here, where settings may not
+    be configured yet and an exception would break the import of a whole module: the system
+    check ``xjobs.E050`` reports it at startup, and start and run refuse it (check_alias)."""
     with _lock:
         existing = _backfills.get(definition.name)
         if existing is not None and (

@@ -136,3 +136,30 @@ def register() -> None:
     checks.register(check_settings, "django_xjobs")
     checks.register(check_concurrency, "django_xjobs")
     checks.register(check_schedule, "django_xjobs")
+    checks.register(check_backfills, "django_xjobs")
+
+
+# ------------------------------------------------------------------------------ backfills --
+
+
+def check_backfills(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A backfill's batches commit with their progress row in one transaction, so a backfill
+    must write to the alias of the job tables. One that does not is a warning, not an error: it
+    cannot run (start and run refuse it, writing nothing), but the rest of the project can."""
+    try:
+        settings = conf.build(_raw())
+    except ConfigurationError:
+        return []  # check_settings reports it
+    if settings.database not in connections.settings:
+        return []  # check_settings reports that first (xjobs.E002)
+    from . import backfills
+
+    errors: list[checks.CheckMessage] = []
+    for _name, definition in sorted(backfills.all_backfills().items()):
+        try:
+            backfills.check_alias(definition)
+        except ConfigurationError as exc:
+            errors.append(checks.Warning(str(exc), hint="See docs/backfills.md",
+                                         id="xjobs.W050"))
+    return errors
+
