@@ -115,6 +115,8 @@ def check_concurrency(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
                 id="xjobs.E040",
             ))
     return errors
+
+
 # ------------------------------------------------------------------------------ scheduler --
 
 

@@ -90,6 +90,8 @@ class UnknownBackfill(XJobsError, LookupError):
 
 class BackfillNotFound(XJobsError, LookupError):
     """No backfill pass with this run id exists."""
+
+
 # --------------------------------------------------------------------------------- scheduler --
 
 
@@ -135,6 +137,8 @@ class JobFailed(XJobsError):
     lease was lost too many times, or the recorded text cannot be read back). See
     docs/django-tasks.md, "Errors".
     """
+
+
 # ---------------------------------------------------------------------- concurrency slots --
 
 SLOT_LOST = "X_JOB_SLOT_LOST"

@@ -360,6 +360,8 @@ class BackfillRecord:
     code_changes: list[dict[str, Any]] = field(default_factory=list)
     job_state: str | None = None
     job_attempt: int | None = None
+
+
 # ---------------------------------------------------------------------------------- outbox --
 
 
@@ -398,6 +400,9 @@ class OutboxStatus:
     staged_at: datetime
     published_at: datetime | None
     job_id: UUID | None
+    input: Any = None  # the job's input as staged
+
+
 # ------------------------------------------------------------------------ concurrency slots --
 
 
@@ -441,6 +446,8 @@ class SlotUsage:
     lease_key: str
     held: int
     next_expiry: datetime
+
+
 # ----------------------------------------------------------------------------- scheduler --
 
 

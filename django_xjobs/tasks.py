@@ -65,6 +65,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from inspect import iscoroutinefunction
 from typing import Any
+from uuid import UUID
 
 try:
     from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
@@ -160,6 +161,19 @@ class XJobsTask(Task):
             "backend": backend, "idempotency_key": idempotency_key, "max_attempts": max_attempts,
         }
         return replace(self, **{k: v for k, v in given.items() if v is not None})
+
+    def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> TaskResult:
+        """Enqueue this task if and only if the current transaction (of the "default" database)
+        commits: it is staged in django-xjobs' outbox and relayed after the commit
+        (docs/transactional-enqueue.md). Same validation as ``enqueue``; the result is READY,
+        and its id is the id the task keeps once relayed."""
+        backend = self.get_backend()
+        if not isinstance(backend, XJobsBackend):
+            raise InvalidTask(
+                f"{self.module_path}: enqueue_on_commit needs the django-xjobs backend, but "
+                f"TASKS[{self.backend!r}] is {type(backend).__name__}"
+            )
+        return backend.enqueue_on_commit(self, args, kwargs)
 
 
 def _options(task: Task) -> dict[str, Any]:
@@ -660,12 +674,31 @@ class XJobsBackend(BaseTaskBackend):
         task_enqueued.send(sender=type(self), task_result=result)
         return result
 
+    def enqueue_on_commit(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
+                          ) -> TaskResult:
+        """``prepare`` plus the outbox: staged in the caller's transaction on "default";
+        ``task_enqueued`` is sent once that transaction commits (never for a rollback)."""
+        from django.db import transaction
+
+        bound, stored = self.prepare(task, args, kwargs)
+        staged = bound.enqueue_on_commit(**stored)
+        result = TaskResult(
+            task=task, id=str(staged.id), status=TaskResultStatus.READY,
+            enqueued_at=timezone.now(), started_at=None, last_attempted_at=None,
+            finished_at=None, args=stored["args"], kwargs=stored["kwargs"], backend=self.alias,
+            errors=[], worker_ids=[],
+        )
+        transaction.on_commit(
+            lambda: task_enqueued.send(sender=type(self), task_result=result), using=staged.using
+        )
+        return result
+
     # --------------------------------------------------------------------------- results --
     def get_result(self, result_id: str) -> TaskResult:
         try:
             record = api.get_job(str(result_id))
         except JobNotFound:
-            raise TaskResultDoesNotExist(result_id) from None
+            return self._staged_result(str(result_id))
         task = declared(record.name)
         if task is None:
             # Not a task of this backend, or one this process never imported: never import
@@ -675,6 +708,32 @@ class XJobsBackend(BaseTaskBackend):
                 f"(job {record.name!r})"
             )
         return to_task_result(record, task, default_backend=self.alias)
+
+    def _staged_result(self, result_id: str) -> TaskResult:
+        """A task staged by ``enqueue_on_commit`` whose staging committed but that no relay has
+        published yet is READY; one whose key named a live task is that task."""
+        from . import outbox
+
+        for alias in conf.get().outbox.databases:
+            try:
+                status = outbox.StagedJob(UUID(result_id), alias).status()
+            except ValueError:
+                break  # not a uuid: no such result anywhere
+            if status is None:
+                continue
+            if status.job_id is not None and str(status.job_id) != result_id:
+                return self.get_result(str(status.job_id))
+            task = declared(status.name)
+            if task is None or status.published_at is not None:
+                break  # not ours, or published and since purged
+            return TaskResult(
+                task=task, id=result_id, status=TaskResultStatus.READY,
+                enqueued_at=status.staged_at, started_at=None, last_attempted_at=None,
+                finished_at=None, args=list((status.input or {}).get("args", [])),
+                kwargs=dict((status.input or {}).get("kwargs", {})), backend=self.alias,
+                errors=[], worker_ids=[],
+            )
+        raise TaskResultDoesNotExist(result_id)
 
     # ----------------------------------------------------------------------------- checks --
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:

@@ -314,6 +314,7 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def backfill_get(self, run_id: str) -> BackfillRecord | None:
         """One pass with its job's state, or None (also for a run_id that is not a uuid)."""
+
     # -------------------------------------------------------------------------- outbox --
     # x_outbox lives on the app's alias and x_jobs on XJOBS["DATABASE"]: the outbox methods
     # are called on the engine of the alias that holds x_outbox, jobs_find_by_ids on the jobs'.
@@ -342,6 +343,7 @@ class Engine(abc.ABC):
     def outbox_listener(self, channel_label: str) -> Listener:
         """Open a dedicated connection that receives staging wake-ups (``wait`` returns a
         non-empty list when something was staged)."""
+
     # ----------------------------------------------------------- concurrency slots --
     # The protocol is in django_xjobs/slots.py. A slot is free when its row is missing or
     # lapsed; every write below is fenced on the holder, and a renewal on expiry as well.
@@ -376,6 +378,7 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def jobs_requeue_if_owned(self, batch: Sequence[Requeue]) -> FenceReport:
         """:meth:`job_requeue_if_owned` for many runs in one statement (refused slots)."""
+
     # ------------------------------------------------------------------ scheduler --
     # Leader election and the cron watermark (django_xjobs/scheduler/, docs/scheduling.md).
     @abc.abstractmethod

@@ -6,7 +6,7 @@ from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Lower
 
-from django_xjobs import Batch, PermanentError, backfill, job
+from django_xjobs import Batch, Concurrency, PermanentError, backfill, job
 
 from .models import Order
 
@@ -96,15 +96,19 @@ def normalize_order_emails(ctx, cursor):
 @normalize_order_emails.total
 def orders_to_normalize():
     return Order.objects.count()
-# ---- outbox (shop/demo_outbox.py) ----
+
+
+# ---------------------------------------------------------------- outbox (shop/demo_outbox.py) --
+
+
 @job
 def send_receipt(ctx, order_id: int) -> dict:
     """Staged with enqueue_on_commit when an order is placed: it exists only if the order does."""
     _note(order_id, "receipt sent")
     return {"order": order_id, "receipt": True}
-# ------------------------------------------------------------------ concurrency slots (demo) --
 
-from django_xjobs import Concurrency  # noqa: E402
+
+# ------------------------------------------------------------------ concurrency slots (demo) --
 
 
 @job(queue="payments", concurrency=Concurrency(key="partner-api:{tenant_id}", limit=2))
@@ -116,6 +120,11 @@ def sync_partner(ctx, n: int) -> dict:
     started = time.time()
     time.sleep(0.3)
     return {"n": n, "started": started, "ended": time.time()}
+
+
+# ---------------------------------------------------------- scheduler (shop/demo_scheduler.py) --
+
+
 @job(cron="*/3 * * * * *", misfire="skip")
 def count_orders(ctx) -> dict:
     """A scheduled job: every 3 seconds (six fields: seconds first), whichever worker leads the

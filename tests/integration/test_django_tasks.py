@@ -314,3 +314,30 @@ def test_an_async_task_sends_the_same_signals():
         ("enqueued", "READY|"), ("started", "RUNNING|"), ("finished", "SUCCESSFUL|"),
     ]
     assert signals(failed)[-1] == ("finished", "FAILED|tests.testapp.tasks.TaskBoom", 1)
+
+
+# ------------------------------------------------------------------------ enqueue_on_commit --
+
+
+@pytest.mark.skipif(not hasattr(t.add, "enqueue_on_commit"),
+                    reason="@task(...) builds the backend's task_class on Django 6.1+ only")
+def test_a_task_enqueued_on_commit_exists_only_if_the_transaction_commits():
+    from django.db import transaction
+
+    with transaction.atomic():
+        kept = t.add.enqueue_on_commit(20, 22)
+        assert kept.status == READY and kept.args == [20, 22]
+        assert signals(kept) == []  # enqueued is sent on commit, not before
+    with pytest.raises(RuntimeError), transaction.atomic():
+        dropped = t.add.enqueue_on_commit(1, 1)
+        raise RuntimeError("roll back")
+    assert signals(kept) == [("enqueued", "READY|", 0)]
+    assert signals(dropped) == []
+    # Committed, not relayed yet: the result is READY, read from the outbox.
+    staged = default_task_backend.get_result(kept.id)
+    assert staged.status == READY and staged.args == [20, 22]
+    drain()
+    kept.refresh()
+    assert kept.status == SUCCESSFUL and kept.return_value == 42
+    with pytest.raises(TaskResultDoesNotExist):
+        default_task_backend.get_result(dropped.id)

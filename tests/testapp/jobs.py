@@ -278,6 +278,8 @@ def stage_child(ctx, tag=""):
     """Stages a `record` job with enqueue_on_commit: relayed once this run's work commits."""
     _effect(ctx, "start", tag)
     return {"staged": str(record.enqueue_on_commit(tag=f"child of {tag}").id)}
+
+
 # ------------------------------------------------------------------------ concurrency slots --
 
 

@@ -746,6 +746,7 @@ class PostgresEngine(Engine):
     def backfill_get(self, run_id: str) -> BackfillRecord | None:
         found = self.backfills_list(run_id=run_id, limit=1)
         return found[0] if found else None
+
     # ---------------------------------------------------------------------------- outbox --
     def outbox_stage(self, row: OutboxRow) -> None:
         self._run(S.OUTBOX_STAGE, {
@@ -782,7 +783,7 @@ class PostgresEngine(Engine):
         if row is None:
             return None
         return OutboxStatus(id=row[0], name=row[1], staged_at=row[2], published_at=row[3],
-                            job_id=row[4])
+                            job_id=row[4], input=_decode_json(row[5]))
 
     def jobs_find_by_ids(self, ids: Sequence[UUID]) -> list[EnqueueResult]:
         if not ids:
@@ -794,6 +795,7 @@ class PostgresEngine(Engine):
 
     def outbox_listener(self, channel_label: str) -> Listener:
         return PostgresListener(self.alias, channel_label, listen=S.OUTBOX_LISTEN)
+
     # ----------------------------------------------------------------- concurrency slots --
     def slots_acquire(self, requests: Sequence[SlotRequest], ttl_ms: int) -> list[SlotHold]:
         if not requests:
@@ -864,6 +866,7 @@ class PostgresEngine(Engine):
         )
         return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost,
                            states=rest.states)
+
     # ------------------------------------------------------------------------- scheduler --
     def leader_attempt_elect(self, lock_key: str, holder: str, lease_ms: int) -> datetime | None:
         row = self._run(S.LEADER_ATTEMPT_ELECT, {

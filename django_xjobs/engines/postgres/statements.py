@@ -916,7 +916,7 @@ One staged row by id: still pending, or published and the job it became (a Stage
 asks; the job's id differs from the row's only when an idempotency key named a live job).
 """,
     sql="""
-select id, job, staged_at, published_at, job_id
+select id, job, staged_at, published_at, job_id, input
   from x_outbox
  where id = %(id)s::uuid
 """,
