@@ -46,7 +46,9 @@ def test_a_bad_outbox_option_is_a_configuration_error_naming_it(outbox, fragment
 
 
 def messages() -> list[checks.CheckMessage]:
-    return [m for m in checks.run_checks(tags=["django_xjobs"]) if m.id.startswith("xjobs.")]
+    # W050 is the test app's backfills, which cannot run with the job tables on "jobs".
+    return [m for m in checks.run_checks(tags=["django_xjobs"])
+            if m.id.startswith("xjobs.") and m.id != "xjobs.W050"]
 
 
 def test_an_outbox_alias_missing_from_databases_is_e020():
