@@ -7,6 +7,9 @@
     manage.py xjobs run-now ID            delayed/suspended -> due now
     manage.py xjobs events [--name N]     recent published events
     manage.py xjobs purge --older-than 7d [--state done ...]
+
+and the operations console's views (``_console.py``): dashboard, health, workers, jobs, why,
+steps, outbox, slots, backfills, scheduler, delete.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ...conf import parse_duration
 from ...engines import get_engine
 from ...exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
 from ...records import TERMINAL_STATES, ChangeResult, EventRecord, JobRecord, StepRecord
+from . import _console
 
 
 def _jsonable(value: Any) -> Any:
@@ -70,7 +74,10 @@ class Command(BaseCommand):
         purge.add_argument("--older-than", required=True, help="e.g. 7d, 12h")
         purge.add_argument("--state", action="append", choices=TERMINAL_STATES,
                            help="finished state to delete (repeatable; default all three)")
-        for p in (show, cancel, retry, run_now, events, purge):
+        # ---- console ---- the console's subcommands (dashboard, health, jobs, why, ...)
+        console_parsers = _console.add_parsers(sub)
+        # ---- end console ----
+        for p in (show, cancel, retry, run_now, events, purge, *console_parsers):
             # SUPPRESS: an absent sub-level flag must not reset `xjobs --json show ID`.
             p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                            help="machine-readable output")
@@ -95,6 +102,10 @@ class Command(BaseCommand):
                              as_json)
             elif action == "purge":
                 self._purge(options, as_json)
+            # ---- console ----
+            elif action in _console.ACTIONS:
+                _console.run(self, action, options, as_json)
+            # ---- end console ----
         except LiveJobExists as exc:
             raise CommandError(f"{exc} (see: manage.py xjobs show {exc.live_job_id})") from None
         except (JobNotFound, ConfigurationError, XJobsError) as exc:
