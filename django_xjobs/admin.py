@@ -61,7 +61,7 @@ from .models import (
     SchedulerLeader,
     SchedulerState,
 )
-from .records import ALL_STATES, TERMINAL_STATES
+from .records import ALL_STATES, LIVE_STATES, TERMINAL_STATES
 
 # Counted exactly up to this many rows, estimated beyond; and no page past MAX_PAGES (an OFFSET
 # of a hundred thousand rows is already slow; narrow the list with a filter instead).
@@ -340,9 +340,10 @@ class ActionSpec:
 
 ACTIONS: dict[str, ActionSpec] = {spec.name: spec for spec in (
     ActionSpec("cancel_jobs", "cancel_job", "cancel", "cancelled",
-               lambda j: j.state not in ("done", "cancelled"),
-               "Any job but a done or cancelled one becomes cancelled. A running one stops at "
-               "its worker's next heartbeat; its late result is discarded."),
+               lambda j: j.state in LIVE_STATES,
+               "A live job (ready, delayed, running, suspended) becomes cancelled and is never "
+               "run again. A running one stops at its worker's next heartbeat; its late result "
+               "is discarded."),
     ActionSpec("retry_jobs", "retry_job", "retry", "retried",
                lambda j: j.state in ("dead", "cancelled"),
                "A dead or cancelled job gets a fresh set of attempts and is due now; its "
@@ -603,9 +604,12 @@ class JobAdmin(ConsoleAdmin):
                 for _ in range(len(finished) - len(changed)):
                     skip("changed meanwhile (retried or locked)")
             else:
-                reason = (form.cleaned_data.get("reason") or "").strip() if form.is_bound \
-                    else ""
+                reason = (form.cleaned_data.get("reason") or "").strip() if (
+                    spec.name == "cancel_jobs" and form.is_valid()) else ""
                 for j in chosen:
+                    if spec.name == "cancel_jobs" and not spec.applies(j):
+                        skip(f"already {j.state}")
+                        continue
                     try:
                         if spec.name == "cancel_jobs":
                             result = api.cancel(
@@ -654,7 +658,8 @@ class JobAdmin(ConsoleAdmin):
         level = messages.SUCCESS if n else messages.WARNING
         text = f"{spec.done_word.capitalize()} {n} job{'s' if n != 1 else ''}."
         if skipped:
-            parts = ", ".join(f"{count} {why}" for why, count in sorted(skipped.items()))
+            parts = ", ".join(why if len(skipped) == 1 else f"{why} ({count})"
+                              for why, count in sorted(skipped.items()))
             text += f" Skipped {sum(skipped.values())}: {parts}."
         if truncated:
             text += (f" Only the first {ACTION_LIMIT} of the selection were handled: run the "

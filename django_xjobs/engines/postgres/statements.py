@@ -928,6 +928,8 @@ move (a standby or a consumer that went away), and forgotten prepared transactio
 them holds an old snapshot, no dead row version younger than it can be removed, however often
 autovacuum runs, and the queue tables bloat. Only this database's backends count (PostgreSQL 14+
 ignores other databases' snapshots for our tables); the console's own backend is left out.
+A transaction's horizon is the older of its snapshot (backend_xmin, none between statements
+of a read-committed transaction) and its own transaction id (backend_xid, once it wrote).
 """,
     sql="""
 select * from (
@@ -935,10 +937,12 @@ select * from (
            coalesce(nullif(a.application_name, ''), a.usename::text, 'backend') as name,
            a.pid, a.state, a.xact_start,
            extract(epoch from now() - a.xact_start)::float8 as age_seconds,
-           age(a.backend_xmin)::bigint as xmin_age, left(a.query, 500) as query
+           greatest(age(a.backend_xmin), age(a.backend_xid))::bigint as xmin_age,
+           left(a.query, 500) as query
       from pg_stat_activity a
      where a.datname = current_database() and a.pid <> pg_backend_pid()
-       and (a.xact_start is not null or a.backend_xmin is not null)
+       and (a.xact_start is not null or a.backend_xmin is not null
+            or a.backend_xid is not null)
     union all
     select 'replication slot', r.slot_name::text, r.active_pid,
            case when r.active then 'active' else 'inactive' end, null, null,
