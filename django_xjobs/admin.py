@@ -322,8 +322,9 @@ class ConsoleAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
         declared = list(super().get_readonly_fields(request, obj))
+        hidden = set(self.exclude or ())  # shown by a declared display method instead
         return declared + [f.name for f in self.model._meta.concrete_fields
-                           if f.name not in declared]
+                           if f.name not in declared and f.name not in hidden]
 
 
 # -------------------------------------------------------------------------------- actions --

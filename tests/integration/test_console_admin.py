@@ -584,3 +584,13 @@ def test_the_jobs_list_is_in_primary_key_order_descending_and_not_sortable(admin
     assert [j.id for j in response.context["cl"].result_list] == sorted(
         (h.id for h in handles), reverse=True)
     assert 'class="sortable' not in response.content.decode()
+
+
+def test_json_columns_of_the_other_pages_are_shown_once_pretty_printed(admin_client):
+    handle = job_in_state("suspended", queue="pretty-q")
+    steps_for(handle.run_id)
+    step = JobStep.objects.get(run_id=handle.run_id, name="fetch-profile")
+    page = admin_client.get(reverse("admin:django_xjobs_jobstep_change",
+                                    args=[step.pk])).content.decode()
+    assert page.count("ada@example.com") == 1
+    assert '<pre class="xjobs-json">' in page
