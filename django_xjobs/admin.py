@@ -281,11 +281,6 @@ class ConsoleAdmin(admin.ModelAdmin):
             return False
         return super().has_module_permission(request)
 
-    def get_actions(self, request: Any) -> dict[str, Any]:
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
-
     def scope_queryset(self, queryset: Any, tenants: console.TenantScope) -> Any:
         if tenants is None:
             return queryset
