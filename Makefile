@@ -6,6 +6,8 @@
 #   make bench-scale          claim latency and drain rate at 10k/100k/1M queued, 1M in history
 #   make bench-peers          the shared harness: the peers and django-xjobs in one run
 #   make lint                 ruff + import-linter (the layer contract in pyproject.toml)
+#   make bench-admin          the console's page render times at 1,000,000 jobs
+#   make screenshots          the console's screenshots in docs/img (the browser test)
 #
 # PYTHON picks the interpreter, DJANGO the Django series (e.g. DJANGO=5.2 or DJANGO=6.1; empty =
 # the newest this Python supports), VENV the virtualenv (default .venv). The database is
@@ -20,7 +22,7 @@ DJANGO_REQ := $(if $(DJANGO),Django==$(DJANGO).*,)
 STAMP := $(VENV)/.installed-django$(if $(DJANGO),$(DJANGO),-latest)
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench bench-scale bench-peers lint install clean-db
+.PHONY: demo test bench bench-scale bench-peers bench-admin lint install clean-db browser screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +39,27 @@ install: $(STAMP)
 		$(PY) -c "import pgserver" 2>/dev/null || $(PY) -m pip install -q -e '.[embedded]'; \
 	fi
 
-test: install
+test: install browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The console's browser tests drive Debian's chromium. Installed here when missing and we may
+# (root, apt-get); elsewhere the tests skip and say why (XJOBS_REQUIRE_BROWSER=1 makes that a
+# failure). Quiet, and a no-op once chromium is there.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "make: installing Debian's chromium for the console's browser tests"; \
+			( apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq chromium ) >/dev/null 2>&1 \
+				|| echo "make: could not install chromium; the browser tests will skip"; \
+		else \
+			echo "make: no chromium (not root or no apt-get); the browser tests will skip"; \
+		fi; \
+	}
+
+screenshots: install browser
+	XJOBS_SCREENSHOT_DIR=$(CURDIR)/docs/img XJOBS_REQUIRE_BROWSER=1 \
+		$(PY) -m pytest -q tests/acceptance/test_console_browser.py
 
 demo: install
 	cd example_project && ../$(PY) manage.py demo
@@ -48,6 +69,9 @@ bench: install
 
 bench-scale: install
 	$(PY) bench/scale.py $(BENCH_ARGS)
+
+bench-admin: install
+	$(PY) bench/admin_pages.py $(BENCH_ARGS)
 
 # The harness runs its workers with PYTHONDONTWRITEBYTECODE=1 and installs this checkout in
 # editable mode, so without this step every worker would compile django_xjobs from source at

@@ -1,17 +1,56 @@
-"""The Django admin as a read-only view of the queue.
+"""The operations console: the Django admin as a read-only view of the queue, plus actions.
 
-The admin reads; it never writes queue state through the ORM. No add/change forms exist for
-these models: a person must not be able to put a row in a state no statement would produce.
+The admin reads; it never writes queue state through the ORM (STYLE habit 8). No add or change
+forms exist: a person must not be able to put a row in a state no statement would produce.
+The four operator actions (cancel, retry now, run now, delete finished) call :mod:`api`, which
+runs the engine's fenced statements, the same ones ``manage.py xjobs`` uses. Each action has its
+own permission (``Job.Meta.permissions``), a confirmation page, a result message with counts,
+and an entry in Django's admin log naming the user.
+
+Pages: the dashboard and the health panel (:mod:`console` computes both, for the CLI too), the
+jobs list and detail, and read-only lists of steps, events, outbox, concurrency slots,
+backfills and the scheduler's leader and watermarks.
+
+Scale (docs/console.md, "At a million jobs"): no exact ``count(*)`` on a big table — the
+paginator counts exactly up to :data:`EXACT_COUNT_LIMIT` rows and estimates beyond (the
+planner's row estimate, from ``pg_class.reltuples``); the default order is the primary key
+(UUIDv7: newest first); columns are not sortable (a sort of a million rows is not a page view);
+filter choices come from the settings and the registry, never from ``select distinct``.
+
+Tenant scope: ``XJOBS["ADMIN_TENANT_SCOPE"]`` (:func:`console.tenant_scope`) restricts every
+queryset here and every action's statement (``tenant_ids=``); another tenant's job is a 404,
+and the pages of tables without a tenant column are not shown.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
-from django.contrib import admin
-from django.utils.html import format_html
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import F, Q, TextField
+from django.db.models.functions import Cast
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
+from rangefilter.filters import DateTimeRangeFilterBuilder
 
+from . import api, conf, console, registry
+from .api import acting_as
+from .exceptions import JobNotFound, LiveJobExists, XJobsError
 from .models import (
     Backfill,
     Job,
@@ -22,9 +61,207 @@ from .models import (
     SchedulerLeader,
     SchedulerState,
 )
+from .records import ALL_STATES, LIVE_STATES, TERMINAL_STATES
+
+# Counted exactly up to this many rows, estimated beyond; and no page past MAX_PAGES (an OFFSET
+# of a hundred thousand rows is already slow; narrow the list with a filter instead).
+EXACT_COUNT_LIMIT = 1000
+MAX_PAGES = 1000
+# One action touches at most this many jobs (one statement each); "select all" of a million
+# matching rows is done in rounds, and the result message says so.
+ACTION_LIMIT = 1000
+REFRESH_CHOICES = (5, 10, 30, 60)
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+# ------------------------------------------------------------------------------- pagination --
+
+
+def _planner_rows(queryset: Any) -> int:
+    """The planner's estimate of the rows ``queryset`` matches (from ``pg_class.reltuples`` and
+    the column statistics): EXPLAIN plans the query and runs nothing."""
+    try:
+        plan = queryset.order_by().explain(format="json")
+        return int(json.loads(plan)[0]["Plan"]["Plan Rows"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return 0
+
+
+class EstimatedCountPaginator(Paginator):
+    """Exact counts for small results, the planner's estimate for big ones: never a full
+    ``count(*)`` of a big table (which reads every row: 0.15 s at a million jobs, per page
+    view). ``estimated`` tells the template to say "about"."""
+
+    estimated = False
+
+    @cached_property
+    def count(self) -> int:  # type: ignore[override]
+        bounded = self.object_list[: EXACT_COUNT_LIMIT + 1].count()
+        if bounded <= EXACT_COUNT_LIMIT:
+            return bounded
+        self.estimated = True
+        return max(bounded, _planner_rows(self.object_list))
+
+    @cached_property
+    def num_pages(self) -> int:  # type: ignore[override]
+        if self.count == 0 and not self.allow_empty_first_page:
+            return 0
+        hits = max(1, self.count - self.orphans)
+        return min(MAX_PAGES, math.ceil(hits / self.per_page))
+
+
+# ---------------------------------------------------------------------------------- filters --
+
+
+class ChoiceOrTextFilter(admin.SimpleListFilter):
+    """Choices the code knows (settings, registry) plus a text box for any other value: the
+    choices never come from ``select distinct`` over a million rows."""
+
+    template = "admin/django_xjobs/choice_or_text_filter.html"
+    field_name = ""
+
+    def known(self, request: HttpRequest, model_admin: Any) -> Iterable[str]:
+        return ()
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(v, v) for v in sorted(set(self.known(request, model_admin)))]
+
+    def has_output(self) -> bool:
+        return True  # the text box is useful even with no known choices
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value = self.value()
+        if value:
+            return queryset.filter(**{self.field_name: value})
+        return queryset
+
+    def choices(self, changelist: Any) -> Any:
+        self.keep = [(k, v) for k, v in changelist.params.items()
+                     if k != self.parameter_name]
+        yield from super().choices(changelist)
+
+
+class QueueFilter(ChoiceOrTextFilter):
+    title = "queue"
+    parameter_name = field_name = "queue"
+
+    def known(self, request: HttpRequest, model_admin: Any) -> Iterable[str]:
+        return [*conf.get().queues, *(j.queue for j in registry.all_jobs().values())]
+
+
+class NameFilter(ChoiceOrTextFilter):
+    title = "job name"
+    parameter_name = field_name = "name"
+
+    def known(self, request: HttpRequest, model_admin: Any) -> Iterable[str]:
+        return registry.all_jobs().keys()
+
+
+class TenantFilter(ChoiceOrTextFilter):
+    title = "tenant"
+    parameter_name = "tenant"
+    field_name = "tenant_id"
+
+    def known(self, request: HttpRequest, model_admin: Any) -> Iterable[str]:
+        return console.tenant_scope(request) or ()
+
+
+class StateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+    LAPSED = "lapsed"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(s, s) for s in ALL_STATES] + [(self.LAPSED, "running, lease expired")]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        from django.db.models.functions import Now
+
+        value = self.value()
+        if value == self.LAPSED:
+            return queryset.filter(state="running", visible_at__lte=Now())
+        if value in ALL_STATES:
+            return queryset.filter(state=value)
+        return queryset
+
+
+class StepStatusFilter(admin.SimpleListFilter):
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(s, s) for s in ("completed", "failed", "sleeping", "waiting", "cancelled")]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        return queryset.filter(status=self.value()) if self.value() else queryset
+
+
+class EventNameFilter(ChoiceOrTextFilter):
+    title = "event name"
+    parameter_name = field_name = "name"
+
+
+class OutboxPendingFilter(admin.SimpleListFilter):
+    title = "relayed"
+    parameter_name = "pending"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "pending (not relayed yet)"), ("no", "published")]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        if self.value() == "yes":
+            return queryset.filter(published_at=None)
+        if self.value() == "no":
+            return queryset.exclude(published_at=None)
+        return queryset
+
+
+# ----------------------------------------------------------------------------------- bases --
+
+
+def badge(value: str) -> str:
+    return format_html('<span class="xjobs-badge xjobs-{}">{}</span>', value, value)
+
+
+def pretty_json(value: Any) -> str:
+    return format_html('<pre class="xjobs-json">{}</pre>',
+                       json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def preformatted(text: str | None) -> str:
+    return format_html('<pre class="xjobs-error">{}</pre>', text) if text else "-"
+
+
+def short_time(moment: Any) -> str:
+    """``2026-12-02 18:58:44`` in the current time zone: a list column that fits on one line."""
+    if moment is None:
+        return "-"
+    from django.utils import timezone
+
+    return format_html('<span class="xjobs-time">{}</span>',
+                       timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def _as_uuid(value: Any) -> UUID | None:
+    try:
+        return UUID(str(value).strip())
+    except ValueError:
+        return None
+
+
+class ConsoleAdmin(admin.ModelAdmin):
+    """Read-only, count-free, sort-free, tenant-aware. Subclasses say how a row is in scope."""
+
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    sortable_by: Sequence[str] = ()
+    list_per_page = 50
+    tenant_field: str | None = None  # rows carry a tenant in this field
+    hidden_under_scope = False  # no tenant column: not shown under ADMIN_TENANT_SCOPE
+
+    class Media:
+        css = {"all": ("django_xjobs/console.css",)}
+
     def has_add_permission(self, request: Any, obj: Any = None) -> bool:
         return False
 
@@ -34,38 +271,614 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
         return False
 
+    def has_view_permission(self, request: Any, obj: Any = None) -> bool:
+        if self.hidden_under_scope and console.tenant_scope(request) is not None:
+            return False
+        return super().has_view_permission(request, obj)
 
-def _pretty(value: Any) -> str:
-    return format_html("<pre>{}</pre>", json.dumps(value, indent=2, sort_keys=True, default=str))
+    def has_module_permission(self, request: Any) -> bool:
+        if self.hidden_under_scope and console.tenant_scope(request) is not None:
+            return False
+        return super().has_module_permission(request)
+
+    def scope_queryset(self, queryset: Any, tenants: console.TenantScope) -> Any:
+        if tenants is None:
+            return queryset
+        if self.tenant_field is None:
+            return queryset.none()
+        return console.scoped(queryset, tenants, self.tenant_field)
+
+    def get_queryset(self, request: Any) -> Any:
+        return self.scope_queryset(super().get_queryset(request), console.tenant_scope(request))
+
+    def _object_or_404(self, request: Any, object_id: str) -> Any:
+        obj = self.get_object(request, unquote(object_id))
+        if obj is None:
+            # A foreign tenant's row and a row that does not exist look the same: 404.
+            raise Http404(f"no {self._meta_name()} {object_id!r}")
+        return obj
+
+    def _meta_name(self) -> str:
+        return str(self.model._meta.verbose_name)
+
+    def change_view(self, request: Any, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        self._object_or_404(request, object_id)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def history_view(self, request: Any, object_id: str,
+                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        self._object_or_404(request, object_id)
+        return super().history_view(request, object_id, extra_context)
+
+    def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
+        declared = list(super().get_readonly_fields(request, obj))
+        hidden = set(self.exclude or ())  # shown by a declared display method instead
+        return declared + [f.name for f in self.model._meta.concrete_fields
+                           if f.name not in declared and f.name not in hidden]
+
+
+# -------------------------------------------------------------------------------- actions --
+
+
+class CancelForm(forms.Form):
+    reason = forms.CharField(
+        required=False, max_length=1500, widget=forms.TextInput(attrs={"size": 60}),
+        help_text="Recorded in the job's last_error, with your username.",
+    )
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """One operator action: its permission, which states it applies to, and the words."""
+
+    name: str
+    permission: str  # codename in Job.Meta.permissions
+    verb: str  # "cancel" -> "Cancelled 3 jobs"
+    done_word: str
+    applies: Callable[[Job], bool]
+    explain: str
+
+
+ACTIONS: dict[str, ActionSpec] = {spec.name: spec for spec in (
+    ActionSpec("cancel_jobs", "cancel_job", "cancel", "cancelled",
+               lambda j: j.state in LIVE_STATES,
+               "A live job (ready, delayed, running, suspended) becomes cancelled and is never "
+               "run again. A running one stops at its worker's next heartbeat; its late result "
+               "is discarded."),
+    ActionSpec("retry_jobs", "retry_job", "retry", "retried",
+               lambda j: j.state in ("dead", "cancelled"),
+               "A dead or cancelled job gets a fresh set of attempts and is due now; its "
+               "completed steps are kept. A job whose idempotency key another live job holds "
+               "is skipped."),
+    ActionSpec("run_jobs_now", "run_job_now", "run now", "made due now",
+               lambda j: j.state in ("delayed", "suspended") or j.state == "ready",
+               "A delayed or suspended job (or a ready one due later) becomes due at once; a "
+               "suspended one's open sleep or event wait ends (the wait returns None)."),
+    ActionSpec("delete_finished_jobs", "purge_job", "delete", "deleted",
+               lambda j: j.state in TERMINAL_STATES,
+               "Finished jobs (done, dead, cancelled) and their steps are deleted for good. "
+               "Live jobs are left alone: cancel them first."),
+)}
+
+
+def _guarded_action(spec: ActionSpec) -> Any:
+    def action(modeladmin: JobAdmin, request: HttpRequest, queryset: Any) -> Any:
+        return modeladmin.run_action(spec, request, queryset)
+
+    action.__name__ = spec.name
+    # Django asks JobAdmin.has_<short>_permission(request) before it offers the action.
+    short = {"cancel_job": "cancel", "retry_job": "retry", "run_job_now": "run",
+             "purge_job": "purge"}[spec.permission]
+    descriptions = {"cancel_jobs": "Cancel selected jobs…",
+                    "retry_jobs": "Retry selected jobs now…",
+                    "run_jobs_now": "Run selected jobs now…",
+                    "delete_finished_jobs": "Delete selected finished jobs…"}
+    return admin.action(description=descriptions[spec.name], permissions=[short])(action)
+
+
+# ------------------------------------------------------------------------------------- jobs --
 
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyAdmin):
-    list_display = ("id", "name", "queue", "state", "attempt_of", "run_at", "updated_at",
-                    "tenant_id", "enqueued_by")
-    list_filter = ("state", "queue", "name")
-    search_fields = ("=id", "=run_id", "=idempotency_key")
-    show_full_result_count = False
-    readonly_fields = ("pretty_input", "pretty_result", "error")
-    exclude = ("input", "result", "last_error")
+class JobAdmin(ConsoleAdmin):
+    tenant_field = "tenant_id"
+    list_display = ("id_link", "state_badge", "name", "queue", "attempt_of", "run_at_short",
+                    "updated_at_short", "tenant_id", "enqueued_by")
+    list_display_links = None
+    list_filter = (
+        StateFilter, QueueFilter, NameFilter, TenantFilter,
+        ("created_at", DateTimeRangeFilterBuilder(title="created")),
+        ("run_at", DateTimeRangeFilterBuilder(title="run at")),
+    )
+    search_fields = ("=id",)  # shows the box; get_search_results does the matching
+    search_help_text = "An exact job id, run id or idempotency key."
+    ordering = ("-id",)
+    actions = [_guarded_action(spec) for spec in ACTIONS.values()]
+    fieldsets = (
+        (None, {"fields": ("state_badge", "name", "queue", "attempt_of", "priority",
+                           "tenant_id", "enqueued_by")}),
+        ("Timing", {"fields": ("created_at", "run_at", "started_at", "finished_at",
+                               "updated_at", "lease")}),
+        ("Run", {"fields": ("claimed_by", "workers", "rescues", "id", "run_id",
+                            "idempotency_key", "concurrency_key", "traceparent",
+                            "lease_token")}),
+        ("Input", {"fields": ("pretty_input",)}),
+        ("Result", {"fields": ("pretty_result",)}),
+        ("Last error", {"fields": ("error",)}),
+    )
+    readonly_fields = ("state_badge", "attempt_of", "lease", "workers", "pretty_input",
+                       "pretty_result", "error")
+
+    # -------------------------------------------------------------------------- columns --
+    @admin.display(description="job")
+    def id_link(self, obj: Job) -> str:
+        # The id's head: UUIDv7s of one period share it, so the tail tells rows apart; the whole
+        # id is the link's title and on the detail page.
+        text = str(obj.pk)
+        return format_html('<a href="{}{}/change/" class="xjobs-id" title="{}">{}…{}</a>',
+                           reverse("admin:django_xjobs_job_changelist"), text, text,
+                           text[:8], text[-6:])
+
+    @admin.display(description="run at")
+    def run_at_short(self, obj: Job) -> str:
+        return short_time(obj.run_at)
+
+    @admin.display(description="updated")
+    def updated_at_short(self, obj: Job) -> str:
+        return short_time(obj.updated_at)
+
+    @admin.display(description="state")
+    def state_badge(self, obj: Job) -> str:
+        return badge(obj.state)
 
     @admin.display(description="attempt")
     def attempt_of(self, obj: Job) -> str:
         return f"{obj.attempt}/{obj.max_attempts}"
 
+    @admin.display(description="lease until (visible_at)")
+    def lease(self, obj: Job) -> str:
+        if obj.visible_at is None:
+            return "-"
+        expired = obj.state == "running" and obj.visible_at <= console.db_now()
+        return format_html("{}{}", obj.visible_at.isoformat(sep=" ", timespec="seconds"),
+                           " (expired)" if expired else "")
+
+    @admin.display(description="workers that ran it")
+    def workers(self, obj: Job) -> str:
+        return ", ".join(obj.worker_ids or []) or "-"
+
     @admin.display(description="input")
     def pretty_input(self, obj: Job) -> str:
-        return _pretty(obj.input)
+        return pretty_json(obj.input)
 
     @admin.display(description="result")
     def pretty_result(self, obj: Job) -> str:
-        return _pretty(obj.result)
+        return pretty_json(obj.result) if obj.result is not None else "-"
 
     @admin.display(description="last error")
     def error(self, obj: Job) -> str:
-        return format_html("<pre>{}</pre>", obj.last_error or "")
+        return preformatted(obj.last_error)
+
+    # --------------------------------------------------------------------------- search --
+    def get_search_results(self, request: Any, queryset: Any, search_term: str) -> Any:
+        """Exact matches only, each on an index: the id (primary key), the idempotency key
+        (``x_jobs_key_idx``, over keyed rows: an unkeyed job's key is its id, found by the id),
+        the run id (see :func:`run_id_match`)."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        # The same condition as the partial index's, so the planner can use it.
+        by_key = Q(idempotency_key=term) & ~Q(idempotency_key=Cast(F("id"), TextField()))
+        uid = _as_uuid(term)
+        if uid is None:
+            return queryset.filter(by_key), False
+        # A job id first: one primary-key probe, and a uuid names one row.
+        if queryset.filter(id=uid).exists():
+            return queryset.filter(id=uid), False
+        return queryset.filter(by_key | run_id_match(queryset, uid)), False
+
+    # ------------------------------------------------------------------------- pages --
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view
+        return [
+            path("dashboard/", view(self.dashboard_view), name="django_xjobs_dashboard"),
+            path("health/", view(self.health_view), name="django_xjobs_health"),
+            *super().get_urls(),
+        ]
+
+    def _page(self, request: Any, template: str, title: str, **context: Any) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        refresh = request.GET.get("refresh")
+        return TemplateResponse(request, template, {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "title": title,
+            "refresh": int(refresh) if refresh in {str(r) for r in REFRESH_CHOICES} else None,
+            "refresh_choices": REFRESH_CHOICES, **context,
+        })
+
+    def dashboard_view(self, request: Any) -> HttpResponse:
+        tenants = console.tenant_scope(request)
+        board = console.dashboard(tenants)
+        return self._page(request, "admin/django_xjobs/dashboard.html", "Jobs dashboard",
+                          board=board, now=board.now, tenants=tenants)
+
+    def health_view(self, request: Any) -> HttpResponse:
+        tenants = console.tenant_scope(request)
+        health = console.health(tenants)
+        return self._page(request, "admin/django_xjobs/health.html", "Queue health",
+                          health=health, now=health.now, tenants=tenants)
+
+    def change_view(self, request: Any, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        job = self._object_or_404(request, object_id)
+        steps = list(JobStep.objects.filter(run_id=job.run_id).order_by("started_at", "id"))
+        now = console.db_now()
+        buttons = [
+            (spec, spec.name) for spec in ACTIONS.values()
+            if spec.applies(job) and spec.name in self.get_actions(request)
+            and (spec.name != "run_jobs_now" or job.state != "ready" or job.run_at > now)
+        ]
+        context = {
+            "diagnosis": console.diagnose(job, steps, now), "steps": steps, "db_now": now,
+            "action_buttons": buttons, "changelist_url":
+                reverse("admin:django_xjobs_job_changelist"),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME, **(extra_context or {}),
+        }
+        return super().change_view(request, object_id, form_url, context)
+
+    # -------------------------------------------------------------------------- actions --
+    def has_cancel_permission(self, request: Any) -> bool:
+        return request.user.has_perm("django_xjobs.cancel_job")
+
+    def has_retry_permission(self, request: Any) -> bool:
+        return request.user.has_perm("django_xjobs.retry_job")
+
+    def has_run_permission(self, request: Any) -> bool:
+        return request.user.has_perm("django_xjobs.run_job_now")
+
+    def has_purge_permission(self, request: Any) -> bool:
+        return request.user.has_perm("django_xjobs.purge_job")
+
+    def changelist_view(self, request: Any, extra_context: dict[str, Any] | None = None) -> Any:
+        if request.method == "POST" and "action" in request.POST:
+            names = request.POST.getlist("action")
+            try:
+                name = names[int(request.POST.get("index", 0))]
+            except (ValueError, IndexError):
+                name = None
+            if name in ACTIONS and name not in self.get_actions(request):
+                raise PermissionDenied(f"you may not {ACTIONS[name].verb} jobs")
+            # A malformed id in the selection must not become a database error: drop it.
+            post = request.POST.copy()
+            post.setlist(helpers.ACTION_CHECKBOX_NAME, [
+                v for v in post.getlist(helpers.ACTION_CHECKBOX_NAME) if _as_uuid(v)])
+            request.POST = post
+        context = {"dashboard_url": reverse("admin:django_xjobs_dashboard"),
+                   "health_url": reverse("admin:django_xjobs_health"), **(extra_context or {})}
+        return super().changelist_view(request, context)
+
+    def run_action(self, spec: ActionSpec, request: Any, queryset: Any) -> Any:
+        if spec.name not in self.get_actions(request):  # belt and braces: see changelist_view
+            raise PermissionDenied
+        chosen = list(queryset.order_by("-id")[: ACTION_LIMIT + 1])
+        truncated = len(chosen) > ACTION_LIMIT
+        chosen = chosen[:ACTION_LIMIT]
+        form = CancelForm(request.POST if "post" in request.POST else None)
+        if "post" not in request.POST or (spec.name == "cancel_jobs" and not form.is_valid()):
+            return self._confirm(request, spec, chosen, truncated, form)
+        return self._apply(request, spec, chosen, truncated, form)
+
+    def _confirm(self, request: Any, spec: ActionSpec, chosen: list[Job], truncated: bool,
+                 form: CancelForm) -> HttpResponse:
+        applies = [j for j in chosen if spec.applies(j)]
+        context = {
+            **self.admin_site.each_context(request), "opts": self.model._meta,
+            "title": f"{spec.verb.capitalize()} jobs: are you sure?", "spec": spec,
+            "applies": applies, "skipped": [j for j in chosen if not spec.applies(j)],
+            "chosen": chosen, "truncated": truncated, "limit": ACTION_LIMIT,
+            "form": form if spec.name == "cancel_jobs" else None,
+            "select_across": request.POST.get("select_across") == "1",
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "next": self._next_url(request),
+        }
+        return TemplateResponse(request, "admin/django_xjobs/action_confirm.html", context)
+
+    @staticmethod
+    def _next_url(request: Any) -> str | None:
+        url = request.POST.get("_next")
+        if url and url_has_allowed_host_and_scheme(url, {request.get_host()},
+                                                   request.is_secure()):
+            return str(url)
+        return None
+
+    def _apply(self, request: Any, spec: ActionSpec, chosen: list[Job], truncated: bool,
+               form: CancelForm) -> Any:
+        tenants = console.tenant_scope(request)
+        who = f"admin:{request.user.get_username()}"
+        changed: list[Job] = []
+        skipped: dict[str, int] = {}
+        live_holders: list[str] = []
+
+        def skip(reason: str) -> None:
+            skipped[reason] = skipped.get(reason, 0) + 1
+
+        with acting_as(who):
+            if spec.name == "delete_finished_jobs":
+                finished = [j for j in chosen if spec.applies(j)]
+                for j in chosen:
+                    if not spec.applies(j):
+                        skip(f"{j.state} (only finished jobs are deleted)")
+                api.delete_finished([j.id for j in finished], tenant_ids=tenants)
+                remaining = set(Job.objects.filter(id__in=[j.id for j in finished])
+                                .values_list("id", flat=True))
+                changed = [j for j in finished if j.id not in remaining]
+                for _ in range(len(finished) - len(changed)):
+                    skip("changed meanwhile (retried or locked)")
+            else:
+                reason = (form.cleaned_data.get("reason") or "").strip() if (
+                    spec.name == "cancel_jobs" and form.is_valid()) else ""
+                for j in chosen:
+                    if spec.name == "cancel_jobs" and not spec.applies(j):
+                        skip(f"already {j.state}")
+                        continue
+                    try:
+                        if spec.name == "cancel_jobs":
+                            result = api.cancel(
+                                j.id, reason=f"{reason} ({who})" if reason else f"by {who}",
+                                tenant_ids=tenants)
+                        elif spec.name == "retry_jobs":
+                            result = api.retry(j.id, tenant_ids=tenants)
+                        else:
+                            result = api.run_now(j.id, tenant_ids=tenants)
+                    except LiveJobExists as exc:
+                        skip("a live job holds its idempotency key")
+                        if exc.live_job_id:
+                            live_holders.append(exc.live_job_id)
+                        continue
+                    except JobNotFound:
+                        skip("gone")
+                        continue
+                    except XJobsError as exc:
+                        skip(str(exc))
+                        continue
+                    if result.changed:
+                        changed.append(j)
+                    else:
+                        skip(result.reason or "unchanged")
+        if changed:
+            message = {"cancel_jobs": f"Cancelled by {who}" + (f": {reason}" if spec.name ==
+                                                                 "cancel_jobs" and reason
+                                                                 else ""),
+                       "retry_jobs": f"Retried now by {who}",
+                       "run_jobs_now": f"Made due now by {who}",
+                       "delete_finished_jobs": f"Deleted by {who}"}[spec.name]
+            LogEntry.objects.log_actions(
+                user_id=request.user.pk, queryset=changed,
+                action_flag=DELETION if spec.name == "delete_finished_jobs" else CHANGE,
+                change_message=message,
+            )
+        self._report(request, spec, changed, skipped, live_holders, truncated)
+        nxt = self._next_url(request)
+        if nxt and not (spec.name == "delete_finished_jobs" and changed):
+            return HttpResponseRedirect(nxt)
+        return None
+
+    def _report(self, request: Any, spec: ActionSpec, changed: list[Job],
+                skipped: dict[str, int], live_holders: list[str], truncated: bool) -> None:
+        n = len(changed)
+        level = messages.SUCCESS if n else messages.WARNING
+        text = f"{spec.done_word.capitalize()} {n} job{'s' if n != 1 else ''}."
+        if skipped:
+            parts = ", ".join(why if len(skipped) == 1 else f"{why} ({count})"
+                              for why, count in sorted(skipped.items()))
+            text += f" Skipped {sum(skipped.values())}: {parts}."
+        if truncated:
+            text += (f" Only the first {ACTION_LIMIT} of the selection were handled: run the "
+                     "action again for the rest.")
+        if live_holders:
+            links = format_html_join(
+                ", ", '<a href="{}">{}</a>',
+                ((reverse("admin:django_xjobs_job_change", args=[i]), i)
+                 for i in live_holders[:5]))
+            self.message_user(request, format_html("{} Live job(s) holding the key: {}.", text,
+                                                   links), level)
+        else:
+            self.message_user(request, text, level)
 
 
-for model in (JobStep, JobEvent, OutboxEntry, JobLease, SchedulerLeader, SchedulerState,
-              Backfill):
-    admin.site.register(model, ReadOnlyAdmin)
+def run_id_match(queryset: Any, run_id: UUID) -> Q:
+    """A run-id condition that stays on the primary key when it can.
+
+    ``x_jobs.run_id`` has no index of its own (each index on x_jobs costs every claim and ack a
+    write). But the API mints a job's id and run id in one ``new_ids`` call, so both UUIDv7s
+    carry the same millisecond: the job is in the primary-key range of that millisecond. If it
+    is not there (a row written by hand with random uuids), the plain condition finds it, with
+    a scan; ``tests/integration/test_console_admin.py`` pins both paths.
+    """
+    if run_id.version == 7:
+        ms = run_id.int >> 80
+        low, high = UUID(int=ms << 80), UUID(int=((ms + 1) << 80) - 1)
+        fast = Q(run_id=run_id, id__gte=low, id__lte=high)
+        if queryset.filter(fast).exists():
+            return fast
+    return Q(run_id=run_id)
+
+
+# -------------------------------------------------------------------------- the other pages --
+
+
+def _job_search_link(run_id: Any) -> str:
+    url = reverse("admin:django_xjobs_job_changelist")
+    return format_html('<a href="{}?q={}">{}</a>', url, run_id, run_id)
+
+
+@admin.register(JobStep)
+class JobStepAdmin(ConsoleAdmin):
+    list_display = ("name", "status_badge", "attempts", "started_at", "completed_at", "wake_at",
+                    "event", "error_line", "run")
+    list_filter = (StepStatusFilter,)
+    search_fields = ("=run_id",)
+    search_help_text = "An exact run id (the job's run_id)."
+    ordering = ("-id",)
+    readonly_fields = ("run", "status_badge", "pretty_output", "error_text")
+    exclude = ("output", "error")
+
+    def scope_queryset(self, queryset: Any, tenants: console.TenantScope) -> Any:
+        return console.steps_scoped(queryset, tenants)
+
+    def get_search_results(self, request: Any, queryset: Any, search_term: str) -> Any:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        uid = _as_uuid(term)
+        # x_job_steps_run_name_uniq leads with run_id: an exact run id is an index lookup.
+        return (queryset.filter(run_id=uid) if uid else queryset.none()), False
+
+    @admin.display(description="status")
+    def status_badge(self, obj: JobStep) -> str:
+        return badge(obj.status)
+
+    @admin.display(description="error")
+    def error_line(self, obj: JobStep) -> str:
+        return console.error_summary(obj.error, 80) or ""
+
+    @admin.display(description="job (run id)")
+    def run(self, obj: JobStep) -> str:
+        return _job_search_link(obj.run_id)
+
+    @admin.display(description="output")
+    def pretty_output(self, obj: JobStep) -> str:
+        return pretty_json(obj.output) if obj.output is not None else "-"
+
+    @admin.display(description="error")
+    def error_text(self, obj: JobStep) -> str:
+        return preformatted(obj.error)
+
+
+@admin.register(JobEvent)
+class JobEventAdmin(ConsoleAdmin):
+    hidden_under_scope = True  # events carry no tenant
+    list_display = ("id", "name", "correlation_key", "published_at", "expires_at")
+    list_filter = (EventNameFilter,)
+    search_fields = ("=correlation_key",)
+    search_help_text = "An exact correlation key (with an event name filter, an index lookup)."
+    ordering = ("-id",)
+    readonly_fields = ("pretty_payload",)
+    exclude = ("payload",)
+
+    def get_search_results(self, request: Any, queryset: Any, search_term: str) -> Any:
+        term = search_term.strip()
+        return (queryset.filter(correlation_key=term) if term else queryset), False
+
+    @admin.display(description="payload")
+    def pretty_payload(self, obj: JobEvent) -> str:
+        return pretty_json(obj.payload)
+
+
+@admin.register(OutboxEntry)
+class OutboxEntryAdmin(ConsoleAdmin):
+    tenant_field = "tenant_id"
+    list_display = ("staged_at", "job", "queue", "relayed", "published_at", "job_link",
+                    "tenant_id", "enqueued_by")
+    list_filter = (OutboxPendingFilter,)
+    ordering = ("-staged_at",)
+    readonly_fields = ("relayed", "job_link", "pretty_input")
+    exclude = ("input",)
+
+    @admin.display(description="relayed", boolean=True)
+    def relayed(self, obj: OutboxEntry) -> bool:
+        return obj.published_at is not None
+
+    @admin.display(description="became job")
+    def job_link(self, obj: OutboxEntry) -> str:
+        if obj.job_id is None:
+            return "-"
+        url = reverse("admin:django_xjobs_job_change", args=[obj.job_id])
+        return format_html('<a href="{}">{}</a>', url, obj.job_id)
+
+    @admin.display(description="input")
+    def pretty_input(self, obj: OutboxEntry) -> str:
+        return pretty_json(obj.input)
+
+
+class ClockedAdmin(ConsoleAdmin):
+    """Rows carry the database clock (``db_clock``), so "expired?" costs no query per row."""
+
+    def get_queryset(self, request: Any) -> Any:
+        from django.db.models.functions import Now
+
+        return super().get_queryset(request).annotate(db_clock=Now())
+
+
+@admin.register(JobLease)
+class JobLeaseAdmin(ClockedAdmin):
+    hidden_under_scope = True  # slot keys name tenants ("tenant:acme")
+    list_display = ("lease_key", "slot", "holder", "expires_at", "live")
+    search_fields = ("=lease_key",)
+    ordering = ("lease_key", "slot")
+
+    @admin.display(description="held", boolean=True)
+    def live(self, obj: JobLease) -> bool:
+        return bool(obj.expires_at > obj.db_clock)
+
+
+@admin.register(SchedulerLeader)
+class SchedulerLeaderAdmin(ClockedAdmin):
+    hidden_under_scope = True
+    list_display = ("lock_key", "holder", "expires_at", "live")
+    ordering = ("lock_key",)
+
+    @admin.display(description="leading now", boolean=True)
+    def live(self, obj: SchedulerLeader) -> bool:
+        return bool(obj.expires_at > obj.db_clock)
+
+
+@admin.register(SchedulerState)
+class SchedulerStateAdmin(ConsoleAdmin):
+    hidden_under_scope = True
+    list_display = ("task_name", "last_fired_at", "paused", "updated_at")
+    ordering = ("task_name",)
+
+
+@admin.register(Backfill)
+class BackfillAdmin(ClockedAdmin):
+    hidden_under_scope = True  # a backfill spans tenants
+    list_display = ("name", "status_badge", "rows_processed", "rate", "started_at",
+                    "completed_at", "cursor", "job_link")
+    search_fields = ("=name",)
+    ordering = ("-started_at",)
+    readonly_fields = ("status_badge", "rate", "job_link", "pretty_cursor")
+    exclude = ("last_cursor",)
+
+    @admin.display(description="status")
+    def status_badge(self, obj: Backfill) -> str:
+        return badge(obj.status)
+
+    @admin.display(description="rows/s")
+    def rate(self, obj: Backfill) -> str:
+        rate = console.backfill_rate(obj, obj.db_clock)
+        return f"{rate:,.1f}" if rate is not None else "-"
+
+    @admin.display(description="last cursor")
+    def cursor(self, obj: Backfill) -> str:
+        text = json.dumps(obj.last_cursor, default=str)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    @admin.display(description="last cursor")
+    def pretty_cursor(self, obj: Backfill) -> str:
+        return pretty_json(obj.last_cursor)
+
+    @admin.display(description="job")
+    def job_link(self, obj: Backfill) -> str:
+        if obj.job_id is None:
+            return "-"
+        url = reverse("admin:django_xjobs_job_change", args=[obj.job_id])
+        return format_html('<a href="{}">{}</a>', url, obj.job_id)
+

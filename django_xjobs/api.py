@@ -466,8 +466,10 @@ def cancel(job_id: UUID | str, *, reason: str | None = None,
 
 def retry(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> Any:
     """Give a dead or cancelled job a fresh set of attempts, due now (same run_id: completed
-    steps are kept). Raises LiveJobExists when another live job holds its key."""
-    result = get_engine().job_retry(str(job_id), tenant_ids=tenant_ids)
+    steps are kept). Raises LiveJobExists when another live job holds its key. Inside
+    :func:`acting_as` (the console) the job's ``enqueued_by`` becomes that identity."""
+    result = get_engine().job_retry(str(job_id), tenant_ids=tenant_ids,
+                                    enqueued_by=_enqueued_by.get())
     if result.job is None:
         raise JobNotFound(f"no job with id {job_id}")
     return result
@@ -496,3 +498,16 @@ def purge(*, older_than: timedelta, states: Iterable[str] = ("done", "dead", "ca
     return get_engine().jobs_purge(
         states=states, finished_before=now() - older_than, batch_size=batch_size
     )
+
+
+# --------------------------------------------------------------------------------- console --
+
+
+def delete_finished(job_ids: Iterable[UUID | str], *,
+                    tenant_ids: Iterable[str] | None = None) -> int:
+    """Delete the given jobs that are finished (done, dead, cancelled), with their steps; live
+    jobs are left alone (cancel them first). Returns how many were deleted."""
+    ids = [str(i) for i in job_ids]
+    if not ids:
+        return 0
+    return get_engine().jobs_delete_finished(ids, tenant_ids=tenant_ids)

@@ -14,6 +14,7 @@ change indexed columns and cannot be HOT updates; so only what a statement needs
   over the states a claim may pick; rows leave it when claimed.
 * ``x_jobs_lapsed_idx``: running rows by lease expiry, the claim's rescue branch.
 * ``x_jobs_finished_idx``: finished rows by finish time, for retention deletes.
+* ``x_jobs_key_idx``: keyed rows by key, in every state: the console's search by key.
 * ids are UUIDv7, so "newest first" in the admin is the primary key in reverse.
 """
 
@@ -117,6 +118,14 @@ class Job(models.Model):
             # publish_event wakes the suspended jobs whose steps wait for it, by run_id.
             models.Index(
                 fields=["run_id"], condition=Q(state="suspended"), name="x_jobs_suspended_run_idx",
+            ),
+            # ---- console ----
+            # The console's search by idempotency key (any state: a dead job is what one looks
+            # for). Rows without a key are left out, as from the live-key index, so the bulk of
+            # unkeyed jobs costs it nothing; a keyed job pays one entry per state change.
+            models.Index(
+                fields=["idempotency_key"], condition=DEFAULT_KEY_EXCLUDED,
+                name="x_jobs_key_idx",
             ),
         ]
         permissions = [

@@ -501,3 +501,40 @@ class LockedStates:
     leading: bool
     watermarks: Mapping[str, datetime] = field(default_factory=dict)
     paused: frozenset[str] = frozenset()
+# ------------------------------------------------------------------------------ console --
+# Monitoring reads for the operations console (django_xjobs/console.py): the catalog figures
+# that say whether PostgreSQL can still clean up after the queue.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TableHealth:
+    """Vacuum state of one ``x_`` table, from ``pg_stat_user_tables`` and ``pg_class``."""
+
+    table: str
+    live_tuples: int
+    dead_tuples: int
+    last_vacuum: datetime | None  # the later of the manual and the automatic one
+    last_analyze: datetime | None
+    xid_age: int  # age(relfrozenxid), of the table or its TOAST table, whichever is older
+    freeze_max_age: int  # autovacuum_freeze_max_age: an anti-wraparound vacuum starts here
+    size_bytes: int
+
+    @property
+    def dead_ratio(self) -> float:
+        total = self.live_tuples + self.dead_tuples
+        return self.dead_tuples / total if total else 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class XminHolder:
+    """Something that keeps VACUUM from removing dead rows: an open transaction of this
+    database, a replication slot, or a prepared transaction."""
+
+    kind: str  # "transaction", "replication slot", "prepared transaction"
+    name: str  # application name / user, slot name, or the prepared transaction's gid
+    pid: int | None
+    state: str | None  # "active", "idle in transaction", ... (slots: "active"/"inactive")
+    started_at: datetime | None
+    age_seconds: float | None
+    xmin_age: int | None  # transactions since the snapshot it holds was taken
+    query: str | None

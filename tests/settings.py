@@ -23,6 +23,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",  # the live server of the console's browser test serves them
     "rangefilter",
     "django_xjobs",
     "tests.testapp",

@@ -53,6 +53,8 @@ from ..records import (
     SlotUsage,
     StepRecord,
     Suspension,
+    TableHealth,
+    XminHolder,
 )
 
 
@@ -247,8 +249,10 @@ class Engine(abc.ABC):
         """Any state but ``done``/``cancelled`` becomes ``cancelled``."""
 
     @abc.abstractmethod
-    def job_retry(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
-        """``dead``/``cancelled`` -> ``ready`` with a fresh attempt budget, same run_id.
+    def job_retry(self, job_id: str, *, tenant_ids: Iterable[str] | None = None,
+                  enqueued_by: str | None = None) -> ChangeResult:
+        """``dead``/``cancelled`` -> ``ready`` with a fresh attempt budget, same run_id;
+        ``enqueued_by``, when given, records who retried it.
 
         Raises :class:`~django_xjobs.exceptions.LiveJobExists` when another live job holds the
         key."""
@@ -264,10 +268,12 @@ class Engine(abc.ABC):
         """Delete finished jobs (and their steps) in bounded batches; return how many."""
 
     @abc.abstractmethod
-    def queue_stats(self) -> list[QueueStats]: ...
+    def queue_stats(self, *, tenant_ids: Iterable[str] | None = None) -> list[QueueStats]: ...
 
     @abc.abstractmethod
-    def outbox_pending(self) -> tuple[int, float | None]:
+    def outbox_pending(
+        self, *, tenant_ids: Iterable[str] | None = None
+    ) -> tuple[int, float | None]:
         """Staged outbox rows not yet relayed, and the age in seconds of the oldest."""
 
     # ------------------------------------------------------------------ backfills --
@@ -441,6 +447,21 @@ class Engine(abc.ABC):
     def leases_purge_expired(self, *, grace_ms: int, batch_size: int = 1000) -> int:
         """Delete concurrency slot rows expired for longer than ``grace_ms``, in bounded
         batches."""
+    # ----------------------------------------------------------------------- console --
+    @abc.abstractmethod
+    def jobs_delete_finished(
+        self, ids: Sequence[str], *, tenant_ids: Iterable[str] | None = None
+    ) -> int:
+        """Delete these jobs (and their steps) if finished; live or locked ones are skipped.
+        Returns how many were deleted."""
+
+    @abc.abstractmethod
+    def tables_health(self) -> list[TableHealth]:
+        """Dead tuples and transaction-id age of the job tables."""
+
+    @abc.abstractmethod
+    def xmin_horizon(self, limit: int = 10) -> list[XminHolder]:
+        """What keeps VACUUM from removing dead rows, the oldest holder first."""
 
     # ---------------------------------------------------------------- connections --
     @abc.abstractmethod

@@ -60,6 +60,8 @@ from ...records import (
     SlotUsage,
     StepRecord,
     Suspension,
+    TableHealth,
+    XminHolder,
 )
 from ..base import AdvisorySession, Engine, Features, Listener, ListenerLost, SessionLost, Statement
 from . import statements as S
@@ -620,7 +622,8 @@ class PostgresEngine(Engine):
             return ChangeResult(job=None, changed=False, reason="not found")
         return ChangeResult(job=current, changed=False, reason=f"already {current.state}")
 
-    def job_retry(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
+    def job_retry(self, job_id: str, *, tenant_ids: Iterable[str] | None = None,
+                  enqueued_by: str | None = None) -> ChangeResult:
         job_uuid = _as_uuid(job_id)
         if job_uuid is None:
             return ChangeResult(job=None, changed=False, reason="not found")
@@ -629,6 +632,7 @@ class PostgresEngine(Engine):
             with db_transaction.atomic(using=self.alias):
                 row = self._run(S.JOB_RETRY, {
                     "id": job_uuid, "tenant_ids": _tenants(tenant_ids), "notify": self.notify,
+                    "enqueued_by": enqueued_by,
                 }, fetch="one")
         except IntegrityError:
             current = self.job_get(job_id, tenant_ids=tenant_ids)
@@ -678,15 +682,18 @@ class PostgresEngine(Engine):
             if deleted < batch_size:
                 return total
 
-    def queue_stats(self) -> list[QueueStats]:
+    def queue_stats(self, *, tenant_ids: Iterable[str] | None = None) -> list[QueueStats]:
         return [
             QueueStats(queue=r[0], ready=r[1], delayed=r[2], running=r[3], suspended=r[4],
                        dead=r[5], done=r[6], cancelled=r[7])
-            for r in self._run(S.QUEUE_STATS, {})
+            for r in self._run(S.QUEUE_STATS, {"tenant_ids": _tenants(tenant_ids)})
         ]
 
-    def outbox_pending(self) -> tuple[int, float | None]:
-        count, age = self._run(S.OUTBOX_PENDING, {}, fetch="one")
+    def outbox_pending(
+        self, *, tenant_ids: Iterable[str] | None = None
+    ) -> tuple[int, float | None]:
+        count, age = self._run(S.OUTBOX_PENDING, {"tenant_ids": _tenants(tenant_ids)},
+                               fetch="one")
         return int(count), age
 
     # ------------------------------------------------------------------------- backfills --
@@ -962,6 +969,31 @@ class PostgresEngine(Engine):
             total += deleted
             if deleted < batch_size:
                 return total
+
+    # --------------------------------------------------------------------------- console --
+    def jobs_delete_finished(
+        self, ids: Sequence[str], *, tenant_ids: Iterable[str] | None = None
+    ) -> int:
+        uuids = [u for u in (_as_uuid(i) for i in ids) if u is not None]
+        if not uuids:
+            return 0
+        return self._run(S.JOBS_DELETE_FINISHED, {
+            "ids": _uuid_array(uuids), "tenant_ids": _tenants(tenant_ids),
+        }, fetch="count")
+
+    def tables_health(self) -> list[TableHealth]:
+        return [
+            TableHealth(table=r[0], live_tuples=r[1], dead_tuples=r[2], last_vacuum=r[3],
+                        last_analyze=r[4], xid_age=r[5], freeze_max_age=r[6], size_bytes=r[7])
+            for r in self._run(S.TABLES_HEALTH, {})
+        ]
+
+    def xmin_horizon(self, limit: int = 10) -> list[XminHolder]:
+        return [
+            XminHolder(kind=r[0], name=r[1], pid=r[2], state=r[3], started_at=r[4],
+                       age_seconds=r[5], xmin_age=r[6], query=r[7])
+            for r in self._run(S.XMIN_HORIZON, {"limit": limit})
+        ]
 
     # ----------------------------------------------------------------------- connections --
     def session_label(self, label: str) -> None:

@@ -721,13 +721,16 @@ JOB_RETRY = Statement(
 An operator's "retry now": a `dead` or `cancelled` job becomes `ready` with a fresh attempt
 budget and the SAME run_id, so the durable steps it completed are not run again. last_error is
 kept as the record of why it stopped. If another live job holds the key meanwhile, the unique
-index refuses the update; the engine reports that job instead of a driver error.
+index refuses the update; the engine reports that job instead of a driver error. enqueued_by
+becomes who retried it when the caller says (the console's `admin:<username>`), so the row
+tells who put it back on the queue; otherwise it is kept.
 """,
     sql=f"""
 with retried as (
     update x_jobs
        set state = 'ready', attempt = 0, run_at = now(), visible_at = null, lease_token = null,
-           finished_at = null, result = null, updated_at = now()
+           finished_at = null, result = null, updated_at = now(),
+           enqueued_by = coalesce(%(enqueued_by)s, enqueued_by)
      where id = %(id)s and state in ('dead', 'cancelled')
        and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
     returning {JOB_COLUMNS}
@@ -799,6 +802,7 @@ Per queue, five buckets a depth is SUMMED from, so a row must land in exactly on
 or a dead one with a future run_at, twice (the seed's 1.x bug, found because its memory driver's
 if/else chain was exclusive and Postgres was not). Pinned by the property test
 tests/conformance/test_stats.py.
+Under a tenant scope (the console's ADMIN_TENANT_SCOPE) only those tenants' rows are counted.
 """,
     sql="""
 select queue,
@@ -811,6 +815,7 @@ select queue,
        count(*) filter (where state = 'done')                                      as done,
        count(*) filter (where state = 'cancelled')                                 as cancelled
   from x_jobs
+ where (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
  group by queue
  order by queue
 """,
@@ -821,12 +826,13 @@ OUTBOX_PENDING = Statement(
     why="""
 Staged outbox rows not relayed yet and the age of the oldest: a growing age means no relay is
 running. Reads the partial index on unpublished rows, so it stays cheap however much history
-the outbox keeps.
+the outbox keeps. Under a tenant scope only those tenants' rows are counted.
 """,
     sql="""
 select count(*), extract(epoch from now() - min(staged_at))::float8
   from x_outbox
  where published_at is null
+   and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
 """,
 )
 
@@ -1537,6 +1543,101 @@ select lease_key, slot, holder, expires_at,
  where expires_at > now()
    and (%(key)s::text is null or lease_key = %(key)s)
  order by lease_key, slot
+ limit %(limit)s
+""",
+)
+
+# -------------------------------------------------------------------------------- console --
+# The operations console (django_xjobs/console.py, admin.py): its one queue write (deleting
+# chosen finished jobs) and its monitoring reads. The reads are not queue statements; they are
+# here so that an operator finds every statement django-xjobs sends in one place.
+
+JOBS_DELETE_FINISHED = Statement(
+    "jobs_delete_finished",
+    why="""
+The console's "delete finished jobs" on rows an operator picked: only `done`, `dead` and
+`cancelled` rows go (a live job is a worker's business: cancel it first), with their steps.
+The state test is re-checked on the locked row, so a job retried while the operator confirmed
+is not deleted. SKIP LOCKED: a row a retry or a worker holds is skipped, never waited for.
+Under a tenant scope another tenant's ids match nothing.
+""",
+    sql="""
+with victims as (
+    select id, run_id
+      from x_jobs
+     where id = any(%(ids)s::uuid[])
+       and state in ('done', 'dead', 'cancelled')
+       and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+       for update skip locked
+), steps as (
+    delete from x_job_steps s using victims v where s.run_id = v.run_id
+)
+delete from x_jobs j using victims v where j.id = v.id
+""",
+)
+
+TABLES_HEALTH = Statement(
+    "tables_health",
+    why="""
+Dead tuples and transaction-id age of the eight x_ tables: what takes a PostgreSQL queue down.
+Every claim and ack leaves a dead row version; when VACUUM cannot keep up (or an old snapshot
+stops it, see xmin_horizon) claims scan ever more dead index entries and slow down. xid age is
+age(relfrozenxid) of the table or its TOAST table, whichever is older: at
+autovacuum_freeze_max_age an anti-wraparound vacuum starts, and near 2^31 the server refuses
+writes. Names go through to_regclass so a table that is missing reads as absent, not an error.
+""",
+    sql="""
+select t.name, coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0),
+       greatest(s.last_vacuum, s.last_autovacuum), greatest(s.last_analyze, s.last_autoanalyze),
+       greatest(age(c.relfrozenxid), coalesce(age(toast.relfrozenxid), 0)),
+       current_setting('autovacuum_freeze_max_age')::bigint,
+       pg_total_relation_size(c.oid)
+  from unnest(array['x_jobs', 'x_job_steps', 'x_job_events', 'x_outbox', 'x_job_leases',
+                    'x_scheduler_leader', 'x_scheduler_state', 'x_backfills']) as t(name)
+  join pg_class c on c.oid = to_regclass(t.name)
+  left join pg_class toast on toast.oid = c.reltoastrelid
+  left join pg_stat_user_tables s on s.relid = c.oid
+ order by t.name
+""",
+)
+
+XMIN_HORIZON = Statement(
+    "xmin_horizon",
+    why="""
+What holds back VACUUM on this database, oldest first: open transactions (an `idle in
+transaction` session, a long report, a stuck migration), replication slots whose xmin does not
+move (a standby or a consumer that went away), and forgotten prepared transactions. While one of
+them holds an old snapshot, no dead row version younger than it can be removed, however often
+autovacuum runs, and the queue tables bloat. Only this database's backends count (PostgreSQL 14+
+ignores other databases' snapshots for our tables); the console's own backend is left out.
+A transaction's horizon is the older of its snapshot (backend_xmin, none between statements
+of a read-committed transaction) and its own transaction id (backend_xid, once it wrote).
+""",
+    sql="""
+select * from (
+    select 'transaction' as kind,
+           coalesce(nullif(a.application_name, ''), a.usename::text, 'backend') as name,
+           a.pid, a.state, a.xact_start,
+           extract(epoch from now() - a.xact_start)::float8 as age_seconds,
+           greatest(age(a.backend_xmin), age(a.backend_xid))::bigint as xmin_age,
+           left(a.query, 500) as query
+      from pg_stat_activity a
+     where a.datname = current_database() and a.pid <> pg_backend_pid()
+       and (a.xact_start is not null or a.backend_xmin is not null
+            or a.backend_xid is not null)
+    union all
+    select 'replication slot', r.slot_name::text, r.active_pid,
+           case when r.active then 'active' else 'inactive' end, null, null,
+           age(r.xmin)::bigint, null
+      from pg_replication_slots r
+     where r.xmin is not null and (r.database is null or r.database = current_database())
+    union all
+    select 'prepared transaction', p.gid, null, 'prepared', p.prepared,
+           extract(epoch from now() - p.prepared)::float8, age(p.transaction)::bigint, null
+      from pg_prepared_xacts p
+     where p.database = current_database()
+) h
+ order by h.xmin_age desc nulls last, h.age_seconds desc nulls last
  limit %(limit)s
 """,
 )

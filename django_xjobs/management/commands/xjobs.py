@@ -10,6 +10,9 @@
     manage.py xjobs slots [--key K]       concurrency slots held now: holder, expiry
     manage.py xjobs schedule [pause|resume|trigger NAME]   cron tasks and the leader
     manage.py xjobs maintenance           run the retention deletes once
+
+and the operations console's views (``_console.py``): dashboard, health, workers, jobs, why,
+steps, outbox, slots, backfills, scheduler, delete.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from ...records import (
     StepRecord,
 )
 from .. import schedule_cli
+from . import _console
 
 
 def _jsonable(value: Any) -> Any:
@@ -95,7 +99,10 @@ class Command(BaseCommand):
         slots_cmd = sub.add_parser("slots", help="concurrency slots held now, per key")
         slots_cmd.add_argument("--key", help="only the slots of this key")
         slots_cmd.add_argument("--limit", type=int, default=1000)
-        for p in (show, cancel, retry, run_now, events, purge, slots_cmd):
+        # ---- console ---- the console's subcommands (dashboard, health, jobs, why, ...)
+        console_parsers = _console.add_parsers(sub)
+        # ---- end console ----
+        for p in (show, cancel, retry, run_now, events, purge, slots_cmd, *console_parsers):
             # SUPPRESS: an absent sub-level flag must not reset `xjobs --json show ID`.
             p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                            help="machine-readable output")
@@ -129,6 +136,10 @@ class Command(BaseCommand):
                                                     limit=options["limit"]), as_json)
             elif action in schedule_cli.ACTIONS:  # ---- scheduler ----
                 schedule_cli.handle(self, options, as_json)
+            # ---- console ----
+            elif action in _console.ACTIONS:
+                _console.run(self, action, options, as_json)
+            # ---- end console ----
         except LiveJobExists as exc:
             raise CommandError(f"{exc} (see: manage.py xjobs show {exc.live_job_id})") from None
         except (JobNotFound, ConfigurationError, XJobsError) as exc:

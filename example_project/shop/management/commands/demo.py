@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import connection, transaction
 
 from django_xjobs import devdb
 from shop import demo_backfills, demo_outbox, demo_scheduler, demo_slots
+from shop.demo_console import show_console
 
 PROJECT_DIR = Path(__file__).resolve().parents[3]
 
@@ -43,9 +43,6 @@ class Command(BaseCommand):
         call_command("migrate", verbosity=0)
         self.say("migrated (django_xjobs tables: x_jobs, x_job_steps, x_job_events, x_outbox, "
                  "x_job_leases, x_scheduler_leader, x_scheduler_state, x_backfills)")
-        User = get_user_model()
-        if not User.objects.filter(username="admin").exists():
-            User.objects.create_superuser("admin", "admin@example.com", "admin")
 
         from django_xjobs.models import Job
         from shop.jobs import DISCONTINUED, charge_order, send_digest
@@ -92,10 +89,7 @@ class Command(BaseCommand):
             time.sleep(0.1)  # let the log pump print the last lines
         self._summary(Job, Order, batch, charge_handles, ship_keys, digest)
         self._workflow_summary(Job, Order, workflows)
-        self.say(self.style.MIGRATE_HEADING("\nthe console"))
-        self.say("  cd example_project && ../.venv/bin/python manage.py runserver")
-        self.say("  then open http://127.0.0.1:8000/admin/django_xjobs/job/  "
-                 "(login: admin / admin)")
+        show_console(self.stdout)  # ---- console ----
 
     # ----------------------------------------------------------------------------------
     def _durable_workflow(self, Job, Order, batch, timeout):

@@ -1,0 +1,712 @@
+"""The operations console's reads: what the admin pages and ``manage.py xjobs`` show.
+
+One module serves both, so the browser and the command line never disagree (SPEC §10, "CLI
+parity"): the admin renders these records as HTML, the command prints them or dumps them as
+JSON. Everything here reads; the console's writes are the operator actions of :mod:`api`
+(cancel, retry, run_now, delete_finished), which go through the engine's fenced statements.
+
+Where the numbers come from:
+
+* the per-queue buckets are the engine's ``queue_stats`` (ONE definition of the five
+  exclusive buckets, pinned by tests/conformance/test_stats.py); the finished counts of the last
+  hour are an ORM read over ``x_jobs_finished_idx`` (state, finished_at);
+* the health figures of the tables and of the server are the engine's monitoring statements
+  (``tables_health``, ``xmin_horizon``); the rest are read-only ORM reads of the models;
+* time is the database's: "expired", "due" and "recently" compare with ``now()`` of the server,
+  the clock every lease is measured on.
+
+Tenant scope (``XJOBS["ADMIN_TENANT_SCOPE"]``): a callable ``(request) -> set of tenant ids |
+None``. With a set, every read here is filtered to those tenants' rows, and what has no tenant
+column (events, slots, backfills, the scheduler, the database's own health) is not shown at all:
+it may name other tenants' data (``tenant:acme`` slot keys) or the fleet's hosts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from . import conf
+from .engines import get_engine
+from .exceptions import ConfigurationError
+from .records import TERMINAL_STATES, QueueStats, TableHealth, XminHolder
+
+TenantScope = frozenset[str] | None
+
+# How far back "recently" reaches for workers and rescues, and how many rows a panel lists.
+WORKER_WINDOW = timedelta(minutes=5)
+FINISHED_WINDOW = timedelta(hours=1)
+RESCUE_WINDOW = timedelta(hours=1)
+PANEL_ROWS = 10
+LAPSED_ROWS = 50
+
+# Health thresholds (docs/console.md, "The health panel", says what to do about each).
+DEAD_RATIO_WARN, DEAD_RATIO_BAD = 0.2, 0.5
+DEAD_TUPLES_MIN = 10_000  # below this, a high ratio is a small table between two vacuums
+XID_AGE_WARN = 0.5  # of autovacuum_freeze_max_age
+XID_AGE_BAD = 1.0
+XACT_AGE_WARN, XACT_AGE_BAD = 300.0, 3600.0  # seconds
+IDLE_IN_XACT_WARN = 60.0
+OUTBOX_AGE_WARN = 60.0
+
+OK, WARN, BAD = "ok", "warn", "bad"
+
+
+# ------------------------------------------------------------------------------ tenant scope --
+
+
+def tenant_scope(request: Any) -> TenantScope:
+    """The tenants this request may see and touch, or None for all of them.
+
+    ``XJOBS["ADMIN_TENANT_SCOPE"]`` is a callable or its dotted path. It must return None or a
+    collection of tenant id strings; anything else is a configuration error, raised (rather
+    than read as "everything") so a broken scope never shows one tenant another's jobs.
+    """
+    scope_fn = _scope_callable()
+    if scope_fn is None:
+        return None
+    value = scope_fn(request)
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ConfigurationError(
+            f'XJOBS["ADMIN_TENANT_SCOPE"] returned {value!r}; it must return None (every '
+            "tenant) or a set of tenant id strings"
+        )
+    tenants = frozenset(value)
+    bad = [t for t in tenants if not isinstance(t, str)]
+    if bad:
+        raise ConfigurationError(
+            f'XJOBS["ADMIN_TENANT_SCOPE"] returned non-string tenant ids {bad[:5]!r}'
+        )
+    return tenants
+
+
+def _scope_callable() -> Callable[[Any], Any] | None:
+    raw = conf.get().raw.get("ADMIN_TENANT_SCOPE")
+    if raw is None:
+        return None
+    if callable(raw):
+        return raw  # type: ignore[no-any-return]
+    from django.utils.module_loading import import_string
+
+    try:
+        found = import_string(raw)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f'XJOBS["ADMIN_TENANT_SCOPE"] = {raw!r} cannot be imported: {exc}'
+        ) from exc
+    if not callable(found):
+        raise ConfigurationError(f'XJOBS["ADMIN_TENANT_SCOPE"] = {raw!r} is not callable')
+    return found  # type: ignore[no-any-return]
+
+
+def scoped(queryset: Any, tenants: TenantScope, field_name: str = "tenant_id") -> Any:
+    """``queryset`` restricted to the scope's tenants (unchanged without a scope)."""
+    if tenants is None:
+        return queryset
+    return queryset.filter(**{f"{field_name}__in": sorted(tenants)})
+
+
+def steps_scoped(queryset: Any, tenants: TenantScope) -> Any:
+    """Steps have no tenant column: a step is in scope when its run's job is."""
+    if tenants is None:
+        return queryset
+    from .models import Job
+
+    return queryset.filter(run_id__in=Job.objects.filter(tenant_id__in=sorted(tenants))
+                           .values("run_id"))
+
+
+# ----------------------------------------------------------------------------------- records --
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueRow:
+    """One queue on the dashboard: the five exclusive buckets (``queue_stats``), the finished
+    totals it keeps, and what finished in the last hour."""
+
+    queue: str
+    ready: int
+    delayed: int
+    running: int
+    suspended: int
+    dead: int
+    done: int
+    cancelled: int
+    done_last_hour: int = 0
+    cancelled_last_hour: int = 0
+    dead_last_hour: int = 0
+
+    @property
+    def live(self) -> int:
+        return self.ready + self.delayed + self.running + self.suspended
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaderRow:
+    lock_key: str
+    holder: str
+    expires_at: datetime
+    live: bool  # the lease has not expired: a scheduler leads right now
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRow:
+    """One cron task: its watermark (the last occurrence fired) and whether it is paused.
+
+    ``next_fire_at`` is the next occurrence after the watermark (None: paused, or a state row
+    of a task no longer declared).
+    """
+
+    task: str
+    last_fired_at: datetime | None
+    paused: bool
+    updated_at: datetime | None
+    next_fire_at: datetime | None = None
+    configured: bool = False  # named in XJOBS["SCHEDULE"] / a @job(cron=...)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerRow:
+    """A worker as the job rows show it: what it runs now (and when it last renewed those
+    leases), and what it finished within :data:`WORKER_WINDOW`. A worker with nothing running
+    and nothing finished recently leaves no trace in the tables."""
+
+    worker: str
+    running: int = 0
+    lapsed: int = 0  # of its running jobs, those whose lease expired: it stopped renewing
+    last_renewed_at: datetime | None = None
+    lease_until: datetime | None = None
+    finished_recently: int = 0
+    last_finished_at: datetime | None = None
+
+    @property
+    def last_seen_at(self) -> datetime | None:
+        seen = [t for t in (self.last_renewed_at, self.last_finished_at) if t is not None]
+        return max(seen) if seen else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobBrief:
+    """A job in a panel: enough to recognise it and to open it."""
+
+    id: Any
+    name: str
+    queue: str
+    state: str
+    attempt: int
+    max_attempts: int
+    tenant_id: str | None
+    claimed_by: str | None
+    at: datetime | None  # what "when" means depends on the panel (finished, lease expiry)
+    rescues: int = 0
+    error: str | None = None  # the last line of last_error
+
+    @classmethod
+    def of(cls, job: Any, at: datetime | None) -> JobBrief:
+        return cls(id=job.id, name=job.name, queue=job.queue, state=job.state,
+                   attempt=job.attempt, max_attempts=job.max_attempts, tenant_id=job.tenant_id,
+                   claimed_by=job.claimed_by, at=at, rescues=job.rescues,
+                   error=error_summary(job.last_error))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dashboard:
+    now: datetime
+    tenants: TenantScope
+    queues: list[QueueRow]
+    outbox_pending: int
+    outbox_oldest_seconds: float | None
+    leaders: list[LeaderRow]  # empty under a tenant scope
+    schedules: list[ScheduleRow]  # empty under a tenant scope
+    workers: list[WorkerRow]
+    failures: list[JobBrief]
+
+    @property
+    def totals(self) -> QueueRow:
+        sums = {f.name: sum(getattr(q, f.name) for q in self.queues)
+                for f in dataclasses.fields(QueueRow) if f.name != "queue"}
+        return QueueRow(queue="all queues", **sums)
+
+    @property
+    def outbox_verdict(self) -> str:
+        age = self.outbox_oldest_seconds
+        return WARN if age is not None and age > OUTBOX_AGE_WARN else OK
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RescueSummary:
+    """Jobs re-claimed after their worker stopped renewing the lease (``x_jobs.rescues``)."""
+
+    live_jobs: int  # live jobs rescued at least once
+    live_rescues: int
+    finished_jobs: int  # jobs finished within RESCUE_WINDOW after at least one rescue
+    finished_rescues: int
+    lease_lost_dead: int  # of those, buried because the lease was lost on the last attempt
+    by_name: list[tuple[str, int]] = field(default_factory=list)  # rescues per job name
+    recent: list[JobBrief] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TableRow:
+    health: TableHealth
+    verdict: str
+    advice: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HolderRow:
+    holder: XminHolder
+    verdict: str
+    advice: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Health:
+    now: datetime
+    tenants: TenantScope
+    lapsed_count: int
+    lapsed: list[JobBrief]  # running jobs whose lease expired, longest-expired first
+    rescues: RescueSummary
+    tables: list[TableRow]  # empty under a tenant scope
+    holders: list[HolderRow]  # empty under a tenant scope
+
+    @property
+    def verdict(self) -> str:
+        verdicts = [r.verdict for r in self.tables] + [h.verdict for h in self.holders]
+        if self.lapsed_count:
+            verdicts.append(WARN)
+        return BAD if BAD in verdicts else WARN if WARN in verdicts else OK
+
+
+# ---------------------------------------------------------------------------------- helpers --
+
+
+def error_summary(text: str | None, limit: int = 200) -> str | None:
+    """The line of an error a person reads first: the last non-empty one of a traceback."""
+    if not text:
+        return None
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    line = lines[-1] if lines else text.strip()
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def db_now() -> datetime:
+    return get_engine().db_now()
+
+
+def _now_minus(delta: timedelta) -> Any:
+    from django.db.models import DateTimeField, ExpressionWrapper, Value
+    from django.db.models.functions import Now
+
+    return ExpressionWrapper(Now() - Value(delta), output_field=DateTimeField())
+
+
+def humanize_seconds(seconds: float | None) -> str:
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    s = abs(seconds)
+    if s < 1:
+        text = f"{s * 1000:.0f} ms"
+    elif s < 90:
+        text = f"{s:.0f} s"
+    elif s < 90 * 60:
+        text = f"{s / 60:.0f} min"
+    elif s < 48 * 3600:
+        text = f"{s / 3600:.1f} h"
+    else:
+        text = f"{s / 86400:.1f} d"
+    return text
+
+
+def ago(moment: datetime | None, now: datetime) -> str:
+    if moment is None:
+        return "never"
+    delta = (now - moment).total_seconds()
+    return f"{humanize_seconds(delta)} ago" if delta >= 0 else f"in {humanize_seconds(delta)}"
+
+
+# -------------------------------------------------------------------------------- dashboard --
+
+
+def _finished_since(window: timedelta, tenants: TenantScope) -> list[tuple[str, Any]]:
+    """Jobs finished within ``window``, one queryset per finished state.
+
+    One per state, not ``state in (done, dead, cancelled)``: that condition is the predicate of
+    ``x_jobs_finished_idx`` (state, finished_at), so the planner drops it and walks the whole
+    index for the time range (0.2 s at a million jobs); ``state = 'done'`` is a range scan.
+    """
+    from .models import Job
+
+    return [(state, scoped(Job.objects.filter(state=state,
+                                              finished_at__gte=_now_minus(window)), tenants))
+            for state in TERMINAL_STATES]
+
+
+def queue_rows(tenants: TenantScope = None) -> list[QueueRow]:
+    from django.db.models import Count
+
+
+    stats: dict[str, QueueStats] = {
+        s.queue: s for s in get_engine().queue_stats(tenant_ids=tenants)
+    }
+    recent: dict[tuple[str, str], int] = {}
+    for state, finished in _finished_since(FINISHED_WINDOW, tenants):
+        for row in finished.order_by().values("queue").annotate(n=Count("id")):
+            recent[(row["queue"], state)] = row["n"]
+    queues = sorted(set(stats) | {q for q, _ in recent} | set(
+        conf.get().queues if tenants is None else ()))
+    rows = []
+    for q in queues:
+        s = stats.get(q) or QueueStats(queue=q)
+        rows.append(QueueRow(
+            queue=q, ready=s.ready, delayed=s.delayed, running=s.running, suspended=s.suspended,
+            dead=s.dead, done=s.done, cancelled=s.cancelled,
+            done_last_hour=recent.get((q, "done"), 0),
+            cancelled_last_hour=recent.get((q, "cancelled"), 0),
+            dead_last_hour=recent.get((q, "dead"), 0),
+        ))
+    return rows
+
+
+def scheduler_leaders(now: datetime) -> list[LeaderRow]:
+    from .models import SchedulerLeader
+
+    return [LeaderRow(lock_key=r.lock_key, holder=r.holder, expires_at=r.expires_at,
+                      live=r.expires_at > now)
+            for r in SchedulerLeader.objects.order_by("lock_key")]
+
+
+def schedule_rows(now: datetime) -> list[ScheduleRow]:
+    """Every cron task the console knows of, as the scheduler describes it (``manage.py xjobs
+    schedule`` shows the same): configured tasks (``@job(cron=...)`` and ``XJOBS["SCHEDULE"]``)
+    and state rows of tasks no longer declared, with the watermark and the next fire time."""
+    from . import scheduler
+
+    return [ScheduleRow(task=t.name, last_fired_at=t.watermark, paused=t.paused,
+                        updated_at=t.updated_at, next_fire_at=t.next_fire_at,
+                        configured=t.configured)
+            for t in scheduler.describe(now=now).tasks]
+
+
+def workers(tenants: TenantScope = None) -> list[WorkerRow]:
+    """Workers seen in the job rows: the running ones' heartbeats (every renewal moves
+    ``updated_at``), and who finished jobs within :data:`WORKER_WINDOW`."""
+    from django.db.models import Count, Max, Min, Q
+    from django.db.models.functions import Now
+
+    from .models import Job
+
+    found: dict[str, dict[str, Any]] = {}
+    running = scoped(Job.objects.filter(state="running"), tenants).exclude(claimed_by=None)
+    for row in running.order_by().values("claimed_by").annotate(
+        n=Count("id"), lapsed=Count("id", filter=Q(visible_at__lte=Now())),
+        renewed=Max("updated_at"), until=Min("visible_at"),
+    ):
+        found[row["claimed_by"]] = {"running": row["n"], "lapsed": row["lapsed"],
+                                    "last_renewed_at": row["renewed"], "lease_until": row["until"]}
+    for _state, finished in _finished_since(WORKER_WINDOW, tenants):
+        for row in finished.exclude(claimed_by=None).order_by().values("claimed_by").annotate(
+            n=Count("id"), last=Max("finished_at"),
+        ):
+            seen = found.setdefault(row["claimed_by"], {})
+            seen["finished_recently"] = seen.get("finished_recently", 0) + row["n"]
+            last = seen.get("last_finished_at")
+            seen["last_finished_at"] = row["last"] if last is None else max(last, row["last"])
+    rows = [WorkerRow(worker=w, **v) for w, v in found.items()]
+    return sorted(rows, key=lambda r: (r.lapsed == 0, r.worker))
+
+
+def latest_failures(tenants: TenantScope = None, limit: int = PANEL_ROWS) -> list[JobBrief]:
+    from .models import Job
+
+    dead = scoped(Job.objects.filter(state="dead"), tenants).order_by("-finished_at")[:limit]
+    return [JobBrief.of(j, j.finished_at) for j in dead]
+
+
+def dashboard(tenants: TenantScope = None) -> Dashboard:
+    now = db_now()
+    pending, oldest = get_engine().outbox_pending(tenant_ids=tenants)
+    return Dashboard(
+        now=now, tenants=tenants, queues=queue_rows(tenants), outbox_pending=pending,
+        outbox_oldest_seconds=oldest,
+        leaders=scheduler_leaders(now) if tenants is None else [],
+        schedules=schedule_rows(now) if tenants is None else [],
+        workers=workers(tenants), failures=latest_failures(tenants),
+    )
+
+
+# ----------------------------------------------------------------------------------- health --
+
+
+def lapsed_jobs(tenants: TenantScope = None,
+                limit: int = LAPSED_ROWS) -> tuple[int, list[JobBrief]]:
+    """Running jobs whose lease expired (served by ``x_jobs_lapsed_idx``): the worker stopped
+    renewing, and the next claim of their queue rescues them."""
+    from django.db.models.functions import Now
+
+    from .models import Job
+
+    lapsed = scoped(Job.objects.filter(state="running", visible_at__lte=Now()), tenants)
+    rows = [JobBrief.of(j, j.visible_at) for j in lapsed.order_by("visible_at")[:limit]]
+    count = len(rows) if len(rows) < limit else lapsed.count()
+    return count, rows
+
+
+def rescue_summary(tenants: TenantScope = None) -> RescueSummary:
+    """Rescued jobs among the live ones and those finished within :data:`RESCUE_WINDOW`.
+
+    Each state group is read on its own partial index (running: ``x_jobs_lapsed_idx``; ready,
+    delayed, suspended: ``x_jobs_claim_idx``; each finished state: ``x_jobs_finished_idx``):
+    ``rescues`` has no index, and a condition over all states would scan the table.
+    """
+    from django.db.models import Count, Q, Sum
+
+    from .models import Job
+
+    live_groups = [
+        scoped(Job.objects.filter(state="running", rescues__gt=0), tenants),
+        scoped(Job.objects.filter(state__in=("ready", "delayed", "suspended"), rescues__gt=0),
+               tenants),
+    ]
+    finished_groups = [qs.filter(rescues__gt=0) for _, qs in _finished_since(RESCUE_WINDOW,
+                                                                             tenants)]
+    totals = {"live": [0, 0], "finished": [0, 0]}
+    lost = 0
+    by_name: dict[str, int] = {}
+    recent: list[Any] = []
+    for kind, groups in (("live", live_groups), ("finished", finished_groups)):
+        for qs in groups:
+            agg = qs.aggregate(n=Count("id"), r=Sum("rescues"),
+                               lost=Count("id", filter=Q(state="dead",
+                                                        last_error__startswith="lease lost")))
+            totals[kind][0] += agg["n"] or 0
+            totals[kind][1] += agg["r"] or 0
+            lost += agg["lost"] or 0
+            if agg["n"]:
+                for row in qs.order_by().values("name").annotate(r=Sum("rescues")):
+                    by_name[row["name"]] = by_name.get(row["name"], 0) + (row["r"] or 0)
+                recent += list(qs.order_by("-updated_at")[:PANEL_ROWS])
+    recent.sort(key=lambda j: j.updated_at, reverse=True)
+    return RescueSummary(
+        live_jobs=totals["live"][0], live_rescues=totals["live"][1],
+        finished_jobs=totals["finished"][0], finished_rescues=totals["finished"][1],
+        lease_lost_dead=lost,
+        by_name=sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0]))[:PANEL_ROWS],
+        recent=[JobBrief.of(j, j.finished_at or j.updated_at) for j in recent[:PANEL_ROWS]],
+    )
+
+
+def judge_table(t: TableHealth) -> TableRow:
+    verdict, advice = OK, ""
+    if t.dead_tuples >= DEAD_TUPLES_MIN and t.dead_ratio >= DEAD_RATIO_WARN:
+        verdict = BAD if t.dead_ratio >= DEAD_RATIO_BAD else WARN
+        advice = ("dead row versions pile up: look below for an old transaction or slot that "
+                  "holds VACUUM back; if none, autovacuum is too slow for this table")
+    share = t.xid_age / t.freeze_max_age if t.freeze_max_age else 0.0
+    if share >= XID_AGE_WARN:
+        verdict = BAD if share >= XID_AGE_BAD else (WARN if verdict == OK else verdict)
+        advice = (f"transaction-id age {t.xid_age:,} is {share:.0%} of "
+                  "autovacuum_freeze_max_age: let the anti-wraparound vacuum finish (do not "
+                  "cancel it); an old transaction below keeps it from freezing")
+    return TableRow(health=t, verdict=verdict, advice=advice)
+
+
+def judge_holder(h: XminHolder) -> HolderRow:
+    age = h.age_seconds
+    verdict, advice = OK, ""
+    if h.kind == "replication slot":
+        if h.state == "inactive":
+            verdict, advice = BAD, ("an inactive slot holds the xmin horizon for ever: drop it "
+                                    "(pg_drop_replication_slot) if its consumer is gone")
+    elif h.kind == "prepared transaction":
+        verdict, advice = BAD, ("a forgotten prepared transaction: COMMIT PREPARED or ROLLBACK "
+                                "PREPARED it")
+    elif age is not None:
+        if h.state and h.state.startswith("idle in transaction") and age >= IDLE_IN_XACT_WARN:
+            verdict = BAD if age >= XACT_AGE_WARN else WARN
+            advice = (f"a session sits idle inside a transaction: fix the application, or end it "
+                      f"with pg_terminate_backend({h.pid})")
+        elif age >= XACT_AGE_WARN:
+            verdict = BAD if age >= XACT_AGE_BAD else WARN
+            advice = (f"a long transaction: while it runs, VACUUM cannot remove rows that died "
+                      f"after it started; cancel it with pg_cancel_backend({h.pid}) if it is "
+                      "not needed")
+    return HolderRow(holder=h, verdict=verdict, advice=advice)
+
+
+def health(tenants: TenantScope = None) -> Health:
+    now = db_now()
+    count, lapsed = lapsed_jobs(tenants)
+    engine = get_engine()
+    return Health(
+        now=now, tenants=tenants, lapsed_count=count, lapsed=lapsed,
+        rescues=rescue_summary(tenants),
+        tables=[judge_table(t) for t in engine.tables_health()] if tenants is None else [],
+        holders=[judge_holder(h) for h in engine.xmin_horizon(PANEL_ROWS)]
+        if tenants is None else [],
+    )
+
+
+# ---------------------------------------------------------------------------------- a job --
+
+
+def diagnose(job: Any, steps: Sequence[Any], now: datetime) -> list[str]:
+    """Why the job is where it is and what an operator can do, in plain sentences.
+
+    ``job`` is a Job model instance or a JobRecord; ``steps`` its run's steps (JobStep
+    instances or StepRecords); ``now`` the database clock.
+    """
+    lines: list[str] = []
+    state = job.state
+    attempts = f"attempt {job.attempt} of {job.max_attempts}"
+    error = error_summary(job.last_error)
+    if state == "ready" and job.run_at <= now:
+        lines.append(
+            f"Waiting for a worker: due {ago(job.run_at, now)} on queue '{job.queue}'. If this "
+            f"keeps growing, no worker consumes that queue (start one with `manage.py "
+            f"xjobs_worker --queue {job.queue}`), or every worker is busy."
+        )
+    elif state in ("ready", "delayed"):
+        when = job.run_at.isoformat(sep=" ", timespec="seconds")
+        lines.append(f"Not due yet: it becomes due {ago(job.run_at, now)} ({when}). Run now "
+                     "makes it due at once.")
+        if error and job.attempt > 0:
+            lines.append(f"It is waiting to retry after a failure ({attempts}): {error}")
+    elif state == "running":
+        if job.visible_at is not None and job.visible_at <= now:
+            last = job.attempt >= job.max_attempts
+            lines.append(
+                f"Its lease expired {ago(job.visible_at, now)}: worker {job.claimed_by} stopped "
+                "renewing it (killed, crashed, or stuck without its heartbeat). The next claim "
+                f"on queue '{job.queue}' rescues it"
+                + (" — and as this was the last attempt, buries it as dead." if last else
+                   f" and starts attempt {job.attempt + 1} of {job.max_attempts}.")
+                + " Cancel it to stop it for good."
+            )
+        else:
+            lines.append(
+                f"Running on {job.claimed_by} since {ago(job.started_at, now)} ({attempts}); "
+                f"its lease is renewed until {ago(job.visible_at, now)}. Cancel stops it at the "
+                "worker's next heartbeat."
+            )
+    elif state == "suspended":
+        open_steps = [s for s in steps if s.status in ("sleeping", "waiting")]
+        for s in open_steps:
+            if s.status == "sleeping":
+                lines.append(f"Suspended in a durable sleep (step '{s.name}') until "
+                             f"{ago(s.wake_at, now)}; no worker thread is held.")
+            else:
+                key = f" with correlation key '{s.correlation_key}'" if s.correlation_key else ""
+                lines.append(
+                    f"Suspended waiting for event '{s.event}'{key} (step '{s.name}'); it times "
+                    f"out {ago(s.wake_at, now)}. Publishing that event resumes it at once."
+                )
+        if not open_steps:
+            lines.append(f"Suspended until {ago(job.run_at, now)}.")
+        lines.append("Run now resumes it at once and ends its open wait (a wait ended so "
+                     "returns None to the job).")
+    elif state == "dead":
+        if job.last_error and job.last_error.startswith("lease lost"):
+            lines.append("Dead: its worker died (or stopped renewing the lease) while running it "
+                         "on its last attempt. Look for a crash or an out-of-memory kill on "
+                         f"{job.claimed_by}.")
+        else:
+            lines.append(f"Dead after {attempts}: {error or 'no error recorded'}")
+        lines.append("Retry gives it a fresh set of attempts, due now; completed steps are kept.")
+    elif state == "cancelled":
+        lines.append(f"Cancelled {ago(job.finished_at, now)}: {job.last_error or 'no reason'}. "
+                     "Retry puts it back on the queue.")
+    elif state == "done":
+        took = ""
+        if job.started_at and job.finished_at:
+            seconds = (job.finished_at - job.started_at).total_seconds()
+            took = f"; the last run took {humanize_seconds(seconds)}"
+        lines.append(f"Done {ago(job.finished_at, now)} after {job.attempt} attempt(s){took}.")
+    if job.rescues:
+        lines.append(f"Rescued {job.rescues} time(s): a worker lost its lease on it mid-run, "
+                     "and another claim took it over.")
+    if job.concurrency_key and state in ("ready", "delayed"):
+        lines.append(f"Runs under concurrency key '{job.concurrency_key}': it waits while that "
+                     "key's slots are taken (see Concurrency slots).")
+    return lines
+
+
+# ------------------------------------------------------------------------ lists (CLI parity) --
+
+JOB_FILTERS = ("state", "queue", "name", "tenant_id")
+
+
+def jobs(*, tenants: TenantScope = None, limit: int = 50, created_after: datetime | None = None,
+         created_before: datetime | None = None, run_after: datetime | None = None,
+         run_before: datetime | None = None, **filters: str | None) -> list[Any]:
+    """The jobs list (newest first, by the UUIDv7 primary key), filtered like the console's."""
+    from .models import Job
+
+    unknown = set(filters) - set(JOB_FILTERS)
+    if unknown:
+        raise ConfigurationError(f"unknown job filter(s) {sorted(unknown)}")
+    qs = scoped(Job.objects.all(), tenants).filter(
+        **{k: v for k, v in filters.items() if v is not None})
+    for lookup, value in (("created_at__gte", created_after), ("created_at__lte", created_before),
+                          ("run_at__gte", run_after), ("run_at__lte", run_before)):
+        if value is not None:
+            qs = qs.filter(**{lookup: value})
+    return list(qs.order_by("-id")[:limit])
+
+
+def outbox_entries(*, tenants: TenantScope = None, pending: bool | None = None,
+                   limit: int = 50) -> list[Any]:
+    from .models import OutboxEntry
+
+    qs = scoped(OutboxEntry.objects.all(), tenants)
+    if pending is True:
+        return list(qs.filter(published_at=None).order_by("staged_at")[:limit])
+    if pending is False:
+        qs = qs.exclude(published_at=None)
+    return list(qs.order_by("-staged_at")[:limit])
+
+
+def backfill_rows(limit: int = 100) -> list[Any]:
+    from .models import Backfill
+
+    return list(Backfill.objects.order_by("-started_at")[:limit])
+
+
+def backfill_rate(b: Any, now: datetime) -> float | None:
+    """Rows per second over the pass so far (to its end, for a finished one)."""
+    end = b.completed_at or now
+    seconds = (end - b.started_at).total_seconds() if b.started_at else 0
+    return b.rows_processed / seconds if seconds > 0 else None
+
+
+# ------------------------------------------------------------------------------- JSON form --
+
+
+def as_json(value: Any) -> Any:
+    """Records, model instances and their fields as JSON-ready values (``xjobs ... --json``)."""
+    from uuid import UUID
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {f.name: as_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        for extra in ("live", "last_seen_at", "dead_ratio", "verdict", "outbox_verdict"):
+            if hasattr(type(value), extra) and isinstance(getattr(type(value), extra), property):
+                out[extra] = as_json(getattr(value, extra))
+        return out
+    if hasattr(value, "_meta") and hasattr(value, "pk"):  # a model instance
+        return {f.attname: as_json(getattr(value, f.attname)) for f in value._meta.concrete_fields}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): as_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value) if isinstance(value, set | frozenset) else value
+        return [as_json(v) for v in items]
+    return value

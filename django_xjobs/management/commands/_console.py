@@ -1,0 +1,271 @@
+"""The console's subcommands of ``manage.py xjobs``: everything the admin console shows, for a
+terminal or a script (``--json``). The data comes from :mod:`django_xjobs.console`, the module
+the admin pages render, so the two never disagree.
+
+    manage.py xjobs dashboard              queues (buckets + last hour), outbox, scheduler,
+                                           workers, latest failures
+    manage.py xjobs health                 lapsed leases, rescues, table bloat and xid age,
+                                           what holds VACUUM back
+    manage.py xjobs workers                workers seen in the job rows
+    manage.py xjobs jobs [--state S] [--queue Q] [--name N] [--tenant T]
+                         [--created-after T] [--created-before T] [--run-after T]
+                         [--run-before T] [--limit N]
+    manage.py xjobs why ID                 why a job is where it is, and what to do
+    manage.py xjobs steps [--run-id ID] [--status S] [--limit N]
+    manage.py xjobs outbox [--pending | --published] [--limit N]
+    manage.py xjobs slots                  concurrency slots
+    manage.py xjobs backfills              backfill passes with progress
+    manage.py xjobs scheduler              the leader lease and every task's watermark
+    manage.py xjobs delete ID [ID ...]     delete finished jobs (the console's delete action)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.core.management.base import CommandError
+from django.utils.dateparse import parse_datetime
+
+from ... import api, console
+from ...records import ALL_STATES
+
+# `xjobs slots` and `xjobs schedule` (the slots' and the scheduler's own commands) show the
+# console's slot and scheduler pages.
+ACTIONS = ("dashboard", "health", "workers", "jobs", "why", "steps", "outbox", "backfills",
+           "delete")
+
+
+def _when(value: str) -> datetime:
+    parsed = parse_datetime(value)
+    if parsed is None or parsed.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an ISO date-time with a time zone (e.g. 2026-12-01T02:00:00Z)")
+    return parsed
+
+
+def add_parsers(sub: Any) -> list[Any]:
+    parsers = [
+        sub.add_parser("dashboard", help="the console's dashboard"),
+        sub.add_parser("health", help="the console's health panel"),
+        sub.add_parser("workers", help="workers seen in the job rows"),
+    ]
+    jobs = sub.add_parser("jobs", help="list jobs, newest first")
+    jobs.add_argument("--state", choices=ALL_STATES)
+    jobs.add_argument("--queue")
+    jobs.add_argument("--name")
+    jobs.add_argument("--tenant")
+    for flag in ("--created-after", "--created-before", "--run-after", "--run-before"):
+        jobs.add_argument(flag, type=_when, help="ISO date-time with a time zone")
+    jobs.add_argument("--limit", type=int, default=50)
+    why = sub.add_parser("why", help="why a job is where it is, and what to do about it")
+    why.add_argument("job_id")
+    steps = sub.add_parser("steps", help="durable step records, newest first")
+    steps.add_argument("--run-id")
+    steps.add_argument("--status", choices=("completed", "failed", "sleeping", "waiting",
+                                            "cancelled"))
+    steps.add_argument("--limit", type=int, default=50)
+    outbox = sub.add_parser("outbox", help="staged outbox entries")
+    which = outbox.add_mutually_exclusive_group()
+    which.add_argument("--pending", action="store_true", help="only entries not relayed yet")
+    which.add_argument("--published", action="store_true", help="only relayed entries")
+    outbox.add_argument("--limit", type=int, default=50)
+    delete = sub.add_parser("delete", help="delete finished jobs by id (live ones are kept)")
+    delete.add_argument("job_ids", nargs="+")
+    parsers += [jobs, why, steps, outbox, delete,
+                sub.add_parser("backfills", help="backfill passes and their progress")]
+    return parsers
+
+
+def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> None:
+    out = _Out(command, as_json)
+    if action == "dashboard":
+        board = console.dashboard()
+        out.emit(board, lambda: _print_dashboard(out, board))
+    elif action == "health":
+        health = console.health()
+        out.emit(health, lambda: _print_health(out, health))
+    elif action == "workers":
+        rows = console.workers()
+        now = console.db_now()
+        out.emit(rows, lambda: _print_workers(out, rows, now))
+    elif action == "jobs":
+        if options["limit"] < 1:
+            raise CommandError("--limit must be at least 1")
+        rows = console.jobs(
+            limit=options["limit"], state=options["state"], queue=options["queue"],
+            name=options["name"], tenant_id=options["tenant"],
+            created_after=options["created_after"], created_before=options["created_before"],
+            run_after=options["run_after"], run_before=options["run_before"])
+        out.emit(rows, lambda: out.table(
+            ("id", "state", "name", "queue", "attempt", "run_at", "updated_at", "tenant",
+             "enqueued_by"),
+            [(j.id, j.state, j.name, j.queue, f"{j.attempt}/{j.max_attempts}", j.run_at,
+              j.updated_at, j.tenant_id, j.enqueued_by) for j in rows], empty="(no jobs)"))
+    elif action == "why":
+        from ...models import JobStep
+
+        job = api.get_job(options["job_id"])
+        steps = list(JobStep.objects.filter(run_id=job.run_id).order_by("started_at", "id"))
+        lines = console.diagnose(job, steps, console.db_now())
+        out.emit({"job": job, "diagnosis": lines}, lambda: [out.line(x) for x in lines])
+    elif action == "steps":
+        from ...models import JobStep
+
+        qs = JobStep.objects.order_by("-id")
+        if options["run_id"]:
+            qs = qs.filter(run_id=_uuid(options["run_id"]))
+        if options["status"]:
+            qs = qs.filter(status=options["status"])
+        rows = list(qs[: options["limit"]])
+        out.emit(rows, lambda: out.table(
+            ("run_id", "step", "status", "attempts", "started_at", "completed_at", "wake_at",
+             "error"),
+            [(s.run_id, s.name, s.status, s.attempts, s.started_at, s.completed_at, s.wake_at,
+              console.error_summary(s.error, 60)) for s in rows], empty="(no steps)"))
+    elif action == "outbox":
+        pending = True if options["pending"] else False if options["published"] else None
+        rows = console.outbox_entries(pending=pending, limit=options["limit"])
+        out.emit(rows, lambda: out.table(
+            ("staged_at", "job", "queue", "published_at", "became job", "tenant"),
+            [(o.staged_at, o.job, o.queue, o.published_at, o.job_id, o.tenant_id)
+             for o in rows], empty="(no outbox entries)"))
+    elif action == "backfills":
+        rows = console.backfill_rows()
+        now = console.db_now()
+        data = [{**console.as_json(b), "rows_per_second": console.backfill_rate(b, now)}
+                for b in rows]
+        out.emit(data, lambda: out.table(
+            ("name", "status", "rows", "rows/s", "started_at", "completed_at", "last_cursor"),
+            [(b.name, b.status, b.rows_processed, _rate(console.backfill_rate(b, now)),
+              b.started_at, b.completed_at, json.dumps(b.last_cursor, default=str))
+             for b in rows], empty="(no backfills)"))
+    elif action == "delete":
+        ids = [str(_uuid(i)) for i in options["job_ids"]]
+        deleted = api.delete_finished(ids)
+        out.emit({"deleted": deleted, "asked": len(ids)},
+                 lambda: out.line(f"deleted {deleted} of {len(ids)} job(s); live jobs, and "
+                                  "ids that match no job, are left alone"))
+
+
+def _uuid(value: str) -> Any:
+    from uuid import UUID
+
+    try:
+        return UUID(value)
+    except ValueError:
+        raise CommandError(f"{value!r} is not a job id (a UUID)") from None
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+class _Out:
+    def __init__(self, command: Any, as_json: bool) -> None:
+        self.command = command
+        self.as_json = as_json
+
+    def emit(self, data: Any, human: Any) -> None:
+        if self.as_json:
+            self.command.stdout.write(json.dumps(console.as_json(data), indent=2,
+                                                 default=str))
+        else:
+            human()
+
+    def line(self, text: str = "") -> None:
+        self.command.stdout.write(text)
+
+    def table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+              empty: str = "(none)") -> None:
+        cells = [[_cell(v) for v in row] for row in rows]
+        if not cells:
+            self.line(empty)
+            return
+        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+        self.line("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+        self.line("  ".join("-" * w for w in widths))
+        for r in cells:
+            self.line("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ", timespec="seconds")
+    return str(value)
+
+
+def _print_dashboard(out: _Out, board: console.Dashboard) -> None:
+    now = board.now
+    out.line(f"as of {_cell(now)} (database clock)\n")
+    out.table(("queue", "ready", "delayed", "running", "suspended", "dead", "done 1h",
+               "cancelled 1h", "died 1h"),
+              [(q.queue, q.ready, q.delayed, q.running, q.suspended, q.dead, q.done_last_hour,
+                q.cancelled_last_hour, q.dead_last_hour) for q in board.queues],
+              empty="(no jobs)")
+    age = board.outbox_oldest_seconds
+    out.line(f"\noutbox: {board.outbox_pending} pending"
+             + (f", oldest {console.humanize_seconds(age)}" if age is not None else ""))
+    out.line("")
+    _print_scheduler(out, board.leaders, board.schedules, now)
+    out.line("")
+    _print_workers(out, board.workers, now)
+    out.line("\nlatest failures:")
+    out.table(("died", "id", "name", "queue", "attempt", "error"),
+              [(console.ago(f.at, now), f.id, f.name, f.queue, f"{f.attempt}/{f.max_attempts}",
+                f.error) for f in board.failures], empty="(no dead jobs)")
+
+
+def _print_scheduler(out: _Out, leaders: Sequence[console.LeaderRow],
+                     tasks: Sequence[console.ScheduleRow], now: datetime) -> None:
+    for leader in leaders:
+        state = "leading" if leader.live else "EXPIRED"
+        out.line(f"scheduler leader ({leader.lock_key}): {leader.holder}, lease "
+                 f"{console.ago(leader.expires_at, now)} ({state})")
+    if not leaders:
+        out.line("scheduler leader: none yet")
+    out.table(("task", "last fired (watermark)", "next fire", "paused"),
+              [(t.task, t.last_fired_at, t.next_fire_at, "yes" if t.paused else "no")
+               for t in tasks], empty="(no cron tasks)")
+
+
+def _print_workers(out: _Out, rows: Sequence[console.WorkerRow], now: datetime) -> None:
+    out.line("workers seen recently:")
+    out.table(("worker", "running", "lease expired", "last heartbeat", "finished 5min",
+               "last finished"),
+              [(w.worker, w.running, w.lapsed, console.ago(w.last_renewed_at, now),
+                w.finished_recently, console.ago(w.last_finished_at, now)) for w in rows],
+              empty="(no worker ran or finished a job in the last 5 minutes)")
+
+
+def _print_health(out: _Out, health: console.Health) -> None:
+    now = health.now
+    out.line(f"overall: {health.verdict}\n")
+    out.line(f"running jobs whose lease expired: {health.lapsed_count}")
+    out.table(("expired", "id", "name", "queue", "worker", "attempt"),
+              [(console.ago(j.at, now), j.id, j.name, j.queue, j.claimed_by,
+                f"{j.attempt}/{j.max_attempts}") for j in health.lapsed], empty="")
+    r = health.rescues
+    out.line(f"\nrescues: {r.live_jobs} live job(s) rescued ({r.live_rescues} rescues); "
+             f"{r.finished_jobs} finished in the last hour after a rescue "
+             f"({r.finished_rescues} rescues, {r.lease_lost_dead} died of a lost lease)")
+    for name, n in r.by_name:
+        out.line(f"  {name}: {n}")
+    out.line("\ntables:")
+    out.table(("table", "live", "dead", "dead %", "last vacuum", "xid age", "of freeze max",
+               "verdict"),
+              [(t.health.table, t.health.live_tuples, t.health.dead_tuples,
+                f"{t.health.dead_ratio:.0%}", console.ago(t.health.last_vacuum, now),
+                t.health.xid_age, f"{t.health.xid_age / t.health.freeze_max_age:.0%}",
+                f"{t.verdict} {t.advice}".strip()) for t in health.tables])
+    out.line("\nwhat holds VACUUM back (oldest first):")
+    out.table(("kind", "who", "pid", "state", "open for", "xmin age", "verdict"),
+              [(h.holder.kind, h.holder.name, h.holder.pid, h.holder.state,
+                console.humanize_seconds(h.holder.age_seconds), h.holder.xmin_age,
+                f"{h.verdict} {h.advice}".strip()) for h in health.holders],
+              empty="(nothing holds an old snapshot)")

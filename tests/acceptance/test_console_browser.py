@@ -1,0 +1,179 @@
+"""The console in a real browser, against a real worker: the on-call engineer's path.
+
+Debian's chromium, driven by Playwright's Python package (its own driver, never a downloaded
+browser: ``executable_path``). Without a browser the test skips and says why; with
+``XJOBS_REQUIRE_BROWSER=1`` (CI) a missing browser is a failure. The Makefile's test set-up
+installs chromium where it can (``make browser``).
+
+Scenario: log in; the dashboard; filter the jobs list by a date range; open a job that died in
+a real worker and retry it (the worker runs it again); cancel a job that is running in the
+worker (the worker stops it at its next heartbeat). Screenshots of the dashboard, the jobs list
+and the job detail go to ``XJOBS_SCREENSHOT_DIR`` (``make screenshots`` points it at docs/img),
+else to the test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from tests.acceptance.conftest import (
+    FAST,
+    effects,
+    job_row,
+    wait_effect,
+    wait_started,
+    wait_state,
+)
+from tests.conftest import wait_until
+from tests.testapp import jobs as testapp_jobs
+
+pytestmark = pytest.mark.acceptance
+
+CHROMIUM_FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+PASSWORD = "correct horse battery staple"
+
+
+def _chromium() -> str | None:
+    found = os.environ.get("XJOBS_CHROMIUM") or shutil.which("chromium") or (
+        "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+    return found
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("XJOBS_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"XJOBS_REQUIRE_BROWSER=1 but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def page(monkeypatch, tmp_path):
+    """A fresh chromium page (a new profile each time)."""
+    executable = _chromium()
+    if executable is None:
+        _unavailable("no chromium on this machine (make browser installs Debian's, as root)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("the playwright package is not installed (pip install -e '.[test]')")
+    # Playwright's sync API keeps an asyncio loop on this thread; the ORM calls the test makes
+    # between browser steps are ordinary blocking calls, not calls from a coroutine.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    profile = tempfile.mkdtemp(prefix="xjobs-chromium-", dir=tmp_path)
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            profile, executable_path=executable, headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1680, "height": 1000},
+        )
+        try:
+            tab = context.new_page()
+            tab.set_default_timeout(30_000)
+            yield tab
+        finally:
+            context.close()
+
+
+@pytest.fixture
+def shots(tmp_path) -> Path:
+    target = Path(os.environ.get("XJOBS_SCREENSHOT_DIR") or tmp_path / "screenshots")
+    target.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+def test_on_call_finds_retries_and_cancels_jobs_in_the_browser(
+        live_server, spawn_worker, page, shots, django_user_model):
+    django_user_model.objects.create_superuser("oncall", "oncall@example.com", PASSWORD)
+    # History and live work for the pages to show, all run by a real worker.
+    for i in range(6):
+        testapp_jobs.record.using(tenant_id="acme").enqueue(tag=f"order {i}")
+    failed = testapp_jobs.always_fails.using(tenant_id="acme").enqueue()
+    running = testapp_jobs.sleepy_polite.using(tenant_id="globex").enqueue(seconds=300)
+    waiting = testapp_jobs.waiter.enqueue(event="payment.captured", key="42", timeout=3600)
+    testapp_jobs.record.using(delay=timedelta(hours=2)).enqueue(tag="later")
+    worker = spawn_worker("--concurrency", "4", settings=FAST)
+    wait_started(worker)
+    wait_state(failed.id, "dead")
+    wait_state(running.id, "running")
+    wait_state(waiting.id, "suspended")
+    wait_until(lambda: job_row(running.id).started_at is not None, message="the sleeper to run")
+    runs_before_retry = len(effects(failed.id, "start"))
+
+    # Log in.
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/django_xjobs/")
+    page.fill("#id_username", "oncall")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_selector("text=Operations console")
+
+    # The dashboard: the dead job among the latest failures, the worker among those seen.
+    page.click("text=Dashboard")
+    page.wait_for_selector("#xjobs-queues")
+    assert "this job always fails" in page.inner_text("#xjobs-failures")
+    assert worker_id_shown(page)
+    page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
+
+    # The jobs list, filtered by a date range through the range filter's own form.
+    page.goto(f"{live_server.url}/admin/django_xjobs/job/")
+    today = timezone.localdate()
+    form = page.locator(".admindatefilter").first  # "created"
+    form.locator("input[name='created_at__range__gte_0']").fill(f"{today - timedelta(days=1)}")
+    form.locator("input[name='created_at__range__gte_1']").fill("00:00:00")
+    form.locator("input[name='created_at__range__lte_0']").fill(f"{today + timedelta(days=1)}")
+    form.locator("input[name='created_at__range__lte_1']").fill("23:59:59")
+    form.locator("input[type=submit]").first.click()
+    page.wait_for_url("**created_at__range__gte_0=*")
+    assert page.locator("#result_list tbody tr").count() == 10
+    page.screenshot(path=str(shots / "job_list.png"), full_page=True)
+    page.goto(page.url + f"&created_at__range__lte_0={today - timedelta(days=2)}")
+    assert page.locator("#result_list tbody tr").count() == 0
+
+    # Open the failed job from the list of dead jobs; it says why it died.
+    page.goto(f"{live_server.url}/admin/django_xjobs/job/?state=dead")
+    page.click(f"a[href$='/{failed.id}/change/']")
+    page.wait_for_selector("#xjobs-diagnosis")
+    assert "Dead after attempt 2 of 2" in page.inner_text("#xjobs-diagnosis")
+    assert "ValueError: this job always fails" in page.inner_text(".field-error")
+    page.screenshot(path=str(shots / "job_detail.png"), full_page=True)
+
+    # Retry it: confirmation, then back on its page; the worker runs it again.
+    page.click("#xjobs-action-retry_jobs")
+    page.wait_for_selector("#xjobs-confirm")
+    page.click("#xjobs-confirm")
+    page.wait_for_selector("text=Retried 1 job.")
+    assert page.url.endswith(f"/{failed.id}/change/")
+    assert job_row(failed.id).enqueued_by == "admin:oncall"
+    wait_effect(failed.id, "start", count=runs_before_retry + 1)
+
+    # Cancel the running job from the list: select it, pick the action, give a reason.
+    page.goto(f"{live_server.url}/admin/django_xjobs/job/?state=running")
+    page.check(f"input[name='_selected_action'][value='{running.id}']")
+    page.select_option("select[name=action]", "cancel_jobs")
+    page.locator(".actions button[type=submit]").first.click()
+    page.wait_for_selector("#xjobs-confirm")
+    page.fill("#id_reason", "stuck for the customer, restarting by hand")
+    page.click("#xjobs-confirm")
+    page.wait_for_selector("text=Cancelled 1 job.")
+    row = job_row(running.id)
+    assert row.state == "cancelled"
+    assert row.last_error == "cancelled: stuck for the customer, restarting by hand (admin:oncall)"
+    # The worker learns at its next heartbeat and stops the run; the job stays cancelled.
+    wait_effect(running.id, "end")
+    assert job_row(running.id).state == "cancelled"
+    from django.contrib.admin.models import LogEntry
+
+    logged = {(e.object_id, e.user.username) for e in LogEntry.objects.all()}
+    assert {(str(failed.id), "oncall"), (str(running.id), "oncall")} <= logged
+
+
+def worker_id_shown(page) -> bool:
+    text = page.inner_text("#xjobs-workers")
+    return "running" in text and "No worker is running" not in text
