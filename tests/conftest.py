@@ -39,6 +39,32 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, interval: fl
         time.sleep(interval)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _close_stray_sessions_before_teardown(django_db_setup, django_db_blocker) -> Iterator[None]:
+    """Let pytest-django drop the test databases at the end of the run.
+
+    Threads that tests start (relays, executors, sync_to_async) open their own Django
+    connections; one left open makes ``DROP DATABASE`` fail ("being accessed by other users")
+    and leaves the database behind. They die with this process anyway, so end them first.
+    """
+    yield
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        for alias in connections:
+            conn = connections[alias]
+            if conn.vendor != "postgresql":
+                continue
+            name = conn.settings_dict["NAME"]
+            if name != conn.creation._get_test_db_name():
+                continue  # not set up by this run: never touch a real database's sessions
+            with conn.cursor() as cursor:  # the main thread's own connection stays out of it
+                cursor.execute(
+                    "select pg_terminate_backend(pid) from pg_stat_activity"
+                    " where datname = %s and pid <> pg_backend_pid()", [name])
+            conn.close()
+
+
 @pytest.fixture
 def engine():
     """The engine under test (the conformance suite runs once per engine)."""
