@@ -573,7 +573,8 @@ class PostgresEngine(Engine):
         self, names: Sequence[str], correlation_key: str | None, after_at: datetime,
         after_id: int,
     ) -> EventRecord | None:
-        row = self._run(S.EVENT_NEXT, {
+        stmt = S.EVENT_NEXT if correlation_key is None else S.EVENT_NEXT_KEYED
+        row = self._run(stmt, {
             "names": list(names), "correlation_key": correlation_key, "after_at": after_at,
             "after_id": after_id,
         }, fetch="one")
