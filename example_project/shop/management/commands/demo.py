@@ -172,8 +172,10 @@ class Command(BaseCommand):
 
         retried = Job.objects.filter(pk__in=[h.id for h in charge_handles], state="done",
                                      attempt__gt=1).order_by("id")
+        shown = min(3, retried.count())
         self.say(self.style.MIGRATE_HEADING(
-            f"\nfailed, then retried and done ({retried.count()} charge_order jobs)"))
+            f"\nfailed, then retried and done ({retried.count()} charge_order jobs"
+            + (f", the first {shown} shown)" if shown < retried.count() else ")")))
         for job in retried[:3]:
             first_error = (job.last_error or "").strip().splitlines()[-1]
             self.say(f"  {job.id}  attempts {job.attempt}/{job.max_attempts}  "
