@@ -189,3 +189,72 @@ def test_a_publish_visits_its_own_waiters_not_every_waiter_of_the_event(engine):
     root = plan["Plan"]
     assert root["Plans"][0]["Actual Rows"] == 1  # the woken job: only key 7's waiter
     assert _buffers(root) < 50, f"{_buffers(root)} pages read to wake one of {waiters} waiters"
+
+
+def _rows_read(plan: dict, relation: str) -> int:
+    """Rows that the plan's scans of ``relation`` returned, over all their loops."""
+    own = 0
+    if plan.get("Relation Name") == relation and "Scan" in plan["Node Type"]:
+        own = plan["Actual Rows"] * plan["Actual Loops"]
+    return own + sum(_rows_read(child, relation) for child in plan.get("Plans", []))
+
+
+def _explain_analyze(sql: str, params: dict) -> dict:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"explain (analyze, buffers, format json) {sql.strip()}", params)
+        [[[plan]]] = cursor.fetchall()
+        transaction.set_rollback(True)
+    return plan["Plan"]
+
+
+@pytest.mark.django_db
+def test_an_idle_claim_does_not_walk_the_jobs_that_are_not_due(engine):
+    """With many delayed jobs and none due, a claim probes each priority once and stops: a
+    single (priority desc, run_at) scan cannot stop at the first row not yet due, and read
+    every delayed row of the queue on every poll of an idle worker."""
+    now = engine.db_now()
+    Job.objects.bulk_create([
+        Job(name="testapp.noop", queue="default", idempotency_key=f"d{i}", state="delayed",
+            priority=i % 3, run_at=now + timedelta(hours=1, seconds=i))
+        for i in range(20_000)
+    ])
+    with connection.cursor() as cursor:
+        cursor.execute("analyze x_jobs")
+    claim = engine.statements()["jobs_claim"]
+    plan = _explain_analyze(claim.sql, {"queues": ["default"], "limits": [10],
+                                        "worker_id": "worker-1", "lease_ms": 30_000})
+
+    assert _buffers(plan) < 60, f"{_buffers(plan)} pages read by a claim that found nothing"
+
+
+@pytest.mark.django_db
+def test_a_purge_batch_reads_its_batch_not_every_finished_job(engine):
+    now = engine.db_now()
+    Job.objects.bulk_create([
+        Job(name="testapp.noop", queue="default", idempotency_key=f"f{i}",
+            state=("done", "dead", "cancelled")[i % 3], run_at=now,
+            finished_at=now - timedelta(days=30, seconds=i))
+        for i in range(6_000)
+    ])
+    with connection.cursor() as cursor:
+        cursor.execute("analyze x_jobs")
+    purge = engine.statements()["jobs_purge"]
+    plan = _explain_analyze(purge.sql, {"states": ["done", "dead", "cancelled"],
+                                        "before": now - timedelta(days=7), "batch": 100})
+
+    # At most a batch per state to choose from, then the batch itself to delete.
+    assert _rows_read(plan, "x_jobs") <= 4 * 100, _rows_read(plan, "x_jobs")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["job_find_live_by_key", "jobs_find_live_by_keys"])
+def test_the_live_job_of_a_key_is_found_through_the_live_key_index(engine, name):
+    """Its filters must imply the partial index's predicate, or the index cannot serve them."""
+    statement = engine.statements()[name]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("set local enable_seqscan = off")
+        cursor.execute(f"explain {statement.sql.strip()}", dummy_params(statement.sql,
+                                                                         engine.db_now()))
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+
+    assert "x_jobs_live_key_uniq" in plan, plan
