@@ -114,7 +114,16 @@ def _first_bad_value(
         finally:
             seen.discard(id(value))
         return None
-    return f"{path} is a {type(value).__name__} ({value!r:.60})"
+    return f"{path} is a {type(value).__name__} ({_safe_repr(value):.60})"
+
+
+def _safe_repr(value: Any) -> str:
+    """repr() for an error message, which must not itself fail (a model whose __str__ reads a
+    deleted row, a proxy to a closed resource)."""
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"<{type(value).__name__} whose repr() raised {type(exc).__name__}>"
 
 
 def encode_json(value: Any, *, what: str, limit: int | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -114,3 +115,20 @@ class JobContext:
         the run was asked to stop."""
         if self.cancelled.is_set():
             raise self.stop_error(self.stop_reason or "cancelled")
+
+
+async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Database work of an async job, off the event loop, in a thread that looks after its Django
+    connections as the executor threads do: one the server dropped, or that failed, or that
+    outlived CONN_MAX_AGE, is closed before and after, so one dropped connection costs no more
+    than the call that met it (the event loop's pool threads live as long as the worker)."""
+    from django.db import close_old_connections
+
+    def call() -> Any:
+        close_old_connections()
+        try:
+            return fn(*args)
+        finally:
+            close_old_connections()
+
+    return await asyncio.to_thread(call)

@@ -49,7 +49,6 @@ before each step write: a run that can no longer prove it holds its slot records
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -58,6 +57,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import conf, faults
+from .context import in_thread
 from .exceptions import InvalidJobInput, JobCancelled, PermanentError
 from .records import EventRecord, RunOwner, StepRecord
 
@@ -83,6 +83,12 @@ class StepNameReused(PermanentError):
 
 class StepOutputError(PermanentError):
     """A step returned something JSON cannot store; re-running the job cannot fix it."""
+
+
+class SuspendInTransaction(PermanentError):
+    """A sleep or an event wait inside the job's own ``transaction.atomic()``: the suspension
+    would be rolled back with the block that the suspension unwinds, and the job would sit in
+    ``running`` until its lease lapsed, again on every attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +159,14 @@ class Steps:
         if not self._engine.step_complete_if_owned(self._owner, name, output_json, **event):
             raise self._lost(f"step {name!r} not recorded")
 
+    def _refuse_in_transaction(self, what: str) -> None:
+        if self._engine.in_transaction():
+            raise SuspendInTransaction(
+                f"{what} was called inside transaction.atomic(): suspending the job unwinds "
+                "that block, which would roll the suspension back. Commit first: call it "
+                "outside the atomic block (steps before it keep their recorded outputs)."
+            )
+
     def _park(self, wake_at: datetime) -> StepSuspended:
         """Suspend the job (inside the caller's transaction); the signal that unwinds it."""
         from .records import Suspension
@@ -221,6 +235,7 @@ class Steps:
         record = self._begin(name)
         if record is not None and record.status == "completed":
             return
+        self._refuse_in_transaction(f"ctx.step.sleep({name!r})")
         if self._guard is not None:
             self._guard()
         with self._engine.atomic():
@@ -261,6 +276,8 @@ class Steps:
         record = self._begin(name)
         if record is not None and record.status == "completed":
             return self._won(record, wait_any)
+        self._refuse_in_transaction(
+            f"ctx.step.{'wait_for_any' if wait_any else 'wait_for_event'}({name!r})")
         engine, owner = self._engine, self._owner
         if self._guard is not None:
             self._guard()
@@ -336,7 +353,7 @@ class Steps:
 class AsyncSteps:
     """``ctx.step`` of an ``async def`` job: the same steps, awaitable.
 
-    Database work runs in a worker thread (``asyncio.to_thread``); a step's ``fn`` may be a
+    Database work runs in a worker thread (:func:`in_thread`); a step's ``fn`` may be a
     plain function or a coroutine function.
     """
 
@@ -345,7 +362,7 @@ class AsyncSteps:
 
     async def run(self, name: str, fn: Callable[[], Any]) -> Any:
         steps = self._steps
-        record = await asyncio.to_thread(steps._lookup, name)
+        record = await in_thread(steps._lookup, name)
         if record is not None:
             return record.output
         try:
@@ -355,19 +372,19 @@ class AsyncSteps:
         except (JobCancelled, StepSuspended):
             raise
         except Exception as exc:
-            await asyncio.to_thread(steps._record_failure, name, exc)
+            await in_thread(steps._record_failure, name, exc)
             raise
-        return await asyncio.to_thread(steps._record_output, name, value)
+        return await in_thread(steps._record_output, name, value)
 
     async def sleep(self, name: str, duration: timedelta | float | int) -> None:
-        await asyncio.to_thread(self._steps.sleep, name, duration)
+        await in_thread(self._steps.sleep, name, duration)
 
     async def sleep_until(self, name: str, when: datetime) -> None:
-        await asyncio.to_thread(self._steps.sleep_until, name, when)
+        await in_thread(self._steps.sleep_until, name, when)
 
     async def wait_for_event(self, name: str, *, event: str, correlation_key: str | None = None,
                              timeout: timedelta | float | int) -> Any:
-        return await asyncio.to_thread(
+        return await in_thread(
             lambda: self._steps.wait_for_event(name, event=event,
                                                correlation_key=correlation_key, timeout=timeout)
         )
@@ -375,7 +392,7 @@ class AsyncSteps:
     async def wait_for_any(self, name: str, *, events: Sequence[str],
                            correlation_key: str | None = None,
                            timeout: timedelta | float | int) -> EventWon | None:
-        return await asyncio.to_thread(
+        return await in_thread(
             lambda: self._steps.wait_for_any(name, events=events,
                                              correlation_key=correlation_key, timeout=timeout)
         )

@@ -55,7 +55,6 @@ cancelled                              FAILED        ``django_xjobs.exceptions.J
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import re
 import threading
@@ -83,13 +82,12 @@ from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import AppRegistryNotReady
-from django.db import close_old_connections
 from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules, import_string
 
 from . import api, conf, exceptions, registry
-from .context import JobContext
+from .context import JobContext, in_thread
 from .exceptions import ConfigurationError, JobNotFound, PermanentError
 from .records import JobRecord
 
@@ -312,16 +310,16 @@ def _runner(task: Task) -> Callable[..., Any]:
 
         async def run(ctx: JobContext, **stored: Any) -> Any:
             call = _stored_call(task, stored)
-            record = await _in_thread(api.get_job, ctx.job_id)
+            record = await in_thread(api.get_job, ctx.job_id)
             started = _running_result(call, record)
-            await _in_thread(_send, task_started, started)
+            await in_thread(_send, task_started, started)
             try:
                 value = await task.func(*_positional(call, started), **call.kwargs)
             except Exception as exc:
                 if _ends_task(exc, ctx):
-                    await _in_thread(_send_failure, started, exc)
+                    await in_thread(_send_failure, started, exc)
                 raise
-            return await _in_thread(_succeeded, ctx, started, value)
+            return await in_thread(_succeeded, ctx, started, value)
 
     else:
 
@@ -341,19 +339,6 @@ def _runner(task: Task) -> Callable[..., Any]:
     run.__module__ = task.func.__module__
     run.__qualname__ = run.__name__ = task.func.__qualname__
     return run
-
-
-async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """Database work (the row read, signal receivers) of an async task, off the event loop, in a
-    thread that cleans up its Django connections as the executor threads do."""
-
-    def call() -> Any:
-        try:
-            return fn(*args)
-        finally:
-            close_old_connections()
-
-    return await asyncio.to_thread(call)
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,6 +185,11 @@ class Engine(abc.ABC):
         """A transaction (or savepoint) on this thread's connection for the engine's alias."""
 
     @abc.abstractmethod
+    def in_transaction(self) -> bool:
+        """Whether this thread's connection for the engine's alias is inside a transaction
+        that its caller opened (``transaction.atomic()``), which a suspension must not join."""
+
+    @abc.abstractmethod
     def steps_of_run(self, run_id: str) -> list[StepRecord]: ...
 
     @abc.abstractmethod

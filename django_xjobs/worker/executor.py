@@ -115,6 +115,20 @@ def _outcome_of_result(definition: Job, value: Any) -> Outcome:
     except InvalidJobInput as exc:
         return Retry(error=f"{exc} (the job ran; re-running it cannot fix this)", delay=0,
                      permanent=True)
+    except Exception as exc:  # the value's own code raised while being encoded
+        return Retry(error=f"result of {definition.name} could not be encoded as JSON (the job "
+                           f"ran; re-running it cannot fix this)\n{format_error(exc)}",
+                     delay=0, permanent=True)
+
+
+def internal_error(exc: BaseException, definition: Job | None, claimed: ClaimedJob,
+                   settings: XJobsSettings) -> Retry:
+    """The outcome of a run whose outcome could not be worked out (a bug of the worker's, met
+    while mapping what the job did): retried with backoff, never left running under a lease
+    that the heartbeat keeps renewing."""
+    return Retry(error=f"django-xjobs could not record the outcome of this run\n"
+                       f"{format_error(exc)}",
+                 delay=backoff_for(definition, claimed.attempt, settings))
 
 
 def _outcome_of_exception(

@@ -471,10 +471,15 @@ class Worker:
                     reset_queries()
                 assert run.definition is not None
                 started = clock.monotonic()
-                outcome = executor.execute(
-                    run.definition, run.job, run.ctx, self.settings,
-                    fresh_connections=started - last_job_end >= IDLE_RECHECK,
-                )
+                try:
+                    outcome = executor.execute(
+                        run.definition, run.job, run.ctx, self.settings,
+                        fresh_connections=started - last_job_end >= IDLE_RECHECK,
+                    )
+                except BaseException as exc:  # never lose the thread, or the run with it
+                    log.exception("job %s (%s): no outcome", run.job.id, run.job.name)
+                    outcome = executor.internal_error(exc, run.definition, run.job,
+                                                      self.settings)
                 ended = last_job_end = clock.monotonic()
                 avg = self._avg_run
                 self._avg_run = ended - started if avg is None else (
@@ -494,7 +499,12 @@ class Worker:
 
     async def _run_async(self, run: Run) -> None:
         assert run.definition is not None
-        outcome = await executor.execute_async(run.definition, run.job, run.ctx, self.settings)
+        try:
+            outcome = await executor.execute_async(run.definition, run.job, run.ctx,
+                                                   self.settings)
+        except BaseException as exc:  # never leave the run without an outcome
+            log.exception("job %s (%s): no outcome", run.job.id, run.job.name)
+            outcome = executor.internal_error(exc, run.definition, run.job, self.settings)
         self._finish(run, outcome, from_phase=RUNNING)
         self._wake.set()
 

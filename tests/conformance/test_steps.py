@@ -104,3 +104,14 @@ def test_waking_waiters_touches_only_suspended_jobs_waiting_for_that_event_and_k
     due = {j.id for j in (keyed, any_key, other_key, other_event)
            if engine.job_get(j.id).run_at <= now}
     assert due == {keyed.id, any_key.id}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_transaction_says_whether_the_caller_opened_one(engine):
+    """A step refuses to suspend inside the job's own transaction (it would be rolled back)."""
+    assert engine.in_transaction() is False
+    with engine.atomic():
+        assert engine.in_transaction() is True
+        with engine.atomic():
+            assert engine.in_transaction() is True
+    assert engine.in_transaction() is False

@@ -306,6 +306,38 @@ def test_async_jobs_have_the_same_steps():
     assert row.result == {"fetched": {"fetched": True}, "got": {"go": 1}}
 
 
+def test_the_steps_of_async_jobs_get_over_a_connection_the_server_dropped():
+    """Async steps do their database work in the event loop's pool threads, which live as long
+    as the worker: they must look after their Django connections as executor threads do, or one
+    dropped connection fails every later async step on that thread."""
+    with running_worker(concurrency=1):
+        first = jobs.async_one_step.enqueue(n=1)
+        assert wait_state(first, "done", "dead").state == "done"
+        with connection.cursor() as cursor:  # every other session: the pool threads' too
+            cursor.execute(
+                "select count(pg_terminate_backend(pid)) from pg_stat_activity"
+                " where datname = current_database() and pid <> pg_backend_pid()")
+        later = [jobs.async_one_step.enqueue(n=n) for n in (2, 3)]
+        rows = [wait_state(handle, "done", "dead", timeout=30) for handle in later]
+
+    assert [row.state for row in rows] == ["done", "done"], [row.last_error for row in rows]
+    assert [row.result for row in rows] == [{"v": 2}, {"v": 3}]
+
+
+@pytest.mark.parametrize("job_fn, what", [(jobs.sleep_in_atomic, "sleep('nap')"),
+                                          (jobs.wait_in_atomic, "wait_for_event('wait')")])
+def test_a_suspension_inside_the_jobs_own_atomic_block_is_refused_clearly(job_fn, what):
+    """It would be rolled back with the block it unwinds, leaving the job running until its
+    lease lapsed, on every attempt."""
+    handle = job_fn.enqueue()
+    with running_worker():
+        row = wait_state(handle, "dead", "suspended", timeout=20)
+
+    assert row.state == "dead" and row.attempt == 1
+    assert f"ctx.step.{what} was called inside transaction.atomic()" in row.last_error
+    assert not JobStep.objects.filter(run_id=row.run_id, status__in=["sleeping", "waiting"])
+
+
 def test_every_one_of_many_waiters_resumes_exactly_once_under_randomised_publishing():
     rng = random.Random(20261202)
     n = 200

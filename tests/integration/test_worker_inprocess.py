@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections import Counter
 from datetime import timedelta
@@ -213,6 +214,27 @@ def test_a_result_json_cannot_encode_kills_the_job_with_a_clear_error():
     assert "not JSON-serialisable" in row.last_error
     assert "['when']" in row.last_error
     assert row.result is None
+
+
+@pytest.mark.parametrize("job", [testapp_jobs.unprintable_result,
+                                 testapp_jobs.async_unprintable_result])
+def test_a_result_whose_own_code_raises_while_encoded_still_ends_the_run(job):
+    """An exception while the outcome is worked out must not kill the executor thread (or the
+    async task) and leave the job running under a lease the heartbeat keeps renewing."""
+    handle = job.using(priority=1).enqueue()
+    after = testapp_jobs.record.enqueue(tag="after")  # the same single thread runs it next
+    result: list[Counter[str]] = []
+    draining = threading.Thread(target=lambda: result.append(drain(concurrency=1)), daemon=True)
+    draining.start()
+    draining.join(timeout=30)
+    assert result, f"the run never ended: job {handle.get().state}"
+    stats = result[0]
+    row = handle.get()
+
+    assert row.state == "dead" and row.attempt == 1, (row.state, row.last_error)
+    assert "Unprintable whose repr() raised RuntimeError" in row.last_error
+    assert (stats["dead"], stats["done"]) == (1, 1)
+    assert after.get().state == "done"
 
 
 def test_a_row_naming_an_unknown_job_is_retried_then_dead_and_the_worker_carries_on():

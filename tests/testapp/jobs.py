@@ -91,6 +91,23 @@ def bad_result(ctx):
     return {"when": object()}
 
 
+class Unprintable:
+    """A value whose repr() raises (a model whose __str__ reads a deleted row, say)."""
+
+    def __repr__(self):
+        raise RuntimeError("repr exploded")
+
+
+@job
+def unprintable_result(ctx):
+    return {"x": Unprintable()}
+
+
+@job
+async def async_unprintable_result(ctx):
+    return {"x": Unprintable()}
+
+
 @job
 async def async_record(ctx, tag=""):
     await asyncio.sleep(0.01)
@@ -220,6 +237,28 @@ async def async_steps(ctx, event="async.go", key=None):
     await ctx.step.sleep("pause", 0.2)
     got = await ctx.step.wait_for_event("go", event=event, correlation_key=key, timeout=30)
     return {"fetched": fetched, "got": got}
+
+
+@job
+async def async_one_step(ctx, n=0):
+    return {"v": await ctx.step.run("one", lambda: n)}
+
+
+@job
+def sleep_in_atomic(ctx):
+    from django.db import transaction
+
+    ctx.step.run("before", lambda: 1)
+    with transaction.atomic():
+        ctx.step.sleep("nap", 60)
+
+
+@job
+def wait_in_atomic(ctx):
+    from django.db import transaction
+
+    with transaction.atomic():
+        ctx.step.wait_for_event("wait", event="never.sent", timeout=60)
 
 
 @job

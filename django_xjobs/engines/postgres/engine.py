@@ -502,6 +502,9 @@ class PostgresEngine(Engine):
     def atomic(self) -> Any:
         return db_transaction.atomic(using=self.alias)
 
+    def in_transaction(self) -> bool:
+        return connections[self.alias].in_atomic_block
+
     def steps_of_run(self, run_id: str) -> list[StepRecord]:
         return [
             StepRecord(
