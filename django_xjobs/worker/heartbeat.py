@@ -18,8 +18,8 @@ more statement, ``slots_renew_if_held``, fenced on the holder and on the slot no
 round with no slot held sends nothing more.
 
 A hung connection (a stopped backend, a half-open socket) blocks this thread inside the
-statement. The worker does not wait for it: its loop stops every run that has gone a whole
-lease without renewal (the self-fence) and replaces this thread after a lease, bumping
+statement. The worker does not wait for it: its watch thread stops every run that has gone a
+whole lease without renewal (the self-fence) and replaces this thread after a lease, bumping
 ``generation`` so the old thread's late answer is ignored.
 """
 

@@ -8,10 +8,12 @@ The loop, in the order one iteration runs it (``Worker._iterate``):
    matches no row means the run lost the job: logged, result discarded, never raised. A write
    whose connection died is retried as is; if the first try had committed, the fence check
    recognises it as already applied (the ambiguous commit).
-2. **Watch.** Runs past their ``timeout`` are stopped and failed with a timeout error. Runs that
-   have gone a whole lease period without a renewal (the heartbeat connection hangs) are stopped
-   and handed back: this worker can no longer prove it owns them (the self-fence). A heartbeat
-   thread stuck in a statement for a lease period is replaced.
+2. **Watch** (on a thread of its own, ``xjobs-watch``, which never touches the database: a loop
+   stuck in a statement must not stop it). Runs past their ``timeout`` are stopped and failed
+   with a timeout error. Runs that have gone a whole lease period without a renewal (the
+   heartbeat connection hangs) are stopped and handed back: this worker can no longer prove it
+   owns them (the self-fence). A heartbeat thread stuck in a statement for a lease period is
+   replaced. Whatever it stops wakes the loop, which settles it.
 3. **Claim.** Up to the free capacity (concurrency + prefetch - runs not yet settled), split over
    the queues, in ONE ``jobs_claim``; claimed runs go to the executor threads (sync jobs) or the
    event loop (async jobs). The loop claims again at once only if the last claim was full;
@@ -210,7 +212,6 @@ class Worker:
         self._notified = False
         self._labelled = False
         self._drain_deadline: float | None = None
-        self._last_watch = -1e9
         self._stop_reason = ""
         self._more_likely = True
         self._last_claim = -1e9
@@ -280,6 +281,7 @@ class Worker:
         for _ in range(self.options.concurrency):
             self._spawn_executor()
         self._start_heartbeat()
+        threading.Thread(target=self._watch_main, name="xjobs-watch", daemon=True).start()
         if self.options.notify and self.engine.features.listen_notify:
             self._listener = WakeListener(
                 engine=self.engine, label=f"xjobs:{self.worker_id}:listen",
@@ -326,9 +328,6 @@ class Worker:
         notified, self._notified = self._notified, False
         self._settle()
         now = clock.monotonic()
-        if now - self._last_watch >= WATCH_EVERY:
-            self._last_watch = now
-            self._watch()
         if self._stopping:
             return self._drain_step()
         claimed = None
@@ -356,8 +355,6 @@ class Worker:
         if self._finished:
             timeout = min(timeout, max(0.0, self._finished_since + self.settings.ack_interval
                                        - now))
-        if self._runs:  # timeouts and the self-fence are checked every WATCH_EVERY at worst
-            timeout = min(timeout, WATCH_EVERY)
         return timeout
 
     def prefetch(self) -> int:
@@ -650,14 +647,31 @@ class Worker:
             log.debug("job %s (%s) attempt %d -> %s", job.id, job.name, job.attempt, state)
 
     # ------------------------------------------------------------------ 2. watch --
-    def _watch(self) -> None:
+    def _watch_main(self) -> None:
+        """Step 2 every WATCH_EVERY, off the loop thread: the loop blocks in claims and settles,
+        and a database that stops answering must not let a run outlive its lease or timeout."""
+        while not self._stop_threads.wait(WATCH_EVERY):
+            if faults.armed:
+                faults.hit("worker:watch")
+            try:
+                if self._watch():
+                    self._wake.set()
+            except Exception:  # pragma: no cover - a bug here must not end the watch
+                log.exception("watch failed")
+
+    def _watch(self) -> bool:
+        """Stop what must stop; whether anything was stopped (the loop then settles it)."""
         now = clock.monotonic()
         lease = self.options.lease
-        for run in list(self._runs.values()):
+        stopped = False
+        with self._lock:
+            runs = list(self._runs.values())
+        for run in runs:
             if run.phase not in (QUEUED, RUNNING):
                 continue
             if run.deadline is not None and now >= run.deadline and run.phase == RUNNING:
                 timeout = run.definition.timeout if run.definition else 0
+                stopped = True
                 self.stats["timeouts"] += 1
                 self._stop_run(run, "timeout", Retry(
                     error=f"TimeoutError: {run.job.name} ran longer than its timeout "
@@ -667,9 +681,11 @@ class Worker:
             elif run.slot is not None and now - run.slot_renewed_at >= self._slot_ttl:
                 # The self-fence of a slot: a hung heartbeat cannot renew it, and past its TTL
                 # another worker may take it.
+                stopped = True
                 self._slot_lost(run, f"no slot renewal for {now - run.slot_renewed_at:.1f}s "
                                      f"(SLOT_TTL {self._slot_ttl:g}s)")
             elif now - run.renewed_at >= lease:
+                stopped = True
                 self.stats["self_fenced"] += 1
                 log.error("job %s (%s): no lease renewal for %.1fs (lease %gs); stopping the run "
                           "and handing the job back", run.job.id, run.job.name,
@@ -686,6 +702,7 @@ class Worker:
             log.error("heartbeat thread stuck in a statement for %gs: replacing it", lease)
             self.stats["heartbeat_replaced"] += 1
             self._start_heartbeat()
+        return stopped
 
     def _unsettled(self) -> list[Run]:
         with self._lock:

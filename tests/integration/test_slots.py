@@ -362,9 +362,10 @@ def test_a_run_that_finishes_after_its_slot_lapsed_never_writes_its_result(caplo
     def hang_heartbeat(point: str) -> None:
         release.wait(10)  # no slot renewal lands from here on
 
-    def hang_loop(point: str) -> None:
-        # The loop is busy elsewhere (a slow claim), so its watch cannot stop the run in time:
-        # the run's own outcome is what must be refused.
+    def slow_watch(point: str) -> None:
+        # The watch comes too late (the process was frozen, and the executor thread got the
+        # CPU first), so it cannot stop the run in time: the run's own outcome is what must
+        # be refused.
         if started.is_set():
             time.sleep(2)
 
@@ -374,7 +375,7 @@ def test_a_run_that_finishes_after_its_slot_lapsed_never_writes_its_result(caplo
             running_worker(concurrency=1) as worker:
         wait_until(lambda: effects(handle, "start"), message="the run to start")
         faults.inject_hook("before:slots_renew_if_held", hang_heartbeat, times=None)
-        faults.inject_hook("before:jobs_claim", hang_loop, times=None)
+        faults.inject_hook("worker:watch", slow_watch, times=None)
         started.set()
         try:
             wait_until(lambda: effects(handle, "end"), message="the run to end")
@@ -402,7 +403,7 @@ def test_a_step_that_ends_after_its_runs_slot_lapsed_is_not_recorded():
     def hang_heartbeat(point: str) -> None:
         release.wait(10)
 
-    def hang_loop(point: str) -> None:
+    def slow_watch(point: str) -> None:  # as above: the step's write must be refused
         if started.is_set():
             time.sleep(2)
 
@@ -412,7 +413,7 @@ def test_a_step_that_ends_after_its_runs_slot_lapsed_is_not_recorded():
         wait_until(lambda: Job.objects.filter(pk=handle.id, state="running").exists(),
                    message="the run to start")
         faults.inject_hook("before:slots_renew_if_held", hang_heartbeat, times=None)
-        faults.inject_hook("before:jobs_claim", hang_loop, times=None)
+        faults.inject_hook("worker:watch", slow_watch, times=None)
         started.set()
         try:
             wait_until(lambda: effects(handle, "work"), message="the step's code to end")

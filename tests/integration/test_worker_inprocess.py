@@ -27,6 +27,7 @@ from django_xjobs.engines import get_engine
 from django_xjobs.middleware import EnqueuedByMiddleware
 from django_xjobs.models import Job
 from django_xjobs.testing import drain
+from tests.conftest import wait_until
 from tests.testapp import jobs as testapp_jobs
 from tests.testapp.models import Effect
 
@@ -426,3 +427,53 @@ def test_a_job_enqueued_without_a_trace_runs_in_a_root_span(span_exporter):
                if s.name == "xjobs testapp.trace_probe"]
     assert span.parent is None
     assert handle.get().result["traceparent"] is None
+
+
+# ---------------------------------------------------------------------- the self-fence --
+
+
+def test_a_worker_whose_database_stops_answering_stops_its_runs_after_a_lease():
+    """The heartbeat AND the loop's own statements hang (the database host is unreachable):
+    the watch runs on a thread of its own, so the run is still stopped once a whole lease
+    passed without renewal, before another worker can re-claim the job and run it twice."""
+    from django_xjobs import faults
+    from django_xjobs.worker.loop import Worker, WorkerOptions
+
+    release = threading.Event()
+    worker = Worker(WorkerOptions.from_settings(
+        concurrency=2, prefetch=0, install_signals=False, notify=False, duties=(),
+        lease=1.5, heartbeat=0.5, poll_interval=0.2))
+    loop = threading.Thread(target=worker.run, daemon=True, name="test-worker-loop")
+
+    def hang(point: str) -> None:
+        name = threading.current_thread().name
+        if name == loop.name or name.startswith("xjobs-heartbeat"):
+            release.wait(30)
+
+    handle = testapp_jobs.sleepy_polite.enqueue(seconds=30)
+    loop.start()
+    try:
+        wait_for = time.monotonic() + 15
+        while not starts(handle.id) and time.monotonic() < wait_for:
+            time.sleep(0.02)
+        assert starts(handle.id) == [1]
+        faults.inject_hook("before:jobs_renew_if_owned", hang, times=None)
+        faults.inject_hook("before:jobs_claim", hang, times=None)
+        faults.inject_hook("before:jobs_requeue_if_owned", hang, times=None)
+        stopped_by = time.monotonic() + 10
+        while worker.stats["self_fenced"] == 0 and time.monotonic() < stopped_by:
+            time.sleep(0.05)
+
+        assert worker.stats["self_fenced"] == 1, dict(worker.stats)
+        # The code saw the stop (ctx.cancelled) and returned early.
+        end = wait_until(lambda: Effect.objects.filter(job_id=str(handle.id), kind="end").first(),
+                         timeout=5, message="the run to return")
+        assert end.attempt == 1
+    finally:
+        faults.clear()
+        release.set()
+        worker.stop("test over")
+        loop.join(timeout=30)
+    # Once the database answers again, the job is handed back without spending an attempt.
+    row = handle.get()
+    assert row.state in ("ready", "running", "done"), row.state
