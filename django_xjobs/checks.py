@@ -134,8 +134,32 @@ def check_schedule(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return [checks.Error(p.message, hint="See docs/scheduling.md", id=p.id) for p in problems]
 
 
+def check_job_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """With XJOBS["QUEUES"] given, a job whose queue it does not list runs only on a worker
+    started with --queue for it: say so at startup rather than let its jobs wait unseen."""
+    try:
+        settings = conf.build(_raw())
+    except ConfigurationError:
+        return []  # check_settings reports it
+    from . import registry
+
+    by_queue: dict[str, list[str]] = {}
+    for name, queue in registry.unworked_jobs(settings).items():
+        by_queue.setdefault(queue, []).append(name)
+    return [
+        checks.Warning(
+            f"queue {queue!r} (jobs {', '.join(names)}) is not in XJOBS['QUEUES'] "
+            f"{list(settings.queues)}: a worker started without --queue never runs these jobs",
+            hint=f"Add {queue!r} to XJOBS['QUEUES'], or run xjobs_worker --queue {queue}.",
+            id="xjobs.W010",
+        )
+        for queue, names in sorted(by_queue.items())
+    ]
+
+
 def register() -> None:
     checks.register(check_settings, "django_xjobs")
+    checks.register(check_job_queues, "django_xjobs")
     checks.register(check_concurrency, "django_xjobs")
     checks.register(check_schedule, "django_xjobs")
     checks.register(check_backfills, "django_xjobs")

@@ -118,6 +118,9 @@ def _outbox_settings(raw: Mapping[str, Any], poll_interval: float) -> OutboxSett
 class XJobsSettings:
     database: str = "default"
     queues: tuple[str, ...] = ("default",)
+    # Whether XJOBS["QUEUES"] was given. If not, a worker works "default" and every queue a
+    # registered job names (registry.worked_queues), so @job(queue="emails") needs no setting.
+    queues_given: bool = False
     # Per-queue cap on the runs one worker holds at once (unset: only the worker's total).
     queue_concurrency: Mapping[str, int] = field(default_factory=dict)
     concurrency: int = 10
@@ -285,6 +288,7 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
     return XJobsSettings(
         database=database,
         queues=queues,
+        queues_given="QUEUES" in raw,
         queue_concurrency=queue_concurrency,
         concurrency=_positive_int(raw, "CONCURRENCY", 10),
         prefetch=prefetch,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import conf
+from . import conf, registry
 from .engines import get_engine
 from .exceptions import ConfigurationError
 from .records import TERMINAL_STATES, QueueStats, TableHealth, XminHolder
@@ -360,7 +360,7 @@ def queue_rows(tenants: TenantScope = None) -> list[QueueRow]:
         for row in finished.order_by().values("queue").annotate(n=Count("id")):
             recent[(row["queue"], state)] = row["n"]
     queues = sorted(set(stats) | {q for q, _ in recent} | set(
-        conf.get().queues if tenants is None else ()))
+        registry.worked_queues() if tenants is None else ()))
     rows = []
     for q in queues:
         s = stats.get(q) or QueueStats(queue=q)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
+from . import conf
 from .conf import NAME_RE, parse_duration
 from .exceptions import ConfigurationError, DuplicateJobName, UnknownJob
 
@@ -222,6 +223,27 @@ def lookup(name: str) -> Job | None:
 
 def all_jobs() -> dict[str, Job]:
     return dict(_jobs)
+
+
+def worked_queues(settings: conf.XJobsSettings | None = None) -> tuple[str, ...]:
+    """The queues a worker started without ``--queue`` works.
+
+    ``XJOBS["QUEUES"]`` when the project gives it (operators then choose); otherwise
+    ``"default"`` and every queue a registered job names (``jobs.py``, backfills, django.tasks
+    tasks), so ``@job(queue="emails")`` runs on a plain ``manage.py xjobs_worker``.
+    """
+    settings = settings or conf.get()
+    if settings.queues_given:
+        return settings.queues
+    named = sorted({job.queue for job in _jobs.values()} - set(settings.queues))
+    return (*settings.queues, *named)
+
+
+def unworked_jobs(settings: conf.XJobsSettings | None = None) -> dict[str, str]:
+    """Registered jobs whose queue a worker started without ``--queue`` does not work:
+    name -> queue (only possible when XJOBS["QUEUES"] is given)."""
+    worked = set(worked_queues(settings))
+    return {name: job.queue for name, job in sorted(_jobs.items()) if job.queue not in worked}
 
 
 def unregister(name: str) -> None:

@@ -737,7 +737,7 @@ class XJobsBackend(BaseTaskBackend):
                 id="xjobs.T002",
             ))
         try:
-            worked = set(conf.get().queues)
+            worked = set(registry.worked_queues())
         except ConfigurationError:
             return messages  # reported by django-xjobs' own check (xjobs.E001)
         idle = sorted(set(self.queues) - worked - set(bad))

@@ -53,7 +53,8 @@ def handle(command: Any, options: dict[str, Any], as_json: bool) -> None:
     if as_json:
         command._emit({"action": action, "task": _task_dict(info)})
     else:
-        state = "paused" if info.paused else f"next fire {_when(info.next_fire_at)}"
+        state = ("paused" if info.paused
+                 else f"active; next fire {_when(info.next_fire_at)}")
         command.stdout.write(f"{action}: task {info.name} is now {state}")
 
 

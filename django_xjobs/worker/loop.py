@@ -119,7 +119,7 @@ class WorkerOptions:
     def from_settings(cls, **overrides: object) -> WorkerOptions:
         s = conf.get()
         values: dict[str, object] = {
-            "queues": s.queues,
+            "queues": registry.worked_queues(s),
             "concurrency": s.concurrency,
             "prefetch": s.prefetch,
             "lease": s.lease,

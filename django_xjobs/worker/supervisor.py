@@ -7,7 +7,9 @@ The supervisor starts N ordinary worker processes (the same command, one process
   kill), with a backoff that grows while children keep dying young, so a poison job cannot
   turn into a fork loop (the job itself ends ``dead`` after ``max_attempts`` lapsed leases);
 * forwards the first SIGTERM/SIGINT to every child (each finishes its in-flight jobs within its
-  grace period) and waits for them; a second signal is forwarded too, and children exit at once.
+  grace period) and waits for them; a second signal is forwarded too, and children exit at once;
+* with ``--burst``, lets a child that exits 0 (nothing left to do) stay gone, and exits once
+  every child has.
 
 Children are separate interpreters (not forks of this one): no database connection, thread or
 lock is ever shared across a fork.
@@ -32,9 +34,10 @@ MAX_BACKOFF = 30.0
 
 class Supervisor:
     def __init__(self, child_args: Sequence[str], processes: int,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, *, burst: bool = False) -> None:
         self.child_args = list(child_args)
         self.processes = processes
+        self.burst = burst
         self.env = env if env is not None else dict(os.environ)
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.started_at: dict[int, float] = {}
@@ -70,6 +73,11 @@ class Supervisor:
                     code = proc.poll()
                     if code is None:
                         continue
+                    if self.burst and code == 0:  # its burst is over: nothing left to do
+                        del self.children[slot]
+                        log.info("supervisor: worker process %d (pid %d) finished its burst",
+                                 slot, proc.pid)
+                        continue
                     lived = time.monotonic() - self.started_at[slot]
                     self._backoff = (min(MAX_BACKOFF, max(1.0, self._backoff * 2))
                                      if lived < MIN_UPTIME else 0.0)
@@ -83,6 +91,8 @@ class Supervisor:
                         break
                     self.restarts += 1
                     self._spawn(slot)
+                if not self.children:
+                    return 0
                 time.sleep(0.1)
         finally:
             for s, handler in previous.items():

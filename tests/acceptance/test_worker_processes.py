@@ -60,3 +60,27 @@ def test_n_processes_share_the_queue_and_a_dead_child_is_replaced(spawn_worker):
     assert wait_exit(supervisor) == 0
     wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in children),
                timeout=SETTLE, message="every worker process to be gone")
+
+
+def test_n_processes_in_burst_mode_drain_the_queue_and_exit(spawn_worker):
+    """Each child exits 0 once nothing is left to do; the supervisor does not restart it and
+    exits 0 when every child has (scripts and CI use --burst)."""
+    from tests.testapp import jobs
+
+    handles = [jobs.record.enqueue(tag=str(i)) for i in range(20)]
+    supervisor = spawn_worker("--processes", "2", "--burst", settings=FAST)
+
+    assert wait_exit(supervisor) == 0
+    assert {h.get().state for h in handles} == {"done"}
+    assert "restarting" not in supervisor.log()
+    assert supervisor.log().count("finished its burst") == 2
+
+
+def test_several_queues_follow_one_queue_flag(spawn_worker):
+    from tests.testapp import jobs
+
+    default, other = jobs.record.enqueue(tag="d"), jobs.on_other_queue.enqueue()
+    worker = spawn_worker("--burst", "--queue", "default", "other", settings=FAST)
+
+    assert wait_exit(worker) == 0
+    assert (default.get().state, other.get().state) == ("done", "done")

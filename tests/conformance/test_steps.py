@@ -63,6 +63,7 @@ def test_events_come_back_in_publication_order_after_the_cursor(engine):
     first = engine.event_publish("evt", '{"n": 1}', "k", 60_000)
     second = engine.event_publish("evt", '{"n": 2}', "k", 60_000)
     engine.event_publish("evt", '{"n": 3}', "other", 60_000)
+    assert first.expires_at - first.published_at == timedelta(seconds=60)
 
     found = engine.event_next(["evt"], "k", start, 0)
     assert (found.id, found.payload) == (first.id, {"n": 1})

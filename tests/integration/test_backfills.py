@@ -498,7 +498,8 @@ def test_a_start_after_a_pass_completed_begins_a_new_pass():
 
 
 def test_start_says_when_no_configured_queue_runs_the_pass():
-    out = run("start", "testapp.count_rows")
+    with xjobs(QUEUES=["default"]):
+        out = run("start", "testapp.count_rows")
 
     assert "started backfill testapp.count_rows: run" in out
     assert "queue 'backfills' is not in XJOBS['QUEUES']" in out
@@ -506,6 +507,9 @@ def test_start_says_when_no_configured_queue_runs_the_pass():
     with xjobs(QUEUES=["default", "backfills"]):
         run("cancel", str(Backfill.objects.get().run_id))
         assert "is not in XJOBS" not in run("start", "testapp.count_rows")
+    # Without XJOBS["QUEUES"], workers work every queue a registered job names.
+    run("cancel", str(Backfill.objects.filter(status="pending").get().run_id))
+    assert "is not in XJOBS" not in run("start", "testapp.count_rows")
 
 
 @pytest.mark.parametrize(("args", "fragment"), [

@@ -27,6 +27,15 @@ def test_no_xjobs_setting_at_all_passes_the_checks():
         assert xjobs_messages() == []
 
 
+def test_a_job_on_a_queue_the_queues_setting_leaves_out_is_a_warning_naming_it():
+    with override_settings(XJOBS={"QUEUES": ["default"]}):
+        messages = [m for m in xjobs_messages() if m.id == "xjobs.W010"]
+    other = [m for m in messages if "'other'" in m.msg]
+    assert len(other) == 1 and other[0].level == checks.WARNING
+    assert "testapp.on_other_queue" in other[0].msg
+    assert "--queue other" in other[0].hint
+
+
 @pytest.mark.parametrize(
     ("xjobs", "fragment"),
     [

@@ -9,8 +9,10 @@ from io import StringIO
 from uuid import uuid4
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.test import override_settings
 from django.utils import timezone
 
 from django_xjobs import api
@@ -386,12 +388,23 @@ def test_xjobs_worker_burst_drains_the_queue_and_returns():
     handles = [record.enqueue(tag=str(i)) for i in range(5)]
     handles.append(testapp_jobs.async_record.enqueue(tag="aio"))
     other = testapp_jobs.on_other_queue.enqueue()
-    call_command("xjobs_worker", "--burst", "--concurrency", "2", "--worker-id", "tests:burst",
-                 stdout=StringIO(), stderr=StringIO())
+    with override_settings(XJOBS={**settings.XJOBS, "QUEUES": ["default"]}):
+        call_command("xjobs_worker", "--burst", "--concurrency", "2", "--worker-id",
+                     "tests:burst", stdout=StringIO(), stderr=StringIO())
     rows = [h.get() for h in handles]
     assert [r.state for r in rows] == ["done"] * 6
     assert {r.claimed_by for r in rows} == {"tests:burst"}
     assert other.get().state == "ready"  # "other" is not in XJOBS["QUEUES"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_a_queues_setting_a_worker_works_every_queue_a_job_names():
+    """@job(queue="other") runs on a plain `manage.py xjobs_worker` (the README quickstart)."""
+    assert "QUEUES" not in settings.XJOBS
+    default = record.enqueue(tag="default")
+    other = testapp_jobs.on_other_queue.enqueue()
+    call_command("xjobs_worker", "--burst", stdout=StringIO(), stderr=StringIO())
+    assert (default.get().state, other.get().state) == ("done", "done")
 
 
 @pytest.mark.django_db(transaction=True)

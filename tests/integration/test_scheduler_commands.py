@@ -101,7 +101,7 @@ def test_pause_and_resume_from_the_command_line():
     assert SchedulerState.objects.get(task_name="ticker").paused
 
     text = xjobs("schedule", "resume", "ticker")
-    assert text.strip() == "resume: task ticker is now next fire 2026-05-04T10:07:40+00:00"
+    assert text.strip() == "resume: task ticker is now active; next fire 2026-05-04T10:07:40+00:00"
     state = SchedulerState.objects.get(task_name="ticker")
     assert not state.paused and state.last_fired_at == NOW
 

@@ -226,8 +226,8 @@ def test_a_claimed_batch_takes_its_slots_and_hands_back_its_refusals_in_one_stat
     hold_slots("slot:full", 2, 2)
     refused = [jobs.slotted.enqueue(group="full", seconds=0) for _ in range(6)]
 
-    with counting(*SLOT_STATEMENTS) as counts:
-        stats = drain(concurrency=8, prefetch=0)
+    with counting(*SLOT_STATEMENTS) as counts:  # one queue: the whole batch in one claim
+        stats = drain(["default"], concurrency=8, prefetch=0)
 
     assert stats["slot_refused"] == 6
     assert counts["slots_acquire"] == 1
@@ -239,8 +239,8 @@ def test_a_claimed_batch_takes_its_slots_and_hands_back_its_refusals_in_one_stat
 def test_the_slots_of_a_batch_are_released_in_one_statement():
     handles = [jobs.slotted.enqueue(group=str(i), seconds=0.2) for i in range(6)]
 
-    with counting(*SLOT_STATEMENTS) as counts:
-        drain(concurrency=8, prefetch=0)
+    with counting(*SLOT_STATEMENTS) as counts:  # one queue: the whole batch in one claim
+        drain(["default"], concurrency=8, prefetch=0)
 
     assert {h.get().state for h in handles} == {"done"}
     assert counts["slots_acquire"] == 1

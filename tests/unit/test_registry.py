@@ -263,3 +263,32 @@ def test_unregister_forgets_a_job():
 
     registry.unregister("t.forget_me")
     assert registry.lookup("t.forget_me") is None
+
+
+# ------------------------------------------------------------------------ worked queues --
+
+
+def test_without_a_queues_setting_workers_work_default_and_every_queue_a_job_names():
+    from django_xjobs import conf
+
+    @job(name="tests.to_mail", queue="emails")
+    def to_mail(ctx):
+        return None
+
+    worked = registry.worked_queues(conf.build({}))
+    assert worked[0] == "default"  # first, then the others in name order
+    assert {"emails", "other"} <= set(worked)
+    assert registry.unworked_jobs(conf.build({})) == {}
+
+
+def test_a_queues_setting_is_taken_as_given_and_the_jobs_it_leaves_out_are_named():
+    from django_xjobs import conf
+
+    @job(name="tests.to_mail", queue="emails")
+    def to_mail(ctx):
+        return None
+
+    given = conf.build({"QUEUES": ["default", "other"]})
+    assert registry.worked_queues(given) == ("default", "other")
+    assert registry.unworked_jobs(given)["tests.to_mail"] == "emails"
+    assert "testapp.noop" not in registry.unworked_jobs(given)

@@ -559,12 +559,13 @@ class PostgresEngine(Engine):
     def event_publish(
         self, name: str, payload_json: str, correlation_key: str | None, ttl_ms: int
     ) -> EventRecord:
-        id_, published_at = self._run(S.EVENT_PUBLISH, {
+        id_, published_at, expires_at = self._run(S.EVENT_PUBLISH, {
             "name": name, "payload": payload_json, "correlation_key": correlation_key,
             "ttl_ms": ttl_ms,
         }, fetch="one")
         return EventRecord(id=id_, name=name, payload=_decode_json(payload_json),
-                           correlation_key=correlation_key, published_at=published_at)
+                           correlation_key=correlation_key, published_at=published_at,
+                           expires_at=expires_at)
 
     def event_wake_waiters(self, name: str, correlation_key: str | None) -> int:
         woken, _queues = self._run(S.EVENT_WAKE_WAITERS, {

@@ -641,7 +641,7 @@ and the lock's order agree (a waiter's started_at is taken under the same lock).
 insert into x_job_events (name, payload, correlation_key, published_at, expires_at)
 values (%(name)s, %(payload)s::jsonb, %(correlation_key)s, clock_timestamp(),
         clock_timestamp() + %(ttl_ms)s::bigint * interval '1 millisecond')
-returning id, published_at
+returning id, published_at, expires_at
 """,
 )
 

@@ -20,7 +20,7 @@ from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import backfills, conf
+from ... import backfills, registry
 from ...exceptions import ConfigurationError, LiveJobExists, XJobsError
 from ...records import BACKFILL_STATUSES, BackfillRecord
 
@@ -150,7 +150,7 @@ class Command(BaseCommand):
         handle = backfills.start(name, batch_size=options["batch_size"],
                                  throttle=options["throttle"])
         definition = backfills.get(name)
-        queues = conf.get().queues
+        queues = registry.worked_queues()
         if as_json:
             self._emit({"name": handle.name, "run_id": handle.run_id, "job_id": handle.job_id,
                         "created": handle.created, "queue": definition.queue,

@@ -44,13 +44,17 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--queue", "-q", action="append", dest="queues", metavar="QUEUE",
-                            help="queue to work (repeat for several); default: XJOBS['QUEUES']")
+        parser.add_argument("--queue", "-q", action="extend", nargs="+", dest="queues",
+                            metavar="QUEUE",
+                            help="queue(s) to work: --queue a b, or --queue a --queue b; "
+                                 "default: XJOBS['QUEUES'], else 'default' and every queue a "
+                                 "registered job names")
         parser.add_argument("--concurrency", "-c", type=int,
                             help="executor threads; default XJOBS['CONCURRENCY']")
         parser.add_argument("--prefetch", type=_prefetch,
                             help="jobs claimed ahead of free threads; default XJOBS['PREFETCH']")
-        parser.add_argument("--lease", help="lease length, e.g. 30s; default XJOBS['LEASE']")
+        parser.add_argument("--lease", help="lease length, e.g. 30s, at least 3 x the heartbeat "
+                                            "interval; default XJOBS['LEASE']")
         parser.add_argument("--heartbeat", help="renewal interval; default XJOBS['HEARTBEAT']")
         parser.add_argument("--poll-interval",
                             help="poll when idle; default XJOBS['POLL_INTERVAL']")
@@ -104,7 +108,8 @@ class Command(BaseCommand):
         if options["processes"] < 1:
             raise CommandError("--processes must be >= 1")
         if options["processes"] > 1:
-            code = Supervisor(_child_args(options), options["processes"], _child_env()).run()
+            code = Supervisor(_child_args(options), options["processes"], _child_env(),
+                              burst=options["burst"]).run()
             if code:
                 raise CommandError("a worker process exited with an error")
             return
