@@ -119,16 +119,22 @@ class JobContext:
 
 async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     """Database work of an async job, off the event loop, in a thread that looks after its Django
-    connections as the executor threads do: one the server dropped, or that failed, or that
-    outlived CONN_MAX_AGE, is closed before and after, so one dropped connection costs no more
-    than the call that met it (the event loop's pool threads live as long as the worker)."""
-    from django.db import close_old_connections
+    connections: a connection that failed (the server dropped it, the network broke) is closed
+    after the call that met it, so the next call reconnects, and one whose health check fails
+    (CONN_HEALTH_CHECKS) is replaced before. The event loop's pool threads live as long as the
+    worker, so without this one dropped connection would fail every later call on its thread.
+    Healthy connections stay open across calls (closing them per call would open a connection
+    for every step with CONN_MAX_AGE = 0)."""
+    from django.db import connections
 
     def call() -> Any:
-        close_old_connections()
+        for conn in connections.all(initialized_only=True):
+            conn.close_if_health_check_failed()
         try:
             return fn(*args)
         finally:
-            close_old_connections()
+            for conn in connections.all(initialized_only=True):
+                if conn.errors_occurred:
+                    conn.close_if_unusable_or_obsolete()
 
     return await asyncio.to_thread(call)
