@@ -680,6 +680,25 @@ select (select count(*) from woken),
 """,
 )
 
+def _event_next_sql(key_filter: str) -> str:
+    """The text of event_next and event_next_keyed, which differ by one filter only."""
+    return f"""
+select e.id, e.name, e.payload, e.published_at
+  from unnest(%(names)s::text[]) as n(name)
+  cross join lateral (
+      select id, name, payload, published_at
+        from x_job_events
+       where name = n.name{key_filter}
+         and expires_at > now()
+         and (published_at, id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+       order by published_at, id
+       limit 1
+  ) e
+ order by e.published_at, e.id
+ limit 1
+"""
+
+
 EVENT_NEXT = Statement(
     "event_next",
     why="""
@@ -691,21 +710,7 @@ One ordered probe of the (name, published_at, id) index per name (wait_for_any n
 then the earliest of those: `name = any(...)` over the index cannot return rows in publication
 order, so the planner read and sorted every event of the name since the wait began.
 """,
-    sql="""
-select e.id, e.name, e.payload, e.published_at
-  from unnest(%(names)s::text[]) as n(name)
-  cross join lateral (
-      select id, name, payload, published_at
-        from x_job_events
-       where name = n.name
-         and expires_at > now()
-         and (published_at, id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
-       order by published_at, id
-       limit 1
-  ) e
- order by e.published_at, e.id
- limit 1
-""",
+    sql=_event_next_sql(""),
 )
 
 EVENT_NEXT_KEYED = Statement(
@@ -717,22 +722,7 @@ such a filter as an index condition, and would walk every event of the name publ
 wait began (a week of other customers' events) instead of the (name, key, published_at) index.
 One probe per name, as in event_next.
 """,
-    sql="""
-select e.id, e.name, e.payload, e.published_at
-  from unnest(%(names)s::text[]) as n(name)
-  cross join lateral (
-      select id, name, payload, published_at
-        from x_job_events
-       where name = n.name
-         and correlation_key = %(correlation_key)s
-         and expires_at > now()
-         and (published_at, id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
-       order by published_at, id
-       limit 1
-  ) e
- order by e.published_at, e.id
- limit 1
-""",
+    sql=_event_next_sql("\n         and correlation_key = %(correlation_key)s"),
 )
 
 EVENTS_LIST = Statement(
