@@ -635,12 +635,14 @@ EVENT_PUBLISH = Statement(
     "event_publish",
     why="""
 Store an event. published_at is the clock time under the event lock, so publication order
-and the lock's order agree (a waiter's started_at is taken under the same lock).
+and the lock's order agree (a waiter's started_at is taken under the same lock). The clock is
+read once: two calls of clock_timestamp() differ, and the TTL would come out a microsecond off.
 """,
     sql="""
 insert into x_job_events (name, payload, correlation_key, published_at, expires_at)
-values (%(name)s, %(payload)s::jsonb, %(correlation_key)s, clock_timestamp(),
-        clock_timestamp() + %(ttl_ms)s::bigint * interval '1 millisecond')
+select %(name)s, %(payload)s::jsonb, %(correlation_key)s, t.at,
+       t.at + %(ttl_ms)s::bigint * interval '1 millisecond'
+  from (select clock_timestamp() as at) t
 returning id, published_at, expires_at
 """,
 )
