@@ -269,3 +269,78 @@ def test_get_follows_override_settings():
         assert WorkerOptions.from_settings().queues == ("a", "b")
     assert conf.get() == before
     assert conf.get().queues != ("a", "b")
+
+
+# ------------------------------------------------------------------ every problem at once --
+# The system check turns each problem into its own xjobs.E001, so one `manage.py check` shows
+# every mistake of the XJOBS dict instead of one per edit-and-rerun
+# (tests/integration/test_checks.py::test_manage_py_check_lists_every_bad_xjobs_key).
+
+THREE_BAD = {"LEASE": "soon", "NOTIFY": "yes", "QUEUES": []}
+
+
+def test_validate_lists_every_bad_key_not_only_the_first():
+    problems = conf.validate(THREE_BAD)
+    assert len(problems) == 3
+    for key in ('XJOBS["LEASE"]', 'XJOBS["NOTIFY"]', 'XJOBS["QUEUES"]'):
+        assert len([p for p in problems if key in p]) == 1, (key, problems)
+
+
+def test_each_problem_reads_as_the_key_alone_would_be_refused():
+    problems = conf.validate(THREE_BAD)
+    for key, value in THREE_BAD.items():
+        with pytest.raises(ConfigurationError) as info:
+            conf.build({key: value})
+        assert str(info.value) in problems
+
+
+def test_build_still_raises_and_its_message_names_every_bad_key():
+    with pytest.raises(ConfigurationError) as info:
+        conf.build(THREE_BAD)
+    for problem in conf.validate(THREE_BAD):
+        assert problem in str(info.value)
+
+
+@pytest.mark.parametrize("raw", [None, {}, {"LEASE": "1m", "HEARTBEAT": "15s"}])
+def test_validate_of_good_settings_finds_nothing(raw):
+    assert conf.validate(raw) == []
+
+
+def test_validate_of_an_xjobs_that_is_not_a_dict_is_one_problem():
+    assert len(conf.validate(["QUEUES"])) == 1
+    assert "XJOBS must be a dict" in conf.validate(["QUEUES"])[0]
+
+
+def test_an_unknown_key_and_a_bad_value_are_reported_together():
+    problems = conf.validate({"LEASES": "30s", "MAX_ATTEMPTS": 0})
+    assert len(problems) == 2
+    assert "LEASES" in problems[0] and "MAX_ATTEMPTS" in problems[1]
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        # The relation between two keys is judged only when both were read: a rule checked
+        # against the default of an unreadable key would report a mistake nobody made.
+        ({"LEASE": "soon", "HEARTBEAT": "15s"}, "LEASE"),
+        ({"HEARTBEAT": "soon", "LEASE": "6s"}, "HEARTBEAT"),
+        ({"RETRY_BASE": "soon", "RETRY_CAP": "1s"}, "RETRY_BASE"),
+        ({"LEADER_LEASE": "soon", "LEADER_RENEW": "6s"}, "LEADER_LEASE"),
+        ({"LEASE": "soon", "HEARTBEAT": "15s", "SLOT_TTL": "45s"}, "LEASE"),
+        ({"POLL_INTERVAL": "soon", "OUTBOX": {"BATCH_SIZE": 10}}, "POLL_INTERVAL"),
+    ],
+)
+def test_an_unreadable_key_is_not_also_blamed_on_the_keys_it_relates_to(raw, key):
+    problems = conf.validate(raw)
+    assert len(problems) == 1, problems
+    assert f'XJOBS["{key}"]' in problems[0]
+
+
+def test_every_bad_schedule_entry_is_its_own_problem():
+    problems = conf.validate({"SCHEDULE": {
+        "nightly": {"job": "app.fn", "cron": "0 3 * * *"},
+        "no-cron": {"job": "app.fn"},
+        "not-a-dict": ["app.fn"],
+    }})
+    assert len(problems) == 2, problems
+    assert "'no-cron'" in problems[0] and "'not-a-dict'" in problems[1]
