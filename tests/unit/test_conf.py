@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.test import override_settings
@@ -344,3 +348,29 @@ def test_every_bad_schedule_entry_is_its_own_problem():
     }})
     assert len(problems) == 2, problems
     assert "'no-cron'" in problems[0] and "'not-a-dict'" in problems[1]
+
+
+# -------------------------------------------------------------------- the documented defaults --
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def documented_defaults(page: str) -> dict:
+    """The ``XJOBS = {...}`` of the page's "## Settings" section, as Python reads it."""
+    text = (ROOT / "docs" / page).read_text()
+    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```python\n(XJOBS = \{.*?\n\})\n```", section, re.S)
+    assert block, f"no XJOBS block in the Settings section of docs/{page}"
+    return ast.literal_eval(block.group(1).split("=", 1)[1])
+
+
+def test_the_documented_defaults_are_the_defaults():
+    # docs/guide.md once said "PREFETCH": 10 where the default is "auto". Each documented value,
+    # given alone, must make the very settings no value makes (QUEUES given only records that it
+    # was given: queues_given).
+    documented = {**documented_defaults("scheduling.md"), **documented_defaults("guide.md")}
+    assert set(documented) == conf._KNOWN_KEYS
+    default = dataclasses.replace(conf.build({}), raw={}, queues_given=False)
+    for key, value in documented.items():
+        built = dataclasses.replace(conf.build({key: value}), raw={}, queues_given=False)
+        assert built == default, f"docs say XJOBS[{key!r}] defaults to {value!r}"
