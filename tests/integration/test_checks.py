@@ -188,6 +188,7 @@ def every_kind_of_check_message(monkeypatch) -> list[checks.CheckMessage]:
 
 def test_every_hint_says_the_fix_and_links_the_published_docs(monkeypatch):
     from django_xjobs.conf import DOCS_URL
+    from tests.unit.test_package_metadata import published_page_exists
 
     messages = every_kind_of_check_message(monkeypatch)
     assert {m.id for m in messages} == CHECK_IDS
@@ -195,5 +196,6 @@ def test_every_hint_says_the_fix_and_links_the_published_docs(monkeypatch):
         assert m.hint, m
         # A pip user has no docs/ directory: a page is named by its published address only.
         assert m.hint.count("docs/") == m.hint.count(DOCS_URL) == 1, m
-        fix = m.hint.split(DOCS_URL)[0]
+        fix, _, page = m.hint.partition(DOCS_URL)
         assert len(fix.split()) >= 6, m  # words that say what to do, not only "see <link>"
+        assert published_page_exists(DOCS_URL + page.split()[0].rstrip(".")), m
