@@ -27,8 +27,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     if problems:
         return [checks.Error(
             problem,
-            hint="Correct or remove this key of XJOBS in your settings; every key with its "
-                 f"default: {DOCS_URL}guide.md#settings",
+            hint="Fix the value named above in the XJOBS dict of your settings (every key is "
+                 "optional: removing one restores its default). Every key with its default: "
+                 f"{DOCS_URL}guide.md#settings",
             id="xjobs.E001",
         ) for problem in problems]
     settings = conf.build(_raw())
