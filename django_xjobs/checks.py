@@ -1,5 +1,10 @@
 """System checks: a bad ``XJOBS`` setting stops ``runserver``, ``migrate`` and ``xjobs_worker``
-at startup with a message that names the key, instead of surfacing in a worker at 3 a.m."""
+at startup with a message that names the key, instead of surfacing in a worker at 3 a.m.
+
+Every hint says the fix in words and links the published documentation (``conf.DOCS_URL``): a
+project that installed the package from PyPI has no ``docs/`` directory to look in
+(tests/integration/test_checks.py::test_every_hint_says_the_fix_and_links_the_published_docs).
+"""
 
 from __future__ import annotations
 
@@ -9,20 +14,32 @@ from django.core import checks
 from django.db import connections
 
 from . import conf
+from .conf import DOCS_URL
 from .exceptions import ConfigurationError
+
+POSTGRESQL = "django.db.backends.postgresql"
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    try:
-        settings = conf.build(_raw())
-    except ConfigurationError as exc:
+    # One error per bad key: all of them at once, not one per edit-and-rerun
+    # (tests/integration/test_checks.py::test_manage_py_check_lists_every_bad_xjobs_key).
+    problems = conf.validate(_raw())
+    if problems:
         return [checks.Error(
-            str(exc), hint="See the Settings section of docs/guide.md", id="xjobs.E001"
-        )]
+            problem,
+            hint="Fix the value named above in the XJOBS dict of your settings (every key is "
+                 "optional: removing one restores its default). Every key with its default: "
+                 f"{DOCS_URL}guide.md#settings",
+            id="xjobs.E001",
+        ) for problem in problems]
+    settings = conf.build(_raw())
     errors: list[checks.CheckMessage] = []
     if settings.database not in connections.settings:
         errors.append(checks.Error(
             f'XJOBS["DATABASE"] = {settings.database!r} is not in DATABASES',
+            hint=f"Set XJOBS[\"DATABASE\"] to one of {sorted(connections.settings)}, or add "
+                 f"{settings.database!r} to DATABASES. See "
+                 f"{DOCS_URL}transactional-enqueue.md#a-separate-jobs-database-the-router",
             id="xjobs.E002",
         ))
     else:
@@ -31,10 +48,31 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             errors.append(checks.Error(
                 f'XJOBS["DATABASE"] = {settings.database!r} uses {engine!r}; django-xjobs '
                 "needs PostgreSQL for the job tables",
+                hint=f'Point XJOBS["DATABASE"] at an alias whose ENGINE is "{POSTGRESQL}" '
+                     f"(PostgreSQL 14 or later). See {DOCS_URL}guide.md#install",
                 id="xjobs.E003",
             ))
     errors.extend(_check_outbox(settings))
     return errors
+
+
+def check_console(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The console's jobs list filters dates with django-admin-rangefilter, whose templates
+    Django finds only when "rangefilter" is an installed app: without it the page fails with
+    TemplateDoesNotExist. Only the admin needs it, so only the admin's checks run this (the
+    worker, which runs the django_xjobs checks alone, starts without it)."""
+    from django.apps import apps
+
+    if not apps.is_installed("django.contrib.admin") or apps.is_installed("rangefilter"):
+        return []
+    return [checks.Error(
+        '"rangefilter" is not in INSTALLED_APPS: the jobs list of the django-xjobs console '
+        "(the Django admin) fails with TemplateDoesNotExist",
+        hint='Add "rangefilter" to INSTALLED_APPS (django-admin-rangefilter is installed with '
+             f'django-xjobs): INSTALLED_APPS += ["rangefilter", "django_xjobs"]. See '
+             f"{DOCS_URL}console.md#turning-it-on",
+        id="xjobs.E004",
+    )]
 
 
 # ---------------------------------------------------------------------------------- outbox --
@@ -51,6 +89,8 @@ def _check_outbox(settings: conf.XJobsSettings) -> list[checks.CheckMessage]:
         if alias not in connections.settings:
             errors.append(checks.Error(
                 f'XJOBS["OUTBOX"]["DATABASES"] names {alias!r}, which is not in DATABASES',
+                hint=f"Remove {alias!r} from XJOBS[\"OUTBOX\"][\"DATABASES\"], or add it to "
+                     f"DATABASES. See {DOCS_URL}transactional-enqueue.md#the-relay",
                 id="xjobs.E020",
             ))
             continue
@@ -59,6 +99,9 @@ def _check_outbox(settings: conf.XJobsSettings) -> list[checks.CheckMessage]:
             errors.append(checks.Error(
                 f'XJOBS["OUTBOX"]["DATABASES"] names {alias!r}, which uses {engine!r}; the '
                 "outbox needs PostgreSQL",
+                hint=f"List only PostgreSQL aliases (ENGINE \"{POSTGRESQL}\") in "
+                     f'XJOBS["OUTBOX"]["DATABASES"]. See {DOCS_URL}transactional-enqueue.md'
+                     "#the-relay",
                 id="xjobs.E021",
             ))
     routers = getattr(django_settings, "DATABASE_ROUTERS", [])
@@ -70,7 +113,8 @@ def _check_outbox(settings: conf.XJobsSettings) -> list[checks.CheckMessage]:
             f'XJOBS["DATABASE"] = {settings.database!r} but {ROUTER} is not in '
             "DATABASE_ROUTERS: migrate will not put the job tables (only) there, and the "
             "admin and ORM reads of them will go to 'default'",
-            hint=f'DATABASE_ROUTERS = ["{ROUTER}"]; see docs/transactional-enqueue.md',
+            hint=f'Add DATABASE_ROUTERS = ["{ROUTER}"] to your settings. See {DOCS_URL}'
+                 "transactional-enqueue.md#a-separate-jobs-database-the-router",
             id="xjobs.W020",
         ))
     return errors
@@ -111,7 +155,7 @@ def check_concurrency(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
                 f"{concurrency.prefix!r})",
                 hint="Give it Concurrency(..., limit=N), or add a prefix of "
                      f'{concurrency.prefix!r} to XJOBS["CONCURRENCY_LIMITS"]. See '
-                     "docs/concurrency.md",
+                     f"{DOCS_URL}concurrency.md#limits-from-settings",
                 id="xjobs.E040",
             ))
     return errors
@@ -131,7 +175,24 @@ def check_schedule(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     from .scheduler.tasks import collect
 
     _, problems = collect()
-    return [checks.Error(p.message, hint="See docs/scheduling.md", id=p.id) for p in problems]
+    return [checks.Error(p.message, hint=SCHEDULE_HINTS[p.id], id=p.id) for p in problems]
+
+
+# The fix for each kind of schedule mistake (the ids of scheduler/tasks.py).
+SCHEDULE_HINTS = {
+    "xjobs.E010": "Use 5 fields (minute hour day-of-month month day-of-week, e.g. \"0 3 * * *\"), "
+                  "6 with the seconds first, or @yearly, @monthly, @weekly, @daily, @hourly. See "
+                  f"{DOCS_URL}scheduling.md#cron-syntax",
+    "xjobs.E011": 'Use an IANA timezone name such as "Europe/Paris" or "UTC". See '
+                  f"{DOCS_URL}scheduling.md#timezones-and-daylight-saving-time",
+    "xjobs.E012": 'Name a registered job: "<app label>.<function name>" of a @job in an '
+                  "installed app's jobs.py, or the name given to @job(name=...). See "
+                  f"{DOCS_URL}guide.md#jobs",
+    "xjobs.E013": 'Give "input" as a dict of the job\'s keyword arguments that JSON can encode, '
+                  f'within XJOBS["MAX_PAYLOAD_BYTES"]. See {DOCS_URL}scheduling.md',
+    "xjobs.E014": 'Give the XJOBS["SCHEDULE"] entry another name, or remove cron= from the @job. '
+                  f"See {DOCS_URL}scheduling.md",
+}
 
 
 def check_job_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -150,7 +211,8 @@ def check_job_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
         checks.Warning(
             f"queue {queue!r} (jobs {', '.join(names)}) is not in XJOBS['QUEUES'] "
             f"{list(settings.queues)}: a worker started without --queue never runs these jobs",
-            hint=f"Add {queue!r} to XJOBS['QUEUES'], or run xjobs_worker --queue {queue}.",
+            hint=f"Add {queue!r} to XJOBS['QUEUES'], or run xjobs_worker --queue {queue}. "
+                 f"See {DOCS_URL}guide.md#the-worker",
             id="xjobs.W010",
         )
         for queue, names in sorted(by_queue.items())
@@ -159,6 +221,7 @@ def check_job_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
 
 def register() -> None:
     checks.register(check_settings, "django_xjobs")
+    checks.register(check_console, checks.Tags.admin)
     checks.register(check_job_queues, "django_xjobs")
     checks.register(check_concurrency, "django_xjobs")
     checks.register(check_schedule, "django_xjobs")
@@ -185,7 +248,13 @@ def check_backfills(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
         try:
             backfills.check_alias(definition)
         except ConfigurationError as exc:
-            errors.append(checks.Warning(str(exc), hint="See docs/backfills.md",
-                                         id="xjobs.W050"))
+            errors.append(checks.Warning(
+                str(exc),
+                hint="A backfill must write where the job tables are: set "
+                     f'XJOBS["DATABASE"] to {definition.using!r} (the x_ tables move there), '
+                     f"or declare it with @backfill(..., using={settings.database!r}). See "
+                     f"{DOCS_URL}backfills.md#options",
+                id="xjobs.W050",
+            ))
     return errors
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from django.conf import settings as django_settings
 
@@ -23,6 +23,12 @@ from .exceptions import ConfigurationError
 
 # \Z, not $: `$` also matches before a trailing newline, and "default\n" is not "default".
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,200}\Z")
+
+# Where the documentation is published, with a trailing slash: a page is DOCS_URL + "guide.md".
+# The system checks' hints link it (a project that installed the package has no docs/ to read);
+# pyproject.toml's [project.urls] "Documentation" is the same address
+# (tests/unit/test_package_metadata.py::test_the_documentation_url_is_defined_once).
+DOCS_URL = "https://github.com/django-xjobs/django-xjobs/blob/main/docs/"
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
@@ -76,8 +82,9 @@ class OutboxSettings:
 _OUTBOX_KEYS = {"DATABASES", "BATCH_SIZE", "POLL_INTERVAL"}
 
 
-def _outbox_settings(raw: Mapping[str, Any], poll_interval: float) -> OutboxSettings:
-    options = raw.get("OUTBOX", {})
+def _outbox_settings(raw: Mapping[str, Any], key: str, default: OutboxSettings) -> OutboxSettings:
+    """``XJOBS["OUTBOX"]``; ``default`` carries the poll interval (``XJOBS["POLL_INTERVAL"]``)."""
+    options = raw.get(key, {})
     if not isinstance(options, Mapping):
         raise ConfigurationError(
             'XJOBS["OUTBOX"] must be a dict like {"DATABASES": ["default"], "BATCH_SIZE": 500}'
@@ -102,6 +109,7 @@ def _outbox_settings(raw: Mapping[str, Any], poll_interval: float) -> OutboxSett
         raise ConfigurationError(f'XJOBS["OUTBOX"]["DATABASES"] repeats an alias: {databases!r}')
     batch_size = _positive_int(options, "BATCH_SIZE", 500,
                                where='XJOBS["OUTBOX"]["BATCH_SIZE"]')
+    poll_interval = default.poll_interval
     poll = options.get("POLL_INTERVAL")
     if poll is not None:
         poll_interval = parse_duration(poll, what='XJOBS["OUTBOX"]["POLL_INTERVAL"]')
@@ -182,6 +190,44 @@ _KNOWN_KEYS = {
     "CONCURRENCY_LIMITS", "SLOT_TTL",  # concurrency slots
 }
 
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+
+class _Problems:
+    """What :func:`_parse` refused: one message per bad key (per entry of ``SCHEDULE``).
+
+    :meth:`take` reads one key; when its value is refused it notes why and carries on with the
+    key's default, so the keys after it are still judged and ``manage.py check`` lists every
+    mistake at once (tests/integration/test_checks.py::
+    test_manage_py_check_lists_every_bad_xjobs_key). A rule between keys is judged only when
+    every key it involves was read (:meth:`read`): judged against the default of a refused key,
+    it would report a mistake nobody made
+    (tests/unit/test_conf.py::test_an_unreadable_key_is_not_also_blamed_on_the_keys_it_relates_to).
+    """
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self._refused: set[str] = set()
+
+    def take(self, parse: Callable[Concatenate[Mapping[str, Any], str, _T, _P], _T],
+             raw: Mapping[str, Any], key: str, default: _T, /,
+             *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """``parse(raw, key, default, ...)``, or ``default`` (and a problem) if it refuses."""
+        try:
+            return parse(raw, key, default, *args, **kwargs)
+        except ConfigurationError as exc:
+            self.refuse(str(exc), key)
+            return default
+
+    def refuse(self, message: str, *keys: str) -> None:
+        self.messages.append(message)
+        self._refused.update(keys)
+
+    def read(self, *keys: str) -> bool:
+        """Whether none of ``keys`` was refused (each was given and accepted, or left unset)."""
+        return self._refused.isdisjoint(keys)
+
 
 def _positive_int(raw: Mapping[str, Any], key: str, default: int, *, where: str = "") -> int:
     value = raw.get(key, default)
@@ -198,23 +244,25 @@ def _duration(raw: Mapping[str, Any], key: str, default: float, *, positive: boo
     return seconds
 
 
-def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
-    """Parse an ``XJOBS`` dict; raise :class:`ConfigurationError` naming the first bad key."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, Mapping):
-        raise ConfigurationError(f"XJOBS must be a dict, got {type(raw).__name__}: {raw!r:.80}")
-    raw = dict(raw)
-    unknown = sorted(set(raw) - _KNOWN_KEYS)
-    if unknown:
-        raise ConfigurationError(
-            f"XJOBS has unknown key(s) {unknown}; known keys: {sorted(_KNOWN_KEYS)}"
-        )
-    database = raw.get("DATABASE", "default")
+def _bool(raw: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigurationError(f'XJOBS["{key}"] must be True or False, got {value!r}')
+    return value
+
+
+def _database(raw: Mapping[str, Any], key: str, default: str) -> str:
+    database = raw.get(key, default)
     if not isinstance(database, str) or not database:
         raise ConfigurationError(f'XJOBS["DATABASE"] must be a database alias, got {database!r}')
+    return database
 
-    queues_raw = raw.get("QUEUES", ["default"])
+
+def _queues(
+    raw: Mapping[str, Any], key: str, default: tuple[tuple[str, ...], Mapping[str, int]]
+) -> tuple[tuple[str, ...], Mapping[str, int]]:
+    """``XJOBS["QUEUES"]``: the queue names, and the per-queue concurrency of the dict form."""
+    queues_raw = raw.get(key, list(default[0]))
     if isinstance(queues_raw, str) or not isinstance(queues_raw, list | tuple | Mapping):
         raise ConfigurationError(
             'XJOBS["QUEUES"] must be a list of queue names or a dict like'
@@ -239,80 +287,129 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
                 queue_concurrency[q] = _positive_int(
                     options, "concurrency", 1, where=f'XJOBS["QUEUES"]["{q}"]["concurrency"]'
                 )
+    return queues, queue_concurrency
 
-    lease = _duration(raw, "LEASE", 30.0)
-    heartbeat = _duration(raw, "HEARTBEAT", min(10.0, lease / 3))
-    if lease < 3 * heartbeat:
-        raise ConfigurationError(
-            f'XJOBS["LEASE"] ({lease:g}s) must be at least 3 x XJOBS["HEARTBEAT"] ({heartbeat:g}s):'
-            " with fewer renewals per lease, one slow heartbeat lets the lease lapse while the"
-            " job still runs, and another worker starts it a second time"
-        )
-    max_attempts = _positive_int(raw, "MAX_ATTEMPTS", 3)
-    retention_raw = raw.get("RETENTION", {})
+
+def _retention(
+    raw: Mapping[str, Any], key: str, default: Mapping[str, float]
+) -> Mapping[str, float]:
+    retention_raw = raw.get(key, {})
     if not isinstance(retention_raw, Mapping):
         raise ConfigurationError('XJOBS["RETENTION"] must be a dict like {"done": "7d"}')
-    retention = dict(DEFAULT_RETENTION)
+    retention = dict(default)
     for state, value in retention_raw.items():
         if state not in DEFAULT_RETENTION:
             raise ConfigurationError(
                 f'XJOBS["RETENTION"]: {state!r} is not a finished state (done, dead, cancelled)'
             )
         retention[state] = parse_duration(value, what=f'XJOBS["RETENTION"]["{state}"]')
-    notify = raw.get("NOTIFY", True)
-    if not isinstance(notify, bool):
-        raise ConfigurationError(f'XJOBS["NOTIFY"] must be True or False, got {notify!r}')
-    prepared = raw.get("PREPARED_STATEMENTS", True)
-    if not isinstance(prepared, bool):
-        raise ConfigurationError(
-            f'XJOBS["PREPARED_STATEMENTS"] must be True or False, got {prepared!r}'
-        )
-    retry_base = _duration(raw, "RETRY_BASE", 2.0)
-    retry_cap = _duration(raw, "RETRY_CAP", 3600.0)
-    if retry_cap < retry_base:
-        raise ConfigurationError('XJOBS["RETRY_CAP"] must not be smaller than XJOBS["RETRY_BASE"]')
-    prefetch = raw.get("PREFETCH", "auto")
+    return retention
+
+
+def _prefetch(raw: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    """``"auto"`` is None: sized to the observed run time (worker/loop.py)."""
+    prefetch = raw.get(key, "auto")
     if prefetch == "auto":
-        prefetch = None
-    elif isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        return None
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
         raise ConfigurationError(
             f'XJOBS["PREFETCH"] must be "auto" or an integer >= 0, got {prefetch!r}'
         )
-    app_version = raw.get("APP_VERSION")
+    return prefetch
+
+
+def _app_version(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:
+    app_version = raw.get(key, default)
     if app_version is not None and not isinstance(app_version, str):
         raise ConfigurationError('XJOBS["APP_VERSION"] must be a string')
-    scope = raw.get("ADMIN_TENANT_SCOPE")
+    return app_version
+
+
+def _tenant_scope(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:
+    """The dotted path; a callable is read from ``raw`` where it is used (console.py)."""
+    scope = raw.get(key, default)
     if scope is not None and not (isinstance(scope, str) or callable(scope)):
         raise ConfigurationError('XJOBS["ADMIN_TENANT_SCOPE"] must be a dotted path or callable')
-    poll_interval = _duration(raw, "POLL_INTERVAL", 1.0)
-    return XJobsSettings(
-        database=database,
+    return scope if isinstance(scope, str) else None
+
+
+def validate(raw: Mapping[str, Any] | None) -> list[str]:
+    """Every problem of an ``XJOBS`` dict, one message per bad key; empty when it is good.
+
+    The system check reports each as its own ``xjobs.E001`` (checks.py).
+    """
+    return _parse(raw)[1]
+
+
+def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
+    """Parse an ``XJOBS`` dict; raise :class:`ConfigurationError` naming every bad key (one line
+    each)."""
+    settings, problems = _parse(raw)
+    if settings is None:
+        raise ConfigurationError("\n".join(problems))
+    return settings
+
+
+def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[str]]:
+    """The settings, or None and every problem found."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        return None, [f"XJOBS must be a dict, got {type(raw).__name__}: {raw!r:.80}"]
+    raw = dict(raw)
+    problems = _Problems()
+    take = problems.take
+    unknown = sorted(set(raw) - _KNOWN_KEYS)
+    if unknown:
+        problems.refuse(f"XJOBS has unknown key(s) {unknown}; known keys: {sorted(_KNOWN_KEYS)}")
+    queues, queue_concurrency = take(_queues, raw, "QUEUES", (("default",), {}))
+    lease = take(_duration, raw, "LEASE", 30.0)
+    heartbeat = take(_duration, raw, "HEARTBEAT", min(10.0, lease / 3))
+    if problems.read("LEASE", "HEARTBEAT") and lease < 3 * heartbeat:
+        problems.refuse(
+            f'XJOBS["LEASE"] ({lease:g}s) must be at least 3 x XJOBS["HEARTBEAT"] ({heartbeat:g}s):'
+            " with fewer renewals per lease, one slow heartbeat lets the lease lapse while the"
+            " job still runs, and another worker starts it a second time",
+            "LEASE", "HEARTBEAT",
+        )
+    retry_base = take(_duration, raw, "RETRY_BASE", 2.0)
+    retry_cap = take(_duration, raw, "RETRY_CAP", 3600.0)
+    if problems.read("RETRY_BASE", "RETRY_CAP") and retry_cap < retry_base:
+        problems.refuse('XJOBS["RETRY_CAP"] must not be smaller than XJOBS["RETRY_BASE"]',
+                        "RETRY_CAP")
+    poll_interval = take(_duration, raw, "POLL_INTERVAL", 1.0)
+    settings = XJobsSettings(
+        database=take(_database, raw, "DATABASE", "default"),
         queues=queues,
         queues_given="QUEUES" in raw,
         queue_concurrency=queue_concurrency,
-        concurrency=_positive_int(raw, "CONCURRENCY", 10),
-        prefetch=prefetch,
+        concurrency=take(_positive_int, raw, "CONCURRENCY", 10),
+        prefetch=take(_prefetch, raw, "PREFETCH", None),
         lease=lease,
         heartbeat=heartbeat,
         poll_interval=poll_interval,
-        notify=notify,
-        prepared_statements=prepared,
-        max_payload_bytes=_positive_int(raw, "MAX_PAYLOAD_BYTES", 1024 * 1024),
-        max_attempts=max_attempts,
+        notify=take(_bool, raw, "NOTIFY", True),
+        prepared_statements=take(_bool, raw, "PREPARED_STATEMENTS", True),
+        max_payload_bytes=take(_positive_int, raw, "MAX_PAYLOAD_BYTES", 1024 * 1024),
+        max_attempts=take(_positive_int, raw, "MAX_ATTEMPTS", 3),
         retry_base=retry_base,
         retry_cap=retry_cap,
-        shutdown_grace=_duration(raw, "SHUTDOWN_GRACE", 30.0, positive=False),
-        ack_batch=_positive_int(raw, "ACK_BATCH", 500),
-        ack_interval=_duration(raw, "ACK_INTERVAL", 0.005, positive=False),
-        retention=retention,
-        app_version=app_version,
-        admin_tenant_scope=scope if isinstance(scope, str) or scope is None else None,
-        backfill_throttle=_duration(raw, "BACKFILL_THROTTLE", 0.0, positive=False),  # backfills
+        shutdown_grace=take(_duration, raw, "SHUTDOWN_GRACE", 30.0, positive=False),
+        ack_batch=take(_positive_int, raw, "ACK_BATCH", 500),
+        ack_interval=take(_duration, raw, "ACK_INTERVAL", 0.005, positive=False),
+        retention=take(_retention, raw, "RETENTION", DEFAULT_RETENTION),
+        app_version=take(_app_version, raw, "APP_VERSION", None),
+        admin_tenant_scope=take(_tenant_scope, raw, "ADMIN_TENANT_SCOPE", None),
+        backfill_throttle=take(_duration, raw, "BACKFILL_THROTTLE", 0.0,  # ---- backfills
+                               positive=False),
         raw=raw,
-        outbox=_outbox_settings(raw, poll_interval),
-        **_slot_settings(raw, lease=lease, heartbeat=heartbeat),
-        **_scheduler_settings(raw, lease),
+        outbox=take(_outbox_settings, raw, "OUTBOX", OutboxSettings(poll_interval=poll_interval)),
+        **_slot_settings(raw, problems, lease=lease, heartbeat=heartbeat),
+        **_scheduler_settings(raw, problems, lease),
     )
+    if problems.messages:
+        return None, problems.messages
+    return settings, []
 
 
 # ------------------------------------------------------------------------ concurrency slots --
@@ -320,9 +417,10 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
 MAX_SLOT_KEY = 500  # characters of a concurrency key (and so of a CONCURRENCY_LIMITS prefix)
 
 
-def _slot_settings(raw: Mapping[str, Any], *, lease: float, heartbeat: float) -> dict[str, Any]:
-    """XJOBS["CONCURRENCY_LIMITS"] and XJOBS["SLOT_TTL"]."""
-    limits_raw = raw.get("CONCURRENCY_LIMITS", {})
+def _concurrency_limits(
+    raw: Mapping[str, Any], key: str, default: tuple[tuple[str, int], ...]
+) -> tuple[tuple[str, int], ...]:
+    limits_raw = raw.get(key, dict(default))
     if not isinstance(limits_raw, Mapping):
         raise ConfigurationError(
             'XJOBS["CONCURRENCY_LIMITS"] must be a dict of key prefix -> limit, like'
@@ -339,15 +437,25 @@ def _slot_settings(raw: Mapping[str, Any], *, lease: float, heartbeat: float) ->
             limits_raw, prefix, 1, where=f'XJOBS["CONCURRENCY_LIMITS"][{prefix!r}]'
         )))
     limits.sort(key=lambda item: -len(item[0]))
-    slot_ttl = _duration(raw, "SLOT_TTL", lease)
-    if slot_ttl < 3 * heartbeat - 1e-9:  # 0.6 s is 3 x 0.2 s, whatever floats say
-        raise ConfigurationError(
+    return tuple(limits)
+
+
+def _slot_settings(raw: Mapping[str, Any], problems: _Problems, *, lease: float,
+                   heartbeat: float) -> dict[str, Any]:
+    """XJOBS["CONCURRENCY_LIMITS"] and XJOBS["SLOT_TTL"]."""
+    slot_ttl = problems.take(_duration, raw, "SLOT_TTL", lease)
+    if (problems.read("SLOT_TTL", "LEASE", "HEARTBEAT")
+            and slot_ttl < 3 * heartbeat - 1e-9):  # 0.6 s is 3 x 0.2 s, whatever floats say
+        problems.refuse(
             f'XJOBS["SLOT_TTL"] ({slot_ttl:g}s) must be at least 3 x XJOBS["HEARTBEAT"]'
             f" ({heartbeat:g}s): slots are renewed with the heartbeat, and with fewer renewals"
             " per TTL one slow round lets a held slot lapse, so another run takes it while this"
-            " one still runs"
+            " one still runs",
+            "SLOT_TTL",
         )
-    return {"concurrency_limits": tuple(limits), "slot_ttl": slot_ttl}
+    return {"concurrency_limits": problems.take(_concurrency_limits, raw, "CONCURRENCY_LIMITS",
+                                                ()),
+            "slot_ttl": slot_ttl}
 
 
 
@@ -366,93 +474,118 @@ LEADER_MODES = ("lease", "advisory")
 SCHEDULE_ENTRY_KEYS = {"job", "cron", "timezone", "input", "misfire"}
 
 
-def _schedule(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``XJOBS["SCHEDULE"]``: task name -> {"job", "cron", "timezone", "input", "misfire"}."""
+def _schedule(raw: Mapping[str, Any], problems: _Problems) -> dict[str, dict[str, Any]]:
+    """``XJOBS["SCHEDULE"]``: task name -> {"job", "cron", "timezone", "input", "misfire"}.
+
+    Each entry is a task of its own: every bad one is reported, and the good ones are kept."""
     schedule = raw.get("SCHEDULE", {})
     if not isinstance(schedule, Mapping):
-        raise ConfigurationError(
+        problems.refuse(
             'XJOBS["SCHEDULE"] must be a dict of task name -> options, like {"nightly": '
-            '{"job": "app.fn", "cron": "0 3 * * *"}}'
+            '{"job": "app.fn", "cron": "0 3 * * *"}}',
+            "SCHEDULE",
         )
+        return {}
     entries: dict[str, dict[str, Any]] = {}
     for task, entry in schedule.items():
-        where = f'XJOBS["SCHEDULE"][{task!r}]'
-        if not isinstance(task, str) or not NAME_RE.match(task):
-            raise ConfigurationError(
-                f'XJOBS["SCHEDULE"]: task name {task!r} is not valid: use 1-200 characters '
-                "from [A-Za-z0-9_.:-]"
-            )
-        if not isinstance(entry, Mapping):
-            raise ConfigurationError(f'{where} must be a dict with "job" and "cron"')
-        unknown = sorted(set(entry) - SCHEDULE_ENTRY_KEYS, key=str)
-        if unknown:
-            raise ConfigurationError(
-                f"{where} has unknown key(s) {unknown}; known: {sorted(SCHEDULE_ENTRY_KEYS)}"
-            )
-        for required in ("job", "cron"):
-            if required not in entry:
-                raise ConfigurationError(f'{where} needs a "{required}"')
-        job = entry["job"]
-        if not isinstance(job, str) or not NAME_RE.match(job):
-            raise ConfigurationError(f'{where}["job"] must be a registered job name, got {job!r}')
-        cron = entry["cron"]
-        if not isinstance(cron, str) or not cron.strip():
-            raise ConfigurationError(
-                f'{where}["cron"] must be a cron expression string, got {cron!r}'
-            )
-        timezone = entry.get("timezone", "UTC")
-        if not isinstance(timezone, str) or not timezone:
-            raise ConfigurationError(
-                f'{where}["timezone"] must be an IANA timezone name, got {timezone!r}'
-            )
-        input_ = entry.get("input", {})
-        if input_ is None:
-            input_ = {}
-        if not isinstance(input_, Mapping):
-            raise ConfigurationError(
-                f'{where}["input"] must be a dict of the job\'s keyword arguments, '
-                f"got {type(input_).__name__}"
-            )
-        misfire = entry.get("misfire", "latest")
-        if misfire not in ("latest", "all", "skip"):
-            raise ConfigurationError(
-                f'{where}["misfire"] must be "latest", "all" or "skip", got {misfire!r}'
-            )
-        entries[task] = {"job": job, "cron": cron, "timezone": timezone,
-                         "input": dict(input_), "misfire": misfire}
+        try:
+            entries[task] = _schedule_entry(task, entry)
+        except ConfigurationError as exc:
+            problems.refuse(str(exc), "SCHEDULE")
     return entries
 
 
-def _scheduler_settings(raw: Mapping[str, Any], worker_lease: float) -> dict[str, Any]:
-    leader = raw.get("LEADER", "lease")
+def _schedule_entry(task: Any, entry: Any) -> dict[str, Any]:
+    where = f'XJOBS["SCHEDULE"][{task!r}]'
+    if not isinstance(task, str) or not NAME_RE.match(task):
+        raise ConfigurationError(
+            f'XJOBS["SCHEDULE"]: task name {task!r} is not valid: use 1-200 characters '
+            "from [A-Za-z0-9_.:-]"
+        )
+    if not isinstance(entry, Mapping):
+        raise ConfigurationError(f'{where} must be a dict with "job" and "cron"')
+    unknown = sorted(set(entry) - SCHEDULE_ENTRY_KEYS, key=str)
+    if unknown:
+        raise ConfigurationError(
+            f"{where} has unknown key(s) {unknown}; known: {sorted(SCHEDULE_ENTRY_KEYS)}"
+        )
+    for required in ("job", "cron"):
+        if required not in entry:
+            raise ConfigurationError(f'{where} needs a "{required}"')
+    job = entry["job"]
+    if not isinstance(job, str) or not NAME_RE.match(job):
+        raise ConfigurationError(f'{where}["job"] must be a registered job name, got {job!r}')
+    cron = entry["cron"]
+    if not isinstance(cron, str) or not cron.strip():
+        raise ConfigurationError(
+            f'{where}["cron"] must be a cron expression string, got {cron!r}'
+        )
+    timezone = entry.get("timezone", "UTC")
+    if not isinstance(timezone, str) or not timezone:
+        raise ConfigurationError(
+            f'{where}["timezone"] must be an IANA timezone name, got {timezone!r}'
+        )
+    input_ = entry.get("input", {})
+    if input_ is None:
+        input_ = {}
+    if not isinstance(input_, Mapping):
+        raise ConfigurationError(
+            f'{where}["input"] must be a dict of the job\'s keyword arguments, '
+            f"got {type(input_).__name__}"
+        )
+    misfire = entry.get("misfire", "latest")
+    if misfire not in ("latest", "all", "skip"):
+        raise ConfigurationError(
+            f'{where}["misfire"] must be "latest", "all" or "skip", got {misfire!r}'
+        )
+    return {"job": job, "cron": cron, "timezone": timezone, "input": dict(input_),
+            "misfire": misfire}
+
+
+def _leader(raw: Mapping[str, Any], key: str, default: str) -> str:
+    leader = raw.get(key, default)
     if leader not in LEADER_MODES:
         raise ConfigurationError(
             f'XJOBS["LEADER"] must be "lease" (safe behind a connection pooler) or "advisory" '
             f"(a session lock on a dedicated connection), got {leader!r}"
         )
-    leader_lease = _duration(raw, "LEADER_LEASE", 15.0)
-    leader_renew = _duration(raw, "LEADER_RENEW", leader_lease / 3)
-    if leader_lease < 3 * leader_renew:
-        raise ConfigurationError(
+    return str(leader)
+
+
+def _maintenance_interval(raw: Mapping[str, Any], key: str,
+                          default: float | None) -> float | None:
+    """None switches the scheduler's maintenance off (``manage.py xjobs maintenance`` instead)."""
+    if raw.get(key, default) is None:
+        return None
+    return _duration(raw, key, 60.0)
+
+
+def _scheduler_settings(raw: Mapping[str, Any], problems: _Problems,
+                        worker_lease: float) -> dict[str, Any]:
+    take = problems.take
+    leader_lease = take(_duration, raw, "LEADER_LEASE", 15.0)
+    leader_renew = take(_duration, raw, "LEADER_RENEW", leader_lease / 3)
+    if problems.read("LEADER_LEASE", "LEADER_RENEW") and leader_lease < 3 * leader_renew:
+        problems.refuse(
             f'XJOBS["LEADER_LEASE"] ({leader_lease:g}s) must be at least 3 x '
             f'XJOBS["LEADER_RENEW"] ({leader_renew:g}s): a leader stops acting once less than '
             "one renewal interval of its lease is left, so with fewer renewals per lease one "
-            "slow renewal costs the leadership"
+            "slow renewal costs the leadership",
+            "LEADER_LEASE", "LEADER_RENEW",
         )
-    grace = _duration(raw, "CRON_MISFIRE_GRACE", leader_lease + leader_renew, positive=False)
-    interval_raw = raw.get("MAINTENANCE_INTERVAL", 60.0)
-    interval = None if interval_raw is None else _duration(raw, "MAINTENANCE_INTERVAL", 60.0)
     return {
-        "schedule": _schedule(raw),
-        "leader": leader,
+        "schedule": _schedule(raw, problems),
+        "leader": take(_leader, raw, "LEADER", "lease"),
         "leader_lease": leader_lease,
         "leader_renew": leader_renew,
-        "cron_misfire_grace": grace,
-        "cron_max_catchup": _positive_int(raw, "CRON_MAX_CATCHUP", 100),
-        "maintenance_interval": interval,
-        "maintenance_batch": _positive_int(raw, "MAINTENANCE_BATCH", 1000),
-        "outbox_retention": _duration(raw, "OUTBOX_RETENTION", 86400.0, positive=False),
-        "slot_purge_grace": _duration(raw, "SLOT_PURGE_GRACE", worker_lease, positive=False),
+        "cron_misfire_grace": take(_duration, raw, "CRON_MISFIRE_GRACE",
+                                   leader_lease + leader_renew, positive=False),
+        "cron_max_catchup": take(_positive_int, raw, "CRON_MAX_CATCHUP", 100),
+        "maintenance_interval": take(_maintenance_interval, raw, "MAINTENANCE_INTERVAL", 60.0),
+        "maintenance_batch": take(_positive_int, raw, "MAINTENANCE_BATCH", 1000),
+        "outbox_retention": take(_duration, raw, "OUTBOX_RETENTION", 86400.0, positive=False),
+        "slot_purge_grace": take(_duration, raw, "SLOT_PURGE_GRACE", worker_lease,
+                                 positive=False),
     }
 
 

@@ -89,3 +89,113 @@ def test_the_migrations_match_the_models():
     except SystemExit:
         pytest.fail(f"django_xjobs has model changes without a migration:\n{out.getvalue()}")
     assert "No changes detected" in out.getvalue()
+
+
+def test_manage_py_check_lists_every_bad_xjobs_key():
+    three_bad = {"LEASE": "soon", "NOTIFY": "yes", "QUEUES": []}
+    with override_settings(XJOBS=three_bad):
+        messages = xjobs_messages()
+        with pytest.raises(SystemCheckError) as info:
+            call_command("check", stdout=StringIO(), stderr=StringIO())
+    assert [m.id for m in messages] == ["xjobs.E001"] * 3
+    assert str(info.value).count("xjobs.E001") == 3
+    for key in ("LEASE", "NOTIFY", "QUEUES"):
+        assert len([m for m in messages if f'XJOBS["{key}"]' in m.msg]) == 1
+
+
+# ------------------------------------------------------------------ the console's rangefilter --
+
+
+def without(app: str) -> list[str]:
+    from django.conf import settings
+
+    return [a for a in settings.INSTALLED_APPS if a != app]
+
+
+def test_rangefilter_missing_from_installed_apps_is_an_error_saying_the_fix():
+    # Without it the console's jobs list fails with TemplateDoesNotExist at the first visit.
+    with override_settings(INSTALLED_APPS=without("rangefilter")):
+        messages = [m for m in checks.run_checks() if m.id == "xjobs.E004"]
+        with pytest.raises(SystemCheckError, match=r"xjobs\.E004"):
+            call_command("check", stdout=StringIO(), stderr=StringIO())
+    assert len(messages) == 1 and messages[0].level == checks.ERROR
+    assert '"rangefilter" is not in INSTALLED_APPS' in messages[0].msg
+    assert 'INSTALLED_APPS += ["rangefilter", "django_xjobs"]' in messages[0].hint
+
+
+def test_rangefilter_is_not_asked_for_without_the_admin_nor_by_the_worker():
+    with override_settings(INSTALLED_APPS=[a for a in without("rangefilter")
+                                           if a != "django.contrib.admin"]):
+        assert [m for m in checks.run_checks() if m.id == "xjobs.E004"] == []
+    with override_settings(INSTALLED_APPS=without("rangefilter")):
+        # The worker runs the django_xjobs checks only: it renders no admin page.
+        assert [m for m in xjobs_messages() if m.id == "xjobs.E004"] == []
+
+
+# ------------------------------------------------------------------------------- hints --
+
+# Every check of checks.py: the hint of each must say the fix and link the published docs.
+CHECK_IDS = {
+    "xjobs.E001", "xjobs.E002", "xjobs.E003", "xjobs.E004", "xjobs.E010", "xjobs.E011",
+    "xjobs.E012", "xjobs.E013", "xjobs.E014", "xjobs.E020", "xjobs.E021", "xjobs.E040",
+    "xjobs.W010", "xjobs.W020", "xjobs.W050",
+}
+
+
+def every_kind_of_check_message(monkeypatch) -> list[checks.CheckMessage]:
+    from django.db import connections
+
+    from django_xjobs import Concurrency, job, registry
+
+    monkeypatch.setitem(connections.settings, "lite",
+                        {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"})
+
+    @job(name="t.hint_unlimited", concurrency=Concurrency(key="acct:{n}"))
+    def unlimited(ctx, n):
+        return n
+
+    @job(name="t.hint_nightly", cron="0 3 * * *")
+    def nightly(ctx):
+        return None
+
+    found: list[checks.CheckMessage] = []
+    try:
+        for xjobs in (
+            {"LEASES": "30s", "NOTIFY": "yes"},
+            {"DATABASE": "nowhere"},
+            {"DATABASE": "lite", "QUEUES": ["default"],
+             "OUTBOX": {"DATABASES": ["default", "lite", "nowhere"]},
+             "SCHEDULE": {
+                 "bad-cron": {"job": "testapp.noop", "cron": "every day"},
+                 "bad-zone": {"job": "testapp.noop", "cron": "0 3 * * *",
+                              "timezone": "Mars/Olympus"},
+                 "no-job": {"job": "testapp.missing", "cron": "0 3 * * *"},
+                 "bad-input": {"job": "testapp.noop", "cron": "0 3 * * *",
+                               "input": {"x": float("nan")}},
+                 "t.hint_nightly": {"job": "testapp.noop", "cron": "0 4 * * *"},
+             }},
+        ):
+            with override_settings(XJOBS=xjobs):
+                found += checks.run_checks(tags=["django_xjobs"])
+        with override_settings(INSTALLED_APPS=without("rangefilter")):
+            found += checks.run_checks(tags=[checks.Tags.admin])
+    finally:
+        registry.unregister("t.hint_unlimited")
+        registry.unregister("t.hint_nightly")
+    # xjobs.T*: the django.tasks backend's own checks (tasks.py), not this module's.
+    return [m for m in found if m.id.startswith("xjobs.") and not m.id.startswith("xjobs.T")]
+
+
+def test_every_hint_says_the_fix_and_links_the_published_docs(monkeypatch):
+    from django_xjobs.conf import DOCS_URL
+    from tests.unit.test_package_metadata import published_page_exists
+
+    messages = every_kind_of_check_message(monkeypatch)
+    assert {m.id for m in messages} == CHECK_IDS
+    for m in messages:
+        assert m.hint, m
+        # A pip user has no docs/ directory: a page is named by its published address only.
+        assert m.hint.count("docs/") == m.hint.count(DOCS_URL) == 1, m
+        fix, _, page = m.hint.partition(DOCS_URL)
+        assert len(fix.split()) >= 6, m  # words that say what to do, not only "see <link>"
+        assert published_page_exists(DOCS_URL + page.split()[0].rstrip(".")), m

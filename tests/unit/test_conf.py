@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.test import override_settings
@@ -269,3 +273,104 @@ def test_get_follows_override_settings():
         assert WorkerOptions.from_settings().queues == ("a", "b")
     assert conf.get() == before
     assert conf.get().queues != ("a", "b")
+
+
+# ------------------------------------------------------------------ every problem at once --
+# The system check turns each problem into its own xjobs.E001, so one `manage.py check` shows
+# every mistake of the XJOBS dict instead of one per edit-and-rerun
+# (tests/integration/test_checks.py::test_manage_py_check_lists_every_bad_xjobs_key).
+
+THREE_BAD = {"LEASE": "soon", "NOTIFY": "yes", "QUEUES": []}
+
+
+def test_validate_lists_every_bad_key_not_only_the_first():
+    problems = conf.validate(THREE_BAD)
+    assert len(problems) == 3
+    for key in ('XJOBS["LEASE"]', 'XJOBS["NOTIFY"]', 'XJOBS["QUEUES"]'):
+        assert len([p for p in problems if key in p]) == 1, (key, problems)
+
+
+def test_each_problem_reads_as_the_key_alone_would_be_refused():
+    problems = conf.validate(THREE_BAD)
+    for key, value in THREE_BAD.items():
+        with pytest.raises(ConfigurationError) as info:
+            conf.build({key: value})
+        assert str(info.value) in problems
+
+
+def test_build_still_raises_and_its_message_names_every_bad_key():
+    with pytest.raises(ConfigurationError) as info:
+        conf.build(THREE_BAD)
+    for problem in conf.validate(THREE_BAD):
+        assert problem in str(info.value)
+
+
+@pytest.mark.parametrize("raw", [None, {}, {"LEASE": "1m", "HEARTBEAT": "15s"}])
+def test_validate_of_good_settings_finds_nothing(raw):
+    assert conf.validate(raw) == []
+
+
+def test_validate_of_an_xjobs_that_is_not_a_dict_is_one_problem():
+    assert len(conf.validate(["QUEUES"])) == 1
+    assert "XJOBS must be a dict" in conf.validate(["QUEUES"])[0]
+
+
+def test_an_unknown_key_and_a_bad_value_are_reported_together():
+    problems = conf.validate({"LEASES": "30s", "MAX_ATTEMPTS": 0})
+    assert len(problems) == 2
+    assert "LEASES" in problems[0] and "MAX_ATTEMPTS" in problems[1]
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        # The relation between two keys is judged only when both were read: a rule checked
+        # against the default of an unreadable key would report a mistake nobody made.
+        ({"LEASE": "soon", "HEARTBEAT": "15s"}, "LEASE"),
+        ({"HEARTBEAT": "soon", "LEASE": "6s"}, "HEARTBEAT"),
+        ({"RETRY_BASE": "soon", "RETRY_CAP": "1s"}, "RETRY_BASE"),
+        ({"LEADER_LEASE": "soon", "LEADER_RENEW": "6s"}, "LEADER_LEASE"),
+        ({"LEASE": "soon", "HEARTBEAT": "15s", "SLOT_TTL": "45s"}, "LEASE"),
+        ({"POLL_INTERVAL": "soon", "OUTBOX": {"BATCH_SIZE": 10}}, "POLL_INTERVAL"),
+    ],
+)
+def test_an_unreadable_key_is_not_also_blamed_on_the_keys_it_relates_to(raw, key):
+    problems = conf.validate(raw)
+    assert len(problems) == 1, problems
+    assert f'XJOBS["{key}"]' in problems[0]
+
+
+def test_every_bad_schedule_entry_is_its_own_problem():
+    problems = conf.validate({"SCHEDULE": {
+        "nightly": {"job": "app.fn", "cron": "0 3 * * *"},
+        "no-cron": {"job": "app.fn"},
+        "not-a-dict": ["app.fn"],
+    }})
+    assert len(problems) == 2, problems
+    assert "'no-cron'" in problems[0] and "'not-a-dict'" in problems[1]
+
+
+# -------------------------------------------------------------------- the documented defaults --
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def documented_defaults(page: str) -> dict:
+    """The ``XJOBS = {...}`` of the page's "## Settings" section, as Python reads it."""
+    text = (ROOT / "docs" / page).read_text()
+    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```python\n(XJOBS = \{.*?\n\})\n```", section, re.S)
+    assert block, f"no XJOBS block in the Settings section of docs/{page}"
+    return ast.literal_eval(block.group(1).split("=", 1)[1])
+
+
+def test_the_documented_defaults_are_the_defaults():
+    # docs/guide.md once said "PREFETCH": 10 where the default is "auto". Each documented value,
+    # given alone, must make the very settings no value makes (QUEUES given only records that it
+    # was given: queues_given).
+    documented = {**documented_defaults("scheduling.md"), **documented_defaults("guide.md")}
+    assert set(documented) == conf._KNOWN_KEYS
+    default = dataclasses.replace(conf.build({}), raw={}, queues_given=False)
+    for key, value in documented.items():
+        built = dataclasses.replace(conf.build({key: value}), raw={}, queues_given=False)
+        assert built == default, f"docs say XJOBS[{key!r}] defaults to {value!r}"
