@@ -7,6 +7,8 @@ unknown timezone fails at import time, in the module that declared it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import registry
 from ..exceptions import ConfigurationError
 from . import cron
@@ -14,7 +16,7 @@ from . import cron
 OPTIONS = ("cron", "timezone", "misfire")
 
 
-def validate(definition: registry.Job) -> None:
+def validate(definition: registry.Job[..., Any]) -> None:
     """Check a definition's cron options and store them normalised."""
     options = definition.options
     expression = options.get("cron")
@@ -27,13 +29,21 @@ def validate(definition: registry.Job) -> None:
         return
     schedule = cron.parse(expression, options.get("timezone", "UTC"),
                           what=f"{definition.name}: cron")
+    # The scheduler enqueues a cron job with no input: a required argument would fail every
+    # occurrence with a TypeError.
+    if definition.shape.required:
+        raise ConfigurationError(
+            f"{definition.name}: cron= runs {definition.shape.call} with no input, but it "
+            f"requires {', '.join(sorted(definition.shape.required))}; give those parameters "
+            'defaults, or schedule the job through XJOBS["SCHEDULE"] with an "input"'
+        )
     options["cron"] = schedule.expression
     options["timezone"] = schedule.timezone
     options["misfire"] = cron.parse_misfire(options.get("misfire", "latest"),
                                             what=f"{definition.name}: misfire")
 
 
-def _validated_with_cron(definition: registry.Job) -> None:
+def _validated_with_cron(definition: registry.Job[..., Any]) -> None:
     """timezone= and misfire= are judged together with cron= by :func:`validate`."""
 
 

@@ -186,6 +186,67 @@ def test_an_unknown_option_is_refused(option):
     assert registry.lookup("t.unknown_option") is None
 
 
+def test_a_function_no_worker_could_call_is_refused_at_decoration():
+    # A worker calls func(ctx, **input).
+    with pytest.raises(ConfigurationError, match="does not take the job context"):
+        @job(name="t.no_ctx")
+        def no_ctx():
+            return None
+    with pytest.raises(ConfigurationError, match="does not take the job context"):
+        @job(name="t.keyword_ctx")
+        def keyword_ctx(*, ctx):
+            return None
+    with pytest.raises(ConfigurationError, match=r"\(ctx, a, /\): 'a' is positional-only"):
+        @job(name="t.positional_only")
+        def positional_only(ctx, a, /):
+            return None
+    assert not {"t.no_ctx", "t.keyword_ctx", "t.positional_only"} & set(registry.all_jobs())
+
+    @job(name="t.fine")
+    def fine(ctx, a=1, /, *args, b, **kwargs):  # an unreachable positional-only default is fine
+        return None
+
+    @job(name="t.star")
+    def star(*args, **kwargs):  # ctx lands in *args
+        return None
+
+    assert registry.lookup("t.fine") is fine and registry.lookup("t.star") is star
+
+
+def test_a_cron_job_whose_function_requires_input_is_refused_at_decoration():
+    # The scheduler enqueues @job(cron=...) with no input: every occurrence would fail.
+    with pytest.raises(ConfigurationError,
+                       match=r"t\.cron_needs_input: cron= runs .* requires a, b"):
+        @job(name="t.cron_needs_input", cron="0 3 * * *")
+        def needs(ctx, a, b, c=3):
+            return None
+    assert registry.lookup("t.cron_needs_input") is None
+
+    @job(name="t.cron_defaults", cron="0 3 * * *")
+    def defaults(ctx, a=1, **more):
+        return None
+
+    assert registry.lookup("t.cron_defaults") is defaults
+
+
+def test_positional_enqueue_arguments_are_stored_by_parameter_name():
+    # Job.enqueue has the function's own parameters for a type checker (ParamSpec), so
+    # add.enqueue(1, b=2) type-checks; it is stored as keyword input {"a": 1, "b": 2}.
+    @job(name="t.positional")
+    def add(ctx, a, b, *, c=0):
+        return a + b + c
+
+    shape = add.shape
+    assert shape.positional == ("a", "b")
+    assert shape.merge(add.name, (1,), {"b": 2}) == {"a": 1, "b": 2}
+    with pytest.raises(InvalidJobInput, match=r"takes 2 argument\(s\) by position .* got 3"):
+        add.enqueue(1, 2, 3)
+    with pytest.raises(InvalidJobInput, match=r"multiple values for argument\(s\) 'a'"):
+        add.using(tenant_id="t").enqueue(1, 2, a=1)
+    with pytest.raises(InvalidJobInput, match="takes 0 argument"):
+        testapp_jobs.noop.enqueue(1)  # noop(ctx, **kwargs): nothing to store a position under
+
+
 # ------------------------------------------------------------------------------ duplicates --
 
 
