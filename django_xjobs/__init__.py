@@ -42,6 +42,12 @@ __all__ = [
 from .context import JobContext
 from .exceptions import PermanentError, Snooze
 from .registry import job
+
+# Imported for their @job options (concurrency=; cron=, timezone=, misfire=), which each
+# registers on import: every documented option is then known wherever @job is importable,
+# before the app registry is ready too (tests/unit/test_registry.py::
+# test_every_option_is_known_before_django_setup). Both are light (no croniter, no engine).
+from .scheduler import options as _scheduler_options  # noqa: F401  (registers on import)
 from .slots import Concurrency
 
 if TYPE_CHECKING:

@@ -1,8 +1,14 @@
 """``@job(cron=..., timezone=..., misfire=...)``: the options the scheduler adds to ``@job``.
 
-Registered in ``registry._extension_options`` when the app is ready (``apps.py``), before any
-app's ``jobs.py`` is imported, and validated when the job is decorated: a bad expression or an
-unknown timezone fails at import time, in the module that declared it.
+Registered in ``registry._extension_options`` when this module is imported, which the package's
+``__init__`` does: the options are known wherever ``@job`` is importable, also in a module
+imported before the app registry is ready (a settings module, an app's ``__init__``;
+tests/unit/test_registry.py::test_every_option_is_known_before_django_setup). They are
+validated when the job is decorated: a bad expression or an unknown timezone fails at import
+time, in the module that declared it.
+
+Only ``registry`` and ``exceptions`` are imported here; ``cron`` (and croniter with it) is
+imported when a job actually gives ``cron=``, so ``import django_xjobs`` stays light.
 """
 
 from __future__ import annotations
@@ -11,7 +17,6 @@ from typing import Any
 
 from .. import registry
 from ..exceptions import ConfigurationError
-from . import cron
 
 OPTIONS = ("cron", "timezone", "misfire")
 
@@ -27,6 +32,8 @@ def validate(definition: registry.Job[..., Any]) -> None:
                 f"{definition.name}: {', '.join(f'{n}=' for n in given)} needs cron="
             )
         return
+    from . import cron
+
     schedule = cron.parse(expression, options.get("timezone", "UTC"),
                           what=f"{definition.name}: cron")
     # The scheduler enqueues a cron job with no input: a required argument would fail every
@@ -48,6 +55,10 @@ def _validated_with_cron(definition: registry.Job[..., Any]) -> None:
 
 
 def install() -> None:
+    """Register the options (idempotent; done on import, kept for ``apps.py``)."""
     registry._extension_options["cron"] = validate
     registry._extension_options["timezone"] = _validated_with_cron
     registry._extension_options["misfire"] = _validated_with_cron
+
+
+install()

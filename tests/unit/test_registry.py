@@ -247,6 +247,47 @@ def test_positional_enqueue_arguments_are_stored_by_parameter_name():
         testapp_jobs.noop.enqueue(1)  # noop(ctx, **kwargs): nothing to store a position under
 
 
+EARLY = """
+from django_xjobs import job
+from django_xjobs.exceptions import ConfigurationError
+import tests.testapp.early_jobs as early
+
+assert early.nightly.options == {"cron": "0 3 * * *", "timezone": "Europe/Paris",
+                                 "misfire": "skip"}, early.nightly.options
+assert early.export.options["concurrency"].limit == 1
+try:
+    @job(name="early.bad", cron="61 * * * *")
+    def bad(ctx):
+        return None
+except ConfigurationError as exc:
+    print("refused:", exc)
+import django
+django.setup()
+from django_xjobs.scheduler import tasks
+assert "tests.testapp.early_jobs.nightly" in tasks.collect()[0], tasks.collect()
+print("declared")
+"""
+
+
+def test_every_option_is_known_before_django_setup():
+    # A module imported before the app registry is ready (by a settings module, or an app's
+    # __init__) declares jobs with every documented option; cron= used to be known only once
+    # apps.py had run.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", EARLY], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "refused: early.bad: cron: " in output and "not a valid cron expression" in output
+    assert "declared" in done.stdout
+
+
 # ------------------------------------------------------------------------------ duplicates --
 
 
