@@ -5,7 +5,7 @@
 #   make bench                our own benchmark table (bench/)
 #   make bench-scale          claim latency and drain rate at 10k/100k/1M queued, 1M in history
 #   make bench-peers          the shared harness: the peers and django-xjobs in one run
-#   make lint                 ruff + import-linter (the layer contract in pyproject.toml)
+#   make lint                 ruff + import-linter (the layer contract) + mypy (pyproject.toml)
 #   make bench-admin          the console's page render times at 1,000,000 jobs
 #   make screenshots          the console's screenshots in docs/img (the browser test)
 #
@@ -86,6 +86,7 @@ bench-peers: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 clean-db:
 	rm -rf .pgdata

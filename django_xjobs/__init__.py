@@ -8,7 +8,11 @@ The public API (everything else is internal)::
     @job(queue="emails", max_attempts=5)
     def send_welcome(ctx, user_id: int) -> dict: ...
 
-    send_welcome.enqueue(user_id=42)
+    send_welcome.enqueue(user_id=42)            # checked against send_welcome's parameters
+    await send_welcome.aenqueue(user_id=42)     # from async code
+
+The package is typed (``py.typed``): ``send_welcome.enqueue(...)`` is checked by mypy or
+pyright against ``send_welcome``'s own parameters after ``ctx`` (docs/guide.md, "Typing").
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ __all__ = [
     "PermanentError",
     "Snooze",
     "StagedJob",
+    "aenqueue",
     "backfill",
     "cancel",
     "enqueue",
@@ -37,16 +42,31 @@ __all__ = [
 from .context import JobContext
 from .exceptions import PermanentError, Snooze
 from .registry import job
+
+# Imported for their @job options (concurrency=; cron=, timezone=, misfire=), which each
+# registers on import: every documented option is then known wherever @job is importable,
+# before the app registry is ready too (tests/unit/test_registry.py::
+# test_every_option_is_known_before_django_setup). Both are light (no croniter, no engine).
+from .scheduler import options as _scheduler_options  # noqa: F401  (registers on import)
 from .slots import Concurrency
 
 if TYPE_CHECKING:
-    from .api import JobHandle, cancel, enqueue, enqueue_many, enqueue_on_commit, get_job, retry
+    from .api import (
+        JobHandle,
+        aenqueue,
+        cancel,
+        enqueue,
+        enqueue_many,
+        enqueue_on_commit,
+        get_job,
+        retry,
+    )
     from .backfills import Batch, backfill
     from .outbox import StagedJob
     from .steps import publish_event
 
 _LAZY = {
-    "JobHandle": "api", "cancel": "api", "enqueue": "api", "enqueue_many": "api",
+    "JobHandle": "api", "cancel": "api", "enqueue": "api", "enqueue_many": "api", "aenqueue": "api",
     "get_job": "api", "retry": "api", "publish_event": "steps",
     "backfill": "backfills", "Batch": "backfills",
     "enqueue_on_commit": "api", "StagedJob": "outbox",

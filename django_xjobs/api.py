@@ -5,7 +5,15 @@ the caller's transaction when there is one: a job enqueued in an ``atomic()`` bl
 back never existed (tests/integration/test_enqueue_transactions.py).
 
 Bad input raises :class:`~django_xjobs.exceptions.InvalidJobInput` (or a subclass) *before* any
-statement is sent, so it writes nothing and leaves the caller's transaction usable.
+statement is sent, so it writes nothing and leaves the caller's transaction usable. That
+includes an input the job's function cannot take: every enqueue binds it to the function's
+signature (``registry.InputShape``), whichever way it comes (``enqueue``, ``using().enqueue``,
+``enqueue(name, ...)``, ``enqueue_many``, ``enqueue_on_commit``).
+
+Async callers use the ``aenqueue`` variants: the same enqueue, run by asgiref's
+``sync_to_async(thread_sensitive=True)`` as Django's own async ORM methods are, so it uses the
+connection, and the transaction, that ``await Model.objects.acreate(...)`` would
+(tests/integration/test_aenqueue.py).
 """
 
 from __future__ import annotations
@@ -21,8 +29,10 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypedDict
 from uuid import UUID
+
+from asgiref.sync import sync_to_async
 
 from . import conf, registry, slots, tracing
 from .engines import get_engine
@@ -31,9 +41,12 @@ from .exceptions import (
     JobNotFound,
     PayloadTooLarge,
 )
-from .records import EnqueueParams, EnqueueResult, JobRecord, new_ids
+from .records import ChangeResult, EnqueueParams, EnqueueResult, JobRecord, new_ids
+from .registry import P, R
 
 if TYPE_CHECKING:
+    from typing import Unpack
+
     from .outbox import StagedJob
 
 _enqueued_by: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -41,11 +54,24 @@ _enqueued_by: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 _process_identity = f"{socket.gethostname()}:{os.getpid()}"
 
-ENQUEUE_OPTIONS = frozenset({
-    "idempotency_key", "delay", "run_at", "tenant_id", "priority", "queue", "max_attempts",
-    "enqueued_by", "traceparent",
-    "concurrency_key",  # an explicit concurrency key (slots.py), over the job's own template
-})
+
+class EnqueueOptions(TypedDict, total=False):
+    """The options of one enqueue (``.using(...)``, ``enqueue(name, input, ...)``): their
+    types for a type checker; their values are checked by :func:`_template` at every call."""
+
+    idempotency_key: str | None
+    delay: timedelta | float | None  # seconds, or a timedelta; not with run_at
+    run_at: datetime | None  # aware
+    tenant_id: str | None
+    priority: int
+    queue: str
+    max_attempts: int
+    enqueued_by: str | None
+    traceparent: str | None  # W3C; default: the current OpenTelemetry span
+    concurrency_key: str | None  # an explicit key (slots.py), over the job's own template
+
+
+ENQUEUE_OPTIONS = frozenset(EnqueueOptions.__optional_keys__)
 # One encoder for every enqueue: json.dumps with any option builds a new JSONEncoder per call.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 MAX_KEY_LENGTH = 1000
@@ -196,7 +222,7 @@ class _Template:
     """Everything about an enqueue but its input and ids: validated once per call (per batch,
     for enqueue_many), applied to each input."""
 
-    definition: registry.Job
+    definition: registry.Job[..., Any]
     queue: str
     key: str | None
     max_attempts: int
@@ -217,6 +243,7 @@ class _Template:
                 f"input of {self.definition.name} must be a dict of keyword arguments, "
                 f"got {type(input).__name__}"
             )
+        self.definition.shape.check(self.definition.name, input)
         concurrency_key = None if self.slot_keys is None else self.slot_keys.key(input)
         input_json = encode_json(input if type(input) is dict else dict(input),
                                  what=f"input of {self.definition.name}",
@@ -230,7 +257,7 @@ class _Template:
         )
 
 
-def _template(definition: registry.Job, options: Mapping[str, Any]) -> _Template:
+def _template(definition: registry.Job[..., Any], options: Mapping[str, Any]) -> _Template:
     """Validate the enqueue options for ``definition``. Raises before anything is written."""
     settings = conf.get()
     if options:
@@ -295,7 +322,8 @@ def _template(definition: registry.Job, options: Mapping[str, Any]) -> _Template
     )
 
 
-def build_params(definition: registry.Job, input: Any, options: Mapping[str, Any]) -> EnqueueParams:
+def build_params(definition: registry.Job[..., Any], input: Any,
+                 options: Mapping[str, Any]) -> EnqueueParams:
     """Validate one enqueue and turn it into engine params. Raises before anything is written."""
     template = _template(definition, options)
     job_id, run_id = new_ids(2)
@@ -340,12 +368,12 @@ def _handle(result: EnqueueResult) -> JobHandle:
     return JobHandle(id=result.id, run_id=result.run_id, created=result.created)
 
 
-class BoundJob:
+class BoundJob(Generic[P, R]):
     """A job with enqueue options applied: ``my_job.using(delay=..., tenant_id=...)``."""
 
     __slots__ = ("definition", "options")
 
-    def __init__(self, definition: registry.Job, options: Mapping[str, Any]) -> None:
+    def __init__(self, definition: registry.Job[P, R], options: Mapping[str, Any]) -> None:
         unknown = set(options) - ENQUEUE_OPTIONS
         if unknown:
             raise InvalidJobInput(
@@ -354,28 +382,46 @@ class BoundJob:
         self.definition = definition
         self.options = dict(options)
 
-    def using(self, **options: Any) -> BoundJob:
+    def using(self, **options: Unpack[EnqueueOptions]) -> BoundJob[P, R]:
         return BoundJob(self.definition, {**self.options, **options})
 
-    def enqueue(self, **input: Any) -> JobHandle:
-        params = build_params(self.definition, input, self.options)
+    def _input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        if args:
+            return self.definition.shape.merge(self.definition.name, args, kwargs)
+        return kwargs
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+        params = build_params(self.definition, self._input(args, kwargs), self.options)
         return _handle(get_engine().job_enqueue(params))
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+        """:meth:`enqueue` from async code, on Django's thread for the async ORM (the module
+        docstring says why)."""
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(*args, **kwargs)
 
     def bulk_enqueue(self, inputs: Iterable[Mapping[str, Any]]) -> list[JobHandle]:
         """Enqueue many inputs of this job in one statement per 1,000; see :func:`enqueue_many`."""
         return enqueue_many((self.definition.name, inp, self.options) for inp in inputs)
 
-    def enqueue_on_commit(self, **input: Any) -> StagedJob:
+    def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> StagedJob:
         """Stage this job in the current transaction; see :func:`enqueue_on_commit`."""
-        return _stage(self.definition, input, self.options, using="default")
+        return _stage(self.definition, self._input(args, kwargs), self.options, using="default")
 
 
-def enqueue(name: str, input: Mapping[str, Any] | None = None, **options: Any) -> JobHandle:
+def enqueue(name: str, input: Mapping[str, Any] | None = None,
+            **options: Unpack[EnqueueOptions]) -> JobHandle:
     """Enqueue a registered job by name: ``enqueue("emails.send_welcome", {"user_id": 42})``."""
     definition = registry.get(_name("job name", name)) if isinstance(name, str) else None
     if definition is None:
         raise InvalidJobInput(f"job name must be a string, got {name!r}")
     return _handle(get_engine().job_enqueue(build_params(definition, input, options)))
+
+
+async def aenqueue(name: str, input: Mapping[str, Any] | None = None,
+                   **options: Unpack[EnqueueOptions]) -> JobHandle:
+    """:func:`enqueue` from async code, on Django's thread for the async ORM (the module
+    docstring says why)."""
+    return await sync_to_async(enqueue, thread_sensitive=True)(name, input, **options)
 
 
 def enqueue_many(
@@ -413,7 +459,7 @@ def enqueue_many(
 
 
 def enqueue_on_commit(name: str, input: Mapping[str, Any] | None = None, *,
-                      using: str = "default", **options: Any) -> StagedJob:
+                      using: str = "default", **options: Unpack[EnqueueOptions]) -> StagedJob:
     """Stage a registered job in the current transaction of database alias ``using``; the job
     exists if and only if that transaction commits (docs/transactional-enqueue.md).
 
@@ -427,7 +473,7 @@ def enqueue_on_commit(name: str, input: Mapping[str, Any] | None = None, *,
     return _stage(definition, input, options, using=using)
 
 
-def _stage(definition: registry.Job, input: Any, options: Mapping[str, Any], *,
+def _stage(definition: registry.Job[..., Any], input: Any, options: Mapping[str, Any], *,
            using: Any) -> StagedJob:
     from . import outbox
 
@@ -460,7 +506,7 @@ def get_job(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> J
 
 
 def cancel(job_id: UUID | str, *, reason: str | None = None,
-           tenant_ids: Iterable[str] | None = None) -> Any:
+           tenant_ids: Iterable[str] | None = None) -> ChangeResult:
     """Cancel a job in any state but done; a running one stops at its worker's next heartbeat."""
     if reason is not None:
         reason = _text_option("reason", reason, max_length=2000)
@@ -473,7 +519,7 @@ def cancel(job_id: UUID | str, *, reason: str | None = None,
     return result
 
 
-def retry(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> Any:
+def retry(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
     """Give a dead or cancelled job a fresh set of attempts, due now (same run_id: completed
     steps are kept). Raises LiveJobExists when another live job holds its key. Inside
     :func:`acting_as` (the console) the job's ``enqueued_by`` becomes that identity."""
@@ -484,7 +530,7 @@ def retry(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> Any
     return result
 
 
-def run_now(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> Any:
+def run_now(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
     """Make a delayed or suspended job due now."""
     result = get_engine().job_run_now(str(job_id), tenant_ids=tenant_ids)
     if result.job is None:

@@ -800,6 +800,7 @@ def retry(run_id: Any) -> PassHandle:
     if record.job_state in ("dead", "cancelled"):
         result = api.retry(str(record.job_id))
         job = result.job
+        assert job is not None  # api.retry raises JobNotFound rather than return no job
         return PassHandle(name=record.name, run_id=record.run_id, job_id=job.id,
                           created=bool(result.changed))
     # The job is gone (purged by retention): a new job under the same run id adopts the row.

@@ -102,7 +102,7 @@ def ensure_database(entry: dict[str, Any]) -> bool:
     import psycopg
     from psycopg import sql
 
-    params = {
+    params: dict[str, Any] = {
         "dbname": "postgres",
         "user": entry.get("USER") or None,
         "password": entry.get("PASSWORD") or None,

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 
@@ -25,6 +25,10 @@ class JobState(enum.StrEnum):
     DEAD = "dead"
     CANCELLED = "cancelled"
 
+
+# The values of JobState as a type: what ``JobRecord.state`` holds (a plain str at run time, as
+# read from the row; a type checker then refuses ``record.state == "finished"``).
+JobStateName = Literal["ready", "delayed", "running", "suspended", "done", "dead", "cancelled"]
 
 LIVE_STATES: tuple[str, ...] = ("ready", "delayed", "running", "suspended")
 TERMINAL_STATES: tuple[str, ...] = ("done", "dead", "cancelled")
@@ -98,12 +102,12 @@ class JobRecord:
     id: UUID
     name: str
     queue: str
-    input: Any
-    idempotency_key: str
+    input: dict[str, Any]  # the keyword arguments the function is called with
+    idempotency_key: str  # the job's id when none was given
     run_id: UUID
     attempt: int
     max_attempts: int
-    state: str
+    state: JobStateName
     run_at: datetime
     visible_at: datetime | None
     claimed_by: str | None
@@ -119,7 +123,7 @@ class JobRecord:
     concurrency_key: str | None
     started_at: datetime | None
     finished_at: datetime | None
-    rescues: int
+    rescues: int  # times a lapsed lease was taken over by another claim
     worker_ids: list[str] = field(default_factory=list)
 
     @property

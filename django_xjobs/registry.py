@@ -5,29 +5,44 @@ row: a row whose name is not registered is retried as unknown and ends ``dead``
 (tests/acceptance/test_worker_faults.py::test_a_row_naming_os_system_is_never_imported).
 
 Definitions are validated when decorated, so a bad queue name or retry policy fails at import
-time, in the module that declared it, not at 3 a.m. in a worker.
+time, in the module that declared it, not at 3 a.m. in a worker. So is the function's signature:
+each job reads it once (:class:`InputShape`), and every enqueue binds its input to it, so an
+input the function cannot take is refused at enqueue instead of failing every attempt with a
+``TypeError`` (tests/unit/test_validation.py).
+
+Typing: ``Job`` is generic in the function's parameters after ``ctx`` (a ``ParamSpec``) and its
+return type, so a type checker checks ``send.enqueue(...)`` against ``send``'s own parameters
+(tests/typecheck/enqueue_calls.py, run by tests/unit/test_typing.py).
 """
 
 from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from . import conf
 from .conf import NAME_RE, parse_duration
-from .exceptions import ConfigurationError, DuplicateJobName, UnknownJob
+from .exceptions import ConfigurationError, DuplicateJobName, InvalidJobInput, UnknownJob
 
 if TYPE_CHECKING:
-    from .api import BoundJob, JobHandle
+    from typing import Concatenate, Unpack
+
+    from .api import BoundJob, EnqueueOptions, JobHandle
+    from .context import JobContext
     from .outbox import StagedJob
+    from .slots import Concurrency
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 INT32 = 2**31 - 1  # the columns are PostgreSQL integers
 _lock = threading.Lock()
-_jobs: dict[str, Job] = {}
+_jobs: dict[str, Job[..., Any]] = {}
+_NO_OPTIONS: Mapping[str, Any] = {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,12 +53,140 @@ class RetryPolicy:
     cap: float | None = None  # seconds; None = XJOBS["RETRY_CAP"]
 
 
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+@dataclass(frozen=True, slots=True)
+class InputShape:
+    """The input a job function takes: its parameters after ``ctx``, called by keyword.
+
+    Read from the signature once, when the job is decorated. Enqueue checks an input with two
+    set comparisons (:meth:`check`; a single enqueue is benchmarked, bench/) and builds a
+    message only for an input that does not fit. ``accepted`` is None for a function that
+    takes ``**kwargs``: any name is accepted, the required ones must still be there.
+    """
+
+    call: str  # "add(ctx, a, b=...)", for messages
+    required: frozenset[str] = frozenset()
+    accepted: frozenset[str] | None = None
+    # The parameters that positional enqueue arguments fill, in order: the type of
+    # ``Job.enqueue`` is the function's own (ParamSpec), so ``add.enqueue(1, 2)`` type-checks
+    # and is stored as ``{"a": 1, "b": 2}``.
+    positional: tuple[str, ...] = ()
+    # Why no worker could ever call the function, or None (``@job`` refuses such a function).
+    unusable: str | None = None
+
+    @classmethod
+    def of(cls, func: Callable[..., Any]) -> InputShape:
+        name = getattr(func, "__name__", None) or type(func).__name__
+        try:
+            parameters = list(inspect.signature(func).parameters.values())
+        except (TypeError, ValueError):  # no signature to read (some builtins): no check
+            return cls(call=f"{name}(...)")
+        call = f"{name}({_describe(parameters)})"
+        if not parameters or parameters[0].kind not in (*_POSITIONAL,
+                                                        inspect.Parameter.VAR_POSITIONAL):
+            return cls(call=call, unusable=(
+                f"{call} does not take the job context: a worker calls it as "
+                "func(ctx, **input), so its first parameter must be positional (ctx)"
+            ))
+        if parameters[0].kind is not inspect.Parameter.VAR_POSITIONAL:
+            parameters = parameters[1:]  # ctx
+        stuck = [p.name for p in parameters
+                 if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.default is p.empty]
+        if stuck:
+            return cls(call=call, unusable=(
+                f"{call}: {_names(stuck)} {'is' if len(stuck) == 1 else 'are'} positional-only, "
+                "but a job's input is passed by keyword (func(ctx, **input)), so no enqueue "
+                "could ever give it a value"
+            ))
+        by_keyword = [p for p in parameters if p.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+        takes_positional = all(p.kind is not inspect.Parameter.POSITIONAL_ONLY
+                               for p in parameters)
+        return cls(
+            call=call,
+            required=frozenset(p.name for p in by_keyword if p.default is p.empty),
+            accepted=None if takes_any else frozenset(p.name for p in by_keyword),
+            positional=tuple(p.name for p in parameters
+                             if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            if takes_positional else (),
+        )
+
+    def check(self, job: str, input: Mapping[Any, Any]) -> None:
+        """Raise :class:`InvalidJobInput` naming the missing or unexpected arguments unless
+        ``func(ctx, **input)`` binds."""
+        keys = input.keys()
+        if keys >= self.required and (self.accepted is None or keys <= self.accepted):
+            return
+        raise InvalidJobInput(f"input of {job} does not fit {self.call}: {self.mismatch(keys)}")
+
+    def mismatch(self, keys: Any) -> str:
+        """What is wrong with an input of these keys, for a message ("" if nothing)."""
+        given = set(keys)
+        problems = []
+        missing = self.required - given
+        if missing:
+            problems.append(f"missing required argument(s) {_names(missing)}")
+        unexpected = set() if self.accepted is None else given - self.accepted
+        if unexpected:
+            takes = _names(self.accepted) if self.accepted else "nothing"
+            problems.append(f"unexpected argument(s) {_names(unexpected)} (it takes {takes})")
+        return "; ".join(problems)
+
+    def merge(self, job: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The input of ``enqueue(*args, **kwargs)``: positional arguments stored under the
+        names of the parameters they fill."""
+        if len(args) > len(self.positional):
+            raise InvalidJobInput(
+                f"input of {job}: {self.call} takes {len(self.positional)} argument(s) by "
+                f"position after ctx, got {len(args)} (a job's input is stored by parameter "
+                "name; pass the others by keyword)"
+            )
+        input = dict(zip(self.positional, args, strict=False))
+        twice = input.keys() & kwargs.keys()
+        if twice:
+            raise InvalidJobInput(
+                f"input of {job}: got multiple values for argument(s) {_names(twice)}"
+            )
+        input.update(kwargs)
+        return input
+
+
+def _describe(parameters: list[inspect.Parameter]) -> str:
+    """``ctx, a, /, b=..., *, c``: a signature without its annotations and default values."""
+    parts: list[str] = []
+    star = False
+    for n, p in enumerate(parameters):
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and not star:
+            parts.append("*")
+        star = star or p.kind in (inspect.Parameter.KEYWORD_ONLY,
+                                  inspect.Parameter.VAR_POSITIONAL)
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            parts.append(f"*{p.name}")
+        elif p.kind is inspect.Parameter.VAR_KEYWORD:
+            parts.append(f"**{p.name}")
+        else:
+            parts.append(p.name if p.default is p.empty else f"{p.name}=...")
+        if p.kind is inspect.Parameter.POSITIONAL_ONLY and (
+            n + 1 == len(parameters)
+            or parameters[n + 1].kind is not inspect.Parameter.POSITIONAL_ONLY
+        ):
+            parts.append("/")
+    return ", ".join(parts)
+
+
+def _names(names: Any) -> str:
+    return ", ".join(sorted(f"{name!r:.60}" for name in names))
+
+
 @dataclass(eq=False, kw_only=True)
-class Job:
+class Job(Generic[P, R]):
     """A registered job. Call ``.enqueue(**input)`` to run it in a worker; ``job(ctx, **input)``
     calls the function directly (tests)."""
 
-    func: Callable[..., Any]
+    func: Callable[Concatenate[JobContext, P], R]
     name: str
     queue: str = "default"
     max_attempts: int | None = None  # None = XJOBS["MAX_ATTEMPTS"]
@@ -52,34 +195,46 @@ class Job:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     is_async: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    shape: InputShape = field(init=False, repr=False)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.func(*args, **kwargs)
+    def __post_init__(self) -> None:
+        self.shape = InputShape.of(self.func)
+
+    def __call__(self, ctx: JobContext, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.func(ctx, *args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<Job {self.name} queue={self.queue}>"
 
     # The enqueue side lives in api.py; these delegate so that `my_job.enqueue(...)` reads well.
-    def using(self, **options: Any) -> BoundJob:
+    def using(self, **options: Unpack[EnqueueOptions]) -> BoundJob[P, R]:
         from .api import BoundJob
 
         return BoundJob(self, options)
 
-    def enqueue(self, **input: Any) -> JobHandle:
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
         from .api import BoundJob
 
-        return BoundJob(self, {}).enqueue(**input)
+        return BoundJob(self, _NO_OPTIONS).enqueue(*args, **kwargs)
 
-    def bulk_enqueue(self, inputs: Any, **options: Any) -> list[JobHandle]:
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+        """:meth:`enqueue` for async code: runs on the thread Django's async ORM uses, so in
+        the same connection and transaction as ``await Model.objects.acreate(...)``."""
+        from .api import BoundJob
+
+        return await BoundJob(self, _NO_OPTIONS).aenqueue(*args, **kwargs)
+
+    def bulk_enqueue(self, inputs: Iterable[Mapping[str, Any]],
+                     **options: Unpack[EnqueueOptions]) -> list[JobHandle]:
         from .api import BoundJob
 
         return BoundJob(self, options).bulk_enqueue(inputs)
 
-    def enqueue_on_commit(self, **input: Any) -> StagedJob:
+    def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> StagedJob:
         """Stage this job in the current transaction (docs/transactional-enqueue.md)."""
         from .api import BoundJob
 
-        return BoundJob(self, {}).enqueue_on_commit(**input)
+        return BoundJob(self, _NO_OPTIONS).enqueue_on_commit(*args, **kwargs)
 
 
 def _default_name(func: Callable[..., Any]) -> str:
@@ -115,7 +270,7 @@ def build_job(
     retry_base: timedelta | float | str | None = None,
     retry_cap: timedelta | float | str | None = None,
     **options: Any,
-) -> Job:
+) -> Job[..., Any]:
     if not callable(func):
         raise ConfigurationError(f"@job must decorate a function, got {func!r}")
     job_name = _validate_name("Job name", name if name is not None else _default_name(func))
@@ -150,7 +305,7 @@ def build_job(
     )
 
 
-def register(definition: Job) -> Job:
+def register(definition: Job[P, R]) -> Job[P, R]:
     with _lock:
         existing = _jobs.get(definition.name)
         if existing is not None and _qualname(existing.func) != _qualname(definition.func):
@@ -166,8 +321,14 @@ def _qualname(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{getattr(func, '__qualname__', repr(func))}"
 
 
+class JobDecorator(Protocol):
+    """What ``@job(...)`` with options returns: a decorator keeping the function's types."""
+
+    def __call__(self, func: Callable[Concatenate[JobContext, P], R], /) -> Job[P, R]: ...
+
+
 @overload
-def job(func: Callable[..., Any], /) -> Job: ...
+def job(func: Callable[Concatenate[JobContext, P], R], /) -> Job[P, R]: ...
 @overload
 def job(
     *,
@@ -178,20 +339,30 @@ def job(
     priority: int = ...,
     retry_base: timedelta | float | str | None = ...,
     retry_cap: timedelta | float | str | None = ...,
-    concurrency: Any = ...,  # a slots.Concurrency (registered through _extension_options)
-) -> Callable[[Callable[..., Any]], Job]: ...
+    concurrency: Concurrency | None = ...,  # slots.py (docs/concurrency.md)
+    cron: str | None = ...,  # scheduler/options.py (docs/scheduling.md)
+    timezone: str = ...,
+    misfire: Literal["latest", "all", "skip"] = ...,
+) -> JobDecorator: ...
 def job(func: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
     """Register a function as a job: ``@job`` or ``@job(queue="emails", max_attempts=5)``.
 
-    The function is called as ``func(ctx, **input)``; it may be ``async def``.
+    The function is called as ``func(ctx, **input)``; it may be ``async def``. A function that
+    no worker could call that way (no ``ctx``, or a required positional-only parameter after
+    it) is refused here.
     """
     _known = {"name", "queue", "max_attempts", "timeout", "priority", "retry_base", "retry_cap"}
     unknown = set(kwargs) - _known - set(_extension_options)
     if unknown:
-        raise ConfigurationError(f"@job got unknown option(s) {sorted(unknown)}")
+        raise ConfigurationError(
+            f"@job got unknown option(s) {sorted(unknown)}; known: "
+            f"{sorted(_known | set(_extension_options))}"
+        )
 
-    def decorate(f: Callable[..., Any]) -> Job:
+    def decorate(f: Callable[..., Any]) -> Job[..., Any]:
         definition = build_job(f, **kwargs)
+        if definition.shape.unusable is not None:
+            raise ConfigurationError(f"{definition.name}: {definition.shape.unusable}")
         for hook in _extension_options.values():
             hook(definition)
         return register(definition)
@@ -202,11 +373,14 @@ def job(func: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
 
 
 # Options that later subsystems add to @job (cron=..., concurrency=...): name -> validator hook
-# run on the built definition. Kept as a registry so this module does not import them.
-_extension_options: dict[str, Callable[[Job], None]] = {}
+# run on the built definition. Kept as a registry so this module does not import them; each
+# subsystem registers its options when imported, and the package's __init__ imports them all,
+# so every documented option is known wherever @job is importable, before the app registry is
+# ready too (tests/unit/test_registry.py::test_every_option_is_known_before_django_setup).
+_extension_options: dict[str, Callable[[Job[..., Any]], None]] = {}
 
 
-def get(name: str) -> Job:
+def get(name: str) -> Job[..., Any]:
     try:
         return _jobs[name]
     except KeyError:
@@ -216,12 +390,12 @@ def get(name: str) -> Job:
         ) from None
 
 
-def lookup(name: str) -> Job | None:
+def lookup(name: str) -> Job[..., Any] | None:
     """The job registered under ``name``, or None. Never imports anything."""
     return _jobs.get(name)
 
 
-def all_jobs() -> dict[str, Job]:
+def all_jobs() -> dict[str, Job[..., Any]]:
     return dict(_jobs)
 
 

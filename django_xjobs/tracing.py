@@ -27,8 +27,8 @@ try:  # pragma: no cover - exercised in both states by the test matrix
     from opentelemetry import propagate as _propagate
     from opentelemetry import trace as _trace
 except ImportError:  # pragma: no cover
-    _propagate = None
-    _trace = None
+    _propagate = None  # type: ignore[assignment]
+    _trace = None  # type: ignore[assignment]
 
 
 def otel_available() -> bool:

@@ -83,4 +83,4 @@ def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | Non
         if not keep_going():
             return stopped()
         counts[name] = purge()
-    return PruneReport(jobs=jobs, **counts)
+    return PruneReport(jobs=jobs, stopped=False, **counts)

@@ -1,20 +1,27 @@
 """``@job(cron=..., timezone=..., misfire=...)``: the options the scheduler adds to ``@job``.
 
-Registered in ``registry._extension_options`` when the app is ready (``apps.py``), before any
-app's ``jobs.py`` is imported, and validated when the job is decorated: a bad expression or an
-unknown timezone fails at import time, in the module that declared it.
+Registered in ``registry._extension_options`` when this module is imported, which the package's
+``__init__`` does: the options are known wherever ``@job`` is importable, also in a module
+imported before the app registry is ready (a settings module, an app's ``__init__``;
+tests/unit/test_registry.py::test_every_option_is_known_before_django_setup). They are
+validated when the job is decorated: a bad expression or an unknown timezone fails at import
+time, in the module that declared it.
+
+Only ``registry`` and ``exceptions`` are imported here; ``cron`` (and croniter with it) is
+imported when a job actually gives ``cron=``, so ``import django_xjobs`` stays light.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import registry
 from ..exceptions import ConfigurationError
-from . import cron
 
 OPTIONS = ("cron", "timezone", "misfire")
 
 
-def validate(definition: registry.Job) -> None:
+def validate(definition: registry.Job[..., Any]) -> None:
     """Check a definition's cron options and store them normalised."""
     options = definition.options
     expression = options.get("cron")
@@ -25,19 +32,33 @@ def validate(definition: registry.Job) -> None:
                 f"{definition.name}: {', '.join(f'{n}=' for n in given)} needs cron="
             )
         return
+    from . import cron
+
     schedule = cron.parse(expression, options.get("timezone", "UTC"),
                           what=f"{definition.name}: cron")
+    # The scheduler enqueues a cron job with no input: a required argument would fail every
+    # occurrence with a TypeError.
+    if definition.shape.required:
+        raise ConfigurationError(
+            f"{definition.name}: cron= runs {definition.shape.call} with no input, but it "
+            f"requires {', '.join(sorted(definition.shape.required))}; give those parameters "
+            'defaults, or schedule the job through XJOBS["SCHEDULE"] with an "input"'
+        )
     options["cron"] = schedule.expression
     options["timezone"] = schedule.timezone
     options["misfire"] = cron.parse_misfire(options.get("misfire", "latest"),
                                             what=f"{definition.name}: misfire")
 
 
-def _validated_with_cron(definition: registry.Job) -> None:
+def _validated_with_cron(definition: registry.Job[..., Any]) -> None:
     """timezone= and misfire= are judged together with cron= by :func:`validate`."""
 
 
 def install() -> None:
+    """Register the options (idempotent; done on import, kept for ``apps.py``)."""
     registry._extension_options["cron"] = validate
     registry._extension_options["timezone"] = _validated_with_cron
     registry._extension_options["misfire"] = _validated_with_cron
+
+
+install()

@@ -75,11 +75,19 @@ def _settings_entry(task: str, entry: Mapping[str, Any], payload_limit: int) -> 
         schedule = cron.parse(entry["cron"], zone, what=f"{where}: cron")
     except ConfigurationError as exc:
         return Problem(BAD_CRON, task, str(exc))
-    if registry.lookup(entry["job"]) is None:
+    definition = registry.lookup(entry["job"])
+    if definition is None:
         return Problem(UNKNOWN_JOB, task, (
             f"{where}: no job named {entry['job']!r} is registered (is its app in "
             f"INSTALLED_APPS and its jobs.py importable?); registered: "
             f"{sorted(registry.all_jobs())}"
+        ))
+    # The input every occurrence is enqueued with must bind to the job's signature, or each
+    # run would fail with a TypeError (tests/unit/test_validation.py).
+    mismatch = definition.shape.mismatch(entry["input"].keys())
+    if mismatch:
+        return Problem(BAD_INPUT, task, (
+            f"{where}['input'] does not fit {definition.shape.call}: {mismatch}"
         ))
     try:
         encode_json(entry["input"], what=f"{where}['input']", limit=payload_limit)

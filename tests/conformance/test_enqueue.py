@@ -9,7 +9,9 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 
-from django_xjobs.models import Job
+from django_xjobs import api, job, registry
+from django_xjobs.exceptions import InvalidJobInput
+from django_xjobs.models import Job, OutboxEntry
 from django_xjobs.records import LIVE_STATES, Completion
 
 from .conftest import claim_one, closing_connections, enqueue, params
@@ -388,3 +390,58 @@ def test_bulk_enqueue_with_duplicates_costs_the_same_statements_at_any_size(engi
     small, large = statements_for(10), statements_for(300)
     assert small == large
     assert large <= 2
+
+
+# ------------------------------------------------------------ input bound to the signature --
+# Through the public API: an input the job's function cannot take used to be stored and then
+# fail every attempt with a TypeError in the worker.
+
+ADD = "conformance.add"
+
+
+@pytest.fixture
+def add():
+    @job(name=ADD)
+    def add(ctx, a, b):
+        return a + b
+
+    yield add
+    registry.unregister(ADD)
+
+
+BAD_CALLS = {
+    "job.enqueue": lambda add: add.enqueue(c=1),
+    "job.using().enqueue": lambda add: add.using(tenant_id="acme").enqueue(a=1, c=1),
+    "enqueue(name)": lambda add: api.enqueue(ADD, {"c": 1}, priority=2),
+    "enqueue_many": lambda add: api.enqueue_many([(ADD, {"a": 1, "b": 2}), (ADD, {"a": 1})]),
+    "job.bulk_enqueue": lambda add: add.bulk_enqueue([{"a": 1, "b": 2}, {"b": 2, "c": 3}]),
+    "job.enqueue_on_commit": lambda add: add.enqueue_on_commit(a=1),
+    "enqueue_on_commit(name)": lambda add: api.enqueue_on_commit(ADD, {"b": 1, "c": 2}),
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("call", BAD_CALLS)
+def test_every_enqueue_refuses_an_input_the_function_cannot_take_and_sends_nothing(
+    add, call, django_assert_num_queries
+):
+    with transaction.atomic():
+        with django_assert_num_queries(0), pytest.raises(
+            InvalidJobInput, match=r"input of conformance\.add does not fit add\(ctx, a, b\): "
+        ) as info:
+            BAD_CALLS[call](add)
+        assert "missing required argument(s)" in str(info.value) or "unexpected" in str(info.value)
+        # The caller's transaction is still usable, and holds no job and no staging.
+        assert Job.objects.count() == 0
+        assert OutboxEntry.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_an_input_that_binds_is_stored_as_keyword_arguments(add, engine):
+    by_keyword = add.enqueue(a=1, b=2)
+    by_position = add.using(priority=3).enqueue(1, b=2)  # stored under the parameters' names
+    by_name = api.enqueue(ADD, {"b": 2, "a": 1})
+
+    for handle in (by_keyword, by_position, by_name):
+        assert engine.job_get(str(handle.id)).input == {"a": 1, "b": 2}
+    assert engine.job_get(str(by_position.id)).priority == 3

@@ -125,7 +125,7 @@ def test_a_missing_key_field_writes_no_row_and_leaves_the_transaction_usable():
 
 def test_one_bad_item_of_a_bulk_enqueue_writes_nothing():
     items = [("testapp.slotted", {"group": str(i)}) for i in range(5)]
-    items.insert(3, ("testapp.slotted", {"seconds": 1}))
+    items.insert(3, ("testapp.slotted", {"group": ["not", "a", "key"]}))
 
     with pytest.raises(InvalidConcurrencyKey, match=r"\{group\}"):
         enqueue_many(items)

@@ -186,6 +186,108 @@ def test_an_unknown_option_is_refused(option):
     assert registry.lookup("t.unknown_option") is None
 
 
+def test_a_function_no_worker_could_call_is_refused_at_decoration():
+    # A worker calls func(ctx, **input).
+    with pytest.raises(ConfigurationError, match="does not take the job context"):
+        @job(name="t.no_ctx")
+        def no_ctx():
+            return None
+    with pytest.raises(ConfigurationError, match="does not take the job context"):
+        @job(name="t.keyword_ctx")
+        def keyword_ctx(*, ctx):
+            return None
+    with pytest.raises(ConfigurationError, match=r"\(ctx, a, /\): 'a' is positional-only"):
+        @job(name="t.positional_only")
+        def positional_only(ctx, a, /):
+            return None
+    assert not {"t.no_ctx", "t.keyword_ctx", "t.positional_only"} & set(registry.all_jobs())
+
+    @job(name="t.fine")
+    def fine(ctx, a=1, /, *args, b, **kwargs):  # an unreachable positional-only default is fine
+        return None
+
+    @job(name="t.star")
+    def star(*args, **kwargs):  # ctx lands in *args
+        return None
+
+    assert registry.lookup("t.fine") is fine and registry.lookup("t.star") is star
+
+
+def test_a_cron_job_whose_function_requires_input_is_refused_at_decoration():
+    # The scheduler enqueues @job(cron=...) with no input: every occurrence would fail.
+    with pytest.raises(ConfigurationError,
+                       match=r"t\.cron_needs_input: cron= runs .* requires a, b"):
+        @job(name="t.cron_needs_input", cron="0 3 * * *")
+        def needs(ctx, a, b, c=3):
+            return None
+    assert registry.lookup("t.cron_needs_input") is None
+
+    @job(name="t.cron_defaults", cron="0 3 * * *")
+    def defaults(ctx, a=1, **more):
+        return None
+
+    assert registry.lookup("t.cron_defaults") is defaults
+
+
+def test_positional_enqueue_arguments_are_stored_by_parameter_name():
+    # Job.enqueue has the function's own parameters for a type checker (ParamSpec), so
+    # add.enqueue(1, b=2) type-checks; it is stored as keyword input {"a": 1, "b": 2}.
+    @job(name="t.positional")
+    def add(ctx, a, b, *, c=0):
+        return a + b + c
+
+    shape = add.shape
+    assert shape.positional == ("a", "b")
+    assert shape.merge(add.name, (1,), {"b": 2}) == {"a": 1, "b": 2}
+    with pytest.raises(InvalidJobInput, match=r"takes 2 argument\(s\) by position .* got 3"):
+        add.enqueue(1, 2, 3)
+    with pytest.raises(InvalidJobInput, match=r"multiple values for argument\(s\) 'a'"):
+        add.using(tenant_id="t").enqueue(1, 2, a=1)
+    with pytest.raises(InvalidJobInput, match="takes 0 argument"):
+        testapp_jobs.noop.enqueue(1)  # noop(ctx, **kwargs): nothing to store a position under
+
+
+EARLY = """
+from django_xjobs import job
+from django_xjobs.exceptions import ConfigurationError
+import tests.testapp.early_jobs as early
+
+assert early.nightly.options == {"cron": "0 3 * * *", "timezone": "Europe/Paris",
+                                 "misfire": "skip"}, early.nightly.options
+assert early.export.options["concurrency"].limit == 1
+try:
+    @job(name="early.bad", cron="61 * * * *")
+    def bad(ctx):
+        return None
+except ConfigurationError as exc:
+    print("refused:", exc)
+import django
+django.setup()
+from django_xjobs.scheduler import tasks
+assert "tests.testapp.early_jobs.nightly" in tasks.collect()[0], tasks.collect()
+print("declared")
+"""
+
+
+def test_every_option_is_known_before_django_setup():
+    # A module imported before the app registry is ready (by a settings module, or an app's
+    # __init__) declares jobs with every documented option; cron= used to be known only once
+    # apps.py had run.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", EARLY], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "refused: early.bad: cron: " in output and "not a valid cron expression" in output
+    assert "declared" in done.stdout
+
+
 # ------------------------------------------------------------------------------ duplicates --
 
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from django_xjobs import api
+from django_xjobs import api, registry
 from django_xjobs.exceptions import InvalidJobInput, PayloadTooLarge
 from tests.testapp import jobs as testapp_jobs
 
@@ -349,6 +349,107 @@ def test_a_traceparent_the_w3c_spec_calls_invalid_is_refused(traceparent):
 
 def test_without_an_active_span_or_explicit_value_there_is_no_traceparent():
     assert build({}).traceparent is None
+
+
+# ------------------------------------------------------------------ the function's signature --
+# The worker calls func(ctx, **input): an input that does not bind would be accepted and then
+# fail every attempt with a TypeError. Enqueue binds it first and refuses it, writing nothing.
+
+
+def add(ctx, a, b):
+    return a + b
+
+
+ADD = registry.build_job(add, name="tests.add")
+
+
+def test_an_input_the_function_cannot_take_is_refused_naming_the_job_and_the_arguments():
+    with pytest.raises(InvalidJobInput) as info:
+        api.build_params(ADD, {"c": 1}, {})
+    message = str(info.value)
+    assert "tests.add" in message and "add(ctx, a, b)" in message
+    assert "missing required argument(s) 'a', 'b'" in message
+    assert "unexpected argument(s) 'c' (it takes 'a', 'b')" in message
+
+
+@pytest.mark.parametrize(
+    ("input", "fragment"),
+    [
+        ({"a": 1}, "missing required argument(s) 'b'"),
+        (None, "missing required argument(s) 'a', 'b'"),
+        ({}, "missing required argument(s) 'a', 'b'"),
+        ({"a": 1, "b": 2, "c": 3}, "unexpected argument(s) 'c'"),
+        ({"a": 1, "b": 2, "ctx": 3}, "unexpected argument(s) 'ctx'"),  # ctx is the worker's
+    ],
+)
+def test_each_missing_or_unexpected_argument_is_named(input, fragment):
+    with pytest.raises(InvalidJobInput, match=r"tests\.add") as info:
+        api.build_params(ADD, input, {})
+    assert fragment in str(info.value)
+
+
+def test_an_input_that_binds_is_accepted():
+    assert json.loads(api.build_params(ADD, {"b": 2, "a": 1}, {}).input_json) == {"b": 2, "a": 1}
+
+
+def kinds(ctx, a, b=2, *, c, d=4):
+    return None
+
+
+def rest(ctx, a, **more):
+    return None
+
+
+async def coro(ctx, *, n):
+    return n
+
+
+@pytest.mark.parametrize(
+    ("func", "input"),
+    [
+        (kinds, {"a": 1, "c": 3}),
+        (kinds, {"a": 1, "b": 2, "c": 3, "d": 4}),
+        (rest, {"a": 1}),
+        (rest, {"a": 1, "anything": 2, "else": [3]}),  # **kwargs: any name
+        (coro, {"n": 1}),
+    ],
+)
+def test_defaults_keyword_only_and_kwargs_bind_as_python_binds_them(func, input):
+    assert json.loads(api.build_params(registry.build_job(func), input, {}).input_json) == input
+
+
+@pytest.mark.parametrize(
+    ("func", "input", "fragment"),
+    [
+        (kinds, {"a": 1}, "missing required argument(s) 'c'"),
+        (kinds, {"c": 3, "e": 5}, "missing required argument(s) 'a'; unexpected argument(s) 'e'"),
+        (rest, {"anything": 2}, "missing required argument(s) 'a'"),  # **kwargs: still required
+        (coro, {}, "missing required argument(s) 'n'"),
+    ],
+)
+def test_defaults_keyword_only_and_kwargs_refuse_as_python_refuses(func, input, fragment):
+    with pytest.raises(InvalidJobInput) as info:
+        api.build_params(registry.build_job(func), input, {})
+    assert fragment in str(info.value)
+    with pytest.raises(TypeError):  # what a worker would have met on every attempt
+        func(None, **input)
+
+
+def test_a_refused_input_is_refused_before_its_concurrency_key_or_json_are_looked_at():
+    with pytest.raises(InvalidJobInput, match="missing required argument"):
+        api.build_params(ADD, {"a": object()}, {})
+
+
+def test_the_input_of_a_schedule_entry_is_bound_by_the_system_check():
+    from django.core import checks
+
+    schedule = {"nightly": {"job": "testapp.flaky", "cron": "0 3 * * *",
+                            "input": {"fail_time": 2}}}
+    with override_settings(XJOBS={**settings.XJOBS, "SCHEDULE": schedule}):
+        found = [m for m in checks.run_checks(tags=["django_xjobs"]) if m.id.startswith("xjobs.")]
+    assert [m.id for m in found] == ["xjobs.E013"]
+    assert "'nightly'" in found[0].msg
+    assert "unexpected argument(s) 'fail_time' (it takes 'fail_times')" in found[0].msg
 
 
 # ------------------------------------------------------------------------------ fuzzing --
