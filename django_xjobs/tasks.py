@@ -16,6 +16,8 @@ How a task travels (docs/django-tasks.md has the user's view)
    ``name`` is the ``module_path``; its ``input`` is ``{"args": [...], "kwargs": {...},
    "backend": alias}`` (plus ``run_after``); its ``priority`` is the task's priority, unchanged:
    both scales run the higher number first (the claim orders by ``priority desc``).
+   The result's ``enqueued_at`` is the row's ``created_at``, read back in the caller's
+   transaction, so it is the result ``get_result`` reads later.
    ``task_enqueued`` is sent after the insert, inside the caller's transaction like the row.
 3. **Run.** A worker claims the row like any job; the claim appends the worker's id to
    ``worker_ids`` (``jobs_claim``), so ``TaskResult.attempts`` counts claims that ran. The runner
@@ -529,7 +531,8 @@ def to_task_result(record: JobRecord, task: Task, *, default_backend: str) -> Ta
     status = status_of(record.state)
     error = task_error_of(record)
     result = TaskResult(
-        task=_as_enqueued(task, record, backend, stored.get("run_after")),
+        task=_as_enqueued(task, backend, stored.get("run_after"), queue=record.queue,
+                          priority=record.priority),
         id=str(record.id),
         status=status,
         enqueued_at=record.created_at,
@@ -547,13 +550,15 @@ def to_task_result(record: JobRecord, task: Task, *, default_backend: str) -> Ta
     return result
 
 
-def _as_enqueued(task: Task, record: JobRecord, backend: str, run_after: Any) -> Task:
-    """The declared task with the queue, priority, backend and run_after of this enqueue."""
+def _as_enqueued(task: Task, backend: str, run_after: Any, *, queue: str | None = None,
+                 priority: int | None = None) -> Task:
+    """The declared task with the queue, priority, backend and run_after of this enqueue (the
+    queue and priority as declared when not given: an outbox row does not report them)."""
     changes: dict[str, Any] = {}
-    if record.queue != task.queue_name:
-        changes["queue_name"] = record.queue
-    if record.priority != task.priority:
-        changes["priority"] = record.priority
+    if queue is not None and queue != task.queue_name:
+        changes["queue_name"] = queue
+    if priority is not None and priority != task.priority:
+        changes["priority"] = priority
     if backend != task.backend and backend in settings.TASKS:
         changes["backend"] = backend
     if isinstance(run_after, str):
@@ -649,10 +654,12 @@ class XJobsBackend(BaseTaskBackend):
             # The idempotency key named a live task: that one is the answer, and nothing new
             # was enqueued, so no task_enqueued either.
             return self.get_result(str(handle.id))
+        # enqueued_at is the row's created_at (the database's clock, at the insert), read back
+        # by primary key in the caller's transaction: get_result() reports that one, so the
+        # result returned here equals it (tests/integration/test_django_tasks_contract.py).
         result = TaskResult(
             task=task, id=str(handle.id), status=TaskResultStatus.READY,
-            # The row's created_at is the database's clock; get_result() reports that one.
-            enqueued_at=timezone.now(), started_at=None, last_attempted_at=None,
+            enqueued_at=handle.get().created_at, started_at=None, last_attempted_at=None,
             finished_at=None, args=stored["args"], kwargs=stored["kwargs"], backend=self.alias,
             errors=[], worker_ids=[],
         )
@@ -667,9 +674,11 @@ class XJobsBackend(BaseTaskBackend):
 
         bound, stored = self.prepare(task, args, kwargs)
         staged = bound.enqueue_on_commit(**stored)
+        status = staged.status()  # the caller's connection sees its own uncommitted staging
+        assert status is not None
         result = TaskResult(
             task=task, id=str(staged.id), status=TaskResultStatus.READY,
-            enqueued_at=timezone.now(), started_at=None, last_attempted_at=None,
+            enqueued_at=status.staged_at, started_at=None, last_attempted_at=None,
             finished_at=None, args=stored["args"], kwargs=stored["kwargs"], backend=self.alias,
             errors=[], worker_ids=[],
         )
@@ -711,12 +720,15 @@ class XJobsBackend(BaseTaskBackend):
             task = declared(status.name)
             if task is None or status.published_at is not None:
                 break  # not ours, or published and since purged
+            stored = status.input if isinstance(status.input, dict) else {}
+            backend = stored.get("backend")
+            backend = backend if isinstance(backend, str) else self.alias
             return TaskResult(
-                task=task, id=result_id, status=TaskResultStatus.READY,
-                enqueued_at=status.staged_at, started_at=None, last_attempted_at=None,
-                finished_at=None, args=list((status.input or {}).get("args", [])),
-                kwargs=dict((status.input or {}).get("kwargs", {})), backend=self.alias,
-                errors=[], worker_ids=[],
+                task=_as_enqueued(task, backend, stored.get("run_after")), id=result_id,
+                status=TaskResultStatus.READY, enqueued_at=status.staged_at, started_at=None,
+                last_attempted_at=None, finished_at=None, args=list(stored.get("args", [])),
+                kwargs=dict(stored.get("kwargs", {})), backend=backend, errors=[],
+                worker_ids=[],
             )
         raise TaskResultDoesNotExist(result_id)
 
