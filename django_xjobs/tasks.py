@@ -142,6 +142,9 @@ class XJobsTask(Task):
     concurrency: Any = None
 
     def __post_init__(self) -> None:
+        # Django's own rules first (module-level function, takes_context, priority, queue,
+        # run_after), so a task breaking one gets Django's message, not a job-name error.
+        BaseTaskBackend.validate_task(self.get_backend(), self)
         _check_options(self)
         Task.__post_init__(self)  # zero-argument super() does not work in slotted dataclasses
 
