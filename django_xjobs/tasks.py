@@ -24,9 +24,11 @@ How a task travels (docs/django-tasks.md has the user's view)
    reads the row once (worker ids and timestamps for the context and the signals), sends
    ``task_started``, calls the function (with a ``TaskContext`` first when ``takes_context``),
    and sends ``task_finished`` when this attempt ends the task: a success, or a failure on the
-   last attempt (sent inside the ``except`` block, so Django's logger gets ``exc_info``). A
-   failure that will be retried sends nothing: the task is READY again, not finished. The
-   outcome itself is written by the worker's fenced statements, as for any job, just after.
+   last attempt, ``SystemExit`` included (sent inside the ``except`` block, so Django's logger
+   gets ``exc_info``). A failure that will be retried sends nothing: the task is READY again,
+   not finished. The outcome itself is written by the worker's fenced statements, as for any
+   job, just after; a failure's record starts with the class of the exception raised
+   (``exceptions.error_class_line``).
 4. **Read.** :meth:`XJobsBackend.get_result` reads the row and maps it (:func:`to_task_result`).
 
 Which code a stored name runs
@@ -57,6 +59,7 @@ cancelled                              FAILED        ``django_xjobs.exceptions.J
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import re
 import threading
@@ -320,7 +323,7 @@ def _runner(task: Task) -> Callable[..., Any]:
             await in_thread(_send, task_started, started)
             try:
                 value = await task.func(*_positional(call, started), **call.kwargs)
-            except Exception as exc:
+            except BaseException as exc:
                 if _ends_task(exc, ctx):
                     await in_thread(_send_failure, started, exc)
                 raise
@@ -334,7 +337,7 @@ def _runner(task: Task) -> Callable[..., Any]:
             _send(task_started, started)
             try:
                 value = task.func(*_positional(call, started), **call.kwargs)
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit too: the worker records it as a failure
                 if _ends_task(exc, ctx):
                     _send(task_finished, _failed(started, exc))  # in the except: exc_info
                 raise
@@ -389,13 +392,19 @@ def _running_result(call: _Call, record: JobRecord) -> TaskResult:
     return result
 
 
-def _ends_task(exc: Exception, ctx: JobContext) -> bool:
-    """Whether this failure finishes the task (FAILED) rather than leaving a retry pending."""
+def _ends_task(exc: BaseException, ctx: JobContext) -> bool:
+    """Whether this failure finishes the task (FAILED) rather than leaving a retry pending.
+
+    Any exception the code raises counts, ``SystemExit`` and ``KeyboardInterrupt`` included
+    (the worker records them as the attempt's failure), except the ones by which the worker
+    stops a run: a cancelled asyncio task (an async task's timeout), ``JobCancelled``.
+    """
     if ctx.cancelled.is_set():
         return False  # the worker stopped this run and decides its outcome
-    if isinstance(exc, exceptions.Snooze | exceptions.JobCancelled):
+    if isinstance(exc, exceptions.Snooze | exceptions.JobCancelled | asyncio.CancelledError
+                  | GeneratorExit):
         return False
-    return isinstance(exc, PermanentError) or ctx.is_last_attempt
+    return exceptions.is_permanent(exc) or ctx.is_last_attempt
 
 
 def _succeeded(ctx: JobContext, started: TaskResult, value: Any) -> Any:
@@ -406,14 +415,11 @@ def _succeeded(ctx: JobContext, started: TaskResult, value: Any) -> Any:
         api.encode_json(normalised, what=f"return value of {started.task.module_path}",
                         limit=None)
     except (TypeError, ValueError) as exc:
-        error = PermanentError(
-            f"the return value of task {started.task.module_path} is not JSON-serialisable "
-            f"({exc}); the task ran, and running it again cannot fix this"
-        )
-        error.__cause__ = exc
-        # The error get_result() will report (the worker records this one), sent from the except.
-        _send(task_finished, _failed(started, error))
-        raise error from exc
+        # The encoder's own error, as Django's backends report it (normalize_json's TypeError),
+        # but for good: the task ran, and running it again cannot change what it returns.
+        exceptions.fail_for_good(exc)
+        _send(task_finished, _failed(started, exc))  # in the except: exc_info
+        raise
     finished = replace(started, status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now())
     object.__setattr__(finished, "_return_value", normalised)
     _send(task_finished, finished)
@@ -421,9 +427,8 @@ def _succeeded(ctx: JobContext, started: TaskResult, value: Any) -> Any:
 
 
 def _failed(started: TaskResult, exc: BaseException) -> TaskResult:
-    kind = type(exc)
-    error = TaskError(exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
-                      traceback="".join(traceback.format_exception(exc)).rstrip())
+    error = TaskError(exception_class_path=exceptions.class_path(type(exc)),
+                      traceback="".join(traceback.format_exception(exc)))
     return replace(started, status=TaskResultStatus.FAILED, finished_at=timezone.now(),
                    errors=[error])
 
@@ -475,14 +480,15 @@ def status_of(state: str) -> TaskResultStatus:
 
 
 def exception_class_path(text: str) -> str:
-    """The dotted path of the exception a recorded error names.
+    """The dotted path of the exception a recorded error without a class line names.
 
-    ``text`` is what the worker stored: a traceback (``traceback.format_exception``, maybe cut
-    in the middle) or one of the worker's own one-line messages (``UnknownJob: ...``,
-    ``TimeoutError: ...``). The exception line is the first unindented line of the LAST
-    traceback (the exception that was raised; the others are its causes): every frame line is
-    indented. Python writes builtins without a module (``ValueError``), everything else as
-    ``module.qualname``. Anything unreadable names :class:`~django_xjobs.exceptions.JobFailed`.
+    ``text`` is one of the worker's own messages (``UnknownJob: ...``, ``TimeoutError: ...``)
+    or a traceback recorded before the worker wrote the class on a first line of its own
+    (``traceback.format_exception``, maybe cut in the middle). The exception line is the first
+    unindented line of the LAST traceback (the exception that was raised; the others are its
+    causes): every frame line is indented. Python writes builtins without a module
+    (``ValueError``), everything else as ``module.qualname``. Anything unreadable names
+    :class:`~django_xjobs.exceptions.JobFailed`.
     """
     lines = text.splitlines()
     start = 0
@@ -510,13 +516,24 @@ def _qualified(name: str) -> str:
 
 
 def task_error_of(record: JobRecord) -> TaskError | None:
-    """The ``TaskError`` a row records, or None: its cancellation, else its last failure."""
+    """The ``TaskError`` a row records, or None: its cancellation, else its last failure.
+
+    A failure the task's code raised was recorded with its class on a first line of its own
+    (``exceptions.error_class_line``, written by the worker from the exception object): that is
+    the class, and the rest is the traceback, as Django's backends keep it. Any other text (the
+    worker's own messages, rows recorded before that line existed) is read by
+    :func:`exception_class_path` and kept whole.
+    """
     if record.state == "cancelled":
         return TaskError(exception_class_path=CANCELLED_ERROR,
                          traceback=record.last_error or "cancelled")
     text = record.last_error
     if not text or text.startswith(_NOT_A_FAILURE):
         return None
+    recorded = exceptions.split_recorded_error(text)
+    if recorded is not None:
+        path, rest = recorded
+        return TaskError(exception_class_path=path, traceback=rest)
     return TaskError(exception_class_path=exception_class_path(text), traceback=text)
 
 
