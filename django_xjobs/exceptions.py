@@ -128,6 +128,61 @@ class Snooze(Exception):
         self.seconds = seconds
 
 
+# The attribute fail_for_good sets on an exception (any exception has a __dict__).
+_FOR_GOOD = "_xjobs_fail_for_good"
+
+
+def fail_for_good(exc: BaseException) -> BaseException:
+    """Mark ``exc`` so that the worker fails its job for good, as it does for a
+    :class:`PermanentError`, while the error it records keeps ``exc``'s own class and traceback.
+
+    The ``django.tasks`` backend marks the ``TypeError`` of a return value JSON cannot hold:
+    Django's backends report that ``TypeError``, and running the task again cannot change what
+    it returns (tests/integration/test_django_tasks_contract.py).
+    """
+    exc.__dict__[_FOR_GOOD] = True
+    return exc
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether ``exc`` ends its job for good: a :class:`PermanentError`, or marked by
+    :func:`fail_for_good`."""
+    return isinstance(exc, PermanentError) or exc.__dict__.get(_FOR_GOOD) is True
+
+
+# ------------------------------------------------------------------------- recorded errors --
+
+# The first line of the error the worker records for an exception raised by a job's code. It
+# names the exception's class as Django's TaskError does (module.qualname, taken from the
+# exception object when it is raised), so nobody has to read it back from the traceback text: an
+# ExceptionGroup's traceback has no unindented exception line, and a message may quote another
+# traceback (tests/unit/test_django_tasks_mapping.py). No text of the traceback module starts
+# so (its first line is "Traceback ...", an indented group header, or "<module>.<class>[:
+# message]", and a class path has no "-"), nor does any message the worker writes itself.
+ERROR_CLASS_PREFIX = "exception-class: "
+
+
+def class_path(kind: type[BaseException]) -> str:
+    """``module.qualname`` of an exception class (``builtins.ValueError``)."""
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def error_class_line(exc: BaseException) -> str:
+    """The first line of the error recorded for ``exc`` (without its newline)."""
+    return ERROR_CLASS_PREFIX + class_path(type(exc))
+
+
+def split_recorded_error(text: str) -> tuple[str, str] | None:
+    """``(class path, the rest)`` of an error recorded with :func:`error_class_line` first;
+    None for any other text (a worker's own message, a row recorded before this line existed,
+    an operator's cancel reason)."""
+    if not text.startswith(ERROR_CLASS_PREFIX):
+        return None
+    first, _, rest = text.partition("\n")
+    path = first[len(ERROR_CLASS_PREFIX):]
+    return (path, rest) if path and not any(c.isspace() for c in path) else None
+
+
 # ---------------------------------------------------------------------- django.tasks backend --
 
 

@@ -16,15 +16,19 @@ How a task travels (docs/django-tasks.md has the user's view)
    ``name`` is the ``module_path``; its ``input`` is ``{"args": [...], "kwargs": {...},
    "backend": alias}`` (plus ``run_after``); its ``priority`` is the task's priority, unchanged:
    both scales run the higher number first (the claim orders by ``priority desc``).
+   The result's ``enqueued_at`` is the row's ``created_at``, read back in the caller's
+   transaction, so it is the result ``get_result`` reads later.
    ``task_enqueued`` is sent after the insert, inside the caller's transaction like the row.
 3. **Run.** A worker claims the row like any job; the claim appends the worker's id to
    ``worker_ids`` (``jobs_claim``), so ``TaskResult.attempts`` counts claims that ran. The runner
    reads the row once (worker ids and timestamps for the context and the signals), sends
    ``task_started``, calls the function (with a ``TaskContext`` first when ``takes_context``),
    and sends ``task_finished`` when this attempt ends the task: a success, or a failure on the
-   last attempt (sent inside the ``except`` block, so Django's logger gets ``exc_info``). A
-   failure that will be retried sends nothing: the task is READY again, not finished. The
-   outcome itself is written by the worker's fenced statements, as for any job, just after.
+   last attempt, ``SystemExit`` included (sent inside the ``except`` block, so Django's logger
+   gets ``exc_info``). A failure that will be retried sends nothing: the task is READY again,
+   not finished. The outcome itself is written by the worker's fenced statements, as for any
+   job, just after; a failure's record starts with the class of the exception raised
+   (``exceptions.error_class_line``).
 4. **Read.** :meth:`XJobsBackend.get_result` reads the row and maps it (:func:`to_task_result`).
 
 Which code a stored name runs
@@ -55,6 +59,7 @@ cancelled                              FAILED        ``django_xjobs.exceptions.J
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import re
 import threading
@@ -140,6 +145,9 @@ class XJobsTask(Task):
     concurrency: Any = None
 
     def __post_init__(self) -> None:
+        # Django's own rules first (module-level function, takes_context, priority, queue,
+        # run_after), so a task breaking one gets Django's message, not a job-name error.
+        BaseTaskBackend.validate_task(self.get_backend(), self)
         _check_options(self)
         Task.__post_init__(self)  # zero-argument super() does not work in slotted dataclasses
 
@@ -315,7 +323,7 @@ def _runner(task: Task) -> Callable[..., Any]:
             await in_thread(_send, task_started, started)
             try:
                 value = await task.func(*_positional(call, started), **call.kwargs)
-            except Exception as exc:
+            except BaseException as exc:
                 if _ends_task(exc, ctx):
                     await in_thread(_send_failure, started, exc)
                 raise
@@ -329,7 +337,7 @@ def _runner(task: Task) -> Callable[..., Any]:
             _send(task_started, started)
             try:
                 value = task.func(*_positional(call, started), **call.kwargs)
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit too: the worker records it as a failure
                 if _ends_task(exc, ctx):
                     _send(task_finished, _failed(started, exc))  # in the except: exc_info
                 raise
@@ -384,13 +392,19 @@ def _running_result(call: _Call, record: JobRecord) -> TaskResult:
     return result
 
 
-def _ends_task(exc: Exception, ctx: JobContext) -> bool:
-    """Whether this failure finishes the task (FAILED) rather than leaving a retry pending."""
+def _ends_task(exc: BaseException, ctx: JobContext) -> bool:
+    """Whether this failure finishes the task (FAILED) rather than leaving a retry pending.
+
+    Any exception the code raises counts, ``SystemExit`` and ``KeyboardInterrupt`` included
+    (the worker records them as the attempt's failure), except the ones by which the worker
+    stops a run: a cancelled asyncio task (an async task's timeout), ``JobCancelled``.
+    """
     if ctx.cancelled.is_set():
         return False  # the worker stopped this run and decides its outcome
-    if isinstance(exc, exceptions.Snooze | exceptions.JobCancelled):
+    if isinstance(exc, exceptions.Snooze | exceptions.JobCancelled | asyncio.CancelledError
+                  | GeneratorExit):
         return False
-    return isinstance(exc, PermanentError) or ctx.is_last_attempt
+    return exceptions.is_permanent(exc) or ctx.is_last_attempt
 
 
 def _succeeded(ctx: JobContext, started: TaskResult, value: Any) -> Any:
@@ -401,14 +415,11 @@ def _succeeded(ctx: JobContext, started: TaskResult, value: Any) -> Any:
         api.encode_json(normalised, what=f"return value of {started.task.module_path}",
                         limit=None)
     except (TypeError, ValueError) as exc:
-        error = PermanentError(
-            f"the return value of task {started.task.module_path} is not JSON-serialisable "
-            f"({exc}); the task ran, and running it again cannot fix this"
-        )
-        error.__cause__ = exc
-        # The error get_result() will report (the worker records this one), sent from the except.
-        _send(task_finished, _failed(started, error))
-        raise error from exc
+        # The encoder's own error, as Django's backends report it (normalize_json's TypeError),
+        # but for good: the task ran, and running it again cannot change what it returns.
+        exceptions.fail_for_good(exc)
+        _send(task_finished, _failed(started, exc))  # in the except: exc_info
+        raise
     finished = replace(started, status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now())
     object.__setattr__(finished, "_return_value", normalised)
     _send(task_finished, finished)
@@ -416,9 +427,8 @@ def _succeeded(ctx: JobContext, started: TaskResult, value: Any) -> Any:
 
 
 def _failed(started: TaskResult, exc: BaseException) -> TaskResult:
-    kind = type(exc)
-    error = TaskError(exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
-                      traceback="".join(traceback.format_exception(exc)).rstrip())
+    error = TaskError(exception_class_path=exceptions.class_path(type(exc)),
+                      traceback="".join(traceback.format_exception(exc)))
     return replace(started, status=TaskResultStatus.FAILED, finished_at=timezone.now(),
                    errors=[error])
 
@@ -470,14 +480,15 @@ def status_of(state: str) -> TaskResultStatus:
 
 
 def exception_class_path(text: str) -> str:
-    """The dotted path of the exception a recorded error names.
+    """The dotted path of the exception a recorded error without a class line names.
 
-    ``text`` is what the worker stored: a traceback (``traceback.format_exception``, maybe cut
-    in the middle) or one of the worker's own one-line messages (``UnknownJob: ...``,
-    ``TimeoutError: ...``). The exception line is the first unindented line of the LAST
-    traceback (the exception that was raised; the others are its causes): every frame line is
-    indented. Python writes builtins without a module (``ValueError``), everything else as
-    ``module.qualname``. Anything unreadable names :class:`~django_xjobs.exceptions.JobFailed`.
+    ``text`` is one of the worker's own messages (``UnknownJob: ...``, ``TimeoutError: ...``)
+    or a traceback recorded before the worker wrote the class on a first line of its own
+    (``traceback.format_exception``, maybe cut in the middle). The exception line is the first
+    unindented line of the LAST traceback (the exception that was raised; the others are its
+    causes): every frame line is indented. Python writes builtins without a module
+    (``ValueError``), everything else as ``module.qualname``. Anything unreadable names
+    :class:`~django_xjobs.exceptions.JobFailed`.
     """
     lines = text.splitlines()
     start = 0
@@ -505,13 +516,24 @@ def _qualified(name: str) -> str:
 
 
 def task_error_of(record: JobRecord) -> TaskError | None:
-    """The ``TaskError`` a row records, or None: its cancellation, else its last failure."""
+    """The ``TaskError`` a row records, or None: its cancellation, else its last failure.
+
+    A failure the task's code raised was recorded with its class on a first line of its own
+    (``exceptions.error_class_line``, written by the worker from the exception object): that is
+    the class, and the rest is the traceback, as Django's backends keep it. Any other text (the
+    worker's own messages, rows recorded before that line existed) is read by
+    :func:`exception_class_path` and kept whole.
+    """
     if record.state == "cancelled":
         return TaskError(exception_class_path=CANCELLED_ERROR,
                          traceback=record.last_error or "cancelled")
     text = record.last_error
     if not text or text.startswith(_NOT_A_FAILURE):
         return None
+    recorded = exceptions.split_recorded_error(text)
+    if recorded is not None:
+        path, rest = recorded
+        return TaskError(exception_class_path=path, traceback=rest)
     return TaskError(exception_class_path=exception_class_path(text), traceback=text)
 
 
@@ -529,7 +551,8 @@ def to_task_result(record: JobRecord, task: Task, *, default_backend: str) -> Ta
     status = status_of(record.state)
     error = task_error_of(record)
     result = TaskResult(
-        task=_as_enqueued(task, record, backend, stored.get("run_after")),
+        task=_as_enqueued(task, backend, stored.get("run_after"), queue=record.queue,
+                          priority=record.priority),
         id=str(record.id),
         status=status,
         enqueued_at=record.created_at,
@@ -547,13 +570,15 @@ def to_task_result(record: JobRecord, task: Task, *, default_backend: str) -> Ta
     return result
 
 
-def _as_enqueued(task: Task, record: JobRecord, backend: str, run_after: Any) -> Task:
-    """The declared task with the queue, priority, backend and run_after of this enqueue."""
+def _as_enqueued(task: Task, backend: str, run_after: Any, *, queue: str | None = None,
+                 priority: int | None = None) -> Task:
+    """The declared task with the queue, priority, backend and run_after of this enqueue (the
+    queue and priority as declared when not given: an outbox row does not report them)."""
     changes: dict[str, Any] = {}
-    if record.queue != task.queue_name:
-        changes["queue_name"] = record.queue
-    if record.priority != task.priority:
-        changes["priority"] = record.priority
+    if queue is not None and queue != task.queue_name:
+        changes["queue_name"] = queue
+    if priority is not None and priority != task.priority:
+        changes["priority"] = priority
     if backend != task.backend and backend in settings.TASKS:
         changes["backend"] = backend
     if isinstance(run_after, str):
@@ -649,10 +674,12 @@ class XJobsBackend(BaseTaskBackend):
             # The idempotency key named a live task: that one is the answer, and nothing new
             # was enqueued, so no task_enqueued either.
             return self.get_result(str(handle.id))
+        # enqueued_at is the row's created_at (the database's clock, at the insert), read back
+        # by primary key in the caller's transaction: get_result() reports that one, so the
+        # result returned here equals it (tests/integration/test_django_tasks_contract.py).
         result = TaskResult(
             task=task, id=str(handle.id), status=TaskResultStatus.READY,
-            # The row's created_at is the database's clock; get_result() reports that one.
-            enqueued_at=timezone.now(), started_at=None, last_attempted_at=None,
+            enqueued_at=handle.get().created_at, started_at=None, last_attempted_at=None,
             finished_at=None, args=stored["args"], kwargs=stored["kwargs"], backend=self.alias,
             errors=[], worker_ids=[],
         )
@@ -667,9 +694,11 @@ class XJobsBackend(BaseTaskBackend):
 
         bound, stored = self.prepare(task, args, kwargs)
         staged = bound.enqueue_on_commit(**stored)
+        status = staged.status()  # the caller's connection sees its own uncommitted staging
+        assert status is not None
         result = TaskResult(
             task=task, id=str(staged.id), status=TaskResultStatus.READY,
-            enqueued_at=timezone.now(), started_at=None, last_attempted_at=None,
+            enqueued_at=status.staged_at, started_at=None, last_attempted_at=None,
             finished_at=None, args=stored["args"], kwargs=stored["kwargs"], backend=self.alias,
             errors=[], worker_ids=[],
         )
@@ -711,12 +740,15 @@ class XJobsBackend(BaseTaskBackend):
             task = declared(status.name)
             if task is None or status.published_at is not None:
                 break  # not ours, or published and since purged
+            stored = status.input if isinstance(status.input, dict) else {}
+            backend = stored.get("backend")
+            backend = backend if isinstance(backend, str) else self.alias
             return TaskResult(
-                task=task, id=result_id, status=TaskResultStatus.READY,
-                enqueued_at=status.staged_at, started_at=None, last_attempted_at=None,
-                finished_at=None, args=list((status.input or {}).get("args", [])),
-                kwargs=dict((status.input or {}).get("kwargs", {})), backend=self.alias,
-                errors=[], worker_ids=[],
+                task=_as_enqueued(task, backend, stored.get("run_after")), id=result_id,
+                status=TaskResultStatus.READY, enqueued_at=status.staged_at, started_at=None,
+                last_attempted_at=None, finished_at=None, args=list(stored.get("args", [])),
+                kwargs=dict(stored.get("kwargs", {})), backend=backend, errors=[],
+                worker_ids=[],
             )
         raise TaskResultDoesNotExist(result_id)
 

@@ -7,11 +7,15 @@ The job's code is found by its stored name in the registry, never imported
 returns a JSON-serialisable value      ``Done`` (the value is stored as the result)
 a step suspended the job               ``Suspended`` (already written by the step)
 returns something JSON cannot encode   ``Retry(permanent=True)``: re-running cannot fix it
-raises ``PermanentError``              ``Retry(permanent=True)``: straight to ``dead``
+raises ``PermanentError``              ``Retry(permanent=True)``: straight to ``dead`` (also an
+                                       exception marked by ``exceptions.fail_for_good``)
 raises ``Snooze(delay)``               ``GiveBack``: later, without spending an attempt
 raises anything else                   ``Retry`` with a full-jitter backoff delay
 its name is not registered here        ``Retry``: a rolling deploy may bring the code
 =====================================  ==============================================
+
+The error recorded for an exception the code raised is :func:`record_error`: a first line naming
+its class (``exceptions.error_class_line``), then its traceback as ``traceback`` formats it.
 
 Whether a ``Retry`` becomes a retry or ``dead`` is decided by the fenced statement from the
 row's attempt counter, so a run that lost the job can neither retry nor bury it.
@@ -30,7 +34,14 @@ from django.db import close_old_connections
 from .. import api, tracing
 from ..conf import XJobsSettings
 from ..context import JobContext
-from ..exceptions import InvalidJobInput, JobCancelled, PermanentError, Snooze
+from ..exceptions import (
+    InvalidJobInput,
+    JobCancelled,
+    PermanentError,
+    Snooze,
+    error_class_line,
+    is_permanent,
+)
 from ..records import ClaimedJob
 from ..registry import Job
 from ..steps import StepSuspended
@@ -81,7 +92,17 @@ Outcome = Done | Retry | GiveBack | Suspended | Discard
 
 
 def format_error(exc: BaseException) -> str:
-    text = "".join(traceback.format_exception(exc)).rstrip()
+    return _cut("".join(traceback.format_exception(exc)).rstrip())
+
+
+def record_error(exc: BaseException) -> str:
+    """The error recorded for an exception raised by a job's code: its class on the first line,
+    read back by the ``django.tasks`` backend (tests/unit/test_django_tasks_mapping.py), then
+    its traceback unchanged, final newline included, as Django's task backends keep it."""
+    return f"{error_class_line(exc)}\n{_cut(''.join(traceback.format_exception(exc)))}"
+
+
+def _cut(text: str) -> str:
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS // 2] + "\n[... traceback truncated ...]\n" + text[
             -MAX_ERROR_CHARS // 2 :
@@ -139,11 +160,11 @@ def _outcome_of_exception(
         # The worker stopped this run (cancel, timeout, lost lease, shutdown) and has already
         # decided its outcome; whatever the code raised while stopping is noise.
         return Discard(ctx.stop_reason or str(exc))
-    if isinstance(exc, PermanentError):
-        return Retry(error=format_error(exc), delay=0, permanent=True)
+    if is_permanent(exc):
+        return Retry(error=record_error(exc), delay=0, permanent=True)
     if isinstance(exc, Snooze):
         return GiveBack(delay=exc.seconds, note=None)
-    return Retry(error=format_error(exc), delay=backoff_for(definition, claimed.attempt, settings))
+    return Retry(error=record_error(exc), delay=backoff_for(definition, claimed.attempt, settings))
 
 
 def _input(claimed: ClaimedJob) -> dict[str, Any]:
@@ -179,8 +200,7 @@ def execute(
         return Suspended(parked.wake_at)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt | SystemExit):
-            return Retry(error=format_error(exc), delay=backoff_for(definition, claimed.attempt,
-                                                                     settings))
+            return _exited(exc, definition, claimed, settings)
         return _outcome_of_exception(exc, definition, claimed, ctx, settings)
     finally:
         close_old_connections()
@@ -212,11 +232,20 @@ async def execute_async(
         return Discard(ctx.stop_reason or "cancelled")
     except StepSuspended as parked:
         return Suspended(parked.wake_at)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        return _exited(exc, definition, claimed, settings)
     except Exception as exc:
         return _outcome_of_exception(exc, definition, claimed, ctx, settings)
     if ctx.cancelled.is_set():
         return Discard(ctx.stop_reason or "stopped")
     return _outcome_of_result(definition, value)
+
+
+def _exited(exc: BaseException, definition: Job, claimed: ClaimedJob,
+            settings: XJobsSettings) -> Retry:
+    """``SystemExit`` / ``KeyboardInterrupt`` raised by the job's code (``sys.exit()`` in a job)
+    fails that attempt like any exception; it stops neither the worker nor its other runs."""
+    return Retry(error=record_error(exc), delay=backoff_for(definition, claimed.attempt, settings))
 
 
 def _span_attributes(claimed: ClaimedJob) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from .conftest import SETTLE, effects, wait_effect, wait_state
 pytestmark = pytest.mark.acceptance
 
 FINISHED = ("done", "dead", "cancelled")
+BACKEND = "django_xjobs.tasks.XJobsBackend"
 
 
 def wait_finished(result, timeout: float = SETTLE):
@@ -59,12 +60,36 @@ def test_tasks_run_in_a_worker_process_which_sends_started_and_finished(start_wo
 
     for result, outcome in ((added, "SUCCESSFUL|"), (awaited, "SUCCESSFUL|"),
                             (failed, "FAILED|tests.testapp.tasks.TaskBoom")):
-        sent = [(e.kind, e.tag, e.pid) for e in effects(result.id)]
+        sent = [(e.kind, e.tag, e.pid, e.name) for e in effects(result.id)]
         assert sent == [
-            ("signal:enqueued", "READY|", os.getpid()),  # in the process that enqueued
-            ("signal:started", "RUNNING|", worker.pid),  # in the worker
-            ("signal:finished", outcome, worker.pid),
+            # in the process that enqueued; the sender is the backend's class, as Django sends
+            ("signal:enqueued", "READY|", os.getpid(), BACKEND),
+            ("signal:started", "RUNNING|", worker.pid, BACKEND),  # in the worker
+            ("signal:finished", outcome, worker.pid, BACKEND),
         ]
+
+
+def test_a_task_raising_systemexit_or_keyboardinterrupt_is_finished_by_the_worker(start_worker):
+    """``sys.exit()`` or a ``KeyboardInterrupt`` raised by a task's code fails the task: the
+    worker sends ``task_finished`` (FAILED, with the exception's class), as Django's backends
+    do for SystemExit, and goes on running other tasks."""
+    from tests.testapp import tasks as t
+
+    worker = start_worker("exits")
+    failed = [(kind, declared.enqueue(f"{kind} in a worker")) for kind, declared in (
+        ("builtins.SystemExit", t.exits), ("builtins.KeyboardInterrupt", t.interrupted),
+        ("builtins.SystemExit", t.async_exits))]
+    for kind, result in failed:
+        wait_finished(result)
+        assert result.status == TaskResultStatus.FAILED
+        assert result.errors[0].exception_class_path == kind
+        assert result.errors[0].traceback.endswith(f"{kind.split('.')[1]}: {kind} in a worker\n")
+        finished = effects(result.id, "signal:finished")
+        assert [(e.tag, e.pid, e.name) for e in finished] == [
+            (f"FAILED|{kind}", worker.pid, BACKEND)]
+    after = wait_finished(t.add.enqueue(1, 1))
+    assert after.return_value == 2 and after.worker_ids == [worker.id]
+    assert worker.proc.poll() is None
 
 
 def test_a_task_whose_worker_was_killed_runs_again_and_counts_both_claims(start_worker):

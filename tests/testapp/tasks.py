@@ -13,8 +13,6 @@ from pathlib import Path
 from django.tasks import task
 from django.tasks.signals import task_enqueued, task_finished, task_started
 
-from django_xjobs.tasks import XJobsBackend
-
 from .models import Effect
 
 
@@ -30,6 +28,11 @@ def _effect(kind, tag="", job_id="", attempt=0, name=""):
 @task
 def add(a, b):
     return a + b
+
+
+@task
+def noop(*args, **kwargs):
+    return None
 
 
 @task
@@ -81,6 +84,39 @@ async def async_boom(context, message):
     raise TaskBoom(f"{message} on attempt {context.attempt}")
 
 
+@task(max_attempts=1)
+def exits(message):
+    raise SystemExit(message)
+
+
+@task(max_attempts=1)
+def interrupted(message):
+    raise KeyboardInterrupt(message)
+
+
+@task(max_attempts=1)
+async def async_exits(message):
+    await asyncio.sleep(0)
+    raise SystemExit(message)
+
+
+@task(max_attempts=1)
+def raises_group(message):
+    raise ExceptionGroup(message, [TaskBoom("inside the group"), KeyError("another")])
+
+
+@task(max_attempts=1)
+def raises_traceback_text(message):
+    """Its message holds another exception's traceback text, naming another class."""
+    raise TaskBoom(f"{message}\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+                   "KeyError: not the class raised")
+
+
+@task(max_attempts=1)
+def raises_nested(message):
+    raise ValueError(ValueError(message))
+
+
 @task(queue_name="other")
 def on_other_queue():
     return "other"
@@ -126,12 +162,15 @@ def immediate_touch(marker):
 
 
 def _recorder(signal_name):
+    """A receiver writing (status|error classes, attempts, sender) of each signal about a task
+    of this module; ``name`` holds the sender's dotted path (Django sends the backend class)."""
+
     def receive(sender, task_result, **kwargs):
-        if not issubclass(sender, XJobsBackend) or task_result.task.func.__module__ != __name__:
+        if task_result.task.func.__module__ != __name__:
             return
         errors = ",".join(e.exception_class_path for e in task_result.errors)
         _effect(f"signal:{signal_name}", f"{task_result.status}|{errors}", job_id=task_result.id,
-                attempt=task_result.attempts, name=task_result.task.name)
+                attempt=task_result.attempts, name=f"{sender.__module__}.{sender.__qualname__}")
 
     return receive
 

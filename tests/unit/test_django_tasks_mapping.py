@@ -4,6 +4,7 @@ Skipped on Django < 6.0, which has no ``django.tasks``."""
 
 from __future__ import annotations
 
+import traceback
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,7 +18,7 @@ from django.tasks import TaskResultStatus
 from django_xjobs import exceptions
 from django_xjobs.records import ALL_STATES, JobRecord
 from django_xjobs.tasks import exception_class_path, status_of, task_error_of, to_task_result
-from django_xjobs.worker.executor import MAX_ERROR_CHARS, format_error, unknown_job
+from django_xjobs.worker.executor import MAX_ERROR_CHARS, format_error, record_error, unknown_job
 from tests.testapp import tasks as t
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
@@ -214,6 +215,8 @@ def truncated() -> BaseException:
     raise AssertionError("unreachable")
 
 
+# Rows recorded before the worker wrote the class on a first line of its own, and the worker's
+# own messages, are read back from the text.
 @pytest.mark.parametrize(("make", "path"), [
     (lambda: raised(ValueError("bad")), "builtins.ValueError"),
     (lambda: raised(ValueError()), "builtins.ValueError"),
@@ -273,3 +276,70 @@ def test_main_module_exceptions_are_unknown_names():
     # Python writes classes of __main__ without a module; they are not importable by path.
     assert exception_class_path("Traceback (most recent call last):\n  File \"x\", line 1\n"
                                 "LocalError: x") == JOB_FAILED
+
+
+# ------------------------------------------------------------ the class, recorded when raised --
+
+
+def group() -> BaseException:
+    return raised(ExceptionGroup("several", [t.TaskBoom("one"), KeyError("two")]))
+
+
+def quoting() -> BaseException:
+    return raised(t.TaskBoom("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                             "KeyError: quoted, not raised"))
+
+
+def local_class() -> BaseException:
+    class Local(Exception):
+        pass
+
+    return raised(Local("defined in a function"))
+
+
+@pytest.mark.parametrize(("make", "path"), [
+    (lambda: raised(ValueError("bad")), "builtins.ValueError"),
+    (lambda: raised(SystemExit("bye")), "builtins.SystemExit"),
+    (lambda: raised(KeyboardInterrupt()), "builtins.KeyboardInterrupt"),
+    (group, "builtins.ExceptionGroup"),
+    (quoting, "tests.testapp.tasks.TaskBoom"),
+    (chained, f"{__name__}.Outer"),
+    (during_handling, "builtins.KeyError"),
+    (with_note, "tests.testapp.tasks.TaskBoom"),
+    (lambda: ValueError("never raised"), "builtins.ValueError"),
+    (local_class, f"{__name__}.local_class.<locals>.Local"),
+], ids=["builtin", "system-exit", "keyboard-interrupt", "exception-group", "quoted-traceback",
+        "chained", "during-handling", "note", "never-raised", "local-class"])
+def test_the_class_recorded_with_the_error_is_the_class_raised(make, path):
+    exc = make()
+    [error] = result_of(row("dead", attempt=1, last_error=record_error(exc),
+                            finished_at=T0)).errors
+    # What Django's own backends store: the class path and the whole traceback, as formatted.
+    assert error.exception_class_path == path
+    assert error.traceback == "".join(traceback.format_exception(exc))
+    if "<locals>" in path:  # no importable path, as with Django's own backends
+        with pytest.raises(ImportError):
+            _ = error.exception_class
+    else:
+        assert error.exception_class is type(exc)
+
+
+def test_the_recorded_class_survives_a_traceback_cut_in_the_middle():
+    text = record_error(truncated())
+    assert "traceback truncated" in text
+    [error] = result_of(row("dead", attempt=1, last_error=text, finished_at=T0)).errors
+    assert error.exception_class is t.TaskBoom
+    assert error.traceback.startswith("Traceback (most recent call last):\n")
+    assert error.traceback.endswith("tests.testapp.tasks.TaskBoom: deep down\n")
+
+
+@pytest.mark.parametrize("text", [
+    "Traceback (most recent call last):\n  File \"x\", line 1\nValueError: x",
+    "UnknownJob: no job named 'x' is registered in this worker",
+    "exception-class:\nValueError: an empty class line is not a recorded class",
+    "exception-class: two words\nValueError: a class path has no spaces",
+])
+def test_a_text_without_a_recorded_class_line_is_read_as_before(text):
+    [error] = result_of(row("dead", attempt=1, last_error=text, finished_at=T0)).errors
+    assert error.traceback == text
+    assert error.exception_class_path == exception_class_path(text)
