@@ -18,7 +18,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -336,7 +336,15 @@ class JobHandle:
         return cancel(self.id, reason=reason).changed
 
 
+# XJOBS["TEST_MODE"] = "inline" (docs/testing.md): the app's ready() installs
+# django_xjobs.testing's runner, which runs each new job once the enqueuing transaction commits.
+# Called with the job's id, and for a staging with the outbox's alias.
+inline_runner: Callable[[UUID, str | None], None] | None = None
+
+
 def _handle(result: EnqueueResult) -> JobHandle:
+    if result.created and inline_runner is not None and conf.get().test_mode:
+        inline_runner(result.id, None)
     return JobHandle(id=result.id, run_id=result.run_id, created=result.created)
 
 
@@ -443,7 +451,10 @@ def _stage(definition: registry.Job, input: Any, options: Mapping[str, Any], *,
     enqueued_by = params.enqueued_by if (
         options.get("enqueued_by") is not None or _enqueued_by.get() is not None
     ) else None
-    return outbox.stage(params, using=using, enqueued_by=enqueued_by)
+    staged = outbox.stage(params, using=using, enqueued_by=enqueued_by)
+    if inline_runner is not None and conf.get().test_mode:
+        inline_runner(staged.id, using)
+    return staged
 
 
 # ------------------------------------------------------------------------------ end outbox --

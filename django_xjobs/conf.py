@@ -170,6 +170,8 @@ class XJobsSettings:
     maintenance_batch: int = 1000
     outbox_retention: float = 86400.0
     slot_purge_grace: float = 30.0
+    # ---- tests: "inline" runs each job at enqueue, when its transaction commits (testing/).
+    test_mode: str | None = None
 
 
 _KNOWN_KEYS = {
@@ -180,7 +182,9 @@ _KNOWN_KEYS = {
     "BACKFILL_THROTTLE",  # ---- backfills
     "OUTBOX",
     "CONCURRENCY_LIMITS", "SLOT_TTL",  # concurrency slots
+    "TEST_MODE",  # django_xjobs.testing (docs/testing.md)
 }
+TEST_MODES = ("inline",)
 
 
 def _positive_int(raw: Mapping[str, Any], key: str, default: int, *, where: str = "") -> int:
@@ -285,6 +289,12 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
     if scope is not None and not (isinstance(scope, str) or callable(scope)):
         raise ConfigurationError('XJOBS["ADMIN_TENANT_SCOPE"] must be a dotted path or callable')
     poll_interval = _duration(raw, "POLL_INTERVAL", 1.0)
+    test_mode = raw.get("TEST_MODE")
+    if test_mode is not None and test_mode not in TEST_MODES:
+        raise ConfigurationError(
+            f'XJOBS["TEST_MODE"] must be "inline" (run each job at enqueue, for tests) or None,'
+            f" got {test_mode!r}"
+        )
     return XJobsSettings(
         database=database,
         queues=queues,
@@ -310,6 +320,7 @@ def build(raw: Mapping[str, Any] | None) -> XJobsSettings:
         backfill_throttle=_duration(raw, "BACKFILL_THROTTLE", 0.0, positive=False),  # backfills
         raw=raw,
         outbox=_outbox_settings(raw, poll_interval),
+        test_mode=test_mode,
         **_slot_settings(raw, lease=lease, heartbeat=heartbeat),
         **_scheduler_settings(raw, lease),
     )
