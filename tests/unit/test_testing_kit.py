@@ -45,7 +45,7 @@ def test_a_bad_test_mode_stops_the_system_checks():
 # --------------------------------------------------------------------------- make_context --
 
 
-@job(name="testkit.fulfil", queue="orders", max_attempts=4)
+@job(name="testkit.fulfil", queue="other", max_attempts=4)
 def fulfil(ctx, order_id, fail_shipping=False):
     charged = ctx.step.run("charge", lambda: {"order": order_id, "charged": (10, "EUR")})
     ctx.step.sleep("cool-off", timedelta(hours=1))
@@ -95,7 +95,7 @@ def test_make_context_runs_a_job_function_with_steps_in_memory():
         "paid": {"amount": [10, "EUR"]}, "ship": "shipped",
     }
     assert (ctx.name, ctx.queue, ctx.attempt, ctx.max_attempts) == (
-        "testkit.fulfil", "orders", 1, 4)
+        "testkit.fulfil", "other", 1, 4)
     assert ctx.job_id != ctx.run_id and ctx.tenant_id is None and ctx.lease_token is None
 
 
