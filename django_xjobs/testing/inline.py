@@ -33,9 +33,10 @@ from uuid import UUID
 
 from django.db import connections, transaction
 
-from .. import conf, registry
+from .. import api, conf, registry
 from ..context import JobContext
 from ..engines import Engine, get_engine
+from ..exceptions import ConfigurationError
 from ..records import ClaimedJob, Completion, Fence, RunOwner
 from ..steps import AsyncSteps, Steps
 from ..worker import executor
@@ -47,6 +48,30 @@ log = logging.getLogger("django_xjobs.testing")
 WORKER_ID = f"inline:{socket.gethostname()}:{os.getpid()}"
 
 _local = threading.local()
+
+
+def install() -> None:
+    """Keep ``api.inline_runner`` in step with ``XJOBS["TEST_MODE"]``, now and whenever the
+    setting changes (``override_settings``, pytest-django's ``settings``); the app's
+    ``ready()`` calls this. Off, an enqueue pays nothing for the mode."""
+    from django.core.signals import setting_changed
+
+    setting_changed.connect(_on_setting_changed, dispatch_uid="django_xjobs.testing.inline")
+    _sync()
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "XJOBS":
+        conf.reset()  # whichever receiver runs first, this one reads the new value
+        _sync()
+
+
+def _sync() -> None:
+    try:
+        on = conf.get().test_mode == "inline"
+    except ConfigurationError:
+        on = False  # the system checks report the setting (xjobs.E001)
+    api.inline_runner = run_enqueued if on else None
 
 
 def run_enqueued(job_id: UUID, staged_on: str | None) -> None:

@@ -34,6 +34,19 @@ def test_any_other_test_mode_is_refused_naming_the_key_and_the_choices(value):
     )
 
 
+def test_enqueue_hands_jobs_to_the_inline_runner_only_while_the_mode_is_on():
+    from django_xjobs import api
+    from django_xjobs.testing import inline
+
+    assert api.inline_runner is None  # an enqueue pays nothing for the mode
+    with override_settings(XJOBS={"TEST_MODE": "inline"}):
+        assert api.inline_runner is inline.run_enqueued
+        with override_settings(XJOBS={"TEST_MODE": "eager"}):  # the checks report it
+            assert api.inline_runner is None
+        assert api.inline_runner is inline.run_enqueued
+    assert api.inline_runner is None
+
+
 def test_a_bad_test_mode_stops_the_system_checks():
     with override_settings(XJOBS={"TEST_MODE": "eager"}):
         messages = [m for m in checks.run_checks(tags=["django_xjobs"])
