@@ -26,7 +26,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypedDict
@@ -364,7 +364,15 @@ class JobHandle:
         return cancel(self.id, reason=reason).changed
 
 
+# XJOBS["TEST_MODE"] = "inline" (docs/testing.md): django_xjobs.testing sets this while the mode
+# is on (None otherwise: no cost to an enqueue); it runs each new job once the enqueuing
+# transaction commits. Called with the job's id, and for a staging with the outbox's alias.
+inline_runner: Callable[[UUID, str | None], None] | None = None
+
+
 def _handle(result: EnqueueResult) -> JobHandle:
+    if inline_runner is not None and result.created:
+        inline_runner(result.id, None)
     return JobHandle(id=result.id, run_id=result.run_id, created=result.created)
 
 
@@ -489,7 +497,10 @@ def _stage(definition: registry.Job[..., Any], input: Any, options: Mapping[str,
     enqueued_by = params.enqueued_by if (
         options.get("enqueued_by") is not None or _enqueued_by.get() is not None
     ) else None
-    return outbox.stage(params, using=using, enqueued_by=enqueued_by)
+    staged = outbox.stage(params, using=using, enqueued_by=enqueued_by)
+    if inline_runner is not None:
+        inline_runner(staged.id, using)
+    return staged
 
 
 # ------------------------------------------------------------------------------ end outbox --

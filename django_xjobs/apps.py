@@ -20,6 +20,11 @@ class XJobsConfig(AppConfig):
         from .scheduler import options as cron_options  # ---- scheduler: @job(cron=...) ----
 
         cron_options.install()
+        # ---- the inline test mode (docs/testing.md): enqueue hands new jobs to its runner
+        # while XJOBS["TEST_MODE"] is "inline" (override_settings included).
+        from .testing import inline
+
+        inline.install()
         # Found the way the admin finds admin.py: import every installed app's jobs.py.
         autodiscover_modules("jobs")
 

@@ -178,6 +178,8 @@ class XJobsSettings:
     maintenance_batch: int = 1000
     outbox_retention: float = 86400.0
     slot_purge_grace: float = 30.0
+    # ---- tests: "inline" runs each job at enqueue, when its transaction commits (testing/).
+    test_mode: str | None = None
 
 
 _KNOWN_KEYS = {
@@ -188,7 +190,9 @@ _KNOWN_KEYS = {
     "BACKFILL_THROTTLE",  # ---- backfills
     "OUTBOX",
     "CONCURRENCY_LIMITS", "SLOT_TTL",  # concurrency slots
+    "TEST_MODE",  # django_xjobs.testing (docs/testing.md)
 }
+TEST_MODES = ("inline",)
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
@@ -333,6 +337,16 @@ def _tenant_scope(raw: Mapping[str, Any], key: str, default: str | None) -> str 
     return scope if isinstance(scope, str) else None
 
 
+def _test_mode(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:
+    test_mode = raw.get(key, default)
+    if test_mode is not None and test_mode not in TEST_MODES:
+        raise ConfigurationError(
+            f'XJOBS["TEST_MODE"] must be "inline" (run each job at enqueue, for tests) or None,'
+            f" got {test_mode!r}"
+        )
+    return test_mode
+
+
 def validate(raw: Mapping[str, Any] | None) -> list[str]:
     """Every problem of an ``XJOBS`` dict, one message per bad key; empty when it is good.
 
@@ -404,6 +418,7 @@ def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[st
                                positive=False),
         raw=raw,
         outbox=take(_outbox_settings, raw, "OUTBOX", OutboxSettings(poll_interval=poll_interval)),
+        test_mode=take(_test_mode, raw, "TEST_MODE", None),
         **_slot_settings(raw, problems, lease=lease, heartbeat=heartbeat),
         **_scheduler_settings(raw, problems, lease),
     )

@@ -93,6 +93,9 @@ TEMPLATES = [{
     ]},
 }]
 STATIC_URL = "/static/"
+# Django 6.1+ sends mail through MAILERS (earlier versions ignore it); tests get locmem either
+# way. Mailed by the example of docs/testing.md (tests/integration/testing_example/).
+MAILERS = {"default": {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
     "version": 1,

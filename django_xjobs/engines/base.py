@@ -468,6 +468,27 @@ class Engine(abc.ABC):
     def xmin_horizon(self, limit: int = 10) -> list[XminHolder]:
         """What keeps VACUUM from removing dead rows, the oldest holder first."""
 
+    # --------------------------------------------------------------- test support --
+    # django_xjobs.testing (docs/testing.md). On the caller's connection like every method, so
+    # they work inside a TestCase's transaction.
+    @abc.abstractmethod
+    def job_claim_if_due(self, job_id: str, *, worker_id: str,
+                         lease_ms: int) -> ClaimedJob | None:
+        """Claim this one job, writing what :meth:`jobs_claim` writes, if it is waiting and due;
+        None if it is not due, not waiting, or locked by another session (skipped)."""
+
+    @abc.abstractmethod
+    def jobs_shift_due(self, shift_ms: int) -> int:
+        """Make every waiting job (ready, delayed, suspended), and the open sleeps and event
+        waits of its run, due ``shift_ms`` earlier, as if that much time had passed; how many
+        jobs. Running jobs keep their leases."""
+
+    @abc.abstractmethod
+    def jobs_list(self, *, name: str | None = None, queue: str | None = None,
+                  states: Sequence[str] | None = None, tenant_id: str | None = None,
+                  limit: int | None = None) -> list[JobRecord]:
+        """Jobs in any state, oldest first; each filter optional (None: any)."""
+
     # ---------------------------------------------------------------- connections --
     @abc.abstractmethod
     def session_label(self, label: str) -> None:

@@ -178,16 +178,18 @@ def _input(claimed: ClaimedJob) -> dict[str, Any]:
 
 def execute(
     definition: Job, claimed: ClaimedJob, ctx: JobContext, settings: XJobsSettings,
-    *, fresh_connections: bool = True,
+    *, fresh_connections: bool = True, cleanup: bool = True,
 ) -> Outcome:
     """Run a sync job in the current (executor) thread.
 
     Django's connections are cleaned up around the job, as around a request: after it always,
     and before it when ``fresh_connections`` (the thread was idle long enough for a connection
     to age past CONN_MAX_AGE or be dropped by the server). Back-to-back jobs of a busy thread
-    skip the "before": the "after" of the previous job ran microseconds earlier.
+    skip the "before": the "after" of the previous job ran microseconds earlier. Without
+    ``cleanup`` neither: the caller's own thread runs the job (the inline test mode,
+    django_xjobs/testing), and its connections may be inside the caller's transaction.
     """
-    if fresh_connections:
+    if fresh_connections and cleanup:
         close_old_connections()
     try:
         if tracing.wants_span(claimed.traceparent):
@@ -203,7 +205,8 @@ def execute(
             return _exited(exc, definition, claimed, settings)
         return _outcome_of_exception(exc, definition, claimed, ctx, settings)
     finally:
-        close_old_connections()
+        if cleanup:
+            close_old_connections()
     if ctx.cancelled.is_set():
         return Discard(ctx.stop_reason or "stopped")
     return _outcome_of_result(definition, value)

@@ -57,7 +57,7 @@ from django.db import connections, reset_queries
 
 from .. import clock, conf, faults, registry, slots
 from ..context import JobContext
-from ..engines import get_engine
+from ..engines import Engine, get_engine
 from ..exceptions import SLOT_LOST, JobCancelled, SlotLost, XJobsError
 from ..records import (
     ClaimedJob,
@@ -602,23 +602,8 @@ class Worker:
             self._release_slots(batch)
 
     def _write_outcome(self, run: Run) -> tuple[Fence, str]:
-        job, outcome = run.job, run.outcome
-        if isinstance(outcome, Retry):
-            report, state = self.engine.job_fail_if_owned(Failure(
-                id=job.id, lease_token=job.lease_token, error=outcome.error,
-                retry_delay_ms=round(outcome.delay * 1000), permanent=outcome.permanent,
-            ))
-            return report.outcome(job.lease_token), state or "lost"
-        if isinstance(outcome, GiveBack):
-            report = self.engine.job_requeue_if_owned(Requeue(
-                id=job.id, lease_token=job.lease_token, delay_ms=round(outcome.delay * 1000),
-                spent_attempt=not job.resumed, resumed=job.resumed, note=outcome.note,
-            ))
-            return report.outcome(job.lease_token), "requeued"
-        if isinstance(outcome, Suspended):
-            return Fence.OWNED, "suspended"
-        assert isinstance(outcome, Discard)
-        return Fence.LOST, "discarded"
+        assert run.outcome is not None
+        return write_outcome(self.engine, run.job, run.outcome)
 
     def _settled(self, run: Run, fence: Fence, state: str) -> None:
         with self._lock:
@@ -959,6 +944,28 @@ class Worker:
         # Do not spin against a database that is down (or a schema that is not there).
         pause = 5.0 if isinstance(exc, XJobsError) else min(self.options.poll_interval, 0.5)
         self._wake.wait(pause)
+
+
+def write_outcome(engine: Engine, job: ClaimedJob, outcome: Outcome) -> tuple[Fence, str]:
+    """The fenced write of one outcome other than ``Done`` (acknowledged in batches by
+    ``Worker._settle``); the fence's verdict and the state the job went to. Also the inline
+    test mode's settle (django_xjobs/testing), so a test sees the statements a worker sends."""
+    if isinstance(outcome, Retry):
+        report, state = engine.job_fail_if_owned(Failure(
+            id=job.id, lease_token=job.lease_token, error=outcome.error,
+            retry_delay_ms=round(outcome.delay * 1000), permanent=outcome.permanent,
+        ))
+        return report.outcome(job.lease_token), state or "lost"
+    if isinstance(outcome, GiveBack):
+        report = engine.job_requeue_if_owned(Requeue(
+            id=job.id, lease_token=job.lease_token, delay_ms=round(outcome.delay * 1000),
+            spent_attempt=not job.resumed, resumed=job.resumed, note=outcome.note,
+        ))
+        return report.outcome(job.lease_token), "requeued"
+    if isinstance(outcome, Suspended):
+        return Fence.OWNED, "suspended"
+    assert isinstance(outcome, Discard)
+    return Fence.LOST, "discarded"
 
 
 def run_worker(**overrides: object) -> Worker:

@@ -111,6 +111,15 @@ def _job_record(row: Sequence[Any]) -> JobRecord:
     )
 
 
+def _claimed_job(r: Sequence[Any]) -> ClaimedJob:
+    """A row of jobs_claim or job_claim_if_due (the same columns, in this order)."""
+    return ClaimedJob(
+        id=r[0], lease_token=r[1], name=r[2], queue=r[3], input=_decode_json(r[4]), run_id=r[5],
+        attempt=r[6], max_attempts=r[7], tenant_id=r[8], traceparent=r[9],
+        concurrency_key=r[10], resumed=r[11],
+    )
+
+
 def _uuid_array(values: Iterable[Any]) -> str:
     """A uuid[] literal. Built with one join instead of psycopg's per-element list dumper, which
     cost a fifth of a worker's CPU at a thousand ids per statement; uuids need no quoting."""
@@ -421,15 +430,7 @@ class PostgresEngine(Engine):
             "worker_id": worker_id,
             "lease_ms": lease_ms,
         })
-        return [
-            ClaimedJob(
-                id=r[0], lease_token=r[1], name=r[2], queue=r[3], input=_decode_json(r[4]),
-                run_id=r[5],
-                attempt=r[6], max_attempts=r[7], tenant_id=r[8], traceparent=r[9],
-                concurrency_key=r[10], resumed=r[11],
-            )
-            for r in rows
-        ]
+        return [_claimed_job(r) for r in rows]
 
     def _fence_check(self, kind: str, refs: Sequence[tuple[str, str]]) -> FenceReport:
         rows = self._run(S.JOBS_FENCE_CHECK, {
@@ -999,6 +1000,28 @@ class PostgresEngine(Engine):
                        age_seconds=r[5], xmin_age=r[6], query=r[7])
             for r in self._run(S.XMIN_HORIZON, {"limit": limit})
         ]
+
+    # ---------------------------------------------------------------------- test support --
+    def job_claim_if_due(self, job_id: str, *, worker_id: str,
+                         lease_ms: int) -> ClaimedJob | None:
+        job_uuid = _as_uuid(job_id)
+        if job_uuid is None:
+            return None
+        r = self._run(S.JOB_CLAIM_IF_DUE, {
+            "id": job_uuid, "worker_id": worker_id, "lease_ms": lease_ms,
+        }, fetch="one")
+        return _claimed_job(r) if r is not None else None
+
+    def jobs_shift_due(self, shift_ms: int) -> int:
+        return int(self._run(S.JOBS_SHIFT_DUE, {"shift_ms": shift_ms}, fetch="one")[0])
+
+    def jobs_list(self, *, name: str | None = None, queue: str | None = None,
+                  states: Sequence[str] | None = None, tenant_id: str | None = None,
+                  limit: int | None = None) -> list[JobRecord]:
+        return [_job_record(r) for r in self._run(S.JOBS_LIST, {
+            "name": name, "queue": queue, "states": None if states is None else list(states),
+            "tenant_id": tenant_id, "limit": limit,
+        })]
 
     # ----------------------------------------------------------------------- connections --
     def session_label(self, label: str) -> None:

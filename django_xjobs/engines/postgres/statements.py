@@ -1796,6 +1796,94 @@ returning j.lease_token::text
 """,
 )
 
+# ---------------------------------------------------------------------------- test support --
+# django_xjobs.testing (docs/testing.md): the inline test mode's claim of the one job it runs,
+# travel()'s shift of due times, and the listing behind enqueued_jobs()/assert_enqueued(). They
+# run on the caller's connection like every statement, so inside a TestCase's transaction too.
+
+JOB_CLAIM_IF_DUE = Statement(
+    "job_claim_if_due",
+    why="""
+The inline test mode runs the job an enqueue just made, and only that one: jobs_claim takes
+whatever is due first in a queue. This is jobs_claim's due branch for one id, writing what that
+branch writes (a fresh lease_token, attempt + 1 except for a resume from `suspended`, the
+worker in claimed_by and worker_ids, the lease on the database clock), so the run that follows
+is fenced and settled exactly as a worker's (tests/conformance/test_testing_support.py compares
+the two rows). A job not due yet (a delay, a backoff, a durable sleep), one already running or
+finished, and one another session holds locked (SKIP LOCKED, as in jobs_claim) are not claimed.
+""",
+    sql="""
+with picked as (
+    select id, state as prev_state
+      from x_jobs
+     where id = %(id)s::uuid and state in ('ready', 'delayed', 'suspended') and run_at <= now()
+       for update skip locked
+)
+update x_jobs j
+   set state       = 'running',
+       attempt     = case when p.prev_state = 'suspended' then j.attempt else j.attempt + 1 end,
+       visible_at  = now() + %(lease_ms)s::bigint * interval '1 millisecond',
+       lease_token = gen_random_uuid(),
+       claimed_by  = %(worker_id)s::text,
+       worker_ids  = case when p.prev_state = 'suspended' then j.worker_ids
+                          else j.worker_ids || jsonb_build_array(%(worker_id)s::text) end,
+       started_at  = now(),
+       updated_at  = now()
+  from picked p
+ where j.id = p.id
+returning j.id::text, j.lease_token::text, j.name, j.queue, j.input, j.run_id::text, j.attempt,
+          j.max_attempts, j.tenant_id, j.traceparent, j.concurrency_key,
+          p.prev_state = 'suspended' as resumed
+""",
+)
+
+JOBS_SHIFT_DUE = Statement(
+    "jobs_shift_due",
+    why="""
+travel(): make waiting jobs due as if time had passed, without touching any clock. Every due
+time the claim compares with now() moves back by the shift: run_at of `ready`, `delayed` and
+`suspended` jobs (a delay, a retry's backoff, a snooze, a durable sleep's wake-up) and wake_at
+of their runs' open sleeps and event waits, which a resumed step compares with now() to know
+whether it is over. All waiting rows move, due ones too, so their claim order stays as it was.
+`running` rows keep their leases: passing time must not make a run that is still executing
+look crashed.
+""",
+    sql="""
+with moved as (
+    update x_jobs
+       set run_at = run_at - %(shift_ms)s::bigint * interval '1 millisecond', updated_at = now()
+     where state in ('ready', 'delayed', 'suspended')
+    returning run_id
+), waits as (
+    update x_job_steps s
+       set wake_at = s.wake_at - %(shift_ms)s::bigint * interval '1 millisecond'
+      from (select distinct run_id from moved) m
+     where s.run_id = m.run_id and s.status in ('sleeping', 'waiting')
+    returning 1
+)
+select count(*) from moved where (select count(*) from waits) >= 0
+""",
+)
+
+JOBS_LIST = Statement(
+    "jobs_list",
+    why="""
+Jobs of any state, filtered by name, queue, states and tenant (each filter optional), oldest
+first, for enqueued_jobs() and assert_enqueued()'s report of what IS enqueued. A test's table is
+small; `limit` (NULL = no limit) bounds it anyway. A NULL tenant filter means any tenant.
+""",
+    sql=f"""
+select {JOB_COLUMNS}
+  from x_jobs
+ where (%(name)s::text is null or name = %(name)s::text)
+   and (%(queue)s::text is null or queue = %(queue)s::text)
+   and (%(states)s::text[] is null or state = any(%(states)s::text[]))
+   and (%(tenant_id)s::text is null or tenant_id = %(tenant_id)s::text)
+ order by created_at, id
+ limit %(limit)s::bigint
+""",
+)
+
 ALL: dict[str, Statement] = {
     s.name: s for s in globals().copy().values() if isinstance(s, Statement)
 }

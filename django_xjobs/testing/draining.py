@@ -1,7 +1,7 @@
-"""Helpers for testing code that enqueues jobs.
+"""``drain()``: run what is due until nothing is, in this process.
 
-``drain()`` runs the real worker loop in this process until nothing is due, so a test exercises
-the same claim, execution and fenced acknowledgement as production::
+By default it runs the real worker loop (``Worker`` in burst mode, in threads of this process),
+so a test exercises the same claim, execution and fenced acknowledgement as production::
 
     from django_xjobs.testing import drain
 
@@ -12,6 +12,10 @@ the same claim, execution and fenced acknowledgement as production::
 
 Jobs run in worker threads with their own database connections, so the rows they need must be
 committed: use pytest-django's ``transactional_db`` (or ``TransactionTestCase``).
+
+With ``XJOBS["TEST_MODE"] = "inline"`` it runs the due jobs in the caller's thread instead, on
+its connection (``testing/inline.py``): the claim, the executor and the fenced writes are the
+worker's, one job at a time, and it works inside a ``TestCase``'s transaction.
 
 Jobs staged with ``enqueue_on_commit`` are relayed first, as a relay in production would once
 the staging committed; a job that stages more jobs gets those relayed and run too::
@@ -34,7 +38,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterable
 
-from .worker.loop import Worker, WorkerOptions
+from ..worker.loop import Worker, WorkerOptions
 
 
 def drain(
@@ -46,16 +50,23 @@ def drain(
 ) -> Counter[str]:
     """Run due jobs of ``queues`` (default: all configured) until none is left; return counts.
 
-    Jobs that become due later (a retry's backoff, a delay) are left for a later call. With
-    ``relay`` (the default), committed ``enqueue_on_commit`` stagings are relayed before the
-    jobs run and again after, until a round relays nothing; ``stats["relayed"]`` counts them.
+    Jobs that become due later (a retry's backoff, a delay) are left for a later call
+    (:func:`~django_xjobs.testing.travel` makes them due now). With ``relay`` (the default),
+    committed ``enqueue_on_commit`` stagings are relayed before the jobs run and again after,
+    until a round relays nothing; ``stats["relayed"]`` counts them. In the inline test mode the
+    jobs run in this thread, one at a time (``concurrency`` and ``prefetch`` do not apply).
     """
-    _refuse_inside_atomic()
+    from .. import conf
+
+    inline = conf.get().test_mode == "inline"
+    if not inline:
+        _refuse_inside_atomic()
     queues = tuple(queues) if queues is not None else None
     totals: Counter[str] = Counter()
     relayed = _relay_committed() if relay else 0
     while True:
-        totals.update(_drain_once(queues, concurrency=concurrency, prefetch=prefetch))
+        totals.update(_drain_inline(queues) if inline else
+                      _drain_once(queues, concurrency=concurrency, prefetch=prefetch))
         more = _relay_committed() if relay else 0
         relayed += more
         if not more:
@@ -71,7 +82,7 @@ def _refuse_inside_atomic() -> None:
     from django.db import connections
     from django.db.transaction import TransactionManagementError
 
-    from . import conf
+    from .. import conf
 
     settings = conf.get()
     for alias in {settings.database, *settings.outbox.databases}:
@@ -87,7 +98,7 @@ def _relay_committed() -> int:
     """Relay what is committed in the outbox, from a thread with connections of its own."""
     from django.db import connections
 
-    from .outbox import relay_pending
+    from ..outbox import relay_pending
 
     result: list[int] = []
     error: list[BaseException] = []
@@ -123,3 +134,29 @@ def _drain_once(queues: Iterable[str] | None, *, concurrency: int,
     worker = Worker(options)
     worker.run()
     return worker.stats
+
+
+def _drain_inline(queues: Iterable[str] | None) -> Counter[str]:
+    """Claim (``jobs_claim``, one job per queue at a time) and run in this thread until a claim
+    finds nothing; what the runs enqueue runs in turn (testing/inline.py)."""
+    from .. import conf, registry
+    from ..engines import get_engine
+    from .inline import WORKER_ID, in_turn, run_claimed
+
+    settings = conf.get()
+    engine = get_engine()
+    wants = {q: 1 for q in (queues if queues is not None else registry.worked_queues(settings))}
+    stats: Counter[str] = Counter()
+
+    def rounds() -> None:
+        while True:
+            claimed = engine.jobs_claim(wants=wants, worker_id=WORKER_ID,
+                                        lease_ms=round(settings.lease * 1000))
+            if not claimed:
+                return
+            stats["claimed"] += len(claimed)
+            for job in claimed:
+                stats[run_claimed(engine, job)] += 1
+
+    in_turn(rounds)
+    return stats
