@@ -32,7 +32,7 @@ from typing import Any
 
 from . import conf, registry
 from .engines import get_engine
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, JobNotFound
 from .records import TERMINAL_STATES, QueueStats, TableHealth, XminHolder
 
 TenantScope = frozenset[str] | None
@@ -264,6 +264,7 @@ class HolderRow:
     holder: XminHolder
     verdict: str
     advice: str = ""
+    query_hidden: bool = False  # holder.query is only the statement's first word (redact_query)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -275,6 +276,7 @@ class Health:
     rescues: RescueSummary
     tables: list[TableRow]  # empty under a tenant scope
     holders: list[HolderRow]  # empty under a tenant scope
+    query_text: bool = True  # False: the holders' SQL is redacted (see redact_query)
 
     @property
     def verdict(self) -> str:
@@ -329,6 +331,127 @@ def ago(moment: datetime | None, now: datetime) -> str:
         return "never"
     delta = (now - moment).total_seconds()
     return f"{humanize_seconds(delta)} ago" if delta >= 0 else f"in {humanize_seconds(delta)}"
+
+
+# ----------------------------------------------------------------------------- JSON columns --
+
+# A page shows at most this many characters of a JSON column and links to the whole value
+# beyond: a 512 KiB input rendered whole is a page of megabytes, pretty-printed more. The
+# database sends the page this much of the value (plus one character, to tell that there is
+# more), never the rest.
+JSON_PAGE_CHARS = 10_000
+# The JSON columns of each console model: the console reads them as text (with_json_text) and
+# decodes them itself (shown_json), never through JSONField, which raises on valid jsonb that
+# Python's json cannot load (an integer of more than 4,300 digits, arrays nested thousands
+# deep) and would take the page down with it (tests/integration/test_console_rows.py).
+JSON_FIELDS: dict[str, tuple[str, ...]] = {
+    "job": ("input", "result", "worker_ids"),
+    "jobstep": ("output",),
+    "jobevent": ("payload",),
+    "outboxentry": ("input",),
+    "backfill": ("last_cursor", "code_changes"),
+}
+_TEXT, _CHARS = "_xjobs_text_", "_xjobs_chars_"
+
+
+def json_fields(model: Any) -> tuple[str, ...]:
+    return JSON_FIELDS.get(model._meta.model_name, ())
+
+
+def without_json(queryset: Any) -> Any:
+    """``queryset`` without its JSON columns: for reads that show none of them (lists, panels),
+    which then cost neither the transfer of a big value nor a decode that can fail."""
+    return queryset.defer(*json_fields(queryset.model))
+
+
+def with_json_text(queryset: Any, limit: int | None = JSON_PAGE_CHARS) -> Any:
+    """``queryset`` with its JSON columns read as text: the first ``limit`` characters (all of
+    them with ``None``) and the length, for :func:`shown_json`. The columns themselves are
+    deferred: touching ``obj.input`` would decode it through JSONField."""
+    from django.db.models import TextField
+    from django.db.models.functions import Cast, Left, Length
+
+    names = json_fields(queryset.model)
+    annotations: dict[str, Any] = {}
+    for name in names:
+        text = Cast(name, TextField())
+        annotations[_TEXT + name] = text if limit is None else Left(text, limit + 1)
+        annotations[_CHARS + name] = Length(text)
+    return queryset.defer(*names).annotate(**annotations)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShownJson:
+    """A JSON column as the console shows it.
+
+    ``text`` is what to print: indented JSON when Python could decode the value, else the
+    stored text as it is (``problem`` says why it could not be decoded). ``truncated``: only
+    the first :data:`JSON_PAGE_CHARS` characters of ``text`` are there; the page links to the
+    whole value, which the database serves as stored text (the console decodes nothing to do
+    that). ``value`` is the decoded value (whole values only), for ``--json``.
+    """
+
+    text: str | None  # None: SQL NULL (a job with no result yet)
+    chars: int  # length of the stored text, the whole value
+    truncated: bool = False
+    problem: str | None = None
+    value: Any = None
+
+    @property
+    def decoded(self) -> bool:
+        return self.problem is None
+
+    def as_json(self) -> Any:
+        """The value for ``--json``: itself, or (when Python cannot decode it, or only a part
+        was read) a mapping that says so and carries the stored text."""
+        if self.text is None:
+            return None
+        if self.decoded and not self.truncated:
+            return self.value
+        why = {"undecodable": self.problem} if self.problem else {"truncated": True}
+        return {**why, "chars": self.chars, "text": self.text}
+
+
+def decode_json(text: str) -> tuple[Any, str | None]:
+    """(value, None), or (None, why) for valid JSON that Python's json module refuses: it
+    raises ValueError past 4,300 digits in an integer and RecursionError on deep nesting."""
+    import json
+
+    try:
+        return json.loads(text), None
+    except RecursionError:
+        return None, "nested too deeply for Python's json module"
+    except ValueError as exc:
+        return None, str(exc).split(";")[0]
+
+
+def json_text(obj: Any, name: str) -> str | None:
+    """Column ``name`` of ``obj`` (read by :func:`with_json_text`) as the database stores it."""
+    return getattr(obj, _TEXT + name)  # type: ignore[no-any-return]
+
+
+def shown_json(obj: Any, name: str, *, limit: int | None = JSON_PAGE_CHARS) -> ShownJson:
+    """Column ``name`` of ``obj``, read by :func:`with_json_text`, as a page (or, with
+    ``limit=None``, a command) shows it."""
+    import json
+
+    text = json_text(obj, name)
+    chars = getattr(obj, _CHARS + name)
+    if text is None:
+        return ShownJson(text=None, chars=0)
+    if chars > len(text):  # a prefix: not decodable as such, shown as stored
+        return ShownJson(text=text[:limit], chars=chars, truncated=True)
+    value, problem = decode_json(text)
+    if problem is not None:
+        cut = limit is not None and len(text) > limit
+        return ShownJson(text=text[:limit], chars=chars, truncated=cut, problem=problem)
+    try:
+        pretty = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    except (ValueError, RecursionError):  # loads accepted what dumps refuses: show it stored
+        pretty = text
+    cut = limit is not None and len(pretty) > limit
+    return ShownJson(text=pretty[:limit] if cut else pretty, chars=chars, truncated=cut,
+                     value=value)
 
 
 # -------------------------------------------------------------------------------- dashboard --
@@ -425,7 +548,8 @@ def workers(tenants: TenantScope = None) -> list[WorkerRow]:
 def latest_failures(tenants: TenantScope = None, limit: int = PANEL_ROWS) -> list[JobBrief]:
     from .models import Job
 
-    dead = scoped(Job.objects.filter(state="dead"), tenants).order_by("-finished_at")[:limit]
+    dead = without_json(scoped(Job.objects.filter(state="dead"), tenants))
+    dead = dead.order_by("-finished_at")[:limit]
     return [JobBrief.of(j, j.finished_at) for j in dead]
 
 
@@ -452,7 +576,8 @@ def lapsed_jobs(tenants: TenantScope = None,
 
     from .models import Job
 
-    lapsed = scoped(Job.objects.filter(state="running", visible_at__lte=Now()), tenants)
+    lapsed = without_json(scoped(Job.objects.filter(state="running", visible_at__lte=Now()),
+                                 tenants))
     rows = [JobBrief.of(j, j.visible_at) for j in lapsed.order_by("visible_at")[:limit]]
     count = len(rows) if len(rows) < limit else lapsed.count()
     return count, rows
@@ -491,7 +616,7 @@ def rescue_summary(tenants: TenantScope = None) -> RescueSummary:
             if agg["n"]:
                 for row in qs.order_by().values("name").annotate(r=Sum("rescues")):
                     by_name[row["name"]] = by_name.get(row["name"], 0) + (row["r"] or 0)
-                recent += list(qs.order_by("-updated_at")[:PANEL_ROWS])
+                recent += list(without_json(qs).order_by("-updated_at")[:PANEL_ROWS])
     recent.sort(key=lambda j: j.updated_at, reverse=True)
     return RescueSummary(
         live_jobs=totals["live"][0], live_rescues=totals["live"][1],
@@ -540,16 +665,52 @@ def judge_holder(h: XminHolder) -> HolderRow:
     return HolderRow(holder=h, verdict=verdict, advice=advice)
 
 
-def health(tenants: TenantScope = None) -> Health:
+# The first word of a statement, which every viewer of the health panel may see: it tells a
+# long report (select) from a stuck migration (alter) or an idle session (commit) without
+# showing a literal. Anything else, including a first word not in this list, is withheld.
+SQL_COMMANDS = frozenset({
+    "abort", "alter", "analyze", "begin", "call", "checkpoint", "close", "cluster", "comment",
+    "commit", "copy", "create", "deallocate", "declare", "delete", "discard", "do", "drop",
+    "end", "execute", "explain", "fetch", "grant", "import", "insert", "listen", "load", "lock",
+    "merge", "move", "notify", "prepare", "refresh", "reindex", "release", "reset", "revoke",
+    "rollback", "savepoint", "security", "select", "set", "show", "start", "table", "truncate",
+    "unlisten", "update", "vacuum", "values", "with",
+})
+
+
+def redact_query(query: str | None) -> str | None:
+    """Another session's SQL for a viewer without ``django_xjobs.view_query_text``: its first
+    word (when it is an SQL command), never the rest. pg_stat_activity shows statements with
+    their literals (a password in ALTER ROLE, a customer's e-mail in a WHERE), so stripping
+    literals would not be enough: an unquoted SET value, a comment or an identifier can carry
+    the same secret. tests/integration/test_console_security.py pins it."""
+    if not query:
+        return query
+    import re
+
+    match = re.match(r"\s*([A-Za-z]+)(?![A-Za-z0-9_$])", query)
+    word = match.group(1).lower() if match else ""
+    return f"{word.upper()} …" if word in SQL_COMMANDS else "…"
+
+
+def health(tenants: TenantScope = None, *, query_text: bool = True) -> Health:
+    """The health panel. ``query_text=False`` (a console user without
+    ``django_xjobs.view_query_text``) redacts the SQL of the sessions that hold VACUUM back
+    before it leaves this function (:func:`redact_query`)."""
     now = db_now()
     count, lapsed = lapsed_jobs(tenants)
     engine = get_engine()
+    holders = [judge_holder(h) for h in engine.xmin_horizon(PANEL_ROWS)] if tenants is None \
+        else []
+    if not query_text:
+        holders = [dataclasses.replace(row, holder=dataclasses.replace(
+            row.holder, query=redact_query(row.holder.query)), query_hidden=True)
+            for row in holders]
     return Health(
         now=now, tenants=tenants, lapsed_count=count, lapsed=lapsed,
         rescues=rescue_summary(tenants),
         tables=[judge_table(t) for t in engine.tables_health()] if tenants is None else [],
-        holders=[judge_holder(h) for h in engine.xmin_horizon(PANEL_ROWS)]
-        if tenants is None else [],
+        holders=holders, query_text=query_text,
     )
 
 
@@ -651,7 +812,7 @@ def jobs(*, tenants: TenantScope = None, limit: int = 50, created_after: datetim
     unknown = set(filters) - set(JOB_FILTERS)
     if unknown:
         raise ConfigurationError(f"unknown job filter(s) {sorted(unknown)}")
-    qs = scoped(Job.objects.all(), tenants).filter(
+    qs = with_json_text(scoped(Job.objects.all(), tenants), limit=None).filter(
         **{k: v for k, v in filters.items() if v is not None})
     for lookup, value in (("created_at__gte", created_after), ("created_at__lte", created_before),
                           ("run_at__gte", run_after), ("run_at__lte", run_before)):
@@ -660,11 +821,47 @@ def jobs(*, tenants: TenantScope = None, limit: int = 50, created_after: datetim
     return list(qs.order_by("-id")[:limit])
 
 
+def job_row(job_id: Any, *, tenants: TenantScope = None,
+            limit: int | None = JSON_PAGE_CHARS) -> Any:
+    """One job as its page and ``xjobs show`` read it (JSON columns as text, see
+    :func:`with_json_text`); :class:`JobNotFound` for an unknown, malformed or out-of-scope id,
+    the same answer for all three."""
+    from uuid import UUID
+
+    from .models import Job
+
+    try:
+        uid = UUID(str(job_id).strip())
+    except ValueError:
+        raise JobNotFound(f"no job with id {job_id}") from None
+    found = with_json_text(scoped(Job.objects.filter(id=uid), tenants), limit).first()
+    if found is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return found
+
+
+def run_steps(run_id: Any, *, limit: int | None = JSON_PAGE_CHARS) -> list[Any]:
+    """The durable steps of one run, in the order they started (JSON columns as text)."""
+    from .models import JobStep
+
+    return list(with_json_text(JobStep.objects.filter(run_id=run_id), limit)
+                .order_by("started_at", "id"))
+
+
+def event_rows(*, name: str | None = None, limit: int = 50) -> list[Any]:
+    """Published events, newest first (the order of the engine's ``events_list``), payloads
+    as text."""
+    from .models import JobEvent
+
+    qs = JobEvent.objects.all() if name is None else JobEvent.objects.filter(name=name)
+    return list(with_json_text(qs, limit=None).order_by("-published_at", "-id")[:limit])
+
+
 def outbox_entries(*, tenants: TenantScope = None, pending: bool | None = None,
                    limit: int = 50) -> list[Any]:
     from .models import OutboxEntry
 
-    qs = scoped(OutboxEntry.objects.all(), tenants)
+    qs = with_json_text(scoped(OutboxEntry.objects.all(), tenants), limit=None)
     if pending is True:
         return list(qs.filter(published_at=None).order_by("staged_at")[:limit])
     if pending is False:
@@ -675,7 +872,7 @@ def outbox_entries(*, tenants: TenantScope = None, pending: bool | None = None,
 def backfill_rows(limit: int = 100) -> list[Any]:
     from .models import Backfill
 
-    return list(Backfill.objects.order_by("-started_at")[:limit])
+    return list(with_json_text(Backfill.objects.all(), limit=None).order_by("-started_at")[:limit])
 
 
 def backfill_rate(b: Any, now: datetime) -> float | None:
@@ -699,7 +896,15 @@ def as_json(value: Any) -> Any:
                 out[extra] = as_json(getattr(value, extra))
         return out
     if hasattr(value, "_meta") and hasattr(value, "pk"):  # a model instance
-        return {f.attname: as_json(getattr(value, f.attname)) for f in value._meta.concrete_fields}
+        out = {}
+        for f in value._meta.concrete_fields:
+            if hasattr(value, _TEXT + f.attname):  # read by with_json_text: never decoded here
+                out[f.attname] = shown_json(value, f.attname, limit=None).as_json()
+            else:
+                out[f.attname] = as_json(getattr(value, f.attname))
+        return out
+    if isinstance(value, ShownJson):
+        return value.as_json()
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, UUID):

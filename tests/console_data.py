@@ -109,3 +109,21 @@ def other_rows(*, tenant_id: str | None = None) -> dict[str, Any]:
             rows_processed=12_000, last_cursor={"pk": 12_000},
             started_at=now - timedelta(minutes=10)),
     }
+
+
+# Valid jsonb that Python's json module refuses: an integer of more digits than int() converts
+# by default (4,300), and arrays nested deeper than the decoder's recursion limit.
+HUGE_INT_SQL = """('{"n": ' || repeat('9', 5000) || '}')::jsonb"""
+DEEP_ARRAY_SQL = "(repeat('[', 5000) || repeat(']', 5000))::jsonb"
+
+
+def undecodable(table: str, pk: Any, **columns: str) -> None:
+    """Overwrite JSON ``columns`` of one row with SQL expressions (``HUGE_INT_SQL``, ...): raw
+    SQL, since neither the ORM nor the API would write a value Python cannot read back."""
+    from django.db import connection
+
+    assignments = ", ".join(f"{name} = {sql}" for name, sql in columns.items())
+    with connection.cursor() as cursor:
+        cursor.execute(f"update {table} set {assignments} where "
+                       f"{'id' if table != 'x_backfills' else 'run_id'} = %s", [pk])
+        assert cursor.rowcount == 1, (table, pk)

@@ -25,14 +25,13 @@ from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import api, conf, slots
+from ... import api, conf, console, slots
 from ...conf import parse_duration
 from ...engines import get_engine
 from ...exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
 from ...records import (
     TERMINAL_STATES,
     ChangeResult,
-    EventRecord,
     JobRecord,
     SlotRecord,
     SlotUsage,
@@ -116,7 +115,7 @@ class Command(BaseCommand):
             if action is None:
                 self._stats(as_json)
             elif action == "show":
-                self._show(api.get_job(options["job_id"]), as_json)
+                self._show(console.job_row(options["job_id"], limit=None), as_json)
             elif action == "cancel":
                 self._change("cancel", api.cancel(options["job_id"], reason=options["reason"]),
                              as_json)
@@ -125,7 +124,7 @@ class Command(BaseCommand):
             elif action == "run-now":
                 self._change("run-now", api.run_now(options["job_id"]), as_json)
             elif action == "events":
-                self._events(get_engine().events_list(options["name"], options["limit"]),
+                self._events(console.event_rows(name=options["name"], limit=options["limit"]),
                              as_json)
             elif action == "purge":
                 self._purge(options, as_json)
@@ -200,11 +199,12 @@ class Command(BaseCommand):
                 "databases": {alias: {"pending": n, "oldest_pending_seconds": age}
                               for alias, (n, age) in summary.by_alias.items()}}
 
-    def _show(self, job: JobRecord, as_json: bool) -> None:
-        steps = sorted(get_engine().steps_of_run(str(job.run_id)),
-                       key=lambda s: (s.started_at is None, s.started_at, s.name))
+    def _show(self, job: Any, as_json: bool) -> None:
+        """One job, read like its console page (JSON columns as text: a value Python cannot
+        decode is printed as stored, with a note, instead of ending the command)."""
+        steps = console.run_steps(job.run_id, limit=None)
         if as_json:
-            self._emit({**job_dict(job), "steps": [step_dict(s) for s in steps]})
+            self._emit({**console.as_json(job), "steps": console.as_json(steps)})
             return
         fields = ("id", "name", "queue", "state", "attempt", "max_attempts", "priority",
                   "run_at", "created_at", "updated_at", "started_at", "finished_at",
@@ -212,9 +212,11 @@ class Command(BaseCommand):
                   "traceparent", "rescues", "concurrency_key")
         for name in fields:
             self.stdout.write(f"{name:>16}: {_jsonable(getattr(job, name))}")
-        self.stdout.write(f"{'input':>16}: {json.dumps(job.input, indent=2)}")
-        if job.result is not None:
-            self.stdout.write(f"{'result':>16}: {json.dumps(job.result, indent=2)}")
+        shown = console.shown_json(job, "input", limit=None)
+        self.stdout.write(f"{'input':>16}: {_console.block(shown)}")
+        result = console.shown_json(job, "result", limit=None)
+        if result.text is not None:
+            self.stdout.write(f"{'result':>16}: {_console.block(result)}")
         if job.last_error:
             self.stdout.write(f"{'last_error':>16}:\n{job.last_error}")
         if steps:
@@ -223,7 +225,7 @@ class Command(BaseCommand):
                 when = _jsonable(step.completed_at or step.wake_at or step.started_at)
                 detail = ""
                 if step.status == "completed":
-                    detail = _preview(step.output)
+                    detail = _console.preview(console.shown_json(step, "output", limit=None))
                 elif step.status in ("sleeping", "waiting"):
                     detail = f"until {_jsonable(step.wake_at)}" + (
                         f" for event {step.event!r}" if step.event else "")
@@ -244,17 +246,16 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"{action}: job {job.id} ({job.name}) unchanged: {result.reason}")
 
-    def _events(self, events: list[EventRecord], as_json: bool) -> None:
+    def _events(self, events: list[Any], as_json: bool) -> None:
         if as_json:
-            self._emit([{name: _jsonable(getattr(e, name)) for name in e.__dataclass_fields__}
-                        for e in events])
+            self._emit(console.as_json(events))
             return
         if not events:
             self.stdout.write("(no events)")
         for e in events:
             key = f" key={e.correlation_key}" if e.correlation_key else ""
             self.stdout.write(f"{_jsonable(e.published_at)}  #{e.id} {e.name}{key}  "
-                              f"{_preview(e.payload)}")
+                              f"{_console.preview(console.shown_json(e, 'payload', limit=None))}")
 
     def _purge(self, options: dict[str, Any], as_json: bool) -> None:
         try:
