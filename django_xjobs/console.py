@@ -299,7 +299,44 @@ def error_summary(text: str | None, limit: int = 200) -> str | None:
 
 
 def db_now() -> datetime:
-    return get_engine().db_now()
+    """The database clock, in the ORM's form (:func:`orm_time`), so it compares with the
+    times of the rows the console reads."""
+    return orm_time(get_engine().db_now())
+
+
+def orm_time(moment: datetime | None) -> datetime | None:
+    """``moment`` as the ORM hands out times: aware with ``USE_TZ = True``; naive, in
+    ``TIME_ZONE`` (the database session's zone), with ``USE_TZ = False``. The engine's own
+    cursor may answer in the other form, and Python refuses to compare the two
+    (tests/integration/test_console_time.py runs every page both ways)."""
+    from django.conf import settings
+    from django.utils import timezone
+
+    if moment is None:
+        return None
+    zone = timezone.get_default_timezone()
+    if settings.USE_TZ:
+        return moment if timezone.is_aware(moment) else timezone.make_aware(moment, zone)
+    return timezone.make_naive(moment, zone) if timezone.is_aware(moment) else moment
+
+
+def shown_time(moment: datetime | None) -> datetime | None:
+    """``moment`` in the time zone a page shows: the current one (Django's ``localtime``) with
+    ``USE_TZ``, ``TIME_ZONE`` without; always aware, so a format can name the zone."""
+    from django.utils import timezone
+
+    moment = orm_time(moment)
+    if moment is None:
+        return None
+    if timezone.is_naive(moment):
+        return timezone.make_aware(moment, timezone.get_default_timezone())
+    return timezone.localtime(moment)
+
+
+def clock_text(moment: datetime | None) -> str:
+    """``2026-12-02 18:58:44 CET``: to the second, in the page's time zone."""
+    shown = shown_time(moment)
+    return "-" if shown is None else shown.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
 
 
 def _now_minus(delta: timedelta) -> Any:
@@ -307,6 +344,30 @@ def _now_minus(delta: timedelta) -> Any:
     from django.db.models.functions import Now
 
     return ExpressionWrapper(Now() - Value(delta), output_field=DateTimeField())
+
+
+def seconds_between(start: datetime, end: datetime) -> float:
+    """``end - start`` in seconds, whichever form (aware or naive) each comes in."""
+    return (orm_time(end) - orm_time(start)).total_seconds()  # type: ignore[operator]
+
+
+def duration_text(seconds: float | None) -> str:
+    """A duration to the second (to the tenth below a minute): ``850 ms``, ``12.3 s``,
+    ``4 min 12 s``, ``3 h 12 min``, ``2 d 3 h``. The job page's timings; humanize_seconds
+    rounds harder, for "… ago"."""
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    s = abs(seconds)
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 59.95:
+        return f"{s:.1f} s"
+    whole = round(s)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    if whole < 86400:
+        return f"{whole // 3600} h {whole % 3600 // 60} min"
+    return f"{whole // 86400} d {whole % 86400 // 3600} h"
 
 
 def humanize_seconds(seconds: float | None) -> str:
@@ -329,7 +390,7 @@ def humanize_seconds(seconds: float | None) -> str:
 def ago(moment: datetime | None, now: datetime) -> str:
     if moment is None:
         return "never"
-    delta = (now - moment).total_seconds()
+    delta = seconds_between(moment, now)
     return f"{humanize_seconds(delta)} ago" if delta >= 0 else f"in {humanize_seconds(delta)}"
 
 
@@ -505,16 +566,19 @@ def scheduler_leaders(now: datetime) -> list[LeaderRow]:
             for r in SchedulerLeader.objects.order_by("lock_key")]
 
 
-def schedule_rows(now: datetime) -> list[ScheduleRow]:
+def schedule_rows() -> list[ScheduleRow]:
     """Every cron task the console knows of, as the scheduler describes it (``manage.py xjobs
     schedule`` shows the same): configured tasks (``@job(cron=...)`` and ``XJOBS["SCHEDULE"]``)
-    and state rows of tasks no longer declared, with the watermark and the next fire time."""
+    and state rows of tasks no longer declared, with the watermark and the next fire time.
+
+    The scheduler computes on the engine's clock in the engine's form; its answers are turned
+    into the ORM's form here (:func:`orm_time`), like every time the console shows."""
     from . import scheduler
 
-    return [ScheduleRow(task=t.name, last_fired_at=t.watermark, paused=t.paused,
-                        updated_at=t.updated_at, next_fire_at=t.next_fire_at,
+    return [ScheduleRow(task=t.name, last_fired_at=orm_time(t.watermark), paused=t.paused,
+                        updated_at=orm_time(t.updated_at), next_fire_at=orm_time(t.next_fire_at),
                         configured=t.configured)
-            for t in scheduler.describe(now=now).tasks]
+            for t in scheduler.describe(now=get_engine().db_now()).tasks]
 
 
 def workers(tenants: TenantScope = None) -> list[WorkerRow]:
@@ -560,7 +624,7 @@ def dashboard(tenants: TenantScope = None) -> Dashboard:
         now=now, tenants=tenants, queues=queue_rows(tenants), outbox_pending=pending,
         outbox_oldest_seconds=oldest,
         leaders=scheduler_leaders(now) if tenants is None else [],
-        schedules=schedule_rows(now) if tenants is None else [],
+        schedules=schedule_rows() if tenants is None else [],
         workers=workers(tenants), failures=latest_failures(tenants),
     )
 
@@ -812,6 +876,10 @@ def jobs(*, tenants: TenantScope = None, limit: int = 50, created_after: datetim
     unknown = set(filters) - set(JOB_FILTERS)
     if unknown:
         raise ConfigurationError(f"unknown job filter(s) {sorted(unknown)}")
+    # The bounds come aware (the command requires a zone); with USE_TZ = False the ORM takes
+    # naive times in TIME_ZONE only.
+    created_after, created_before, run_after, run_before = (
+        orm_time(t) for t in (created_after, created_before, run_after, run_before))
     qs = with_json_text(scoped(Job.objects.all(), tenants), limit=None).filter(
         **{k: v for k, v in filters.items() if v is not None})
     for lookup, value in (("created_at__gte", created_after), ("created_at__lte", created_before),
