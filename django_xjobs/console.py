@@ -937,6 +937,48 @@ def outbox_entries(*, tenants: TenantScope = None, pending: bool | None = None,
     return list(qs.order_by("-staged_at")[:limit])
 
 
+def slot_limits(held: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int | None]:
+    """The limit each held slot was asked under, per ``(key, holder)``: the one a run of the
+    holder's job asks for (:func:`slots.limit_for`: ``XJOBS["CONCURRENCY_LIMITS"]`` first,
+    else the job's own ``Concurrency(limit=...)``). The holder names the job by id; a holder
+    whose job is gone (or was never a job) gets the settings limit, or None."""
+    from uuid import UUID
+
+    from . import slots
+    from .models import Job
+
+    pairs = list(held)
+    job_ids: dict[str, UUID] = {}
+    for _, holder in pairs:
+        job_id = slots.parse_holder(holder)[0]
+        try:
+            job_ids[job_id] = UUID(job_id)
+        except ValueError:
+            continue
+    names = {str(i): n for i, n in Job.objects.filter(id__in=job_ids.values())
+             .values_list("id", "name")}
+    settings = conf.get()
+    return {(key, holder): slots.limit_for(
+                key, registry.lookup(names.get(slots.parse_holder(holder)[0], "")), settings)
+            for key, holder in pairs}
+
+
+def key_limits(keys: Iterable[str]) -> dict[str, list[int]]:
+    """The limits that apply to the live slots of each key, smallest first (several when jobs
+    with different limits share a key; none when no holder's limit is known)."""
+    from django.db.models.functions import Now
+
+    from .models import JobLease
+
+    keys = list(keys)
+    live = JobLease.objects.filter(lease_key__in=keys, expires_at__gt=Now())
+    found: dict[str, set[int]] = {k: set() for k in keys}
+    for (key, _), limit in slot_limits(live.values_list("lease_key", "holder")).items():
+        if limit is not None:
+            found[key].add(limit)
+    return {k: sorted(v) for k, v in found.items()}
+
+
 def backfill_rows(limit: int = 100) -> list[Any]:
     from .models import Backfill
 

@@ -127,3 +127,19 @@ def undecodable(table: str, pk: Any, **columns: str) -> None:
         cursor.execute(f"update {table} set {assignments} where "
                        f"{'id' if table != 'x_backfills' else 'run_id'} = %s", [pk])
         assert cursor.rowcount == 1, (table, pk)
+
+
+def slot_held_by_a_run(group: str = "g", queue: str = "slot-limit-q") -> Any:
+    """A slot of ``slot:<group>`` held as a worker holds it: by a claimed run of
+    ``testapp.slotted``, whose ``Concurrency(key="slot:{group}", limit=2)`` gives the limit."""
+    from django_xjobs import slots
+    from django_xjobs.records import SlotRequest
+
+    handle = testapp_jobs.slotted.using(queue=queue).enqueue(group=group)
+    engine = get_engine()
+    (claimed,) = engine.jobs_claim(wants={queue: 1}, worker_id="w-limit", lease_ms=60_000)
+    assert claimed.id == str(handle.id)
+    (hold,) = engine.slots_acquire([SlotRequest(lease_key=f"slot:{group}", limit=2,
+                                                holder=slots.holder(claimed, "w-limit"))],
+                                   60_000)
+    return hold

@@ -594,3 +594,16 @@ def test_json_columns_of_the_other_pages_are_shown_once_pretty_printed(admin_cli
                                     args=[step.pk])).content.decode()
     assert page.count("ada@example.com") == 1
     assert '<pre class="xjobs-json">' in page
+
+
+def test_the_slots_page_shows_the_limit_each_slot_was_taken_under(admin_client):
+    from tests.console_data import slot_held_by_a_run
+
+    slot_held_by_a_run("page")
+    response = admin_client.get(reverse("admin:django_xjobs_joblease_changelist"))
+    page = response.content.decode()
+    assert '<td class="field-limit">2</td>' in page
+    (lease,) = response.context["cl"].result_list
+    detail_page = admin_client.get(reverse("admin:django_xjobs_joblease_change",
+                                           args=[lease.pk])).content.decode()
+    assert "field-limit" in detail_page

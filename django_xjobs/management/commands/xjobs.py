@@ -25,7 +25,7 @@ from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import api, conf, console, slots
+from ... import api, console, slots
 from ...conf import parse_duration
 from ...engines import get_engine
 from ...exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
@@ -154,6 +154,7 @@ class Command(BaseCommand):
         outbox = self._outbox_pending()
         pending, oldest = outbox["pending"], outbox["oldest_pending_seconds"]
         held = engine.slots_usage(limit=STATS_SLOT_KEYS + 1)
+        limits = console.key_limits(u.lease_key for u in held[:STATS_SLOT_KEYS])
         if as_json:
             self._emit({
                 "queues": [
@@ -163,7 +164,7 @@ class Command(BaseCommand):
                     for r in rows
                 ],
                 "outbox": outbox,
-                "slots": _slot_usage_json(held),
+                "slots": _slot_usage_json(held, limits),
             })
             return
         columns = ("queue", "ready", "delayed", "running", "suspended", "dead", "done",
@@ -186,7 +187,7 @@ class Command(BaseCommand):
             for alias, entry in outbox["databases"].items():
                 self.stdout.write(f"  {alias}: {entry['pending']} pending"
                                   f"{_age(entry['oldest_pending_seconds'])}")
-        self._slot_usage(held)
+        self._slot_usage(held, limits)
 
     # ---- outbox ----
     @staticmethod
@@ -271,28 +272,29 @@ class Command(BaseCommand):
                               f"than {options['older_than']}")
 
     # ---------------------------------------------------------------- concurrency slots --
-    def _slot_usage(self, held: list[SlotUsage]) -> None:
+    def _slot_usage(self, held: list[SlotUsage], limits: dict[str, list[int]]) -> None:
         if not held:
             self.stdout.write("slots: none held")
             return
-        settings = conf.get()
-        self.stdout.write("\nslots held (key, held / limit from XJOBS['CONCURRENCY_LIMITS']):")
+        self.stdout.write("\nslots held (key, held / limit: XJOBS['CONCURRENCY_LIMITS'], else the "
+                          "job's Concurrency(limit=...)):")
         for usage in held[:STATS_SLOT_KEYS]:
-            limit = slots.settings_limit(usage.lease_key, settings)
-            self.stdout.write(f"  {usage.lease_key}  {usage.held} / {limit or '-'}")
+            self.stdout.write(f"  {usage.lease_key}  {usage.held} / "
+                              f"{_limit_text(limits.get(usage.lease_key, []))}")
         if len(held) > STATS_SLOT_KEYS:
             self.stdout.write("  ... more keys: manage.py xjobs slots")
 
     def _slots(self, records: list[SlotRecord], as_json: bool) -> None:
+        limits = console.slot_limits((r.lease_key, r.holder) for r in records)
         if as_json:
-            self._emit([_slot_json(r) for r in records])
+            self._emit([_slot_json(r, limits[(r.lease_key, r.holder)]) for r in records])
             return
         if not records:
             self.stdout.write("(no slots held)")
             return
-        table = [("key", "slot", "job", "worker", "expires in")] + [
-            (r.lease_key, str(r.slot), *slots.parse_holder(r.holder)[::2],
-             f"{r.expires_in:.1f}s")
+        table = [("key", "slot", "limit", "job", "worker", "expires in")] + [
+            (r.lease_key, str(r.slot), _limit_text([limits[(r.lease_key, r.holder)]]),
+             *slots.parse_holder(r.holder)[::2], f"{r.expires_in:.1f}s")
             for r in records
         ]
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
@@ -306,13 +308,26 @@ class Command(BaseCommand):
 STATS_SLOT_KEYS = 20  # keys the stats list; `xjobs slots` lists them all
 
 
-def _slot_json(record: SlotRecord) -> dict[str, Any]:
+def _limit_text(limits: list[int | None]) -> str:
+    """``2``, ``2 or 3`` (jobs with different limits share the key), ``-`` (none known)."""
+    known = sorted({n for n in limits if n is not None})
+    return " or ".join(str(n) for n in known) if known else "-"
+
+
+def _slot_json(record: SlotRecord, limit: int | None) -> dict[str, Any]:
     job_id, token, worker = slots.parse_holder(record.holder)
-    return {"key": record.lease_key, "slot": record.slot, "holder": record.holder,
-            "job_id": job_id, "lease_token": token, "worker_id": worker,
+    return {"key": record.lease_key, "slot": record.slot, "limit": limit,
+            "holder": record.holder, "job_id": job_id, "lease_token": token, "worker_id": worker,
             "expires_at": record.expires_at.isoformat(), "expires_in_seconds": record.expires_in}
 
 
-def _slot_usage_json(held: list[SlotUsage]) -> list[dict[str, Any]]:
-    return [{"key": u.lease_key, "held": u.held, "next_expiry": u.next_expiry.isoformat()}
-            for u in held[:STATS_SLOT_KEYS]]
+def _slot_usage_json(held: list[SlotUsage],
+                     limits: dict[str, list[int]]) -> list[dict[str, Any]]:
+    # "limit": the one limit of the key's live slots (None: several, or none known);
+    # "limits": all of them.
+    out = []
+    for u in held[:STATS_SLOT_KEYS]:
+        found = limits.get(u.lease_key, [])
+        out.append({"key": u.lease_key, "held": u.held, "limit": found[0] if len(found) == 1
+                    else None, "limits": found, "next_expiry": u.next_expiry.isoformat()})
+    return out
