@@ -747,6 +747,7 @@ class JobAdmin(ConsoleAdmin):
         context = {
             **self.admin_site.each_context(request), "opts": self.model._meta,
             "title": f"{spec.verb.capitalize()} jobs: are you sure?", "spec": spec,
+            "crumb": spec.verb.capitalize(),
             "applies": applies, "skipped": [j for j in chosen if not spec.applies(j)],
             "chosen": chosen, "truncated": truncated, "limit": ACTION_LIMIT,
             "form": form if spec.name == "cancel_jobs" else None,

@@ -607,3 +607,20 @@ def test_the_slots_page_shows_the_limit_each_slot_was_taken_under(admin_client):
     detail_page = admin_client.get(reverse("admin:django_xjobs_joblease_change",
                                            args=[lease.pk])).content.decode()
     assert "field-limit" in detail_page
+
+
+def breadcrumbs(page: str) -> list[str]:
+    """The tags and classes of a page's breadcrumbs bar, in order (no text, no hrefs)."""
+    nav = page.split('<nav aria-label="Breadcrumbs">', 1)[1].split("</nav>", 1)[0]
+    return re.findall(r"<(\w+)(?: class=\"([^\"]*)\")?", nav)
+
+
+def test_the_consoles_own_pages_use_the_installed_admins_breadcrumbs(admin_client, one_of_each):
+    # The stock change form of a job has the same depth: Home > app > Jobs > this page.
+    stock = breadcrumbs(admin_client.get(detail(one_of_each["dead"].id)).content.decode())
+    assert stock[0][1] == "breadcrumbs"
+    for url in (DASHBOARD, HEALTH):
+        page = admin_client.get(url).content.decode()
+        assert breadcrumbs(page) == stock, url
+    confirm = post_action(admin_client, "cancel_jobs", [one_of_each["ready"].id], confirm=False)
+    assert breadcrumbs(confirm.content.decode()) == stock

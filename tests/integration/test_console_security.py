@@ -128,7 +128,6 @@ def test_step_records_on_a_job_page_need_the_steps_view_permission(client):
     steps_for(handle.run_id)
     step = JobStep.objects.get(run_id=handle.run_id, name="fetch-profile")
     page_url = reverse("admin:django_xjobs_job_change", args=[handle.id])
-    step_json = reverse("admin:django_xjobs_jobstep_json", args=[step.pk, "output"])
 
     only_jobs = User.objects.create_user("jobs-only", password="pw", is_staff=True)
     only_jobs.user_permissions.add(Permission.objects.get(codename="view_job"))
@@ -136,6 +135,7 @@ def test_step_records_on_a_job_page_need_the_steps_view_permission(client):
     page = client.get(page_url).content.decode()
     assert "ada@example.com" not in page and "gateway timeout" not in page
     assert "recorded 3 durable steps" in page
+    step_json = reverse("admin:django_xjobs_jobstep_json", args=[step.pk, "output"])
     assert client.get(step_json).status_code == 403
 
     client.force_login(support_user())
