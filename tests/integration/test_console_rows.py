@@ -234,3 +234,15 @@ def test_a_nul_byte_in_the_other_lists_and_in_an_object_id_is_no_server_error(ad
     for model in ("schedulerstate", "schedulerleader", "job", "jobevent"):
         url = reverse(f"admin:django_xjobs_{model}_change", args=["nightly\x00report"])
         assert admin_client.get(url).status_code == 404, model
+
+
+def test_a_nul_byte_in_a_command_argument_is_a_clear_error():
+    from django.core.management import CommandError
+
+    job_in_state("ready", queue="nul-cli-q")
+    for args in (("jobs", "--tenant", "a\x00"), ("jobs", "--queue", "\x00"),
+                 ("events", "--name", "user\x00"), ("slots", "--key", "k\x00"),
+                 ("show", "\x00"), ("cancel", "0190a1b2-0000-7000-8000-000000000000\x00")):
+        with pytest.raises(CommandError, match="NUL"):
+            run(*args)
+    assert Job.objects.filter(queue="nul-cli-q", state="ready").count() == 1

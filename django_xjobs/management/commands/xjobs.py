@@ -111,6 +111,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         action = options.get("action")
         as_json = options["json"]
+        _refuse_nul(options)
         try:
             if action is None:
                 self._stats(as_json)
@@ -306,6 +307,16 @@ class Command(BaseCommand):
 
 
 STATS_SLOT_KEYS = 20  # keys the stats list; `xjobs slots` lists them all
+
+
+def _refuse_nul(options: dict[str, Any]) -> None:
+    """PostgreSQL refuses NUL in text: an argument with one (possible through call_command,
+    not a shell) is a clear error before any statement, not a database error mid-command."""
+    for name, value in options.items():
+        values = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(v, str) and "\x00" in v for v in values):
+            raise CommandError(f"{name.replace('_', ' ')}: {value!r:.60} contains a NUL "
+                               "character, which no stored text can contain")
 
 
 def _limit_text(limits: list[int | None]) -> str:
