@@ -7,9 +7,10 @@ installs chromium where it can (``make browser``).
 
 Scenario: log in; the dashboard; filter the jobs list by a date range; open a job that died in
 a real worker and retry it (the worker runs it again); cancel a job that is running in the
-worker (the worker stops it at its next heartbeat). Screenshots of the dashboard, the jobs list
-and the job detail go to ``XJOBS_SCREENSHOT_DIR`` (``make screenshots`` points it at docs/img),
-else to the test's temporary directory.
+worker (the worker stops it at its next heartbeat). And: the console's own pages draw their
+breadcrumbs exactly like a stock admin page. Screenshots of the dashboard, the jobs list, the
+job detail, the health panel and an action's confirmation go to ``XJOBS_SCREENSHOT_DIR``
+(``make screenshots`` points it at docs/img), else to the test's temporary directory.
 """
 
 from __future__ import annotations
@@ -227,7 +228,7 @@ def test_console_pages_have_the_breadcrumbs_of_the_stock_admin(
     for name, url in pages.items():
         page.goto(live_server.url + url)
         assert page.evaluate(BREADCRUMBS_LOOK) == stock, name
-        page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+    page.screenshot(path=str(shots / "health.png"), full_page=True)  # the dashboard's: above
 
     # An action's confirmation page, reached as an operator reaches it.
     page.goto(f"{live_server.url}/admin/django_xjobs/job/")
