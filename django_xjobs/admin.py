@@ -1,6 +1,6 @@
 """The operations console: the Django admin as a read-only view of the queue, plus actions.
 
-The admin reads; it never writes queue state through the ORM (STYLE habit 8). No add or change
+The admin reads; it never writes queue state through the ORM (docs/console.md). No add or change
 forms exist: a person must not be able to put a row in a state no statement would produce.
 The four operator actions (cancel, retry now, run now, delete finished) call :mod:`api`, which
 runs the engine's fenced statements, the same ones ``manage.py xjobs`` uses. Each action has its

@@ -1,9 +1,10 @@
 """The operations console's reads: what the admin pages and ``manage.py xjobs`` show.
 
-One module serves both, so the browser and the command line never disagree (SPEC §10, "CLI
-parity"): the admin renders these records as HTML, the command prints them or dumps them as
-JSON. Everything here reads; the console's writes are the operator actions of :mod:`api`
-(cancel, retry, run_now, delete_finished), which go through the engine's fenced statements.
+One module serves both, so the browser and the command line never disagree (docs/console.md,
+"The same from a terminal"): the admin renders these records as HTML, the command prints them
+or dumps them as JSON. Everything here reads; the console's writes are the operator actions of
+:mod:`api` (cancel, retry, run_now, delete_finished), which go through the engine's fenced
+statements.
 
 Where the numbers come from:
 
