@@ -1,6 +1,6 @@
 """The operations console: the Django admin as a read-only view of the queue, plus actions.
 
-The admin reads; it never writes queue state through the ORM (STYLE habit 8). No add or change
+The admin reads; it never writes queue state through the ORM (docs/console.md). No add or change
 forms exist: a person must not be able to put a row in a state no statement would produce.
 The four operator actions (cancel, retry now, run now, delete finished) call :mod:`api`, which
 runs the engine's fenced statements, the same ones ``manage.py xjobs`` uses. Each action has its
@@ -36,7 +36,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast
@@ -222,9 +222,25 @@ def badge(value: str) -> str:
     return format_html('<span class="xjobs-badge xjobs-{}">{}</span>', value, value)
 
 
-def pretty_json(value: Any) -> str:
-    return format_html('<pre class="xjobs-json">{}</pre>',
-                       json.dumps(value, indent=2, sort_keys=True, default=str))
+def json_block(shown: console.ShownJson, whole_url: str) -> str:
+    """A JSON column on a page: indented (or, when Python cannot decode it, as stored), at most
+    :data:`console.JSON_PAGE_CHARS` characters of it, and a link to the whole value beyond."""
+    if shown.text is None:
+        return "-"
+    notes = []
+    if not shown.decoded:
+        notes.append(format_html(
+            "This value could not be decoded by Python's json module ({}): it is shown as "
+            "the database stores it.", shown.problem))
+    if shown.truncated:
+        notes.append(format_html(
+            'Shortened to its first {} of {} characters: <a href="{}">the whole value</a>.',
+            f"{console.JSON_PAGE_CHARS:,}", f"{shown.chars:,}", whole_url))
+    elif not shown.decoded:
+        notes.append(format_html('<a href="{}">The value as stored</a>.', whole_url))
+    note = format_html('<p class="xjobs-note">{}</p>', format_html_join(" ", "{}", (
+        (n,) for n in notes))) if notes else ""
+    return format_html('<pre class="xjobs-json">{}</pre>{}', shown.text, note)
 
 
 def preformatted(text: str | None) -> str:
@@ -232,13 +248,16 @@ def preformatted(text: str | None) -> str:
 
 
 def short_time(moment: Any) -> str:
-    """``2026-12-02 18:58:44`` in the current time zone: a list column that fits on one line."""
-    if moment is None:
+    """``2026-12-02 18:58:44`` in the page's time zone: a list column that fits on one line."""
+    shown = console.shown_time(moment)
+    if shown is None:
         return "-"
-    from django.utils import timezone
+    return format_html('<span class="xjobs-time">{}</span>', shown.strftime("%Y-%m-%d %H:%M:%S"))
 
-    return format_html('<span class="xjobs-time">{}</span>',
-                       timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S"))
+
+def _nul_in(params: Any) -> bool:
+    return any("\x00" in key or any("\x00" in v for v in params.getlist(key))
+               for key in params)
 
 
 def _as_uuid(value: Any) -> UUID | None:
@@ -289,7 +308,71 @@ class ConsoleAdmin(admin.ModelAdmin):
         return console.scoped(queryset, tenants, self.tenant_field)
 
     def get_queryset(self, request: Any) -> Any:
-        return self.scope_queryset(super().get_queryset(request), console.tenant_scope(request))
+        # No page's list shows a JSON column: leave them out (see console.JSON_FIELDS); a page
+        # that shows one reads it as text (get_object).
+        queryset = console.without_json(
+            self.scope_queryset(super().get_queryset(request), console.tenant_scope(request)))
+        if _nul_in(request.GET):
+            # PostgreSQL refuses NUL in text, so a filter or search value with one would be a
+            # database error; no stored value contains one, so nothing matches (the list says
+            # why: changelist_view). tests/integration/test_console_rows.py pins every list.
+            return queryset.none()
+        return queryset
+
+    def changelist_view(self, request: Any, extra_context: dict[str, Any] | None = None) -> Any:
+        if _nul_in(request.GET):
+            self.message_user(request, "A filter or search value contains a NUL character, "
+                              "which no stored value can contain: nothing matches.",
+                              messages.ERROR)
+        return super().changelist_view(request, extra_context)
+
+    def get_object(self, request: Any, object_id: str, from_field: str | None = None) -> Any:
+        return self._find(request, object_id, console.JSON_PAGE_CHARS)
+
+    def _find(self, request: Any, object_id: str, limit: int | None) -> Any:
+        """The row of a page, in scope, its JSON columns read as text (at most ``limit``
+        characters of each: see console.with_json_text), or None."""
+        if "\x00" in str(object_id):
+            return None  # no key contains NUL, and PostgreSQL refuses one in a text key
+        pk = self.model._meta.pk
+        try:
+            value = pk.to_python(object_id)
+        except (ValidationError, ValueError):
+            return None
+        return console.with_json_text(self.get_queryset(request), limit).filter(
+            **{pk.name: value}).first()
+
+    def get_urls(self) -> list[Any]:
+        info = self.opts.app_label, self.opts.model_name
+        return [
+            path("<path:object_id>/json/<str:field>/",
+                 self.admin_site.admin_view(self.json_view), name="{}_{}_json".format(*info)),
+            *super().get_urls(),
+        ]
+
+    def json_view(self, request: Any, object_id: str, field: str) -> HttpResponse:
+        """The whole of one JSON column of one row, as the database stores it (pages show at
+        most console.JSON_PAGE_CHARS characters and link here). Nothing is decoded: jsonb's
+        text is JSON even when Python's json module cannot load it. Same permission and
+        tenant scope as the row's page."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if field not in console.json_fields(self.model):
+            raise Http404(f"{self._meta_name()} has no JSON column {field!r}")
+        obj = self._find(request, unquote(object_id), None)
+        if obj is None:
+            raise Http404(f"no {self._meta_name()} {object_id!r}")
+        response = HttpResponse(console.json_text(obj, field) or "null",
+                                content_type="application/json; charset=utf-8")
+        response["X-Content-Type-Options"] = "nosniff"
+        return response
+
+    def whole_json_url(self, obj: Any, field: str) -> str:
+        info = self.opts.app_label, self.opts.model_name
+        return reverse("admin:{}_{}_json".format(*info), args=[obj.pk, field])
+
+    def json_html(self, obj: Any, field: str) -> str:
+        return json_block(console.shown_json(obj, field), self.whole_json_url(obj, field))
 
     def _object_or_404(self, request: Any, object_id: str) -> Any:
         obj = self.get_object(request, unquote(object_id))
@@ -402,8 +485,8 @@ class JobAdmin(ConsoleAdmin):
     fieldsets = (
         (None, {"fields": ("state_badge", "name", "queue", "attempt_of", "priority",
                            "tenant_id", "enqueued_by")}),
-        ("Timing", {"fields": ("created_at", "run_at", "started_at", "finished_at",
-                               "updated_at", "lease")}),
+        ("Timing", {"fields": ("created", "due", "waited", "started", "ran_for", "finished",
+                               "updated", "lease")}),
         ("Run", {"fields": ("claimed_by", "workers", "rescues", "id", "run_id",
                             "idempotency_key", "concurrency_key", "traceparent",
                             "lease_token")}),
@@ -411,7 +494,8 @@ class JobAdmin(ConsoleAdmin):
         ("Result", {"fields": ("pretty_result",)}),
         ("Last error", {"fields": ("error",)}),
     )
-    readonly_fields = ("state_badge", "attempt_of", "lease", "workers", "pretty_input",
+    readonly_fields = ("state_badge", "attempt_of", "created", "due", "waited", "started",
+                       "ran_for", "finished", "updated", "lease", "workers", "pretty_input",
                        "pretty_result", "error")
 
     # -------------------------------------------------------------------------- columns --
@@ -440,25 +524,92 @@ class JobAdmin(ConsoleAdmin):
     def attempt_of(self, obj: Job) -> str:
         return f"{obj.attempt}/{obj.max_attempts}"
 
+    # ------------------------------------------------------------------ timing (detail) --
+    # To the second, in the page's time zone, each with how long ago it was on the database
+    # clock; and the durations an operator computes by hand otherwise. Pinned by
+    # tests/integration/test_console_time.py.
+    @staticmethod
+    def _now(obj: Job) -> Any:
+        if not hasattr(obj, "_xjobs_now"):
+            obj._xjobs_now = console.db_now()  # type: ignore[attr-defined]
+        return obj._xjobs_now  # type: ignore[attr-defined]
+
+    def _moment(self, obj: Job, moment: Any) -> str:
+        if moment is None:
+            return "-"
+        return f"{console.clock_text(moment)} ({console.ago(moment, self._now(obj))})"
+
+    @admin.display(description="created")
+    def created(self, obj: Job) -> str:
+        return self._moment(obj, obj.created_at)
+
+    @admin.display(description="run at (due)")
+    def due(self, obj: Job) -> str:
+        return self._moment(obj, obj.run_at)
+
+    @admin.display(description="queued for")
+    def waited(self, obj: Job) -> str:
+        now = self._now(obj)
+        if obj.state == "ready" and obj.run_at <= now:
+            return (f"{console.duration_text(console.seconds_between(obj.run_at, now))} so "
+                    "far: due, no worker has taken it yet")
+        if obj.started_at is not None and obj.started_at >= obj.run_at and obj.state in (
+                "running", "done", "dead", "cancelled"):
+            seconds = console.seconds_between(obj.run_at, obj.started_at)
+            return (f"{console.duration_text(seconds)}: from due to the start of attempt "
+                    f"{obj.attempt}")
+        return "-"
+
+    @admin.display(description="started (last attempt)")
+    def started(self, obj: Job) -> str:
+        return self._moment(obj, obj.started_at)
+
+    @admin.display(description="ran for")
+    def ran_for(self, obj: Job) -> str:
+        if obj.started_at is None:
+            return "-"
+        if obj.state == "running":
+            seconds = console.seconds_between(obj.started_at, self._now(obj))
+            return f"{console.duration_text(seconds)} so far (attempt {obj.attempt})"
+        if obj.finished_at is not None and obj.finished_at >= obj.started_at:
+            seconds = console.seconds_between(obj.started_at, obj.finished_at)
+            return f"{console.duration_text(seconds)} (attempt {obj.attempt})"
+        return "-"
+
+    @admin.display(description="finished")
+    def finished(self, obj: Job) -> str:
+        return self._moment(obj, obj.finished_at)
+
+    @admin.display(description="updated")
+    def updated(self, obj: Job) -> str:
+        return self._moment(obj, obj.updated_at)
+
     @admin.display(description="lease until (visible_at)")
     def lease(self, obj: Job) -> str:
         if obj.visible_at is None:
             return "-"
-        expired = obj.state == "running" and obj.visible_at <= console.db_now()
-        return format_html("{}{}", obj.visible_at.isoformat(sep=" ", timespec="seconds"),
-                           " (expired)" if expired else "")
+        text = console.clock_text(obj.visible_at)
+        if obj.state != "running":
+            return text
+        left = console.seconds_between(self._now(obj), obj.visible_at)
+        if left > 0:
+            return f"{text} (expires in {console.duration_text(left)})"
+        return f"{text} (expired {console.duration_text(-left)} ago)"
 
     @admin.display(description="workers that ran it")
     def workers(self, obj: Job) -> str:
-        return ", ".join(obj.worker_ids or []) or "-"
+        shown = console.shown_json(obj, "worker_ids")
+        if shown.decoded and not shown.truncated and isinstance(shown.value, list):
+            return ", ".join(str(w) for w in shown.value) or "-"
+        return shown.text or "-"
 
     @admin.display(description="input")
     def pretty_input(self, obj: Job) -> str:
-        return pretty_json(obj.input)
+        return self.json_html(obj, "input")
 
     @admin.display(description="result")
     def pretty_result(self, obj: Job) -> str:
-        return pretty_json(obj.result) if obj.result is not None else "-"
+        return self.json_html(obj, "result")
 
     @admin.display(description="last error")
     def error(self, obj: Job) -> str:
@@ -502,14 +653,21 @@ class JobAdmin(ConsoleAdmin):
         })
 
     def dashboard_view(self, request: Any) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
         tenants = console.tenant_scope(request)
         board = console.dashboard(tenants)
         return self._page(request, "admin/django_xjobs/dashboard.html", "Jobs dashboard",
                           board=board, now=board.now, tenants=tenants)
 
     def health_view(self, request: Any) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
         tenants = console.tenant_scope(request)
-        health = console.health(tenants)
+        # Other sessions' SQL carries literals: superusers and holders of view_query_text see
+        # it, everyone else its first word (console.redact_query).
+        health = console.health(tenants, query_text=request.user.has_perm(
+            "django_xjobs.view_query_text"))
         return self._page(request, "admin/django_xjobs/health.html", "Queue health",
                           health=health, now=health.now, tenants=tenants)
 
@@ -518,8 +676,14 @@ class JobAdmin(ConsoleAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         job = self._object_or_404(request, object_id)
-        steps = list(JobStep.objects.filter(run_id=job.run_id).order_by("started_at", "id"))
+        steps = console.run_steps(job.run_id)
         now = console.db_now()
+        # Step outputs are step records: on the job's page too they need the steps' own view
+        # permission (a "support" group given view_job alone does not see them).
+        step_admin = self.admin_site.get_model_admin(JobStep)
+        can_view_steps = step_admin.has_view_permission(request)
+        step_outputs = [step_admin.json_html(s, "output") if can_view_steps else ""
+                        for s in steps]
         buttons = [
             (spec, spec.name) for spec in ACTIONS.values()
             if spec.applies(job) and spec.name in self.get_actions(request)
@@ -527,6 +691,8 @@ class JobAdmin(ConsoleAdmin):
         ]
         context = {
             "diagnosis": console.diagnose(job, steps, now), "steps": steps, "db_now": now,
+            "step_rows": list(zip(steps, step_outputs, strict=True)),
+            "can_view_steps": can_view_steps,
             "action_buttons": buttons, "changelist_url":
                 reverse("admin:django_xjobs_job_changelist"),
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME, **(extra_context or {}),
@@ -581,6 +747,7 @@ class JobAdmin(ConsoleAdmin):
         context = {
             **self.admin_site.each_context(request), "opts": self.model._meta,
             "title": f"{spec.verb.capitalize()} jobs: are you sure?", "spec": spec,
+            "crumb": spec.verb.capitalize(),
             "applies": applies, "skipped": [j for j in chosen if not spec.applies(j)],
             "chosen": chosen, "truncated": truncated, "limit": ACTION_LIMIT,
             "form": form if spec.name == "cancel_jobs" else None,
@@ -755,7 +922,7 @@ class JobStepAdmin(ConsoleAdmin):
 
     @admin.display(description="output")
     def pretty_output(self, obj: JobStep) -> str:
-        return pretty_json(obj.output) if obj.output is not None else "-"
+        return self.json_html(obj, "output")
 
     @admin.display(description="error")
     def error_text(self, obj: JobStep) -> str:
@@ -779,7 +946,7 @@ class JobEventAdmin(ConsoleAdmin):
 
     @admin.display(description="payload")
     def pretty_payload(self, obj: JobEvent) -> str:
-        return pretty_json(obj.payload)
+        return self.json_html(obj, "payload")
 
 
 @admin.register(OutboxEntry)
@@ -805,7 +972,7 @@ class OutboxEntryAdmin(ConsoleAdmin):
 
     @admin.display(description="input")
     def pretty_input(self, obj: OutboxEntry) -> str:
-        return pretty_json(obj.input)
+        return self.json_html(obj, "input")
 
 
 class ClockedAdmin(ConsoleAdmin):
@@ -820,9 +987,26 @@ class ClockedAdmin(ConsoleAdmin):
 @admin.register(JobLease)
 class JobLeaseAdmin(ClockedAdmin):
     hidden_under_scope = True  # slot keys name tenants ("tenant:acme")
-    list_display = ("lease_key", "slot", "holder", "expires_at", "live")
+    list_display = ("lease_key", "slot", "limit", "holder", "expires_at", "live")
+    readonly_fields = ("limit",)
     search_fields = ("=lease_key",)
     ordering = ("lease_key", "slot")
+
+    def get_changelist_instance(self, request: Any) -> Any:
+        changelist = super().get_changelist_instance(request)
+        # One read for the page's rows (console.slot_limits), kept on the rows themselves.
+        rows = list(changelist.result_list)
+        limits = console.slot_limits((r.lease_key, r.holder) for r in rows)
+        for r in rows:
+            r.xjobs_limit = limits[(r.lease_key, r.holder)]
+        return changelist
+
+    @admin.display(description="limit")
+    def limit(self, obj: JobLease) -> str:
+        if not hasattr(obj, "xjobs_limit"):
+            obj.xjobs_limit = console.slot_limits([(obj.lease_key, obj.holder)])[
+                (obj.lease_key, obj.holder)]
+        return "-" if obj.xjobs_limit is None else str(obj.xjobs_limit)
 
     @admin.display(description="held", boolean=True)
     def live(self, obj: JobLease) -> bool:
@@ -847,6 +1031,9 @@ class SchedulerStateAdmin(ConsoleAdmin):
     ordering = ("task_name",)
 
 
+CURSOR_CHARS = 60  # of a backfill's last cursor in the list
+
+
 @admin.register(Backfill)
 class BackfillAdmin(ClockedAdmin):
     hidden_under_scope = True  # a backfill spans tenants
@@ -854,8 +1041,15 @@ class BackfillAdmin(ClockedAdmin):
                     "completed_at", "cursor", "job_link")
     search_fields = ("=name",)
     ordering = ("-started_at",)
-    readonly_fields = ("status_badge", "rate", "job_link", "pretty_cursor")
-    exclude = ("last_cursor",)
+    readonly_fields = ("status_badge", "rate", "job_link", "pretty_cursor", "pretty_changes")
+    exclude = ("last_cursor", "code_changes")
+
+    def get_queryset(self, request: Any) -> Any:
+        from django.db.models.functions import Left
+
+        # The list's cursor column: the stored text's head, never decoded (see cursor()).
+        return super().get_queryset(request).annotate(
+            cursor_head=Left(Cast("last_cursor", TextField()), CURSOR_CHARS + 1))
 
     @admin.display(description="status")
     def status_badge(self, obj: Backfill) -> str:
@@ -868,12 +1062,18 @@ class BackfillAdmin(ClockedAdmin):
 
     @admin.display(description="last cursor")
     def cursor(self, obj: Backfill) -> str:
-        text = json.dumps(obj.last_cursor, default=str)
-        return text if len(text) <= 60 else text[:57] + "..."
+        text = obj.cursor_head
+        if text is None:
+            return "-"
+        return text if len(text) <= CURSOR_CHARS else text[: CURSOR_CHARS - 3] + "..."
 
     @admin.display(description="last cursor")
     def pretty_cursor(self, obj: Backfill) -> str:
-        return pretty_json(obj.last_cursor)
+        return self.json_html(obj, "last_cursor")
+
+    @admin.display(description="code changes")
+    def pretty_changes(self, obj: Backfill) -> str:
+        return self.json_html(obj, "code_changes")
 
     @admin.display(description="job")
     def job_link(self, obj: Backfill) -> str:

@@ -1,9 +1,10 @@
 """The operations console's reads: what the admin pages and ``manage.py xjobs`` show.
 
-One module serves both, so the browser and the command line never disagree (SPEC §10, "CLI
-parity"): the admin renders these records as HTML, the command prints them or dumps them as
-JSON. Everything here reads; the console's writes are the operator actions of :mod:`api`
-(cancel, retry, run_now, delete_finished), which go through the engine's fenced statements.
+One module serves both, so the browser and the command line never disagree (docs/console.md,
+"The same from a terminal"): the admin renders these records as HTML, the command prints them
+or dumps them as JSON. Everything here reads; the console's writes are the operator actions of
+:mod:`api` (cancel, retry, run_now, delete_finished), which go through the engine's fenced
+statements.
 
 Where the numbers come from:
 
@@ -32,7 +33,7 @@ from typing import Any
 
 from . import conf, registry
 from .engines import get_engine
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, JobNotFound
 from .records import TERMINAL_STATES, QueueStats, TableHealth, XminHolder
 
 TenantScope = frozenset[str] | None
@@ -264,6 +265,7 @@ class HolderRow:
     holder: XminHolder
     verdict: str
     advice: str = ""
+    query_hidden: bool = False  # holder.query is only the statement's first word (redact_query)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -275,6 +277,7 @@ class Health:
     rescues: RescueSummary
     tables: list[TableRow]  # empty under a tenant scope
     holders: list[HolderRow]  # empty under a tenant scope
+    query_text: bool = True  # False: the holders' SQL is redacted (see redact_query)
 
     @property
     def verdict(self) -> str:
@@ -297,7 +300,44 @@ def error_summary(text: str | None, limit: int = 200) -> str | None:
 
 
 def db_now() -> datetime:
-    return get_engine().db_now()
+    """The database clock, in the ORM's form (:func:`orm_time`), so it compares with the
+    times of the rows the console reads."""
+    return orm_time(get_engine().db_now())
+
+
+def orm_time(moment: datetime | None) -> datetime | None:
+    """``moment`` as the ORM hands out times: aware with ``USE_TZ = True``; naive, in
+    ``TIME_ZONE`` (the database session's zone), with ``USE_TZ = False``. The engine's own
+    cursor may answer in the other form, and Python refuses to compare the two
+    (tests/integration/test_console_time.py runs every page both ways)."""
+    from django.conf import settings
+    from django.utils import timezone
+
+    if moment is None:
+        return None
+    zone = timezone.get_default_timezone()
+    if settings.USE_TZ:
+        return moment if timezone.is_aware(moment) else timezone.make_aware(moment, zone)
+    return timezone.make_naive(moment, zone) if timezone.is_aware(moment) else moment
+
+
+def shown_time(moment: datetime | None) -> datetime | None:
+    """``moment`` in the time zone a page shows: the current one (Django's ``localtime``) with
+    ``USE_TZ``, ``TIME_ZONE`` without; always aware, so a format can name the zone."""
+    from django.utils import timezone
+
+    moment = orm_time(moment)
+    if moment is None:
+        return None
+    if timezone.is_naive(moment):
+        return timezone.make_aware(moment, timezone.get_default_timezone())
+    return timezone.localtime(moment)
+
+
+def clock_text(moment: datetime | None) -> str:
+    """``2026-12-02 18:58:44 CET``: to the second, in the page's time zone."""
+    shown = shown_time(moment)
+    return "-" if shown is None else shown.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
 
 
 def _now_minus(delta: timedelta) -> Any:
@@ -305,6 +345,30 @@ def _now_minus(delta: timedelta) -> Any:
     from django.db.models.functions import Now
 
     return ExpressionWrapper(Now() - Value(delta), output_field=DateTimeField())
+
+
+def seconds_between(start: datetime, end: datetime) -> float:
+    """``end - start`` in seconds, whichever form (aware or naive) each comes in."""
+    return (orm_time(end) - orm_time(start)).total_seconds()  # type: ignore[operator]
+
+
+def duration_text(seconds: float | None) -> str:
+    """A duration to the second (to the tenth below a minute): ``850 ms``, ``12.3 s``,
+    ``4 min 12 s``, ``3 h 12 min``, ``2 d 3 h``. The job page's timings; humanize_seconds
+    rounds harder, for "… ago"."""
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    s = abs(seconds)
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 59.95:
+        return f"{s:.1f} s"
+    whole = round(s)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    if whole < 86400:
+        return f"{whole // 3600} h {whole % 3600 // 60} min"
+    return f"{whole // 86400} d {whole % 86400 // 3600} h"
 
 
 def humanize_seconds(seconds: float | None) -> str:
@@ -327,8 +391,129 @@ def humanize_seconds(seconds: float | None) -> str:
 def ago(moment: datetime | None, now: datetime) -> str:
     if moment is None:
         return "never"
-    delta = (now - moment).total_seconds()
+    delta = seconds_between(moment, now)
     return f"{humanize_seconds(delta)} ago" if delta >= 0 else f"in {humanize_seconds(delta)}"
+
+
+# ----------------------------------------------------------------------------- JSON columns --
+
+# A page shows at most this many characters of a JSON column and links to the whole value
+# beyond: a 512 KiB input rendered whole is a page of megabytes, pretty-printed more. The
+# database sends the page this much of the value (plus one character, to tell that there is
+# more), never the rest.
+JSON_PAGE_CHARS = 10_000
+# The JSON columns of each console model: the console reads them as text (with_json_text) and
+# decodes them itself (shown_json), never through JSONField, which raises on valid jsonb that
+# Python's json cannot load (an integer of more than 4,300 digits, arrays nested thousands
+# deep) and would take the page down with it (tests/integration/test_console_rows.py).
+JSON_FIELDS: dict[str, tuple[str, ...]] = {
+    "job": ("input", "result", "worker_ids"),
+    "jobstep": ("output",),
+    "jobevent": ("payload",),
+    "outboxentry": ("input",),
+    "backfill": ("last_cursor", "code_changes"),
+}
+_TEXT, _CHARS = "_xjobs_text_", "_xjobs_chars_"
+
+
+def json_fields(model: Any) -> tuple[str, ...]:
+    return JSON_FIELDS.get(model._meta.model_name, ())
+
+
+def without_json(queryset: Any) -> Any:
+    """``queryset`` without its JSON columns: for reads that show none of them (lists, panels),
+    which then cost neither the transfer of a big value nor a decode that can fail."""
+    return queryset.defer(*json_fields(queryset.model))
+
+
+def with_json_text(queryset: Any, limit: int | None = JSON_PAGE_CHARS) -> Any:
+    """``queryset`` with its JSON columns read as text: the first ``limit`` characters (all of
+    them with ``None``) and the length, for :func:`shown_json`. The columns themselves are
+    deferred: touching ``obj.input`` would decode it through JSONField."""
+    from django.db.models import TextField
+    from django.db.models.functions import Cast, Left, Length
+
+    names = json_fields(queryset.model)
+    annotations: dict[str, Any] = {}
+    for name in names:
+        text = Cast(name, TextField())
+        annotations[_TEXT + name] = text if limit is None else Left(text, limit + 1)
+        annotations[_CHARS + name] = Length(text)
+    return queryset.defer(*names).annotate(**annotations)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShownJson:
+    """A JSON column as the console shows it.
+
+    ``text`` is what to print: indented JSON when Python could decode the value, else the
+    stored text as it is (``problem`` says why it could not be decoded). ``truncated``: only
+    the first :data:`JSON_PAGE_CHARS` characters of ``text`` are there; the page links to the
+    whole value, which the database serves as stored text (the console decodes nothing to do
+    that). ``value`` is the decoded value (whole values only), for ``--json``.
+    """
+
+    text: str | None  # None: SQL NULL (a job with no result yet)
+    chars: int  # length of the stored text, the whole value
+    truncated: bool = False
+    problem: str | None = None
+    value: Any = None
+
+    @property
+    def decoded(self) -> bool:
+        return self.problem is None
+
+    def as_json(self) -> Any:
+        """The value for ``--json``: itself, or (when Python cannot decode it, or only a part
+        was read) a mapping that says so and carries the stored text."""
+        if self.text is None:
+            return None
+        if self.decoded and not self.truncated:
+            return self.value
+        why = {"undecodable": self.problem} if self.problem else {"truncated": True}
+        return {**why, "chars": self.chars, "text": self.text}
+
+
+def decode_json(text: str) -> tuple[Any, str | None]:
+    """(value, None), or (None, why) for valid JSON that Python's json module refuses: it
+    raises ValueError past 4,300 digits in an integer and RecursionError on deep nesting."""
+    import json
+
+    try:
+        return json.loads(text), None
+    except RecursionError:
+        return None, "nested too deeply for Python's json module"
+    except ValueError as exc:
+        return None, str(exc).split(";")[0]
+
+
+def json_text(obj: Any, name: str) -> str | None:
+    """Column ``name`` of ``obj`` (read by :func:`with_json_text`) as the database stores it."""
+    return getattr(obj, _TEXT + name)  # type: ignore[no-any-return]
+
+
+def shown_json(obj: Any, name: str, *, limit: int | None = JSON_PAGE_CHARS) -> ShownJson:
+    """Column ``name`` of ``obj``, read by :func:`with_json_text`, as a page (or, with
+    ``limit=None``, a command) shows it."""
+    import json
+
+    text = json_text(obj, name)
+    chars = getattr(obj, _CHARS + name)
+    if text is None:
+        return ShownJson(text=None, chars=0)
+    if chars > len(text):  # a prefix: not decodable as such, shown as stored
+        return ShownJson(text=text[:limit], chars=chars, truncated=True)
+    value, problem = decode_json(text)
+    if problem is not None:
+        cut = limit is not None and len(text) > limit
+        return ShownJson(text=text[:limit], chars=chars, truncated=cut, problem=problem)
+    try:
+        pretty = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    except (ValueError, RecursionError):  # loads accepted what dumps refuses: show it stored
+        pretty = text
+    cut = limit is not None and len(pretty) > limit
+    return ShownJson(text=pretty[:limit] if cut else pretty, chars=chars, truncated=cut,
+                     value=value)
 
 
 # -------------------------------------------------------------------------------- dashboard --
@@ -382,16 +567,19 @@ def scheduler_leaders(now: datetime) -> list[LeaderRow]:
             for r in SchedulerLeader.objects.order_by("lock_key")]
 
 
-def schedule_rows(now: datetime) -> list[ScheduleRow]:
+def schedule_rows() -> list[ScheduleRow]:
     """Every cron task the console knows of, as the scheduler describes it (``manage.py xjobs
     schedule`` shows the same): configured tasks (``@job(cron=...)`` and ``XJOBS["SCHEDULE"]``)
-    and state rows of tasks no longer declared, with the watermark and the next fire time."""
+    and state rows of tasks no longer declared, with the watermark and the next fire time.
+
+    The scheduler computes on the engine's clock in the engine's form; its answers are turned
+    into the ORM's form here (:func:`orm_time`), like every time the console shows."""
     from . import scheduler
 
-    return [ScheduleRow(task=t.name, last_fired_at=t.watermark, paused=t.paused,
-                        updated_at=t.updated_at, next_fire_at=t.next_fire_at,
+    return [ScheduleRow(task=t.name, last_fired_at=orm_time(t.watermark), paused=t.paused,
+                        updated_at=orm_time(t.updated_at), next_fire_at=orm_time(t.next_fire_at),
                         configured=t.configured)
-            for t in scheduler.describe(now=now).tasks]
+            for t in scheduler.describe(now=get_engine().db_now()).tasks]
 
 
 def workers(tenants: TenantScope = None) -> list[WorkerRow]:
@@ -425,7 +613,8 @@ def workers(tenants: TenantScope = None) -> list[WorkerRow]:
 def latest_failures(tenants: TenantScope = None, limit: int = PANEL_ROWS) -> list[JobBrief]:
     from .models import Job
 
-    dead = scoped(Job.objects.filter(state="dead"), tenants).order_by("-finished_at")[:limit]
+    dead = without_json(scoped(Job.objects.filter(state="dead"), tenants))
+    dead = dead.order_by("-finished_at")[:limit]
     return [JobBrief.of(j, j.finished_at) for j in dead]
 
 
@@ -436,7 +625,7 @@ def dashboard(tenants: TenantScope = None) -> Dashboard:
         now=now, tenants=tenants, queues=queue_rows(tenants), outbox_pending=pending,
         outbox_oldest_seconds=oldest,
         leaders=scheduler_leaders(now) if tenants is None else [],
-        schedules=schedule_rows(now) if tenants is None else [],
+        schedules=schedule_rows() if tenants is None else [],
         workers=workers(tenants), failures=latest_failures(tenants),
     )
 
@@ -452,7 +641,8 @@ def lapsed_jobs(tenants: TenantScope = None,
 
     from .models import Job
 
-    lapsed = scoped(Job.objects.filter(state="running", visible_at__lte=Now()), tenants)
+    lapsed = without_json(scoped(Job.objects.filter(state="running", visible_at__lte=Now()),
+                                 tenants))
     rows = [JobBrief.of(j, j.visible_at) for j in lapsed.order_by("visible_at")[:limit]]
     count = len(rows) if len(rows) < limit else lapsed.count()
     return count, rows
@@ -491,7 +681,7 @@ def rescue_summary(tenants: TenantScope = None) -> RescueSummary:
             if agg["n"]:
                 for row in qs.order_by().values("name").annotate(r=Sum("rescues")):
                     by_name[row["name"]] = by_name.get(row["name"], 0) + (row["r"] or 0)
-                recent += list(qs.order_by("-updated_at")[:PANEL_ROWS])
+                recent += list(without_json(qs).order_by("-updated_at")[:PANEL_ROWS])
     recent.sort(key=lambda j: j.updated_at, reverse=True)
     return RescueSummary(
         live_jobs=totals["live"][0], live_rescues=totals["live"][1],
@@ -540,16 +730,52 @@ def judge_holder(h: XminHolder) -> HolderRow:
     return HolderRow(holder=h, verdict=verdict, advice=advice)
 
 
-def health(tenants: TenantScope = None) -> Health:
+# The first word of a statement, which every viewer of the health panel may see: it tells a
+# long report (select) from a stuck migration (alter) or an idle session (commit) without
+# showing a literal. Anything else, including a first word not in this list, is withheld.
+SQL_COMMANDS = frozenset({
+    "abort", "alter", "analyze", "begin", "call", "checkpoint", "close", "cluster", "comment",
+    "commit", "copy", "create", "deallocate", "declare", "delete", "discard", "do", "drop",
+    "end", "execute", "explain", "fetch", "grant", "import", "insert", "listen", "load", "lock",
+    "merge", "move", "notify", "prepare", "refresh", "reindex", "release", "reset", "revoke",
+    "rollback", "savepoint", "security", "select", "set", "show", "start", "table", "truncate",
+    "unlisten", "update", "vacuum", "values", "with",
+})
+
+
+def redact_query(query: str | None) -> str | None:
+    """Another session's SQL for a viewer without ``django_xjobs.view_query_text``: its first
+    word (when it is an SQL command), never the rest. pg_stat_activity shows statements with
+    their literals (a password in ALTER ROLE, a customer's e-mail in a WHERE), so stripping
+    literals would not be enough: an unquoted SET value, a comment or an identifier can carry
+    the same secret. tests/integration/test_console_security.py pins it."""
+    if not query:
+        return query
+    import re
+
+    match = re.match(r"\s*([A-Za-z]+)(?![A-Za-z0-9_$])", query)
+    word = match.group(1).lower() if match else ""
+    return f"{word.upper()} …" if word in SQL_COMMANDS else "…"
+
+
+def health(tenants: TenantScope = None, *, query_text: bool = True) -> Health:
+    """The health panel. ``query_text=False`` (a console user without
+    ``django_xjobs.view_query_text``) redacts the SQL of the sessions that hold VACUUM back
+    before it leaves this function (:func:`redact_query`)."""
     now = db_now()
     count, lapsed = lapsed_jobs(tenants)
     engine = get_engine()
+    holders = [judge_holder(h) for h in engine.xmin_horizon(PANEL_ROWS)] if tenants is None \
+        else []
+    if not query_text:
+        holders = [dataclasses.replace(row, holder=dataclasses.replace(
+            row.holder, query=redact_query(row.holder.query)), query_hidden=True)
+            for row in holders]
     return Health(
         now=now, tenants=tenants, lapsed_count=count, lapsed=lapsed,
         rescues=rescue_summary(tenants),
         tables=[judge_table(t) for t in engine.tables_health()] if tenants is None else [],
-        holders=[judge_holder(h) for h in engine.xmin_horizon(PANEL_ROWS)]
-        if tenants is None else [],
+        holders=holders, query_text=query_text,
     )
 
 
@@ -651,7 +877,11 @@ def jobs(*, tenants: TenantScope = None, limit: int = 50, created_after: datetim
     unknown = set(filters) - set(JOB_FILTERS)
     if unknown:
         raise ConfigurationError(f"unknown job filter(s) {sorted(unknown)}")
-    qs = scoped(Job.objects.all(), tenants).filter(
+    # The bounds come aware (the command requires a zone); with USE_TZ = False the ORM takes
+    # naive times in TIME_ZONE only.
+    created_after, created_before, run_after, run_before = (
+        orm_time(t) for t in (created_after, created_before, run_after, run_before))
+    qs = with_json_text(scoped(Job.objects.all(), tenants), limit=None).filter(
         **{k: v for k, v in filters.items() if v is not None})
     for lookup, value in (("created_at__gte", created_after), ("created_at__lte", created_before),
                           ("run_at__gte", run_after), ("run_at__lte", run_before)):
@@ -660,11 +890,47 @@ def jobs(*, tenants: TenantScope = None, limit: int = 50, created_after: datetim
     return list(qs.order_by("-id")[:limit])
 
 
+def job_row(job_id: Any, *, tenants: TenantScope = None,
+            limit: int | None = JSON_PAGE_CHARS) -> Any:
+    """One job as its page and ``xjobs show`` read it (JSON columns as text, see
+    :func:`with_json_text`); :class:`JobNotFound` for an unknown, malformed or out-of-scope id,
+    the same answer for all three."""
+    from uuid import UUID
+
+    from .models import Job
+
+    try:
+        uid = UUID(str(job_id).strip())
+    except ValueError:
+        raise JobNotFound(f"no job with id {job_id}") from None
+    found = with_json_text(scoped(Job.objects.filter(id=uid), tenants), limit).first()
+    if found is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return found
+
+
+def run_steps(run_id: Any, *, limit: int | None = JSON_PAGE_CHARS) -> list[Any]:
+    """The durable steps of one run, in the order they started (JSON columns as text)."""
+    from .models import JobStep
+
+    return list(with_json_text(JobStep.objects.filter(run_id=run_id), limit)
+                .order_by("started_at", "id"))
+
+
+def event_rows(*, name: str | None = None, limit: int = 50) -> list[Any]:
+    """Published events, newest first (the order of the engine's ``events_list``), payloads
+    as text."""
+    from .models import JobEvent
+
+    qs = JobEvent.objects.all() if name is None else JobEvent.objects.filter(name=name)
+    return list(with_json_text(qs, limit=None).order_by("-published_at", "-id")[:limit])
+
+
 def outbox_entries(*, tenants: TenantScope = None, pending: bool | None = None,
                    limit: int = 50) -> list[Any]:
     from .models import OutboxEntry
 
-    qs = scoped(OutboxEntry.objects.all(), tenants)
+    qs = with_json_text(scoped(OutboxEntry.objects.all(), tenants), limit=None)
     if pending is True:
         return list(qs.filter(published_at=None).order_by("staged_at")[:limit])
     if pending is False:
@@ -672,10 +938,52 @@ def outbox_entries(*, tenants: TenantScope = None, pending: bool | None = None,
     return list(qs.order_by("-staged_at")[:limit])
 
 
+def slot_limits(held: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int | None]:
+    """The limit each held slot was asked under, per ``(key, holder)``: the one a run of the
+    holder's job asks for (:func:`slots.limit_for`: ``XJOBS["CONCURRENCY_LIMITS"]`` first,
+    else the job's own ``Concurrency(limit=...)``). The holder names the job by id; a holder
+    whose job is gone (or was never a job) gets the settings limit, or None."""
+    from uuid import UUID
+
+    from . import slots
+    from .models import Job
+
+    pairs = list(held)
+    job_ids: dict[str, UUID] = {}
+    for _, holder in pairs:
+        job_id = slots.parse_holder(holder)[0]
+        try:
+            job_ids[job_id] = UUID(job_id)
+        except ValueError:
+            continue
+    names = {str(i): n for i, n in Job.objects.filter(id__in=job_ids.values())
+             .values_list("id", "name")}
+    settings = conf.get()
+    return {(key, holder): slots.limit_for(
+                key, registry.lookup(names.get(slots.parse_holder(holder)[0], "")), settings)
+            for key, holder in pairs}
+
+
+def key_limits(keys: Iterable[str]) -> dict[str, list[int]]:
+    """The limits that apply to the live slots of each key, smallest first (several when jobs
+    with different limits share a key; none when no holder's limit is known)."""
+    from django.db.models.functions import Now
+
+    from .models import JobLease
+
+    keys = list(keys)
+    live = JobLease.objects.filter(lease_key__in=keys, expires_at__gt=Now())
+    found: dict[str, set[int]] = {k: set() for k in keys}
+    for (key, _), limit in slot_limits(live.values_list("lease_key", "holder")).items():
+        if limit is not None:
+            found[key].add(limit)
+    return {k: sorted(v) for k, v in found.items()}
+
+
 def backfill_rows(limit: int = 100) -> list[Any]:
     from .models import Backfill
 
-    return list(Backfill.objects.order_by("-started_at")[:limit])
+    return list(with_json_text(Backfill.objects.all(), limit=None).order_by("-started_at")[:limit])
 
 
 def backfill_rate(b: Any, now: datetime) -> float | None:
@@ -699,7 +1007,15 @@ def as_json(value: Any) -> Any:
                 out[extra] = as_json(getattr(value, extra))
         return out
     if hasattr(value, "_meta") and hasattr(value, "pk"):  # a model instance
-        return {f.attname: as_json(getattr(value, f.attname)) for f in value._meta.concrete_fields}
+        out = {}
+        for f in value._meta.concrete_fields:
+            if hasattr(value, _TEXT + f.attname):  # read by with_json_text: never decoded here
+                out[f.attname] = shown_json(value, f.attname, limit=None).as_json()
+            else:
+                out[f.attname] = as_json(getattr(value, f.attname))
+        return out
+    if isinstance(value, ShownJson):
+        return value.as_json()
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, UUID):

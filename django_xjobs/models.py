@@ -133,6 +133,10 @@ class Job(models.Model):
             ("retry_job", "Can retry dead or cancelled jobs"),
             ("run_job_now", "Can make delayed or suspended jobs due now"),
             ("purge_job", "Can delete finished jobs"),
+            # The health panel shows other database sessions' SQL, literals and all (a password
+            # in an ALTER ROLE, a customer's e-mail in a WHERE): not for a view-only support
+            # group. Pinned by tests/integration/test_console_security.py.
+            ("view_query_text", "Can see the SQL text of other database sessions"),
         ]
 
     def __str__(self) -> str:

@@ -109,3 +109,37 @@ def other_rows(*, tenant_id: str | None = None) -> dict[str, Any]:
             rows_processed=12_000, last_cursor={"pk": 12_000},
             started_at=now - timedelta(minutes=10)),
     }
+
+
+# Valid jsonb that Python's json module refuses: an integer of more digits than int() converts
+# by default (4,300), and arrays nested deeper than the decoder's recursion limit.
+HUGE_INT_SQL = """('{"n": ' || repeat('9', 5000) || '}')::jsonb"""
+DEEP_ARRAY_SQL = "(repeat('[', 5000) || repeat(']', 5000))::jsonb"
+
+
+def undecodable(table: str, pk: Any, **columns: str) -> None:
+    """Overwrite JSON ``columns`` of one row with SQL expressions (``HUGE_INT_SQL``, ...): raw
+    SQL, since neither the ORM nor the API would write a value Python cannot read back."""
+    from django.db import connection
+
+    assignments = ", ".join(f"{name} = {sql}" for name, sql in columns.items())
+    with connection.cursor() as cursor:
+        cursor.execute(f"update {table} set {assignments} where "
+                       f"{'id' if table != 'x_backfills' else 'run_id'} = %s", [pk])
+        assert cursor.rowcount == 1, (table, pk)
+
+
+def slot_held_by_a_run(group: str = "g", queue: str = "slot-limit-q") -> Any:
+    """A slot of ``slot:<group>`` held as a worker holds it: by a claimed run of
+    ``testapp.slotted``, whose ``Concurrency(key="slot:{group}", limit=2)`` gives the limit."""
+    from django_xjobs import slots
+    from django_xjobs.records import SlotRequest
+
+    handle = testapp_jobs.slotted.using(queue=queue).enqueue(group=group)
+    engine = get_engine()
+    (claimed,) = engine.jobs_claim(wants={queue: 1}, worker_id="w-limit", lease_ms=60_000)
+    assert claimed.id == str(handle.id)
+    (hold,) = engine.slots_acquire([SlotRequest(lease_key=f"slot:{group}", limit=2,
+                                                holder=slots.holder(claimed, "w-limit"))],
+                                   60_000)
+    return hold

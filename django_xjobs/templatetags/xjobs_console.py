@@ -1,5 +1,5 @@
 """Template filters of the operations console: times relative to the database clock, sizes,
-state badges."""
+state badges; and the breadcrumbs of the console's own pages, rendered by the admin's."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django import template
+from django.template.loader_tags import BlockNode, ExtendsNode
 from django.utils.html import format_html
 
 from .. import console
@@ -57,3 +58,42 @@ def filesize(value: int | None) -> str:
 @register.filter
 def badge(value: str) -> str:
     return format_html('<span class="xjobs-badge xjobs-{}">{}</span>', value, value)
+
+
+# The stock page whose breadcrumbs have the shape of a console page's: Home > the app > the
+# model's list > this page. Its structure changes between Django versions (6.1 turned the
+# <div class="breadcrumbs"> into an <ol>, and the admin's CSS now styles only the <ol>); copied
+# markup goes stale, so the console renders that template's own block instead.
+# tests/acceptance/test_console_browser.py compares the result with a stock page in chromium.
+BREADCRUMBS_TEMPLATE = "admin/change_form.html"
+
+
+def _find_block(name: str, template_name: str) -> BlockNode | None:
+    """Block ``name`` of ``template_name`` as the project resolves it: its own, else the one of
+    the template it extends (a project may override admin/change_form.html)."""
+    from django.template import Context
+    from django.template.loader import get_template
+
+    current = get_template(template_name).template  # type: ignore[attr-defined]
+    for _ in range(10):  # an extends chain is short; never loop on a malformed one
+        for node in current.nodelist.get_nodes_by_type(BlockNode):
+            if node.name == name:
+                return node  # type: ignore[no-any-return]
+        parents = current.nodelist.get_nodes_by_type(ExtendsNode)
+        if not parents:
+            return None
+        current = parents[0].get_parent(Context())
+    return None
+
+
+@register.simple_tag(takes_context=True)
+def admin_breadcrumbs(context: template.Context, label: str) -> str:
+    """``{% admin_breadcrumbs title %}``: the admin's change-form breadcrumbs (Home > app >
+    model list > ``label``) for the page's ``opts``, in the installed Django's markup; "" when
+    the project's templates have no such block (the page then keeps base.html's)."""
+    block = _find_block("breadcrumbs", BREADCRUMBS_TEMPLATE)
+    if block is None:
+        return ""
+    with context.push(block=block, original=label, add=False, is_popup=False,
+                      has_view_permission=True):
+        return block.nodelist.render(context)  # type: ignore[no-any-return]

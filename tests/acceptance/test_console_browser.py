@@ -7,9 +7,10 @@ installs chromium where it can (``make browser``).
 
 Scenario: log in; the dashboard; filter the jobs list by a date range; open a job that died in
 a real worker and retry it (the worker runs it again); cancel a job that is running in the
-worker (the worker stops it at its next heartbeat). Screenshots of the dashboard, the jobs list
-and the job detail go to ``XJOBS_SCREENSHOT_DIR`` (``make screenshots`` points it at docs/img),
-else to the test's temporary directory.
+worker (the worker stops it at its next heartbeat). And: the console's own pages draw their
+breadcrumbs exactly like a stock admin page. Screenshots of the dashboard, the jobs list, the
+job detail, the health panel and an action's confirmation go to ``XJOBS_SCREENSHOT_DIR``
+(``make screenshots`` points it at docs/img), else to the test's temporary directory.
 """
 
 from __future__ import annotations
@@ -177,3 +178,63 @@ def test_on_call_finds_retries_and_cancels_jobs_in_the_browser(
 def worker_id_shown(page) -> bool:
     text = page.inner_text("#xjobs-workers")
     return "running" in text and "No worker is running" not in text
+
+
+# What makes a breadcrumbs bar look like the admin's: the element and its class, and how the
+# browser draws it and its links (Django 6.1 styles only <ol class="breadcrumbs">; a console
+# page that copied 5.2's <div class="breadcrumbs"> got no background, padding or link colour).
+BREADCRUMBS_LOOK = """() => {
+  const nav = document.querySelector('nav[aria-label="Breadcrumbs"]');
+  if (!nav || !nav.firstElementChild) return null;
+  const bar = nav.firstElementChild;
+  const style = getComputedStyle(bar);
+  const link = bar.querySelector('a');
+  const items = [...bar.children].map(c => [c.tagName, getComputedStyle(c).display,
+                                            getComputedStyle(c, '::after').content]);
+  return {
+    element: bar.tagName, class: bar.className, background: style.backgroundColor,
+    color: style.color, padding: style.padding, margin: style.margin,
+    fontSize: style.fontSize, height: Math.round(bar.getBoundingClientRect().height),
+    linkColor: link && getComputedStyle(link).color,
+    linkFontSize: link && getComputedStyle(link).fontSize,
+    items: items.slice(0, -1),  // the current page's own crumb is its title, compared below
+    trail: [...bar.querySelectorAll('a')].map(a => a.textContent.trim()),
+  };
+}"""
+
+
+def login(page, live_server, username: str) -> None:
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/django_xjobs/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_selector("text=Operations console")
+
+
+def test_console_pages_have_the_breadcrumbs_of_the_stock_admin(
+        live_server, transactional_db, page, shots, django_user_model):
+    django_user_model.objects.create_superuser("crumbs", "crumbs@example.com", PASSWORD)
+    ready = testapp_jobs.record.enqueue(tag="for the confirmation page")
+    login(page, live_server, "crumbs")
+
+    # The reference: a stock admin page with the same depth (Home > app > Jobs > a job).
+    page.goto(f"{live_server.url}/admin/django_xjobs/job/{ready.id}/change/")
+    stock = page.evaluate(BREADCRUMBS_LOOK)
+    assert stock is not None and stock["trail"][0] == "Home"
+    assert stock["background"] not in ("rgba(0, 0, 0, 0)", "transparent")
+
+    pages = {"dashboard": "/admin/django_xjobs/job/dashboard/",
+             "health": "/admin/django_xjobs/job/health/"}
+    for name, url in pages.items():
+        page.goto(live_server.url + url)
+        assert page.evaluate(BREADCRUMBS_LOOK) == stock, name
+    page.screenshot(path=str(shots / "health.png"), full_page=True)  # the dashboard's: above
+
+    # An action's confirmation page, reached as an operator reaches it.
+    page.goto(f"{live_server.url}/admin/django_xjobs/job/")
+    page.check(f"input[name='_selected_action'][value='{ready.id}']")
+    page.select_option("select[name=action]", "cancel_jobs")
+    page.locator(".actions button[type=submit]").first.click()
+    page.wait_for_selector("#xjobs-confirm")
+    assert page.evaluate(BREADCRUMBS_LOOK) == stock
+    page.screenshot(path=str(shots / "action_confirm.png"), full_page=True)

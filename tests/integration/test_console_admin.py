@@ -594,3 +594,33 @@ def test_json_columns_of_the_other_pages_are_shown_once_pretty_printed(admin_cli
                                     args=[step.pk])).content.decode()
     assert page.count("ada@example.com") == 1
     assert '<pre class="xjobs-json">' in page
+
+
+def test_the_slots_page_shows_the_limit_each_slot_was_taken_under(admin_client):
+    from tests.console_data import slot_held_by_a_run
+
+    slot_held_by_a_run("page")
+    response = admin_client.get(reverse("admin:django_xjobs_joblease_changelist"))
+    page = response.content.decode()
+    assert '<td class="field-limit">2</td>' in page
+    (lease,) = response.context["cl"].result_list
+    detail_page = admin_client.get(reverse("admin:django_xjobs_joblease_change",
+                                           args=[lease.pk])).content.decode()
+    assert "field-limit" in detail_page
+
+
+def breadcrumbs(page: str) -> list[str]:
+    """The tags and classes of a page's breadcrumbs bar, in order (no text, no hrefs)."""
+    nav = page.split('<nav aria-label="Breadcrumbs">', 1)[1].split("</nav>", 1)[0]
+    return re.findall(r"<(\w+)(?: class=\"([^\"]*)\")?", nav)
+
+
+def test_the_consoles_own_pages_use_the_installed_admins_breadcrumbs(admin_client, one_of_each):
+    # The stock change form of a job has the same depth: Home > app > Jobs > this page.
+    stock = breadcrumbs(admin_client.get(detail(one_of_each["dead"].id)).content.decode())
+    assert stock[0][1] == "breadcrumbs"
+    for url in (DASHBOARD, HEALTH):
+        page = admin_client.get(url).content.decode()
+        assert breadcrumbs(page) == stock, url
+    confirm = post_action(admin_client, "cancel_jobs", [one_of_each["ready"].id], confirm=False)
+    assert breadcrumbs(confirm.content.decode()) == stock

@@ -9,7 +9,13 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_xjobs.models import Job
-from tests.console_data import job_in_state, jobs_in_every_state, other_rows, steps_for
+from tests.console_data import (
+    job_in_state,
+    jobs_in_every_state,
+    other_rows,
+    slot_held_by_a_run,
+    steps_for,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -132,3 +138,27 @@ def test_a_retry_from_the_command_line_keeps_who_enqueued_the_job():
     handle = job_in_state("dead", enqueued_by="user:ada")
     run("retry", str(handle.id))
     assert Job.objects.get(id=handle.id).enqueued_by == "user:ada"
+
+
+def test_stats_and_slots_show_the_limit_a_jobs_own_concurrency_gives():
+    from django.test.utils import override_settings
+
+    from django_xjobs.engines import get_engine
+    from django_xjobs.records import SlotRequest
+
+    slot_held_by_a_run("g")  # Concurrency(key="slot:{group}", limit=2); no settings limit
+    # A holder that names no job (written by hand, or its job is gone): no limit known.
+    get_engine().slots_acquire([SlotRequest(lease_key="other:x", limit=1, holder="w-9")],
+                               60_000)
+
+    assert "slot:g  1 / 2" in run() and "other:x  1 / -" in run()
+    by_key = {s["key"]: s for s in run_json()["slots"]}
+    assert (by_key["slot:g"]["limit"], by_key["other:x"]["limit"]) == (2, None)
+    listed = {s["key"]: s for s in run_json("slots")}
+    assert (listed["slot:g"]["limit"], listed["other:x"]["limit"]) == (2, None)
+    table = run("slots").splitlines()
+    assert "limit" in table[0]
+    (row,) = [line for line in table if line.startswith("slot:g")]
+    assert row.split()[2] == "2"
+    with override_settings(XJOBS={"CONCURRENCY_LIMITS": {"slot:": 5, "other:": 3}}):
+        assert "slot:g  1 / 5" in run() and "other:x  1 / 3" in run()

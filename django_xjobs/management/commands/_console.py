@@ -106,16 +106,14 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
             [(j.id, j.state, j.name, j.queue, f"{j.attempt}/{j.max_attempts}", j.run_at,
               j.updated_at, j.tenant_id, j.enqueued_by) for j in rows], empty="(no jobs)"))
     elif action == "why":
-        from ...models import JobStep
-
-        job = api.get_job(options["job_id"])
-        steps = list(JobStep.objects.filter(run_id=job.run_id).order_by("started_at", "id"))
+        job = console.job_row(options["job_id"], limit=None)
+        steps = console.run_steps(job.run_id, limit=None)
         lines = console.diagnose(job, steps, console.db_now())
         out.emit({"job": job, "diagnosis": lines}, lambda: [out.line(x) for x in lines])
     elif action == "steps":
         from ...models import JobStep
 
-        qs = JobStep.objects.order_by("-id")
+        qs = console.with_json_text(JobStep.objects.order_by("-id"), limit=None)
         if options["run_id"]:
             qs = qs.filter(run_id=_uuid(options["run_id"]))
         if options["status"]:
@@ -141,7 +139,8 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
         out.emit(data, lambda: out.table(
             ("name", "status", "rows", "rows/s", "started_at", "completed_at", "last_cursor"),
             [(b.name, b.status, b.rows_processed, _rate(console.backfill_rate(b, now)),
-              b.started_at, b.completed_at, json.dumps(b.last_cursor, default=str))
+              b.started_at, b.completed_at,
+              preview(console.shown_json(b, "last_cursor", limit=None), 200))
              for b in rows], empty="(no backfills)"))
     elif action == "delete":
         ids = [str(_uuid(i)) for i in options["job_ids"]]
@@ -158,6 +157,32 @@ def _uuid(value: str) -> Any:
         return UUID(value)
     except ValueError:
         raise CommandError(f"{value!r} is not a job id (a UUID)") from None
+
+
+def preview(shown: console.ShownJson, limit: int = 60) -> str:
+    """A JSON column on one line of a table: compact, cut at ``limit`` characters."""
+    if shown.text is None:
+        return "null"
+    if not shown.decoded:
+        return f"(could not be decoded: {shown.problem}) {shown.text[:limit]}..."
+    text = json.dumps(shown.value, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# How much of a JSON value Python cannot decode `xjobs show` prints (the whole is in --json).
+RAW_JSON_CHARS = 1_000
+
+
+def block(shown: console.ShownJson) -> str:
+    """A JSON column as ``xjobs show`` prints it: indented, or the stored text (its first
+    :data:`RAW_JSON_CHARS` characters) with a note when Python cannot decode it."""
+    if shown.text is None:
+        return "null"
+    if shown.decoded:
+        return shown.text
+    part = (f"; its first {RAW_JSON_CHARS:,} of {shown.chars:,} characters as stored, the "
+            "whole with --json" if shown.chars > RAW_JSON_CHARS else "; as stored")
+    return f"(could not be decoded: {shown.problem}{part})\n{shown.text[:RAW_JSON_CHARS]}"
 
 
 def _rate(value: float | None) -> str:

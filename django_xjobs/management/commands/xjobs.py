@@ -25,14 +25,13 @@ from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import api, conf, slots
+from ... import api, console, slots
 from ...conf import parse_duration
 from ...engines import get_engine
 from ...exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
 from ...records import (
     TERMINAL_STATES,
     ChangeResult,
-    EventRecord,
     JobRecord,
     SlotRecord,
     SlotUsage,
@@ -112,11 +111,12 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         action = options.get("action")
         as_json = options["json"]
+        _refuse_nul(options)
         try:
             if action is None:
                 self._stats(as_json)
             elif action == "show":
-                self._show(api.get_job(options["job_id"]), as_json)
+                self._show(console.job_row(options["job_id"], limit=None), as_json)
             elif action == "cancel":
                 self._change("cancel", api.cancel(options["job_id"], reason=options["reason"]),
                              as_json)
@@ -125,7 +125,7 @@ class Command(BaseCommand):
             elif action == "run-now":
                 self._change("run-now", api.run_now(options["job_id"]), as_json)
             elif action == "events":
-                self._events(get_engine().events_list(options["name"], options["limit"]),
+                self._events(console.event_rows(name=options["name"], limit=options["limit"]),
                              as_json)
             elif action == "purge":
                 self._purge(options, as_json)
@@ -155,6 +155,7 @@ class Command(BaseCommand):
         outbox = self._outbox_pending()
         pending, oldest = outbox["pending"], outbox["oldest_pending_seconds"]
         held = engine.slots_usage(limit=STATS_SLOT_KEYS + 1)
+        limits = console.key_limits(u.lease_key for u in held[:STATS_SLOT_KEYS])
         if as_json:
             self._emit({
                 "queues": [
@@ -164,7 +165,7 @@ class Command(BaseCommand):
                     for r in rows
                 ],
                 "outbox": outbox,
-                "slots": _slot_usage_json(held),
+                "slots": _slot_usage_json(held, limits),
             })
             return
         columns = ("queue", "ready", "delayed", "running", "suspended", "dead", "done",
@@ -187,7 +188,7 @@ class Command(BaseCommand):
             for alias, entry in outbox["databases"].items():
                 self.stdout.write(f"  {alias}: {entry['pending']} pending"
                                   f"{_age(entry['oldest_pending_seconds'])}")
-        self._slot_usage(held)
+        self._slot_usage(held, limits)
 
     # ---- outbox ----
     @staticmethod
@@ -200,11 +201,12 @@ class Command(BaseCommand):
                 "databases": {alias: {"pending": n, "oldest_pending_seconds": age}
                               for alias, (n, age) in summary.by_alias.items()}}
 
-    def _show(self, job: JobRecord, as_json: bool) -> None:
-        steps = sorted(get_engine().steps_of_run(str(job.run_id)),
-                       key=lambda s: (s.started_at is None, s.started_at, s.name))
+    def _show(self, job: Any, as_json: bool) -> None:
+        """One job, read like its console page (JSON columns as text: a value Python cannot
+        decode is printed as stored, with a note, instead of ending the command)."""
+        steps = console.run_steps(job.run_id, limit=None)
         if as_json:
-            self._emit({**job_dict(job), "steps": [step_dict(s) for s in steps]})
+            self._emit({**console.as_json(job), "steps": console.as_json(steps)})
             return
         fields = ("id", "name", "queue", "state", "attempt", "max_attempts", "priority",
                   "run_at", "created_at", "updated_at", "started_at", "finished_at",
@@ -212,9 +214,11 @@ class Command(BaseCommand):
                   "traceparent", "rescues", "concurrency_key")
         for name in fields:
             self.stdout.write(f"{name:>16}: {_jsonable(getattr(job, name))}")
-        self.stdout.write(f"{'input':>16}: {json.dumps(job.input, indent=2)}")
-        if job.result is not None:
-            self.stdout.write(f"{'result':>16}: {json.dumps(job.result, indent=2)}")
+        shown = console.shown_json(job, "input", limit=None)
+        self.stdout.write(f"{'input':>16}: {_console.block(shown)}")
+        result = console.shown_json(job, "result", limit=None)
+        if result.text is not None:
+            self.stdout.write(f"{'result':>16}: {_console.block(result)}")
         if job.last_error:
             self.stdout.write(f"{'last_error':>16}:\n{job.last_error}")
         if steps:
@@ -223,7 +227,7 @@ class Command(BaseCommand):
                 when = _jsonable(step.completed_at or step.wake_at or step.started_at)
                 detail = ""
                 if step.status == "completed":
-                    detail = _preview(step.output)
+                    detail = _console.preview(console.shown_json(step, "output", limit=None))
                 elif step.status in ("sleeping", "waiting"):
                     detail = f"until {_jsonable(step.wake_at)}" + (
                         f" for event {step.event!r}" if step.event else "")
@@ -244,17 +248,16 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"{action}: job {job.id} ({job.name}) unchanged: {result.reason}")
 
-    def _events(self, events: list[EventRecord], as_json: bool) -> None:
+    def _events(self, events: list[Any], as_json: bool) -> None:
         if as_json:
-            self._emit([{name: _jsonable(getattr(e, name)) for name in e.__dataclass_fields__}
-                        for e in events])
+            self._emit(console.as_json(events))
             return
         if not events:
             self.stdout.write("(no events)")
         for e in events:
             key = f" key={e.correlation_key}" if e.correlation_key else ""
             self.stdout.write(f"{_jsonable(e.published_at)}  #{e.id} {e.name}{key}  "
-                              f"{_preview(e.payload)}")
+                              f"{_console.preview(console.shown_json(e, 'payload', limit=None))}")
 
     def _purge(self, options: dict[str, Any], as_json: bool) -> None:
         try:
@@ -270,28 +273,29 @@ class Command(BaseCommand):
                               f"than {options['older_than']}")
 
     # ---------------------------------------------------------------- concurrency slots --
-    def _slot_usage(self, held: list[SlotUsage]) -> None:
+    def _slot_usage(self, held: list[SlotUsage], limits: dict[str, list[int]]) -> None:
         if not held:
             self.stdout.write("slots: none held")
             return
-        settings = conf.get()
-        self.stdout.write("\nslots held (key, held / limit from XJOBS['CONCURRENCY_LIMITS']):")
+        self.stdout.write("\nslots held (key, held / limit: XJOBS['CONCURRENCY_LIMITS'], else the "
+                          "job's Concurrency(limit=...)):")
         for usage in held[:STATS_SLOT_KEYS]:
-            limit = slots.settings_limit(usage.lease_key, settings)
-            self.stdout.write(f"  {usage.lease_key}  {usage.held} / {limit or '-'}")
+            self.stdout.write(f"  {usage.lease_key}  {usage.held} / "
+                              f"{_limit_text(limits.get(usage.lease_key, []))}")
         if len(held) > STATS_SLOT_KEYS:
             self.stdout.write("  ... more keys: manage.py xjobs slots")
 
     def _slots(self, records: list[SlotRecord], as_json: bool) -> None:
+        limits = console.slot_limits((r.lease_key, r.holder) for r in records)
         if as_json:
-            self._emit([_slot_json(r) for r in records])
+            self._emit([_slot_json(r, limits[(r.lease_key, r.holder)]) for r in records])
             return
         if not records:
             self.stdout.write("(no slots held)")
             return
-        table = [("key", "slot", "job", "worker", "expires in")] + [
-            (r.lease_key, str(r.slot), *slots.parse_holder(r.holder)[::2],
-             f"{r.expires_in:.1f}s")
+        table = [("key", "slot", "limit", "job", "worker", "expires in")] + [
+            (r.lease_key, str(r.slot), _limit_text([limits[(r.lease_key, r.holder)]]),
+             *slots.parse_holder(r.holder)[::2], f"{r.expires_in:.1f}s")
             for r in records
         ]
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
@@ -305,13 +309,36 @@ class Command(BaseCommand):
 STATS_SLOT_KEYS = 20  # keys the stats list; `xjobs slots` lists them all
 
 
-def _slot_json(record: SlotRecord) -> dict[str, Any]:
+def _refuse_nul(options: dict[str, Any]) -> None:
+    """PostgreSQL refuses NUL in text: an argument with one (possible through call_command,
+    not a shell) is a clear error before any statement, not a database error mid-command."""
+    for name, value in options.items():
+        values = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(v, str) and "\x00" in v for v in values):
+            raise CommandError(f"{name.replace('_', ' ')}: {value!r:.60} contains a NUL "
+                               "character, which no stored text can contain")
+
+
+def _limit_text(limits: list[int | None]) -> str:
+    """``2``, ``2 or 3`` (jobs with different limits share the key), ``-`` (none known)."""
+    known = sorted({n for n in limits if n is not None})
+    return " or ".join(str(n) for n in known) if known else "-"
+
+
+def _slot_json(record: SlotRecord, limit: int | None) -> dict[str, Any]:
     job_id, token, worker = slots.parse_holder(record.holder)
-    return {"key": record.lease_key, "slot": record.slot, "holder": record.holder,
-            "job_id": job_id, "lease_token": token, "worker_id": worker,
+    return {"key": record.lease_key, "slot": record.slot, "limit": limit,
+            "holder": record.holder, "job_id": job_id, "lease_token": token, "worker_id": worker,
             "expires_at": record.expires_at.isoformat(), "expires_in_seconds": record.expires_in}
 
 
-def _slot_usage_json(held: list[SlotUsage]) -> list[dict[str, Any]]:
-    return [{"key": u.lease_key, "held": u.held, "next_expiry": u.next_expiry.isoformat()}
-            for u in held[:STATS_SLOT_KEYS]]
+def _slot_usage_json(held: list[SlotUsage],
+                     limits: dict[str, list[int]]) -> list[dict[str, Any]]:
+    # "limit": the one limit of the key's live slots (None: several, or none known);
+    # "limits": all of them.
+    out = []
+    for u in held[:STATS_SLOT_KEYS]:
+        found = limits.get(u.lease_key, [])
+        out.append({"key": u.lease_key, "held": u.held, "limit": found[0] if len(found) == 1
+                    else None, "limits": found, "next_expiry": u.next_expiry.isoformat()})
+    return out
