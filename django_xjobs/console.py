@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, overload
 
 from . import conf, registry
 from .engines import get_engine
@@ -305,6 +305,10 @@ def db_now() -> datetime:
     return orm_time(get_engine().db_now())
 
 
+@overload
+def orm_time(moment: datetime) -> datetime: ...
+@overload
+def orm_time(moment: None) -> None: ...
 def orm_time(moment: datetime | None) -> datetime | None:
     """``moment`` as the ORM hands out times: aware with ``USE_TZ = True``; naive, in
     ``TIME_ZONE`` (the database session's zone), with ``USE_TZ = False``. The engine's own

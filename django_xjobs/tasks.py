@@ -162,7 +162,7 @@ class XJobsTask(Task):
         max_attempts: int | None = None,
     ) -> XJobsTask:
         """A copy with other enqueue defaults (validated again, as ``Task.using``)."""
-        given = {
+        given: dict[str, Any] = {
             "priority": priority, "queue_name": queue_name, "run_after": run_after,
             "backend": backend, "idempotency_key": idempotency_key, "max_attempts": max_attempts,
         }
@@ -314,9 +314,10 @@ def _is_ours(params: Any) -> bool:
 
 def _runner(task: Task) -> Callable[..., Any]:
     """The job function a worker calls for ``task``: ``runner(ctx, args=, kwargs=, ...)``."""
+    run: Callable[..., Any]
     if iscoroutinefunction(task.func):
 
-        async def run(ctx: JobContext, **stored: Any) -> Any:
+        async def run_async(ctx: JobContext, **stored: Any) -> Any:
             call = _stored_call(task, stored)
             record = await in_thread(api.get_job, ctx.job_id)
             started = _running_result(call, record)
@@ -329,9 +330,10 @@ def _runner(task: Task) -> Callable[..., Any]:
                 raise
             return await in_thread(_succeeded, ctx, started, value)
 
+        run = run_async
     else:
 
-        def run(ctx: JobContext, **stored: Any) -> Any:
+        def run_sync(ctx: JobContext, **stored: Any) -> Any:
             call = _stored_call(task, stored)
             started = _running_result(call, api.get_job(ctx.job_id))
             _send(task_started, started)
@@ -343,6 +345,7 @@ def _runner(task: Task) -> Callable[..., Any]:
                 raise
             return _succeeded(ctx, started, value)
 
+        run = run_sync
     # The registry tells two functions under one name apart by module and qualname.
     run.__module__ = task.func.__module__
     run.__qualname__ = run.__name__ = task.func.__qualname__

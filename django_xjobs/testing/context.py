@@ -196,9 +196,9 @@ def make_context(job: Any = None, *, job_id: str | None = None, run_id: str | No
     for what, value in (("attempt", attempt), ("max_attempts", max_attempts)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidJobInput(f"{what} must be an integer >= 1, got {value!r}")
-    for what, value in (("job_id", job_id), ("run_id", run_id), ("tenant_id", tenant_id)):
-        if value is not None:
-            api._text_option(what, value)
+    for what, text in (("job_id", job_id), ("run_id", run_id), ("tenant_id", tenant_id)):
+        if text is not None:
+            api._text_option(what, text)
     payloads: dict[str, Any] = {}
     for name, payload in (events or {}).items():
         _event_name(name)

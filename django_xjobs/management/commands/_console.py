@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -89,27 +89,27 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
         health = console.health()
         out.emit(health, lambda: _print_health(out, health))
     elif action == "workers":
-        rows = console.workers()
+        workers = console.workers()
         now = console.db_now()
-        out.emit(rows, lambda: _print_workers(out, rows, now))
+        out.emit(workers, lambda: _print_workers(out, workers, now))
     elif action == "jobs":
         if options["limit"] < 1:
             raise CommandError("--limit must be at least 1")
-        rows = console.jobs(
+        jobs = console.jobs(
             limit=options["limit"], state=options["state"], queue=options["queue"],
             name=options["name"], tenant_id=options["tenant"],
             created_after=options["created_after"], created_before=options["created_before"],
             run_after=options["run_after"], run_before=options["run_before"])
-        out.emit(rows, lambda: out.table(
+        out.emit(jobs, lambda: out.table(
             ("id", "state", "name", "queue", "attempt", "run_at", "updated_at", "tenant",
              "enqueued_by"),
             [(j.id, j.state, j.name, j.queue, f"{j.attempt}/{j.max_attempts}", j.run_at,
-              j.updated_at, j.tenant_id, j.enqueued_by) for j in rows], empty="(no jobs)"))
+              j.updated_at, j.tenant_id, j.enqueued_by) for j in jobs], empty="(no jobs)"))
     elif action == "why":
         job = console.job_row(options["job_id"], limit=None)
         steps = console.run_steps(job.run_id, limit=None)
         lines = console.diagnose(job, steps, console.db_now())
-        out.emit({"job": job, "diagnosis": lines}, lambda: [out.line(x) for x in lines])
+        out.emit({"job": job, "diagnosis": lines}, lambda: out.lines(lines))
     elif action == "steps":
         from ...models import JobStep
 
@@ -118,30 +118,30 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
             qs = qs.filter(run_id=_uuid(options["run_id"]))
         if options["status"]:
             qs = qs.filter(status=options["status"])
-        rows = list(qs[: options["limit"]])
-        out.emit(rows, lambda: out.table(
+        steps_rows = list(qs[: options["limit"]])
+        out.emit(steps_rows, lambda: out.table(
             ("run_id", "step", "status", "attempts", "started_at", "completed_at", "wake_at",
              "error"),
             [(s.run_id, s.name, s.status, s.attempts, s.started_at, s.completed_at, s.wake_at,
-              console.error_summary(s.error, 60)) for s in rows], empty="(no steps)"))
+              console.error_summary(s.error, 60)) for s in steps_rows], empty="(no steps)"))
     elif action == "outbox":
         pending = True if options["pending"] else False if options["published"] else None
-        rows = console.outbox_entries(pending=pending, limit=options["limit"])
-        out.emit(rows, lambda: out.table(
+        entries = console.outbox_entries(pending=pending, limit=options["limit"])
+        out.emit(entries, lambda: out.table(
             ("staged_at", "job", "queue", "published_at", "became job", "tenant"),
             [(o.staged_at, o.job, o.queue, o.published_at, o.job_id, o.tenant_id)
-             for o in rows], empty="(no outbox entries)"))
+             for o in entries], empty="(no outbox entries)"))
     elif action == "backfills":
-        rows = console.backfill_rows()
+        backfills = console.backfill_rows()
         now = console.db_now()
         data = [{**console.as_json(b), "rows_per_second": console.backfill_rate(b, now)}
-                for b in rows]
+                for b in backfills]
         out.emit(data, lambda: out.table(
             ("name", "status", "rows", "rows/s", "started_at", "completed_at", "last_cursor"),
             [(b.name, b.status, b.rows_processed, _rate(console.backfill_rate(b, now)),
               b.started_at, b.completed_at,
               preview(console.shown_json(b, "last_cursor", limit=None), 200))
-             for b in rows], empty="(no backfills)"))
+             for b in backfills], empty="(no backfills)"))
     elif action == "delete":
         ids = [str(_uuid(i)) for i in options["job_ids"]]
         deleted = api.delete_finished(ids)
@@ -200,6 +200,10 @@ class _Out:
                                                  default=str))
         else:
             human()
+
+    def lines(self, texts: Iterable[str]) -> None:
+        for text in texts:
+            self.line(text)
 
     def line(self, text: str = "") -> None:
         self.command.stdout.write(text)

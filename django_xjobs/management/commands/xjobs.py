@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -319,7 +320,7 @@ def _refuse_nul(options: dict[str, Any]) -> None:
                                "character, which no stored text can contain")
 
 
-def _limit_text(limits: list[int | None]) -> str:
+def _limit_text(limits: Iterable[int | None]) -> str:
     """``2``, ``2 or 3`` (jobs with different limits share the key), ``-`` (none known)."""
     known = sorted({n for n in limits if n is not None})
     return " or ".join(str(n) for n in known) if known else "-"
