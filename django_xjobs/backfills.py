@@ -305,7 +305,7 @@ def check_alias(definition: BackfillDefinition) -> None:
             f"the job tables live on XJOBS['DATABASE'] = {jobs_alias!r}: a batch and its "
             "progress can only commit in one transaction on one database, which is what makes "
             "a resumed pass process no row twice. Keep the x_ tables on the alias the backfill "
-            "writes to (see docs/backfills.md)."
+            f"writes to (see {conf.DOCS_URL}backfills.md)."
         )
 
 

@@ -762,6 +762,8 @@ class XJobsBackend(BaseTaskBackend):
             messages.append(checks.Error(
                 f"TASKS[{self.alias!r}] uses {type(self).__name__}, but django_xjobs is not in "
                 "INSTALLED_APPS (its tables, worker and task discovery live there)",
+                hint='Add "django_xjobs" to INSTALLED_APPS and run manage.py migrate. See '
+                     f"{conf.DOCS_URL}django-tasks.md",
                 id="xjobs.T001",
             ))
         bad = sorted(q for q in self.queues if not conf.NAME_RE.match(q))
@@ -769,6 +771,8 @@ class XJobsBackend(BaseTaskBackend):
             messages.append(checks.Error(
                 f"TASKS[{self.alias!r}]['QUEUES'] has invalid queue names {bad}: use 1-200 "
                 "characters from [A-Za-z0-9_.:-]",
+                hint="Rename the queues in TASKS[...]['QUEUES'] (and in XJOBS['QUEUES'] and "
+                     f"every @task(queue_name=...)). See {conf.DOCS_URL}django-tasks.md",
                 id="xjobs.T002",
             ))
         try:
@@ -780,7 +784,8 @@ class XJobsBackend(BaseTaskBackend):
             messages.append(checks.Warning(
                 f"TASKS[{self.alias!r}]['QUEUES'] has {idle}, which XJOBS['QUEUES'] does not "
                 "list: a worker started without --queue does not run their tasks",
-                hint="Add them to XJOBS['QUEUES'], or start xjobs_worker --queue for each.",
+                hint="Add them to XJOBS['QUEUES'], or start xjobs_worker --queue for each. "
+                     f"See {conf.DOCS_URL}django-tasks.md",
                 id="xjobs.T003",
             ))
         return messages

@@ -263,6 +263,22 @@ def test_the_backend_checks_the_app_the_queue_names_and_the_queues_workers_run()
         assert "xjobs.T001" in [m.id for m in task_backends["default"].check()]
 
 
+def test_every_backend_check_hint_says_the_fix_and_links_the_published_docs():
+    from django_xjobs.conf import DOCS_URL
+
+    found = []
+    with override_settings(XJOBS={"QUEUES": ["default"]}):
+        found += task_backends["default"].check()
+    with override_settings(TASKS={"default": {**TASKS["default"], "QUEUES": ["default", "a b"]}}):
+        found += task_backends["default"].check()
+    with override_settings(INSTALLED_APPS=["tests.testapp"]):
+        found += task_backends["default"].check()
+    assert {m.id for m in found} == {"xjobs.T001", "xjobs.T002", "xjobs.T003"}
+    for m in found:
+        assert m.hint and m.hint.count(DOCS_URL + "django-tasks.md") == 1, m
+        assert len(m.hint.partition(DOCS_URL)[0].split()) >= 6, m
+
+
 def test_the_backend_is_built_and_declares_tasks_without_the_database(declare):
     # No django_db mark: pytest-django fails any query this test makes.
     backend = XJobsBackend("fresh", {"QUEUES": ["default"], "OPTIONS": {"MAX_ATTEMPTS": 2}})
