@@ -10,6 +10,7 @@ writes a value Python cannot read back.
 from __future__ import annotations
 
 import json
+import sys
 from datetime import timedelta
 from io import StringIO
 
@@ -18,6 +19,7 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from django_xjobs import api, publish_event
+from django_xjobs.exceptions import InvalidJobInput
 from django_xjobs.models import Job, JobEvent, JobStep
 from django_xjobs.testing import drain, travel
 from tests.console_data import DEEP_ARRAY_SQL, HUGE_INT_SQL, job_in_state, undecodable
@@ -203,3 +205,40 @@ def test_console_actions_change_undecodable_rows(admin_client):
         assert state(handle.id)["state"] == after, action
         page = admin_client.get(reverse("admin:django_xjobs_job_change", args=[handle.id]))
         assert page.status_code == 200 and "could not be decoded" in page.content.decode()
+
+
+# ------------------------------------------------------------------------------- enqueue --
+
+
+@pytest.fixture
+def int_digits():
+    """Set the interpreter's digit limit for the test, as a producer might."""
+    before = sys.get_int_max_str_digits()
+    yield sys.set_int_max_str_digits
+    sys.set_int_max_str_digits(before)
+
+
+@in_a_transaction
+@pytest.mark.parametrize("limit", [0, 10_000])
+def test_enqueue_refuses_an_integer_python_cannot_read_back(int_digits, limit):
+    int_digits(limit)
+    before = Job.objects.count()
+    fine = 10**4300 - 1  # 4,300 digits: the default limit still reads it
+
+    with pytest.raises(InvalidJobInput, match=r"\[.tag.\]\[1\] is an integer of more than 4300 "
+                                              r"digits"):
+        testapp_jobs.record.enqueue(tag=[1, -(10**4999)])
+    with pytest.raises(InvalidJobInput, match="4300"):
+        api.enqueue_many([(testapp_jobs.record.name, {"tag": "ok"}),
+                          (testapp_jobs.record.name, {"tag": {"n": 10**4300}})])
+    assert Job.objects.count() == before
+
+    handle = testapp_jobs.record.enqueue(tag=fine)
+    assert api.get_job(handle.id).input == {"tag": fine}
+
+
+@in_a_transaction
+def test_enqueue_with_the_default_limit_refuses_a_huge_integer_naming_the_field():
+    with pytest.raises(InvalidJobInput, match=r"\['tag'\]\['n'\] is an integer of more than "
+                                              r"4300 digits"):
+        testapp_jobs.record.enqueue(tag={"n": 10**5000})
