@@ -25,6 +25,7 @@ import math
 import os
 import re
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -143,6 +144,41 @@ def _first_bad_value(
     return f"{path} is a {type(value).__name__} ({_safe_repr(value):.60})"
 
 
+# Python reads back from JSON text an integer of at most this many digits, unless the reading
+# process raised sys.set_int_max_str_digits(); the worker that decodes a job's input may not have.
+READABLE_INT_DIGITS = sys.int_info.default_max_str_digits
+_TOO_MANY_DIGITS = 10**READABLE_INT_DIGITS
+
+
+def _digit_limit_lifted() -> bool:
+    """Whether this process encodes integers that a process with the default limit cannot
+    read back (``sys.set_int_max_str_digits(0)`` or above the default)."""
+    limit = sys.get_int_max_str_digits()
+    return limit == 0 or limit > READABLE_INT_DIGITS
+
+
+def _first_unreadable_int(value: Any, path: str) -> str | None:
+    """Where ``value`` holds an integer of more digits than Python's json module reads back by
+    default (the worker's decode would refuse the row). Walked only when this process lifted
+    the limit, or its encoder refused an integer: never on the usual enqueue."""
+    if isinstance(value, int):
+        if -_TOO_MANY_DIGITS < value < _TOO_MANY_DIGITS:
+            return None
+        return (f"{path} is an integer of more than {READABLE_INT_DIGITS} digits, which "
+                "Python's json module does not read back (sys.get_int_max_str_digits())")
+    if isinstance(value, dict):
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for k, item in items:
+        bad = _first_unreadable_int(item, f"{path}[{k!r}]")
+        if bad:
+            return bad
+    return None
+
+
 def _safe_repr(value: Any) -> str:
     """repr() for an error message, which must not itself fail (a model whose __str__ reads a
     deleted row, a proxy to a closed resource)."""
@@ -153,14 +189,19 @@ def _safe_repr(value: Any) -> str:
 
 
 def encode_json(value: Any, *, what: str, limit: int | None) -> str:
-    """Compact JSON text that PostgreSQL ``jsonb`` accepts, or a clear :class:`InvalidJobInput`."""
+    """Compact JSON text that PostgreSQL ``jsonb`` accepts and Python reads back, or a clear
+    :class:`InvalidJobInput`."""
     bad = _first_bad_value(value, what)
+    if bad is None and _digit_limit_lifted():
+        bad = _first_unreadable_int(value, what)
     if bad:
         raise InvalidJobInput(f"{what} is not JSON-serialisable: {bad}")
     try:
         text = _ENCODER.encode(value)
-    except (TypeError, ValueError, RecursionError) as exc:  # pragma: no cover - walk found none
-        raise InvalidJobInput(f"{what} is not JSON-serialisable: {exc}") from None
+    except (TypeError, ValueError, RecursionError) as exc:
+        # An integer past this process's own digit limit (the walks found nothing else).
+        bad = _first_unreadable_int(value, what)
+        raise InvalidJobInput(f"{what} is not JSON-serialisable: {bad or exc}") from None
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:

@@ -38,6 +38,13 @@ class PayloadTooLarge(InvalidJobInput):
     """The JSON encoding of an input is larger than ``XJOBS["MAX_PAYLOAD_BYTES"]``."""
 
 
+class UndecodableValue(XJobsError, ValueError):
+    """A stored JSON value that a run needs (a step's output, an event's payload) is valid
+    ``jsonb`` that Python's ``json`` module cannot decode: an integer of more digits than
+    ``sys.get_int_max_str_digits()``, nesting deeper than its recursion limit. Raised inside the
+    job, marked to fail it for good (:func:`fail_for_good`): no attempt can read the value."""
+
+
 class UnknownJob(XJobsError, LookupError):
     """No job with this name is registered in this process."""
 

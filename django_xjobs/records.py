@@ -97,7 +97,14 @@ class EnqueueResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobRecord:
-    """A whole ``x_jobs`` row, for inspection (CLI, admin actions, handles)."""
+    """A whole ``x_jobs`` row, for inspection (CLI, admin actions, handles).
+
+    ``input_error`` / ``result_error``: why Python's ``json`` module could not decode the stored
+    input / result (valid ``jsonb`` it refuses: an integer past ``sys.get_int_max_str_digits()``
+    digits, nesting deeper than its recursion limit). ``input`` is then ``{}`` and ``result``
+    ``None``; the console and ``manage.py xjobs show`` print the stored text
+    (docs/console.md, "Big and undecodable JSON").
+    """
 
     id: UUID
     name: str
@@ -125,6 +132,8 @@ class JobRecord:
     finished_at: datetime | None
     rescues: int  # times a lapsed lease was taken over by another claim
     worker_ids: list[str] = field(default_factory=list)
+    input_error: str | None = None
+    result_error: str | None = None
 
     @property
     def is_live(self) -> bool:
@@ -140,6 +149,8 @@ class ClaimedJob:
     """A job this worker now owns under ``lease_token`` until the lease lapses.
 
     Ids and tokens stay strings on the hot path: they only travel back to the database.
+    ``input_error``: why Python could not decode the stored input (``input`` is then None); the
+    worker sends such a job to ``dead`` without running it (worker/executor.py).
     """
 
     id: str
@@ -156,6 +167,7 @@ class ClaimedJob:
     # True when this claim resumed a suspended job: it did not spend an attempt, so handing it
     # back must not give one back either.
     resumed: bool
+    input_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

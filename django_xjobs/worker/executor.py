@@ -12,6 +12,7 @@ raises ``PermanentError``              ``Retry(permanent=True)``: straight to ``
 raises ``Snooze(delay)``               ``GiveBack``: later, without spending an attempt
 raises anything else                   ``Retry`` with a full-jitter backoff delay
 its name is not registered here        ``Retry``: a rolling deploy may bring the code
+its stored input cannot be decoded     ``Retry(permanent=True)``: the code never runs
 =====================================  ==============================================
 
 The error recorded for an exception the code raised is :func:`record_error`: a first line naming
@@ -128,6 +129,17 @@ def unknown_job(claimed: ClaimedJob, settings: XJobsSettings) -> Retry:
     )
 
 
+def undecodable_input(claimed: ClaimedJob) -> Retry | None:
+    """The outcome of a job whose stored input Python's json module cannot decode (valid jsonb
+    it refuses, ``ClaimedJob.input_error``): ``dead`` at once, since no attempt could read it,
+    and the function is not called. None for any other job."""
+    if claimed.input_error is None:
+        return None
+    return Retry(error=f"input cannot be decoded: {claimed.input_error} (PostgreSQL accepts it "
+                       "as JSON, Python's json module does not; the job was not run)",
+                 delay=0, permanent=True)
+
+
 def _outcome_of_result(definition: Job, value: Any) -> Outcome:
     if value is None:
         return Done(None)
@@ -189,6 +201,9 @@ def execute(
     ``cleanup`` neither: the caller's own thread runs the job (the inline test mode,
     django_xjobs/testing), and its connections may be inside the caller's transaction.
     """
+    refused = undecodable_input(claimed)
+    if refused is not None:
+        return refused
     if fresh_connections and cleanup:
         close_old_connections()
     try:
@@ -216,6 +231,9 @@ async def execute_async(
     definition: Job, claimed: ClaimedJob, ctx: JobContext, settings: XJobsSettings
 ) -> Outcome:
     """Run an ``async def`` job on the worker's event loop; its timeout cancels the task."""
+    refused = undecodable_input(claimed)
+    if refused is not None:
+        return refused
     try:
         with tracing.job_span(definition.name, claimed.traceparent, _span_attributes(claimed)):
             coro = definition.func(ctx, **_input(claimed))

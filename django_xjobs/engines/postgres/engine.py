@@ -31,7 +31,7 @@ from django.db import (
 from django.db import transaction as db_transaction
 
 from ... import faults
-from ...exceptions import LiveJobExists, SchemaMissing
+from ...exceptions import LiveJobExists, SchemaMissing, UndecodableValue, fail_for_good
 from ...records import (
     BackfillRecord,
     ChangeResult,
@@ -95,28 +95,63 @@ def _decode_json(value: Any) -> Any:
     return value
 
 
+def _try_decode_json(value: Any) -> tuple[Any, str | None]:
+    """(value, None), or (None, why) for valid jsonb that Python's json module refuses: it
+    raises ValueError past ``sys.get_int_max_str_digits()`` digits in an integer and
+    RecursionError on deep nesting (docs/console.md, "Big and undecodable JSON")."""
+    if not isinstance(value, str):
+        return value, None
+    try:
+        return json.loads(value), None
+    except RecursionError:
+        return None, "nested too deeply for Python's json module"
+    except ValueError as exc:
+        return None, str(exc).split(";")[0]
+
+
+def _decode_json_for_run(value: Any, what: str) -> Any:
+    """A JSON column a run cannot go on without (a step's output, an event's payload), decoded;
+    or, when Python cannot decode it, an error raised in the job that fails it for good and
+    says which value, instead of a bare ValueError or RecursionError."""
+    decoded, problem = _try_decode_json(value)
+    if problem is not None:
+        raise fail_for_good(UndecodableValue(f"{what} cannot be decoded: {problem}"))
+    return decoded
+
+
 def _job_record(row: Sequence[Any]) -> JobRecord:
+    """A whole row; an input or result Python cannot decode is reported in ``input_error`` /
+    ``result_error`` instead of failing the read (the action that returned the row is done)."""
     (id_, name, queue, input_, key, run_id, attempt, max_attempts, state, run_at, visible_at,
      claimed_by, last_error, tenant_id, traceparent, enqueued_by, created_at, updated_at,
      priority, result, lease_token, concurrency_key, started_at, finished_at, rescues,
      worker_ids) = row[:26]
+    decoded_input, input_error = _try_decode_json(input_)
+    decoded_result, result_error = _try_decode_json(result)
     return JobRecord(
-        id=id_, name=name, queue=queue, input=_decode_json(input_), idempotency_key=key,
-        run_id=run_id, attempt=attempt, max_attempts=max_attempts, state=state, run_at=run_at,
-        visible_at=visible_at, claimed_by=claimed_by, last_error=last_error, tenant_id=tenant_id,
-        traceparent=traceparent, enqueued_by=enqueued_by, created_at=created_at,
-        updated_at=updated_at, priority=priority, result=_decode_json(result),
-        lease_token=lease_token, concurrency_key=concurrency_key, started_at=started_at,
-        finished_at=finished_at, rescues=rescues, worker_ids=list(_decode_json(worker_ids) or []),
+        id=id_, name=name, queue=queue, input={} if input_error else decoded_input,
+        idempotency_key=key, run_id=run_id, attempt=attempt, max_attempts=max_attempts,
+        state=state, run_at=run_at, visible_at=visible_at, claimed_by=claimed_by,
+        last_error=last_error, tenant_id=tenant_id, traceparent=traceparent,
+        enqueued_by=enqueued_by, created_at=created_at, updated_at=updated_at,
+        priority=priority, result=decoded_result, lease_token=lease_token,
+        concurrency_key=concurrency_key, started_at=started_at, finished_at=finished_at,
+        rescues=rescues, worker_ids=list(_decode_json(worker_ids) or []),
+        input_error=input_error, result_error=result_error,
     )
 
 
 def _claimed_job(r: Sequence[Any]) -> ClaimedJob:
-    """A row of jobs_claim or job_claim_if_due (the same columns, in this order)."""
+    """A row of jobs_claim or job_claim_if_due (the same columns, in this order).
+
+    Each row is decoded on its own: an input Python cannot decode becomes ``input_error`` on
+    that job alone (the worker buries it), never an error that loses the whole claimed batch.
+    """
+    decoded, problem = _try_decode_json(r[4])
     return ClaimedJob(
-        id=r[0], lease_token=r[1], name=r[2], queue=r[3], input=_decode_json(r[4]), run_id=r[5],
+        id=r[0], lease_token=r[1], name=r[2], queue=r[3], input=decoded, run_id=r[5],
         attempt=r[6], max_attempts=r[7], tenant_id=r[8], traceparent=r[9],
-        concurrency_key=r[10], resumed=r[11],
+        concurrency_key=r[10], resumed=r[11], input_error=problem,
     )
 
 
@@ -509,7 +544,9 @@ class PostgresEngine(Engine):
     def steps_of_run(self, run_id: str) -> list[StepRecord]:
         return [
             StepRecord(
-                name=r[0], status=r[1], output=_decode_json(r[2]), attempts=r[3], error=r[4],
+                name=r[0], status=r[1],
+                output=_decode_json_for_run(r[2], f"output of step {r[0]!r}"),
+                attempts=r[3], error=r[4],
                 started_at=r[5], completed_at=r[6], wake_at=r[7], event=r[8],
                 correlation_key=r[9], event_id=r[10], event_published_at=r[11], due=r[12],
             )
@@ -585,8 +622,8 @@ class PostgresEngine(Engine):
         }, fetch="one")
         if row is None:
             return None
-        return EventRecord(id=row[0], name=row[1], payload=_decode_json(row[2]),
-                           published_at=row[3])
+        payload = _decode_json_for_run(row[2], f"payload of event {row[1]!r} #{row[0]}")
+        return EventRecord(id=row[0], name=row[1], payload=payload, published_at=row[3])
 
     def events_list(self, name: str | None = None, limit: int = 100) -> list[EventRecord]:
         return [
