@@ -40,6 +40,12 @@ Publishers should run under READ COMMITTED (Django's default): under REPEATABLE 
 statement would not see a suspension committed after the publisher's snapshot, and the waiter
 would only find the event at its timeout.
 
+Before ``fn`` is called the run proves it still holds its lease (``JobContext.prove_lease``:
+its last renewal is younger than the lease minus a margin, on the worker's monotonic clock;
+docs/guarantees.md). A worker paused past its lease, whose job another worker took over and
+carried further, does not start the next step's body when it resumes: the proof fails, the run
+stops and the job is handed back.
+
 Every step write is fenced on the job's ownership (id, running, lease token): a run that lost
 its lease records nothing, and learns it as :class:`~django_xjobs.exceptions.JobCancelled`.
 A run that holds a concurrency slot (``slots.py``) also passes its worker's ``guard``, called
@@ -186,6 +192,7 @@ class Steps:
         record = self._lookup(name)
         if record is not None:
             return record.output
+        self._ctx.prove_lease()
         try:
             value = fn()
         except (JobCancelled, StepSuspended):
@@ -365,6 +372,7 @@ class AsyncSteps:
         record = await in_thread(steps._lookup, name)
         if record is not None:
             return record.output
+        steps._ctx.prove_lease()
         try:
             value = fn()
             if inspect.isawaitable(value):

@@ -17,6 +17,10 @@ its name is not registered here        ``Retry``: a rolling deploy may bring the
 The error recorded for an exception the code raised is :func:`record_error`: a first line naming
 its class (``exceptions.error_class_line``), then its traceback as ``traceback`` formats it.
 
+The body starts only once the run proved its lease (``JobContext.prove_lease``, which the
+worker backs with the age of its last renewal; docs/guarantees.md): a run that cannot is stopped
+and its job handed back by the worker, and the code is not called.
+
 Whether a ``Retry`` becomes a retry or ``dead`` is decided by the fenced statement from the
 row's attempt counter, so a run that lost the job can neither retry nor bury it.
 """
@@ -192,6 +196,7 @@ def execute(
     if fresh_connections and cleanup:
         close_old_connections()
     try:
+        ctx.prove_lease()
         if tracing.wants_span(claimed.traceparent):
             with tracing.job_span(definition.name, claimed.traceparent,
                                   _span_attributes(claimed)):
@@ -217,6 +222,7 @@ async def execute_async(
 ) -> Outcome:
     """Run an ``async def`` job on the worker's event loop; its timeout cancels the task."""
     try:
+        ctx.prove_lease()
         with tracing.job_span(definition.name, claimed.traceparent, _span_attributes(claimed)):
             coro = definition.func(ctx, **_input(claimed))
             if definition.timeout is not None:
