@@ -7,7 +7,8 @@ keeps across retries, so:
 
 * ``run(name, fn)``: a step that completed returns its stored output and ``fn`` is not called
   again. A step that raises is recorded ``failed`` and the job fails (and retries by its
-  policy); the step runs again on the next attempt.
+  policy); the step runs again on the next attempt. So does a step whose output is larger than
+  ``XJOBS["MAX_PAYLOAD_BYTES"]`` (:class:`StepOutputTooLarge`).
 * ``sleep(name, d)``: the first time, the step records its ``wake_at`` and the job is suspended
   (``state = suspended``, ``run_at = wake_at``) in one transaction; the worker's thread is free
   at once. When due, the job is claimed again (a resume spends no attempt), the step completes
@@ -64,7 +65,7 @@ from typing import Any
 
 from . import conf, faults
 from .context import in_thread
-from .exceptions import InvalidJobInput, JobCancelled, PermanentError
+from .exceptions import InvalidJobInput, JobCancelled, PayloadTooLarge, PermanentError
 from .records import EventRecord, RunOwner, StepRecord
 
 DEFAULT_EVENT_TTL = timedelta(days=7)
@@ -89,6 +90,12 @@ class StepNameReused(PermanentError):
 
 class StepOutputError(PermanentError):
     """A step returned something JSON cannot store; re-running the job cannot fix it."""
+
+
+class StepOutputTooLarge(PayloadTooLarge):
+    """A step's output is larger than ``XJOBS["MAX_PAYLOAD_BYTES"]`` as JSON: the step is
+    recorded ``failed`` and the job fails this attempt (and retries by its policy). Store large
+    data elsewhere and return a reference to it."""
 
 
 class SuspendInTransaction(PermanentError):
@@ -219,7 +226,14 @@ class Steps:
         from .api import encode_json
 
         try:
-            text = encode_json(value, what=f"output of step {name!r}", limit=None)
+            text = encode_json(value, what=f"output of step {name!r}",
+                               limit=conf.get().max_payload_bytes)
+        except PayloadTooLarge as exc:
+            error = StepOutputTooLarge(
+                f"{exc}: the output is not stored; store large data elsewhere and return a "
+                "reference to it")
+            self._record_failure(name, error)
+            raise error from None
         except InvalidJobInput as exc:
             raise StepOutputError(str(exc)) from None
         self._complete(name, text)

@@ -6,7 +6,8 @@ The job's code is found by its stored name in the registry, never imported
 =====================================  ==============================================
 returns a JSON-serialisable value      ``Done`` (the value is stored as the result)
 a step suspended the job               ``Suspended`` (already written by the step)
-returns something JSON cannot encode   ``Retry(permanent=True)``: re-running cannot fix it
+returns something JSON cannot encode,  ``Retry(permanent=True)``: re-running cannot fix it
+or more than ``MAX_PAYLOAD_BYTES``
 raises ``PermanentError``              ``Retry(permanent=True)``: straight to ``dead`` (also an
                                        exception marked by ``exceptions.fail_for_good``)
 raises ``Snooze(delay)``               ``GiveBack``: later, without spending an attempt
@@ -132,11 +133,12 @@ def unknown_job(claimed: ClaimedJob, settings: XJobsSettings) -> Retry:
     )
 
 
-def _outcome_of_result(definition: Job, value: Any) -> Outcome:
+def _outcome_of_result(definition: Job, value: Any, settings: XJobsSettings) -> Outcome:
     if value is None:
         return Done(None)
     try:
-        return Done(api.encode_json(value, what=f"result of {definition.name}", limit=None))
+        return Done(api.encode_json(value, what=f"result of {definition.name}",
+                                    limit=settings.max_payload_bytes))
     except InvalidJobInput as exc:
         return Retry(error=f"{exc} (the job ran; re-running it cannot fix this)", delay=0,
                      permanent=True)
@@ -214,7 +216,7 @@ def execute(
             close_old_connections()
     if ctx.cancelled.is_set():
         return Discard(ctx.stop_reason or "stopped")
-    return _outcome_of_result(definition, value)
+    return _outcome_of_result(definition, value, settings)
 
 
 async def execute_async(
@@ -247,7 +249,7 @@ async def execute_async(
         return _outcome_of_exception(exc, definition, claimed, ctx, settings)
     if ctx.cancelled.is_set():
         return Discard(ctx.stop_reason or "stopped")
-    return _outcome_of_result(definition, value)
+    return _outcome_of_result(definition, value, settings)
 
 
 def _exited(exc: BaseException, definition: Job, claimed: ClaimedJob,

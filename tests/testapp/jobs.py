@@ -253,6 +253,18 @@ async def async_record_effect(ctx, tag=""):
 
 
 @job
+def big_result(ctx, size=0):
+    return {"blob": "x" * size}
+
+
+@job(max_attempts=2)
+def big_step_output(ctx, size=0):
+    ctx.step.run("small", lambda: _effect(ctx, "step", "small") or {"n": 1})
+    ctx.step.run("fetch", lambda: _effect(ctx, "step", "fetch") or {"blob": "x" * size})
+    return {"size": size}
+
+
+@job
 def reused_step_name(ctx):
     ctx.step.run("same", lambda: 1)
     ctx.step.run("same", lambda: 2)
