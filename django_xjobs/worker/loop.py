@@ -18,6 +18,9 @@ The loop, in the order one iteration runs it (``Worker._iterate``):
    the queues, in ONE ``jobs_claim``; claimed runs go to the executor threads (sync jobs) or the
    event loop (async jobs). The loop claims again at once only if the last claim was full;
    otherwise it waits for a NOTIFY, a freed slot after a full claim, or the poll interval.
+   A run starts its job's code, and each step's function, only while it can prove its lease
+   (``Run.prove_lease``, docs/guarantees.md): a prefetched run whose lease may have lapsed
+   while it waited (the process was paused) is handed back unstarted.
 4. **Wait** on the wake event: set by the LISTEN thread, by executors when the work queue runs
    low or enough results wait to be settled, and by the signal handler.
 
