@@ -75,6 +75,10 @@ class JobContext:
     stop_error: type[JobCancelled] = JobCancelled
     # Builds ``step`` on first use (the worker supplies it: it knows the engine and the lease).
     step_factory: Callable[[JobContext], Any] | None = None
+    # Raises unless the run can still prove it holds its lease (the worker supplies it: it knows
+    # when the lease was last renewed). Called before the job's body and before every step's
+    # body (docs/guarantees.md).
+    lease_proof: Callable[[], None] | None = None
     _logger: logging.LoggerAdapter[Any] | None = None
     _step: Any = None
 
@@ -115,6 +119,14 @@ class JobContext:
         the run was asked to stop."""
         if self.cancelled.is_set():
             raise self.stop_error(self.stop_reason or "cancelled")
+
+    def prove_lease(self) -> None:
+        """Before a body starts (the job's, a step's): raise :class:`JobCancelled` if the run was
+        asked to stop or can no longer prove that its lease is still valid; in the latter case
+        the worker hands the job back."""
+        if self.lease_proof is not None:
+            self.lease_proof()
+        self.check_cancelled()
 
 
 async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:

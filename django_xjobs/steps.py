@@ -7,7 +7,8 @@ keeps across retries, so:
 
 * ``run(name, fn)``: a step that completed returns its stored output and ``fn`` is not called
   again. A step that raises is recorded ``failed`` and the job fails (and retries by its
-  policy); the step runs again on the next attempt.
+  policy); the step runs again on the next attempt. So does a step whose output is larger than
+  ``XJOBS["MAX_PAYLOAD_BYTES"]`` (:class:`StepOutputTooLarge`).
 * ``sleep(name, d)``: the first time, the step records its ``wake_at`` and the job is suspended
   (``state = suspended``, ``run_at = wake_at``) in one transaction; the worker's thread is free
   at once. When due, the job is claimed again (a resume spends no attempt), the step completes
@@ -40,6 +41,12 @@ Publishers should run under READ COMMITTED (Django's default): under REPEATABLE 
 statement would not see a suspension committed after the publisher's snapshot, and the waiter
 would only find the event at its timeout.
 
+Before ``fn`` is called the run proves it still holds its lease (``JobContext.prove_lease``:
+its last renewal is younger than the lease minus a margin, on the worker's monotonic clock;
+docs/guarantees.md). A worker paused past its lease, whose job another worker took over and
+carried further, does not start the next step's body when it resumes: the proof fails, the run
+stops and the job is handed back.
+
 Every step write is fenced on the job's ownership (id, running, lease token): a run that lost
 its lease records nothing, and learns it as :class:`~django_xjobs.exceptions.JobCancelled`.
 A run that holds a concurrency slot (``slots.py``) also passes its worker's ``guard``, called
@@ -58,7 +65,7 @@ from typing import Any
 
 from . import conf, faults
 from .context import in_thread
-from .exceptions import InvalidJobInput, JobCancelled, PermanentError
+from .exceptions import InvalidJobInput, JobCancelled, PayloadTooLarge, PermanentError
 from .records import EventRecord, RunOwner, StepRecord
 
 DEFAULT_EVENT_TTL = timedelta(days=7)
@@ -83,6 +90,12 @@ class StepNameReused(PermanentError):
 
 class StepOutputError(PermanentError):
     """A step returned something JSON cannot store; re-running the job cannot fix it."""
+
+
+class StepOutputTooLarge(PayloadTooLarge):
+    """A step's output is larger than ``XJOBS["MAX_PAYLOAD_BYTES"]`` as JSON: the step is
+    recorded ``failed`` and the job fails this attempt (and retries by its policy). Store large
+    data elsewhere and return a reference to it."""
 
 
 class SuspendInTransaction(PermanentError):
@@ -186,6 +199,7 @@ class Steps:
         record = self._lookup(name)
         if record is not None:
             return record.output
+        self._ctx.prove_lease()
         try:
             value = fn()
         except (JobCancelled, StepSuspended):
@@ -212,7 +226,14 @@ class Steps:
         from .api import encode_json
 
         try:
-            text = encode_json(value, what=f"output of step {name!r}", limit=None)
+            text = encode_json(value, what=f"output of step {name!r}",
+                               limit=conf.get().max_payload_bytes)
+        except PayloadTooLarge as exc:
+            error = StepOutputTooLarge(
+                f"{exc}: the output is not stored; store large data elsewhere and return a "
+                "reference to it")
+            self._record_failure(name, error)
+            raise error from None
         except InvalidJobInput as exc:
             raise StepOutputError(str(exc)) from None
         self._complete(name, text)
@@ -365,6 +386,7 @@ class AsyncSteps:
         record = await in_thread(steps._lookup, name)
         if record is not None:
             return record.output
+        steps._ctx.prove_lease()
         try:
             value = fn()
             if inspect.isawaitable(value):

@@ -416,10 +416,11 @@ def _succeeded(ctx: JobContext, started: TaskResult, value: Any) -> Any:
     try:
         normalised = normalize_json(value)
         api.encode_json(normalised, what=f"return value of {started.task.module_path}",
-                        limit=None)
+                        limit=conf.get().max_payload_bytes)
     except (TypeError, ValueError) as exc:
         # The encoder's own error, as Django's backends report it (normalize_json's TypeError),
-        # but for good: the task ran, and running it again cannot change what it returns.
+        # or PayloadTooLarge, but for good: the task ran, and running it again cannot change
+        # what it returns.
         exceptions.fail_for_good(exc)
         _send(task_finished, _failed(started, exc))  # in the except: exc_info
         raise

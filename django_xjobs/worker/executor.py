@@ -6,7 +6,8 @@ The job's code is found by its stored name in the registry, never imported
 =====================================  ==============================================
 returns a JSON-serialisable value      ``Done`` (the value is stored as the result)
 a step suspended the job               ``Suspended`` (already written by the step)
-returns something JSON cannot encode   ``Retry(permanent=True)``: re-running cannot fix it
+returns something JSON cannot encode,  ``Retry(permanent=True)``: re-running cannot fix it
+or more than ``MAX_PAYLOAD_BYTES``
 raises ``PermanentError``              ``Retry(permanent=True)``: straight to ``dead`` (also an
                                        exception marked by ``exceptions.fail_for_good``)
 raises ``Snooze(delay)``               ``GiveBack``: later, without spending an attempt
@@ -17,6 +18,10 @@ its stored input cannot be decoded     ``Retry(permanent=True)``: the code never
 
 The error recorded for an exception the code raised is :func:`record_error`: a first line naming
 its class (``exceptions.error_class_line``), then its traceback as ``traceback`` formats it.
+
+The body starts only once the run proved its lease (``JobContext.prove_lease``, which the
+worker backs with the age of its last renewal; docs/guarantees.md): a run that cannot is stopped
+and its job handed back by the worker, and the code is not called.
 
 Whether a ``Retry`` becomes a retry or ``dead`` is decided by the fenced statement from the
 row's attempt counter, so a run that lost the job can neither retry nor bury it.
@@ -140,11 +145,12 @@ def undecodable_input(claimed: ClaimedJob) -> Retry | None:
                  delay=0, permanent=True)
 
 
-def _outcome_of_result(definition: Job, value: Any) -> Outcome:
+def _outcome_of_result(definition: Job, value: Any, settings: XJobsSettings) -> Outcome:
     if value is None:
         return Done(None)
     try:
-        return Done(api.encode_json(value, what=f"result of {definition.name}", limit=None))
+        return Done(api.encode_json(value, what=f"result of {definition.name}",
+                                    limit=settings.max_payload_bytes))
     except InvalidJobInput as exc:
         return Retry(error=f"{exc} (the job ran; re-running it cannot fix this)", delay=0,
                      permanent=True)
@@ -207,6 +213,7 @@ def execute(
     if fresh_connections and cleanup:
         close_old_connections()
     try:
+        ctx.prove_lease()
         if tracing.wants_span(claimed.traceparent):
             with tracing.job_span(definition.name, claimed.traceparent,
                                   _span_attributes(claimed)):
@@ -224,7 +231,7 @@ def execute(
             close_old_connections()
     if ctx.cancelled.is_set():
         return Discard(ctx.stop_reason or "stopped")
-    return _outcome_of_result(definition, value)
+    return _outcome_of_result(definition, value, settings)
 
 
 async def execute_async(
@@ -235,6 +242,7 @@ async def execute_async(
     if refused is not None:
         return refused
     try:
+        ctx.prove_lease()
         with tracing.job_span(definition.name, claimed.traceparent, _span_attributes(claimed)):
             coro = definition.func(ctx, **_input(claimed))
             if definition.timeout is not None:
@@ -259,7 +267,7 @@ async def execute_async(
         return _outcome_of_exception(exc, definition, claimed, ctx, settings)
     if ctx.cancelled.is_set():
         return Discard(ctx.stop_reason or "stopped")
-    return _outcome_of_result(definition, value)
+    return _outcome_of_result(definition, value, settings)
 
 
 def _exited(exc: BaseException, definition: Job, claimed: ClaimedJob,

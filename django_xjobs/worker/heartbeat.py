@@ -9,7 +9,8 @@ Protocol (the database is authoritative for ownership):
   discards its result (``Worker.on_renewed``);
 * a renewal that landed moves the run's ``renewed_at`` to the moment the statement was SENT, not
   answered: the database's ``now() + lease`` was computed at or after that moment, so the
-  worker's belief about the lease never outlives the database's.
+  worker's belief about the lease never outlives the database's. A run proves its lease from it
+  before each body it starts (``loop.Run.prove_lease``).
 
 Concurrency slots (``slots.py``): when some of those runs hold a slot, the same round sends ONE
 more statement, ``slots_renew_if_held``, fenced on the holder and on the slot not having expired

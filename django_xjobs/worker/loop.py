@@ -18,6 +18,9 @@ The loop, in the order one iteration runs it (``Worker._iterate``):
    the queues, in ONE ``jobs_claim``; claimed runs go to the executor threads (sync jobs) or the
    event loop (async jobs). The loop claims again at once only if the last claim was full;
    otherwise it waits for a NOTIFY, a freed slot after a full claim, or the poll interval.
+   A run starts its job's code, and each step's function, only while it can prove its lease
+   (``Run.prove_lease``, docs/guarantees.md): a prefetched run whose lease may have lapsed
+   while it waited (the process was paused) is handed back unstarted.
 4. **Wait** on the wake event: set by the LISTEN thread, by executors when the work queue runs
    low or enough results wait to be settled, and by the signal handler.
 
@@ -48,7 +51,7 @@ import secrets
 import socket
 import threading
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +85,11 @@ QUEUED, RUNNING, FINISHED, SETTLED = "queued", "running", "finished", "settled"
 # How often timeouts, the self-fence and the heartbeat thread are checked (seconds): the
 # precision of a job timeout, and small next to any sane lease.
 WATCH_EVERY = 0.05
+# A run starts a body (its job's, a step's) only while its last lease renewal that landed (or
+# its claim) is younger than the lease minus this fraction of it: no body starts on a lease
+# with less than a quarter of it left, and a run that missed one heartbeat round (a lease is
+# at least three heartbeats) still starts its bodies (docs/guarantees.md).
+LEASE_MARGIN = 0.25
 # Adaptive prefetch (XJOBS["PREFETCH"] = "auto"): keep about this many seconds of work claimed
 # ahead of the threads, judged by the average run time, and never more than PREFETCH_MAX jobs.
 # Short jobs get big batches (one claim and one ack statement per hundreds of jobs); long jobs
@@ -140,15 +148,21 @@ class WorkerOptions:
 class Run:
     """One claim of one job, from the claim until its fenced write settles it."""
 
-    __slots__ = ("abandoned", "ctx", "deadline", "definition", "future", "job", "outcome",
-                 "parking", "phase", "renewed_at", "slot", "slot_renewed_at", "slot_ttl")
+    __slots__ = ("abandoned", "budget", "ctx", "deadline", "definition", "future", "job",
+                 "on_unproven", "outcome", "parking", "phase", "renewed_at", "slot",
+                 "slot_renewed_at", "slot_ttl")
 
-    def __init__(self, job: ClaimedJob, definition: registry.Job | None, now: float) -> None:
+    def __init__(self, job: ClaimedJob, definition: registry.Job | None, now: float, *,
+                 budget: float, on_unproven: Callable[[Run, str], None]) -> None:
         self.job = job
         self.definition = definition
         self.phase = QUEUED
         self.outcome: Outcome | None = None
         self.renewed_at = now  # the claim itself set the lease
+        # How old renewed_at may be when a body starts (the lease minus LEASE_MARGIN of it), and
+        # what the worker does with a run that cannot prove its lease (Worker._unproven).
+        self.budget = budget
+        self.on_unproven = on_unproven
         self.deadline: float | None = None
         self.future: concurrent.futures.Future[None] | None = None  # async runs only
         # Set when the run was stopped while its thread still executes it: that thread exits
@@ -166,7 +180,15 @@ class Run:
             job_id=job.id, run_id=job.run_id, name=job.name, queue=job.queue,
             attempt=job.attempt, max_attempts=job.max_attempts, tenant_id=job.tenant_id,
             traceparent=job.traceparent, step_factory=self._steps, lease_token=job.lease_token,
+            lease_proof=self.prove_lease,
         )
+
+    def prove_lease(self) -> None:
+        """``ctx.prove_lease`` before the job's body and every step's body: one monotonic read.
+        A run whose last renewal is too old to prove it still holds the lease is stopped and
+        its job handed back (``JobContext.prove_lease`` then raises)."""
+        if clock.monotonic() - self.renewed_at >= self.budget:
+            self.on_unproven(self, "its code or its next step")
 
     def _steps(self, ctx: JobContext) -> Any:
         from ..engines import get_engine
@@ -199,6 +221,7 @@ class Worker:
         faults.alias = self.engine.alias
         self.worker_id = options.worker_id or new_worker_id()
         self.lease_ms = round(options.lease * 1000)
+        self._lease_budget = options.lease * (1 - LEASE_MARGIN)
         self.stats: Counter[str] = Counter()
 
         self._lock = threading.Lock()
@@ -412,7 +435,8 @@ class Worker:
             self._more_likely = False
             return 0
         per_queue = Counter(job.queue for job in claimed)
-        runs = [Run(job, registry.lookup(job.name), sent_at) for job in claimed]
+        runs = [Run(job, registry.lookup(job.name), sent_at, budget=self._lease_budget,
+                    on_unproven=self._unproven) for job in claimed]
         if any(job.concurrency_key is not None for job in claimed):
             runs = self._take_slots(runs)  # unlimited batches never get here
         self._dispatch(runs)
@@ -454,20 +478,27 @@ class Worker:
             run = self._work.get()
             if run is None:
                 return
+            unproven = None
             with self._lock:
                 self._queued -= 1
+                started = clock.monotonic()
                 if run.phase != QUEUED:  # stopped before it started (lost, shutdown)
                     run = None
+                elif started - run.renewed_at >= run.budget:
+                    # Prefetched, and its lease may have lapsed meanwhile (the process was
+                    # paused): never started, the job is handed back (docs/guarantees.md).
+                    unproven, run = run, None
                 else:
                     run.phase = RUNNING
                     if run.definition and run.definition.timeout is not None:
-                        run.deadline = clock.monotonic() + run.definition.timeout
+                        run.deadline = started + run.definition.timeout
+            if unproven is not None:
+                self._unproven(unproven, "the prefetched job")
             if run is not None:
                 faults.hit("worker:job-start")
                 if django_settings.DEBUG:
                     reset_queries()
                 assert run.definition is not None
-                started = clock.monotonic()
                 try:
                     outcome = executor.execute(
                         run.definition, run.job, run.ctx, self.settings,
@@ -531,6 +562,22 @@ class Worker:
         if not self._finished:
             self._finished_since = clock.monotonic()
         self._finished.append(run)
+
+    def _unproven(self, run: Run, what: str) -> None:
+        """A run could not prove its lease before starting a body (``Run.prove_lease``, or a
+        prefetched run about to start): stop it and hand the job back, its attempt given back
+        (a run that did lose the job is fenced off: the hand-back then changes nothing)."""
+        age = clock.monotonic() - run.renewed_at
+        lease = self.options.lease
+        self.stats["lease_unproven"] += 1
+        log.warning("job %s (%s) attempt %d: lease not proven, last renewal %.1fs ago (lease "
+                    "%gs): not starting %s; handing the job back", run.job.id, run.job.name,
+                    run.job.attempt, age, lease, what)
+        self._stop_run(run, "lease not proven", GiveBack(
+            delay=0, note=f"handed back: its worker could not prove its lease before starting "
+                          f"{what} (last renewal {age:.1f}s ago, lease {lease:g}s)",
+        ))
+        run.ctx.stop("lease not proven")
 
     def _stop_run(self, run: Run, reason: str, outcome: Outcome,
                   error: type[JobCancelled] = JobCancelled) -> None:

@@ -399,6 +399,21 @@ def test_a_return_value_json_cannot_hold_is_the_encoder_s_typeerror_and_is_not_r
     assert same_error(finished.errors, result.errors)
 
 
+def test_a_return_value_over_the_payload_limit_fails_the_task_for_good(sent, settings):
+    result = t.add.enqueue("x" * 600, "y" * 600)
+    settings.XJOBS = {**settings.XJOBS, "MAX_PAYLOAD_BYTES": 1000}
+    result = ran(result)
+    assert result.status == FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "django_xjobs.exceptions.PayloadTooLarge"
+    assert ("return value of tests.testapp.tasks.add is 1202 bytes as JSON, over "
+            "XJOBS['MAX_PAYLOAD_BYTES'] = 1000") in error.traceback
+    assert result.attempts == 1 and Job.objects.get(pk=result.id).result is None
+    _, _, finished = sent.of(result)[-1]
+    assert finished.status == FAILED
+    assert same_error(finished.errors, result.errors)
+
+
 # -------------------------------------------------------------------------------- signals --
 
 

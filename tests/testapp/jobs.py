@@ -216,6 +216,54 @@ def step_then_hang(ctx, seconds=30.0):
     return {"attempt": ctx.attempt}
 
 
+@job(max_attempts=3)
+def two_steps(ctx):
+    """Two steps with an effect each. Every run records when its code is through ("exit"), a
+    stopped run too: a test knows when a resumed run has done all it was going to do."""
+    try:
+        ctx.step.run("first", lambda: _effect(ctx, "step", "first") or {"done": "first"})
+        ctx.step.run("second", lambda: _effect(ctx, "step", "second") or {"done": "second"})
+        return {"attempt": ctx.attempt}
+    finally:
+        _effect(ctx, "exit")
+
+
+@job(max_attempts=3)
+async def async_two_steps(ctx):
+    """``two_steps`` as an ``async def`` job."""
+    def body(tag):
+        async def step():
+            await asyncio.to_thread(_effect, ctx, "step", tag)
+            return {"done": tag}
+        return step
+
+    try:
+        await ctx.step.run("first", body("first"))
+        await ctx.step.run("second", body("second"))
+        return {"attempt": ctx.attempt}
+    finally:
+        # Shielded: a stopped run's task is cancelled, and the record must be written anyway.
+        await asyncio.shield(asyncio.to_thread(_effect, ctx, "exit"))
+
+
+@job
+async def async_record_effect(ctx, tag=""):
+    await asyncio.to_thread(_effect, ctx, "start", tag)
+    return {"tag": tag, "attempt": ctx.attempt}
+
+
+@job
+def big_result(ctx, size=0):
+    return {"blob": "x" * size}
+
+
+@job(max_attempts=2)
+def big_step_output(ctx, size=0):
+    ctx.step.run("small", lambda: _effect(ctx, "step", "small") or {"n": 1})
+    ctx.step.run("fetch", lambda: _effect(ctx, "step", "fetch") or {"blob": "x" * size})
+    return {"size": size}
+
+
 @job
 def reused_step_name(ctx):
     ctx.step.run("same", lambda: 1)
