@@ -115,7 +115,10 @@ def _act(point: str, action: str | Callable[[str], None]) -> None:
     if action == "exit":
         os._exit(137)
     if action == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Sent to this thread, not to the process: a process-directed SIGSTOP starts the stop
+        # in whichever thread the kernel picks, and under load this one ran on for
+        # milliseconds (into the next step's body) before it stopped too.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         return
     if action.startswith("sleep:"):
         time.sleep(float(action.split(":", 1)[1]))
