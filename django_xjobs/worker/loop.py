@@ -247,10 +247,11 @@ class Worker:
         try:
             self._start_threads()
             log.info(
-                "worker %s started: queues=%s concurrency=%d prefetch=%s lease=%gs notify=%s",
+                "worker %s started: queues=%s concurrency=%d prefetch=%s lease=%gs "
+                "heartbeat=%gs notify=%s",
                 self.worker_id, ",".join(self.options.queues), self.options.concurrency,
                 "auto" if self.options.prefetch is None else self.options.prefetch,
-                self.options.lease, self.options.notify,
+                self.options.lease, self.options.heartbeat, self.options.notify,
             )
             while self._iterate():
                 pass

@@ -10,7 +10,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...conf import NAME_RE, parse_duration
+from ... import conf
+from ...conf import NAME_RE, default_heartbeat, parse_duration
 from ...exceptions import ConfigurationError
 from ...worker import duties
 from ...worker.loop import Worker, WorkerOptions
@@ -55,7 +56,9 @@ class Command(BaseCommand):
                             help="jobs claimed ahead of free threads; default XJOBS['PREFETCH']")
         parser.add_argument("--lease", help="lease length, e.g. 30s, at least 3 x the heartbeat "
                                             "interval; default XJOBS['LEASE']")
-        parser.add_argument("--heartbeat", help="renewal interval; default XJOBS['HEARTBEAT']")
+        parser.add_argument("--heartbeat",
+                            help="renewal interval; default XJOBS['HEARTBEAT'], or with --lease "
+                                 "alone the shorter of it and min(10s, lease / 3)")
         parser.add_argument("--poll-interval",
                             help="poll when idle; default XJOBS['POLL_INTERVAL']")
         parser.add_argument("--shutdown-grace",
@@ -97,6 +100,11 @@ class Command(BaseCommand):
         for key in ("lease", "heartbeat", "poll_interval", "shutdown_grace"):
             if options[key] is not None:
                 overrides[key] = _duration(options[key])
+        if "lease" in overrides and "heartbeat" not in overrides:
+            # The lease alone: renew as often as that lease needs (as XJOBS["LEASE"] alone
+            # does), never less often than the settings ask.
+            overrides["heartbeat"] = min(conf.get().heartbeat,
+                                         default_heartbeat(overrides["lease"]))
         worker_options = WorkerOptions.from_settings(**overrides)
         if worker_options.lease < 3 * worker_options.heartbeat:
             raise CommandError(
