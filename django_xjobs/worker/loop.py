@@ -16,8 +16,12 @@ The loop, in the order one iteration runs it (``Worker._iterate``):
    replaced. Whatever it stops wakes the loop, which settles it.
 3. **Claim.** Up to the free capacity (concurrency + prefetch - runs not yet settled), split over
    the queues, in ONE ``jobs_claim``; claimed runs go to the executor threads (sync jobs) or the
-   event loop (async jobs). The loop claims again at once only if the last claim was full;
-   otherwise it waits for a NOTIFY, a freed slot after a full claim, or the poll interval.
+   event loop (async jobs). The split starts at the next queue each time (a rotation), so every
+   queue makes progress even with fewer free slots than queues. The loop claims again at once
+   if the last claim was full, or if it found nothing and some queue has not been asked since
+   the sweep began (a sweep asks every queue once: one statement when the free slots cover the
+   queues, ``ceil(queues / free)`` otherwise); then it waits for a NOTIFY, a freed slot after
+   a full claim, or the poll interval. Burst mode ends only after a whole sweep found nothing.
 4. **Wait** on the wake event: set by the LISTEN thread, by executors when the work queue runs
    low or enough results wait to be settled, and by the signal handler.
 
@@ -215,6 +219,9 @@ class Worker:
         self._stop_reason = ""
         self._more_likely = True
         self._last_claim = -1e9
+        self._next_queue = 0  # where the next split of free slots over the queues starts
+        self._unswept = set(options.queues)  # queues not asked since the sweep began
+        self._dry = False  # the last sweep asked every queue and found nothing
         self._threads: list[threading.Thread] = []
         self._thread_serial = 0
         self._heartbeat: Heartbeat | None = None
@@ -335,7 +342,7 @@ class Worker:
         due = self.options.burst or now - self._last_claim >= self.options.poll_interval
         if self._more_likely or due or notified:
             claimed = self._claim()
-        if self.options.burst and claimed == 0 and not self._runs:
+        if self.options.burst and claimed == 0 and self._dry and not self._runs:
             self._stop_reason = "burst: nothing left to do"
             return False
         self.started.set()
@@ -377,18 +384,44 @@ class Worker:
 
     # ----------------------------------------------------------------------- 3. claim --
     def _wants(self, free: int) -> dict[str, int]:
+        """``free`` slots split over the queues that have room, starting at the queue after
+        the last one that got a share the time before (the rotation)."""
         queues = self.options.queues
+        start = self._next_queue % len(queues)
+        order = queues[start:] + queues[:start]
         caps = self.options.queue_concurrency
-        share, extra = divmod(free, len(queues))
-        wants: dict[str, int] = {}
         in_queue = Counter(r.job.queue for r in self._runs.values()) if caps else Counter()
-        for i, q in enumerate(queues):
-            n = share + (1 if i < extra else 0)
-            if q in caps:
-                n = min(n, caps[q] + self.prefetch() - in_queue[q])
+        room = {q: caps[q] + self.prefetch() - in_queue[q] for q in order if q in caps}
+        # A queue at its cap cannot be claimed from now: it counts as asked in this sweep.
+        self._unswept.difference_update(q for q, n in room.items() if n <= 0)
+        open_queues = [q for q in order if room.get(q, free) > 0]
+        if not open_queues:
+            return {}
+        share, extra = divmod(free, len(open_queues))
+        wants: dict[str, int] = {}
+        for i, q in enumerate(open_queues):
+            n = min(share + (1 if i < extra else 0), room.get(q, free))
             if n > 0:
                 wants[q] = n
+        # The next split starts after the last queue that got one more than the others.
+        last = open_queues[extra - 1] if extra else open_queues[0]
+        self._next_queue = (start + order.index(last) + 1) % len(queues)
         return wants
+
+    def _swept(self, wants: dict[str, int], claimed: int) -> None:
+        """After a claim: claim again at once while a sweep that found nothing so far has not
+        asked every queue yet (docs/guide.md, "The worker")."""
+        if claimed:
+            self._unswept = set(self.options.queues)
+            self._dry = False
+            return
+        self._unswept.difference_update(wants)
+        if self._unswept:
+            self._more_likely = True
+            self._dry = False
+        else:
+            self._unswept = set(self.options.queues)
+            self._dry = True
 
     def _claim(self) -> int:
         free = self._free()
@@ -418,9 +451,10 @@ class Worker:
             runs = self._take_slots(runs)  # unlimited batches never get here
         self._dispatch(runs)
         self._more_likely = any(per_queue[q] >= n for q, n in wants.items())
+        self._swept(wants, len(claimed))
         self._low_water = max(1, (self.options.concurrency + self.prefetch()) // 2)
         self.stats["claimed"] += len(claimed)
-        if not claimed and not self._runs:
+        if not claimed and self._dry and not self._runs:
             self.idle.set()
         else:
             self.idle.clear()

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import wait_until
 
-from .conftest import FAST, SETTLE, wait_exit, wait_state
+from .conftest import FAST, SETTLE, wait_exit, wait_started, wait_state
 
 pytestmark = pytest.mark.acceptance
 
@@ -84,3 +84,15 @@ def test_several_queues_follow_one_queue_flag(spawn_worker):
 
     assert wait_exit(worker) == 0
     assert (default.get().state, other.get().state) == ("done", "done")
+
+
+def test_one_free_thread_serves_the_last_of_six_queues(spawn_worker):
+    """-c 1 --prefetch 0 with six queues: one free slot per claim, and the split rotates, so a
+    ready job of the sixth queue runs on an otherwise idle worker."""
+    from tests.testapp import jobs
+
+    queues = [f"six-{i}" for i in range(6)]
+    worker = spawn_worker("-c", "1", "--prefetch", "0", "--queue", *queues, settings=FAST)
+    wait_started(worker)
+    last = jobs.record.using(queue=queues[-1]).enqueue(tag="sixth")
+    assert wait_state(last.id, "done").result == {"tag": "sixth", "attempt": 1}

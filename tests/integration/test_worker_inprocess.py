@@ -95,6 +95,16 @@ def test_drain_runs_every_due_job_and_leaves_delayed_ones():
     assert starts(later.id) == []
 
 
+def test_drain_with_its_defaults_runs_every_queue_of_many():
+    """Two free slots and five queues: the split rotates over the queues, and a burst ends only
+    once every queue was asked and had nothing."""
+    queues = [f"many-{i}" for i in range(5)]
+    handles = [testapp_jobs.record.using(queue=q).enqueue(tag=q) for q in queues for _ in "ab"]
+    stats = drain(queues=queues)
+    assert stats["done"] == len(handles)
+    assert {h.get().state for h in handles} == {"done"}
+
+
 def test_a_flaky_job_is_retried_then_done():
     handle = testapp_jobs.flaky.enqueue(fail_times=2)
     row, totals = drain_until(handle)
