@@ -48,13 +48,13 @@ class WakeListener(threading.Thread):
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.1
-            self.connects += 1
-            self.backend_pid = getattr(listener, "backend_pid", lambda: None)()
-            self.connected.set()
-            if self.connects > 1:
-                log.info("LISTEN connection re-established")
-            self._wake()
-            try:
+            try:  # from here on, however this ends, the connection is closed
+                self.connects += 1
+                self.backend_pid = getattr(listener, "backend_pid", lambda: None)()
+                self.connected.set()
+                if self.connects > 1:
+                    log.info("LISTEN connection re-established")
+                self._wake()
                 while not self._stop.is_set():
                     notified = listener.wait(0.5)
                     if notified and not self.queues.isdisjoint(notified):

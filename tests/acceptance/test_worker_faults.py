@@ -66,6 +66,37 @@ def test_a_terminated_listen_backend_comes_back_and_notifications_resume(start_w
     assert "LISTEN connection re-established" in a.log()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_listen_that_fails_after_the_connect_closes_that_connection():
+    """The connection is open when LISTEN fails: it is closed before the error is raised, even
+    while something still holds the error (and with it the half-made listener)."""
+    from django_xjobs import faults
+    from django_xjobs.engines import ListenerLost, get_engine
+
+    label = f"listen-fails-{uuid.uuid4().hex[:8]}"
+    faults.inject("before:listen", "raise")
+    try:
+        with pytest.raises(ListenerLost) as failed:
+            get_engine().listener(label)
+    finally:
+        faults.clear()
+    wait_until(lambda: not backends(label), message="the listener's connection to close")
+    assert "injected fault at before:listen" in str(failed.value)
+
+
+def test_a_worker_whose_listen_fails_retries_and_is_woken_by_notify(start_worker):
+    from tests.testapp.jobs import record
+
+    # Only a NOTIFY gets the job claimed within the test's deadlines (poll interval 120 s).
+    a = start_worker("a", settings={"POLL_INTERVAL": "120s"}, faults="before:listen=raise*2")
+    label = f"xjobs:{a.id}:listen"
+    wait_until(lambda: a.log().count("LISTEN connection failed") == 2 and backends(label),
+               message="two failed LISTENs, then a listening backend")
+    handle = record.enqueue(tag="woken")
+    assert wait_state(handle.id, *FINISHED).state == "done"
+    assert len(backends(label)) == 1
+
+
 def test_a_terminated_heartbeat_backend_reconnects_and_keeps_the_lease(start_worker):
     """F6 (d): the heartbeat's connection is killed mid-job; the next round reconnects and
     renews in time, so the job is neither stopped nor rescued."""
