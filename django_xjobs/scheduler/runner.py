@@ -293,9 +293,11 @@ class Maintenance(threading.Thread):
                     report = pruner.run_once(engine=self.engine,
                                              keep_going=self.leadership.is_leader)
                 except Exception as exc:
-                    if self.engine.is_connection_error(exc):
+                    lost = self.engine.is_connection_error(exc)
+                    if lost:
                         self.engine.reset_connection()
-                    log.warning("maintenance failed (%s); retrying at the next interval", exc)
+                    log.warning("maintenance failed (%s); retrying at the next interval", exc,
+                                exc_info=not lost)
                     continue
                 self.runs += 1
                 if report.total:

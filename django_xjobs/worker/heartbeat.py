@@ -87,11 +87,13 @@ class Heartbeat(threading.Thread):
                     self.lease_ms,
                 )
             except Exception as exc:
-                if self.engine.is_connection_error(exc):
+                lost = self.engine.is_connection_error(exc)
+                if lost:
                     self.engine.reset_connection()
                     labelled = False
+                # A lost connection says all there is to say; anything else gets its traceback.
                 log.warning("heartbeat failed (%d leases not renewed this round): %s",
-                            len(runs), exc)
+                            len(runs), exc, exc_info=not lost)
                 continue
             finally:
                 self.in_call_since = None
@@ -119,7 +121,7 @@ class Heartbeat(threading.Thread):
             renewed = self.engine.slots_renew_if_held([h for _, h in held], self.slot_ttl_ms)
         except Exception as exc:
             log.warning("slot renewal failed (%d slots not renewed this round): %s",
-                        len(held), exc)
+                        len(held), exc, exc_info=not self.engine.is_connection_error(exc))
             if self.engine.is_connection_error(exc):
                 self.engine.reset_connection()
                 return "reconnect"

@@ -660,9 +660,12 @@ class Worker:
         self.stats[state] += 1
         outcome = run.outcome
         if isinstance(outcome, Retry):
+            # The error as recorded on the row: its class, then the traceback of the run (the
+            # exception itself stayed with the executor thread that caught it).
             level = logging.ERROR if state == "dead" else logging.WARNING
-            log.log(level, "job %s (%s) attempt %d/%d failed -> %s: %s", job.id, job.name,
-                    job.attempt, job.max_attempts, state, outcome.error.splitlines()[-1])
+            error = outcome.error.rstrip()
+            log.log(level, "job %s (%s) attempt %d/%d failed -> %s: %s\n%s", job.id, job.name,
+                    job.attempt, job.max_attempts, state, error.splitlines()[-1], error)
         elif log.isEnabledFor(logging.DEBUG):
             log.debug("job %s (%s) attempt %d -> %s", job.id, job.name, job.attempt, state)
 

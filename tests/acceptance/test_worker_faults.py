@@ -119,6 +119,21 @@ def test_a_terminated_heartbeat_backend_reconnects_and_keeps_the_lease(start_wor
     assert "no lease renewal" not in a.log()
 
 
+def test_a_heartbeat_that_fails_for_another_reason_logs_its_traceback(start_worker):
+    """An error that is not a lost connection is a bug or a server-side problem: its traceback
+    is in the log. The next round renews the lease."""
+    from tests.testapp.jobs import sleepy_tagged
+
+    a = start_worker("a", "--concurrency", "1", settings={"LEASE": "3s"},
+                     faults="before:jobs_renew_if_owned=raise*1")
+    h = sleepy_tagged.enqueue(seconds=2)
+    assert wait_state(h.id, *FINISHED).state == "done"
+    log = a.log()
+    failed = log.index("heartbeat failed (1 leases not renewed this round)")
+    assert "Traceback (most recent call last)" in log[failed:]
+    assert "injected fault at before:jobs_renew_if_owned" in log[failed:]
+
+
 def test_a_terminated_dispatcher_backend_reconnects_and_settles_its_runs(start_worker):
     """F6 (b): the dispatcher's connection (claims and acks) is killed while a job runs; the
     worker reconnects, acknowledges the job once, and names its new connection again."""

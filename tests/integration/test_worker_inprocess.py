@@ -158,6 +158,19 @@ def test_a_job_that_always_fails_is_dead_after_max_attempts_with_its_last_error(
     assert (retries(totals), totals["dead"]) == (1, 1)
 
 
+def test_a_failed_attempt_is_logged_with_its_traceback(caplog):
+    handle = testapp_jobs.always_fails.enqueue()
+    with caplog.at_level("WARNING", logger="django_xjobs.worker"):
+        drain_until(handle)
+    failures = {r.levelname: r.getMessage() for r in caplog.records
+                if f"job {handle.id} " in r.getMessage() and " failed -> " in r.getMessage()}
+    assert set(failures) == {"WARNING", "ERROR"}  # the retry, then the death
+    for message in failures.values():
+        assert "Traceback (most recent call last)" in message
+        assert 'raise ValueError("this job always fails")' in message
+        assert message.rstrip().endswith("ValueError: this job always fails")
+
+
 def test_a_permanent_error_is_dead_at_the_first_attempt():
     handle = testapp_jobs.permanent.enqueue()
     drain()
