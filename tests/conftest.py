@@ -115,14 +115,17 @@ def spawn_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerPro
     """Start worker subprocesses on the test database; all are killed at teardown.
 
     ``spawn_worker("--concurrency", "2", settings={"LEASE": "2s"}, faults="...")``; another
-    command of the worker family with ``command="xjobs_scheduler"``.
+    command of the worker family with ``command="xjobs_scheduler"``; ``env`` adds to (or
+    overrides) the child's environment, e.g. ``DATABASE_URL`` to point it at another server.
     """
     from django.db import connection
 
     started: list[WorkerProcess] = []
 
     def spawn(*args: str, settings: dict[str, Any] | None = None, faults: str | None = None,
-              log_level: str = "INFO", command: str = "xjobs_worker") -> WorkerProcess:
+              log_level: str = "INFO", command: str = "xjobs_worker",
+              env: dict[str, str] | None = None) -> WorkerProcess:
+        extra = env or {}
         env = dict(os.environ)
         env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
         env["XJOBS_TEST_DB_NAME"] = connection.settings_dict["NAME"]
@@ -132,6 +135,7 @@ def spawn_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerPro
         env.pop("XJOBS_FAULTS", None)
         if faults:
             env["XJOBS_FAULTS"] = faults
+        env.update(extra)
         worker = WorkerProcess(list(args), env, tmp_path / f"worker-{len(started)}.log",
                                command=command)
         started.append(worker)

@@ -207,7 +207,6 @@ class SchedulerDuty(Duty):
         )
         self.scheduler: Scheduler | None = None
         self.maintenance: Maintenance | None = None
-        self.started = threading.Event()  # test signal: the first tick ran
 
     def _tasks(self) -> list[Task]:
         from .tasks import collect

@@ -35,6 +35,11 @@ that cannot prove it still holds its slot (a refused renewal, or none for a whol
 stopped with ``X_JOB_SLOT_LOST`` and its job handed back; its result is never written. A batch
 without slot-limited jobs runs none of these statements.
 
+Burst mode (``--burst``, ``testing.drain``) runs until nothing is due: a sweep of every queue
+found nothing, nothing is in flight, and every background duty had finished its first pass
+before that sweep began (the scheduler's first round may fire late cron occurrences). A burst
+that cannot claim (the database unreachable) stops with :attr:`Worker.error` set.
+
 Shutdown (first SIGTERM/SIGINT): stop claiming, hand queued runs back at once, let running ones
 finish within ``shutdown_grace``, then stop them and hand their jobs back without spending an
 attempt. In-flight runs are tracked per claim (lease token), never per job id: a thread that
@@ -100,6 +105,9 @@ WAITING_KEYS_MAX = 10_000
 IDLE_RECHECK = 1.0
 # How long a stopping worker waits for each background duty to finish its round and stop.
 DUTY_STOP_TIMEOUT = 5.0
+# Burst mode gives up (and the command exits non-zero) after this many claims in a row failed
+# on a lost connection; at once on any other error.
+BURST_CLAIM_TRIES = 3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -222,6 +230,9 @@ class Worker:
         self._next_queue = 0  # where the next split of free slots over the queues starts
         self._unswept = set(options.queues)  # queues not asked since the sweep began
         self._dry = False  # the last sweep asked every queue and found nothing
+        self._failed_claims = 0  # claims in a row that failed
+        # Why a burst run stopped before it could finish (the command then exits non-zero).
+        self.error: str | None = None
         self._threads: list[threading.Thread] = []
         self._thread_serial = 0
         self._heartbeat: Heartbeat | None = None
@@ -339,10 +350,15 @@ class Worker:
         if self._stopping:
             return self._drain_step()
         claimed = None
+        # Taken before the claim: what a duty's finished first pass enqueued, the claim sees.
+        duties_ready = all(duty.started.is_set() for duty, _ in self._duties)
         due = self.options.burst or now - self._last_claim >= self.options.poll_interval
         if self._more_likely or due or notified:
             claimed = self._claim()
         if self.options.burst and claimed == 0 and self._dry and not self._runs:
+            if not duties_ready:  # their first pass may enqueue work: claim again after it
+                self._wait_for_duties()
+                return True
             self._stop_reason = "burst: nothing left to do"
             return False
         self.started.set()
@@ -442,9 +458,10 @@ class Worker:
                 wants=wants, worker_id=self.worker_id, lease_ms=self.lease_ms
             )
         except Exception as exc:
-            self._db_error("claim", exc)
+            self._claim_failed(exc)
             self._more_likely = False
             return 0
+        self._failed_claims = 0
         per_queue = Counter(job.queue for job in claimed)
         runs = [Run(job, registry.lookup(job.name), sent_at) for job in claimed]
         if any(job.concurrency_key is not None for job in claimed):
@@ -459,6 +476,29 @@ class Worker:
         else:
             self.idle.clear()
         return len(claimed)
+
+    def _claim_failed(self, exc: Exception) -> None:
+        """A claim that failed: retried, except by a burst run that cannot go on (it stops,
+        with :attr:`error` saying why)."""
+        self._failed_claims += 1
+        self._dry = False
+        lost = self.engine.is_connection_error(exc)
+        if not self.options.burst or (lost and self._failed_claims < BURST_CLAIM_TRIES):
+            self._db_error("claim", exc)
+            return
+        if lost:
+            self.engine.reset_connection()
+            self.error = (f"burst: the database cannot be reached ({self._failed_claims} "
+                          f"claims failed): {str(exc).strip()}")
+        else:
+            self.error = f"burst: claiming jobs failed: {type(exc).__name__}: {exc}"
+        log.error("%s", self.error, exc_info=not lost and not isinstance(exc, XJobsError))
+        self.stop(self.error)
+
+    def _wait_for_duties(self) -> None:
+        for duty, _ in self._duties:
+            if not duty.started.wait(self.options.poll_interval):
+                return
 
     def _dispatch(self, runs: list[Run]) -> None:
         """Hand claimed runs to executors: sync ones to the thread queue, async ones to the

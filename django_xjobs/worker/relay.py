@@ -81,10 +81,12 @@ class Relay(Duty):
                     log.warning("outbox relay: %s: %s; retrying in %.1fs", type(exc).__name__,
                                 exc, backoff, exc_info=not self._is_connection_error(exc))
                     self._reset_connections()
+                    self.started.set()
                     self.stop.wait(backoff)
                     continue
                 backoff = 0.0
                 self.rounds += 1
+                self.started.set()
                 if not more:
                     self._wake.wait(self.poll_interval)
         finally:

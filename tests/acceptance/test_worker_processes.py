@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -96,3 +98,37 @@ def test_one_free_thread_serves_the_last_of_six_queues(spawn_worker):
     wait_started(worker)
     last = jobs.record.using(queue=queues[-1]).enqueue(tag="sixth")
     assert wait_state(last.id, "done").result == {"tag": "sixth", "attempt": 1}
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on: connecting to it is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_burst_with_the_database_unreachable_exits_non_zero(spawn_worker):
+    url = f"postgresql://postgres@127.0.0.1:{_closed_port()}/postgres"
+    worker = spawn_worker("--burst", settings=FAST, env={"DATABASE_URL": url})
+
+    assert wait_exit(worker) != 0
+    log = worker.log()
+    assert "burst: the database cannot be reached" in log
+    assert "nothing left to do" not in log
+
+
+def test_burst_runs_the_cron_jobs_its_own_scheduler_fires(spawn_worker):
+    """The burst's scheduler fires a missed occurrence in its first round; the burst runs that
+    job before it decides that nothing is due."""
+    from django_xjobs.models import Job, SchedulerState
+
+    SchedulerState.objects.create(task_name="nightly",
+                                  last_fired_at=datetime.now(UTC) - timedelta(days=2))
+    schedule = {"nightly": {"job": "testapp.record", "cron": "0 3 * * *",
+                            "input": {"tag": "cron"}}}
+    worker = spawn_worker("--burst", settings={**FAST, "SCHEDULE": schedule,
+                                                "MAINTENANCE_INTERVAL": None})
+
+    assert wait_exit(worker) == 0
+    [row] = Job.objects.filter(enqueued_by="cron:nightly")
+    assert (row.state, row.result) == ("done", {"tag": "cron", "attempt": 1})

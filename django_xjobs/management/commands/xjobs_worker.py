@@ -121,7 +121,10 @@ class Command(BaseCommand):
             if code:
                 raise CommandError("a worker process exited with an error")
             return
-        Worker(worker_options).run()
+        worker = Worker(worker_options)
+        worker.run()
+        if worker.error:
+            raise CommandError(worker.error)
 
 
 def _child_args(options: dict[str, Any]) -> list[str]:
