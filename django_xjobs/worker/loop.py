@@ -126,6 +126,9 @@ class WorkerOptions:
     worker_id: str | None = None
     # Background duties to run beside the job loop (worker/duties.py); default: all of them.
     duties: tuple[str, ...] | None = None
+    # Run by a supervisor (--processes): a repeated SIGTERM/SIGINT is the same stop arriving
+    # twice, not a request to exit at once (worker/shutdown.py).
+    supervised: bool = False
 
     @classmethod
     def from_settings(cls, **overrides: object) -> WorkerOptions:
@@ -259,7 +262,8 @@ class Worker:
     # ------------------------------------------------------------------------ public --
     def run(self) -> None:
         """Run until stopped (signal, :meth:`stop`, or burst mode running dry)."""
-        signals = ShutdownSignals(self.stop) if self.options.install_signals else None
+        signals = (ShutdownSignals(self.stop, repeat_exits=not self.options.supervised)
+                   if self.options.install_signals else None)
         if signals:
             signals.install()
         try:

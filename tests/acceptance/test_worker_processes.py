@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import wait_until
 
-from .conftest import FAST, SETTLE, wait_exit, wait_started, wait_state
+from .conftest import FAST, SETTLE, wait_effect, wait_exit, wait_log, wait_started, wait_state
 
 pytestmark = pytest.mark.acceptance
 
@@ -132,3 +132,45 @@ def test_burst_runs_the_cron_jobs_its_own_scheduler_fires(spawn_worker):
     assert wait_exit(worker) == 0
     [row] = Job.objects.filter(enqueued_by="cron:nightly")
     assert (row.state, row.result) == ("done", {"tag": "cron", "attempt": 1})
+
+
+def test_a_group_wide_sigterm_stops_the_processes_gracefully(spawn_worker):
+    """SIGTERM to the whole process group (Ctrl-C in a terminal, systemd's control-group kill)
+    reaches each worker process twice: directly and forwarded by the supervisor. That is one
+    stop: the running job finishes, and the supervisor exits 0."""
+    from tests.testapp import jobs
+
+    supervisor = spawn_worker("--processes", "2", "--concurrency", "1", settings=FAST,
+                              new_session=True)
+    wait_until(lambda: len(_children(supervisor.pid)) == 2, timeout=SETTLE,
+               message="two worker processes")
+    handle = jobs.sleepy_tagged.enqueue(seconds=2)
+    wait_effect(handle.id, "start")
+
+    os.killpg(supervisor.pid, signal.SIGTERM)
+    assert wait_exit(supervisor) == 0, supervisor.log()
+    row = handle.get()
+    assert (row.state, row.attempt) == ("done", 1)
+    assert "received again" not in supervisor.log()
+
+
+def test_a_stop_during_a_restart_backoff_exits_0(spawn_worker):
+    """A child that died and waits out its restart backoff when SIGTERM comes is not restarted;
+    its earlier death (logged when it happened) is not this stop's failure."""
+    supervisor = spawn_worker("--processes", "2", "--concurrency", "1", settings=FAST)
+    wait_until(lambda: len(_children(supervisor.pid)) == 2, timeout=SETTLE,
+               message="two worker processes")
+    # Each child killed young doubles the backoff (1 s, 2 s, 4 s): a window no test misses.
+    victim = min(_children(supervisor.pid))
+    for backoff in ("1.0", "2.0", "4.0"):
+        before = set(_children(supervisor.pid)) - {victim}
+        os.kill(victim, signal.SIGKILL)
+        wait_log(supervisor, f"restarting in {backoff}s")
+        if backoff != "4.0":
+            [victim] = wait_until(
+                lambda before=before, victim=victim: set(_children(supervisor.pid)) - before
+                - {victim},
+                timeout=SETTLE, message="the killed worker process to be replaced")
+    supervisor.signal(signal.SIGTERM)
+    assert wait_exit(supervisor) == 0, supervisor.log()
+    assert supervisor.log().count("started worker process") == 4  # 2, then 2 of 3 restarts

@@ -73,6 +73,8 @@ class Command(BaseCommand):
         parser.add_argument("--no-relay", action="store_true",
                             help="do not relay the enqueue_on_commit outbox here (run "
                                  "manage.py xjobs_relay, or leave it to other workers)")
+        # Set by the supervisor on the processes it starts (worker/shutdown.py).
+        parser.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)
         parser.add_argument("--processes", type=int, default=1,
                             help="run N worker processes under a supervisor that restarts any "
                                  "that dies (default 1: this process is the worker)")
@@ -92,6 +94,7 @@ class Command(BaseCommand):
             "prefetch": options["prefetch"],
             "burst": options["burst"],
             "worker_id": options["worker_id"],
+            "supervised": options["supervised"],
             "duties": tuple(
                 name for name in duties.AVAILABLE
                 if not options.get(f"no_{name}")
