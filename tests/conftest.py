@@ -76,6 +76,8 @@ def engine():
 class WorkerProcess:
     """A real ``manage.py xjobs_worker`` subprocess on the test database."""
 
+    new_session = False  # started in a process group of its own (killed as a group at stop)
+
     def __init__(self, args: list[str], env: dict[str, str], log_path: Path,
                  command: str = "xjobs_worker", new_session: bool = False) -> None:
         self.log_path = log_path

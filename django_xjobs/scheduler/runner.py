@@ -49,6 +49,7 @@ from .. import api, clock, conf, faults, registry
 from ..engines import Engine
 from ..exceptions import InvalidJobInput, UnknownJob
 from ..records import EnqueueParams, LeaderFence
+from ..worker import reachability
 from ..worker.duties import Duty
 from . import cron, leadership
 from .tasks import Task
@@ -258,8 +259,12 @@ class SchedulerDuty(Duty):
 
     def _db_error(self, exc: BaseException) -> None:
         if self.engine.is_connection_error(exc):
+            unreachable = reachability.connect_failed(self.engine.alias)
             self.engine.reset_connection()
-            log.warning("scheduler: database connection lost (%s); retrying", exc)
+            if unreachable:  # logged once per outage (worker/reachability.py)
+                reachability.database.failed("scheduler", exc)
+            else:
+                log.warning("scheduler: database connection lost (%s); retrying", exc)
         else:
             log.exception("scheduler: round failed; retrying")
         self.stop.wait(min(self.settings.leader_renew, 1.0))

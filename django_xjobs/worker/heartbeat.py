@@ -33,6 +33,7 @@ from typing import Any
 from .. import clock
 from ..engines import Engine
 from ..records import LeaseRef
+from . import reachability
 
 log = logging.getLogger("django_xjobs.worker")
 
@@ -88,18 +89,24 @@ class Heartbeat(threading.Thread):
                 )
             except Exception as exc:
                 lost = self.engine.is_connection_error(exc)
+                unreachable = lost and reachability.connect_failed(self.engine.alias)
                 if lost:
                     self.engine.reset_connection()
                     labelled = False
-                # A lost connection says all there is to say; anything else gets its traceback.
-                log.warning("heartbeat failed (%d leases not renewed this round): %s",
-                            len(runs), exc, exc_info=not lost)
+                if unreachable:  # logged once per outage
+                    reachability.database.failed("heartbeat", exc)
+                else:
+                    # A lost connection says all there is to say; anything else gets its
+                    # traceback.
+                    log.warning("heartbeat failed (%d leases not renewed this round): %s",
+                                len(runs), exc, exc_info=not lost)
                 continue
             finally:
                 self.in_call_since = None
             if self.generation != self._current_generation():
                 return  # replaced while this call hung: its answer is stale
             self.rounds += 1
+            reachability.database.reached()
             self._on_renewed(runs, renewed, sent_at)
             if self._on_slots_renewed is not None:
                 answer = self._renew_slots(runs)

@@ -43,7 +43,9 @@ class WakeListener(threading.Thread):
             try:
                 listener = self.engine.listener(self.label)
             except ListenerLost as exc:
-                log.warning("LISTEN connection failed (%s); retrying in %.1fs", exc, backoff)
+                # The first failure in a row only: a database that is down fails every try.
+                log.log(logging.WARNING if backoff == 0.1 else logging.DEBUG,
+                        "LISTEN connection failed (%s); retrying with backoff", exc)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue

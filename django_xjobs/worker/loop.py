@@ -79,7 +79,7 @@ from ..records import (
     SlotHold,
     SlotRequest,
 )
-from . import duties, executor
+from . import duties, executor, reachability
 from .executor import Discard, Done, GiveBack, Outcome, Retry, SlotRefused, Suspended
 from .heartbeat import Heartbeat
 from .listener import WakeListener
@@ -108,6 +108,9 @@ DUTY_STOP_TIMEOUT = 5.0
 # Burst mode gives up (and the command exits non-zero) after this many claims in a row failed
 # on a lost connection; at once on any other error.
 BURST_CLAIM_TRIES = 3
+# The pause after a failed database call doubles with each failure in a row, up to this
+# (seconds); the first pause is the poll interval, at most half a second.
+DB_RETRY_MAX = 5.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -234,6 +237,7 @@ class Worker:
         self._unswept = set(options.queues)  # queues not asked since the sweep began
         self._dry = False  # the last sweep asked every queue and found nothing
         self._failed_claims = 0  # claims in a row that failed
+        self._db_failures = 0  # database calls of the loop in a row that failed
         # Why a burst run stopped before it could finish (the command then exits non-zero).
         self.error: str | None = None
         self._threads: list[threading.Thread] = []
@@ -465,7 +469,8 @@ class Worker:
             self._claim_failed(exc)
             self._more_likely = False
             return 0
-        self._failed_claims = 0
+        self._failed_claims = self._db_failures = 0
+        reachability.database.reached()
         per_queue = Counter(job.queue for job in claimed)
         runs = [Run(job, registry.lookup(job.name), sent_at) for job in claimed]
         if any(job.concurrency_key is not None for job in claimed):
@@ -666,10 +671,15 @@ class Worker:
                 else:
                     for r in done:
                         self._settled(r, report.outcome(r.job.lease_token), "done")
-        for r in others:
+        for i, r in enumerate(others):
             try:
                 fence, state = self._write_outcome(r)
             except Exception as exc:
+                if self.engine.is_connection_error(exc):
+                    # The others would fail the same way, each after a longer pause.
+                    self._db_error("settle", exc)
+                    unsettled.extend(others[i:])
+                    break
                 self._db_error("settle", exc)
                 unsettled.append(r)
                 continue
@@ -1015,16 +1025,26 @@ class Worker:
     # ---------------------------------------------------------------------- errors --
     def _db_error(self, what: str, exc: BaseException) -> None:
         self.stats["db_errors"] += 1
+        self._db_failures += 1
         if self.engine.is_connection_error(exc):
+            unreachable = reachability.connect_failed(self.engine.alias)
             self.engine.reset_connection()
             self._labelled = False
-            log.warning("%s: database connection lost (%s); retrying", what, exc)
+            if unreachable:  # logged once per outage (worker/reachability.py)
+                reachability.database.failed(f"worker {what}", exc)
+            else:
+                log.info("%s: database connection lost (%s); reconnecting", what, exc)
         elif isinstance(exc, XJobsError):
             log.error("%s failed: %s", what, exc)
         else:
             log.exception("%s failed; retrying", what)
-        # Do not spin against a database that is down (or a schema that is not there).
-        pause = 5.0 if isinstance(exc, XJobsError) else min(self.options.poll_interval, 0.5)
+        # Do not spin against a database that is down (or a schema that is not there): back
+        # off while the failures go on.
+        if isinstance(exc, XJobsError):
+            pause = 5.0
+        else:
+            first = min(self.options.poll_interval, 0.5)
+            pause = min(DB_RETRY_MAX, first * 2 ** min(self._db_failures - 1, 16))
         self._wake.wait(pause)
 
 
