@@ -13,7 +13,8 @@ The supervisor starts N ordinary worker processes (the same command, one process
   group reaches it directly and forwarded, and that is one stop, not two. A child started while
   the first signal came (its ``Popen`` still running) gets it as soon as it is known;
 * with ``--burst``, lets a child that exits 0 (nothing left to do) stay gone, and exits once
-  every child has.
+  every child has; a child that exits 1 (the command's error exit: its burst could not go on,
+  e.g. the database is unreachable) stays gone too, and the supervisor then exits non-zero.
 
 Children are separate interpreters (not forks of this one): no database connection, thread or
 lock is ever shared across a fork.
@@ -46,6 +47,7 @@ class Supervisor:
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.started_at: dict[int, float] = {}
         self.restarts = 0
+        self.failed = 0  # burst children that exited with an error (not restarted)
         self._signals = 0
         self._first_signal: int | None = None
         self._backoff = 0.0
@@ -98,6 +100,12 @@ class Supervisor:
                         log.info("supervisor: worker process %d (pid %d) finished its burst",
                                  slot, proc.pid)
                         continue
+                    if self.burst and code == 1:  # it said why; a restart would say it again
+                        del self.children[slot]
+                        self.failed += 1
+                        log.error("supervisor: worker process %d (pid %d) could not finish its "
+                                  "burst (exit code 1)", slot, proc.pid)
+                        continue
                     lived = time.monotonic() - self.started_at[slot]
                     self._backoff = (min(MAX_BACKOFF, max(1.0, self._backoff * 2))
                                      if lived < MIN_UPTIME else 0.0)
@@ -112,7 +120,7 @@ class Supervisor:
                     self.restarts += 1
                     self._spawn(slot)
                 if not self.children:
-                    return 0
+                    return 1 if self.failed else 0
                 time.sleep(0.1)
         finally:
             for s, handler in previous.items():

@@ -174,3 +174,14 @@ def test_a_stop_during_a_restart_backoff_exits_0(spawn_worker):
     supervisor.signal(signal.SIGTERM)
     assert wait_exit(supervisor) == 0, supervisor.log()
     assert supervisor.log().count("started worker process") == 4  # 2, then 2 of 3 restarts
+
+
+def test_n_processes_in_burst_mode_with_the_database_unreachable_exit_non_zero(spawn_worker):
+    url = f"postgresql://postgres@127.0.0.1:{_closed_port()}/postgres"
+    supervisor = spawn_worker("--processes", "2", "--burst", settings=FAST,
+                              env={"DATABASE_URL": url})
+
+    assert wait_exit(supervisor) != 0
+    log = supervisor.log()
+    assert log.count("could not finish its burst") == 2
+    assert "restarting" not in log
