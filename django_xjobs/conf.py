@@ -58,6 +58,12 @@ def parse_duration(value: Any, *, what: str = "duration") -> float:
     return seconds
 
 
+def default_heartbeat(lease: float) -> float:
+    """The heartbeat interval that goes with ``lease`` when none is given: ``min(10s, lease / 3)``,
+    so that a lease always sees at least three renewals (docs/guide.md, "Settings")."""
+    return min(10.0, lease / 3)
+
+
 DEFAULT_RETENTION = {"done": 7 * 86400.0, "cancelled": 7 * 86400.0, "dead": 30 * 86400.0}
 
 
@@ -378,7 +384,7 @@ def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[st
         problems.refuse(f"XJOBS has unknown key(s) {unknown}; known keys: {sorted(_KNOWN_KEYS)}")
     queues, queue_concurrency = take(_queues, raw, "QUEUES", (("default",), {}))
     lease = take(_duration, raw, "LEASE", 30.0)
-    heartbeat = take(_duration, raw, "HEARTBEAT", min(10.0, lease / 3))
+    heartbeat = take(_duration, raw, "HEARTBEAT", default_heartbeat(lease))
     if problems.read("LEASE", "HEARTBEAT") and lease < 3 * heartbeat:
         problems.refuse(
             f'XJOBS["LEASE"] ({lease:g}s) must be at least 3 x XJOBS["HEARTBEAT"] ({heartbeat:g}s):'

@@ -76,14 +76,18 @@ def engine():
 class WorkerProcess:
     """A real ``manage.py xjobs_worker`` subprocess on the test database."""
 
+    new_session = False  # started in a process group of its own (killed as a group at stop)
+
     def __init__(self, args: list[str], env: dict[str, str], log_path: Path,
-                 command: str = "xjobs_worker") -> None:
+                 command: str = "xjobs_worker", new_session: bool = False) -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "django", command, *args],
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=new_session,
         )
+        self.new_session = new_session
 
     @property
     def pid(self) -> int:
@@ -107,6 +111,11 @@ class WorkerProcess:
                 pass
             self.proc.kill()
             self.proc.wait(timeout=10)
+        if self.new_session:  # whatever it started is in its process group
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self._log.close()
 
 
@@ -115,14 +124,19 @@ def spawn_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerPro
     """Start worker subprocesses on the test database; all are killed at teardown.
 
     ``spawn_worker("--concurrency", "2", settings={"LEASE": "2s"}, faults="...")``; another
-    command of the worker family with ``command="xjobs_scheduler"``.
+    command of the worker family with ``command="xjobs_scheduler"``; ``env`` adds to (or
+    overrides) the child's environment, e.g. ``DATABASE_URL`` to point it at another server;
+    ``new_session=True`` starts it in a session and process group of its own (``os.killpg``
+    then signals it and every process it started, as a terminal or a service manager does).
     """
     from django.db import connection
 
     started: list[WorkerProcess] = []
 
     def spawn(*args: str, settings: dict[str, Any] | None = None, faults: str | None = None,
-              log_level: str = "INFO", command: str = "xjobs_worker") -> WorkerProcess:
+              log_level: str = "INFO", command: str = "xjobs_worker",
+              env: dict[str, str] | None = None, new_session: bool = False) -> WorkerProcess:
+        extra = env or {}
         env = dict(os.environ)
         env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
         env["XJOBS_TEST_DB_NAME"] = connection.settings_dict["NAME"]
@@ -132,8 +146,9 @@ def spawn_worker(transactional_db, tmp_path) -> Iterator[Callable[..., WorkerPro
         env.pop("XJOBS_FAULTS", None)
         if faults:
             env["XJOBS_FAULTS"] = faults
+        env.update(extra)
         worker = WorkerProcess(list(args), env, tmp_path / f"worker-{len(started)}.log",
-                               command=command)
+                               command=command, new_session=new_session)
         started.append(worker)
         return worker
 

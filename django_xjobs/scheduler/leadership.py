@@ -63,6 +63,7 @@ import math
 from .. import clock
 from ..engines import AdvisorySession, Engine, SessionLost
 from ..records import LeaderFence, LeaderRecord
+from ..worker import reachability
 
 log = logging.getLogger("django_xjobs.scheduler")
 
@@ -133,11 +134,14 @@ class Leadership(abc.ABC):
         self._demote(why)
         self._next_attempt = clock.monotonic()  # find out who leads at the next tick
 
-    def _error(self, what: str, exc: BaseException) -> None:
+    def _error(self, what: str, exc: BaseException, *, unreachable: bool = False) -> None:
         # Keep the deadline: the lease may still be ours, and is_leader() ends it in time.
         # Retry soon, not a whole renewal interval later.
         self._next_attempt = min(self._next_attempt, clock.monotonic() + min(self.renew, 1.0))
-        log.warning("scheduler %s: %s failed (%s); retrying", self.holder, what, exc)
+        if unreachable:  # could not connect at all: logged once per outage
+            reachability.database.failed(f"scheduler {what}", exc)
+        else:
+            log.warning("scheduler %s: %s failed (%s); retrying", self.holder, what, exc)
 
     @abc.abstractmethod
     def resign(self) -> None:
@@ -162,10 +166,13 @@ class LeaseLeadership(Leadership):
             expires_at = self.engine.leader_attempt_elect(
                 self.lock_key, self.holder, round(self.lease * 1000))
         except Exception as exc:
+            unreachable = False
             if self.engine.is_connection_error(exc):
+                unreachable = reachability.connect_failed(self.engine.alias)
                 self.engine.reset_connection()
-            self._error("leader election", exc)
+            self._error("leader election", exc, unreachable=unreachable)
             return
+        reachability.database.reached()
         if expires_at is None:
             self._demote("another scheduler holds a live lease")
         else:

@@ -49,6 +49,7 @@ from .. import api, clock, conf, faults, registry
 from ..engines import Engine
 from ..exceptions import InvalidJobInput, UnknownJob
 from ..records import EnqueueParams, LeaderFence
+from ..worker import reachability
 from ..worker.duties import Duty
 from . import cron, leadership
 from .tasks import Task
@@ -207,7 +208,6 @@ class SchedulerDuty(Duty):
         )
         self.scheduler: Scheduler | None = None
         self.maintenance: Maintenance | None = None
-        self.started = threading.Event()  # test signal: the first tick ran
 
     def _tasks(self) -> list[Task]:
         from .tasks import collect
@@ -259,8 +259,12 @@ class SchedulerDuty(Duty):
 
     def _db_error(self, exc: BaseException) -> None:
         if self.engine.is_connection_error(exc):
+            unreachable = reachability.connect_failed(self.engine.alias)
             self.engine.reset_connection()
-            log.warning("scheduler: database connection lost (%s); retrying", exc)
+            if unreachable:  # logged once per outage (worker/reachability.py)
+                reachability.database.failed("scheduler", exc)
+            else:
+                log.warning("scheduler: database connection lost (%s); retrying", exc)
         else:
             log.exception("scheduler: round failed; retrying")
         self.stop.wait(min(self.settings.leader_renew, 1.0))
@@ -293,9 +297,11 @@ class Maintenance(threading.Thread):
                     report = pruner.run_once(engine=self.engine,
                                              keep_going=self.leadership.is_leader)
                 except Exception as exc:
-                    if self.engine.is_connection_error(exc):
+                    lost = self.engine.is_connection_error(exc)
+                    if lost:
                         self.engine.reset_connection()
-                    log.warning("maintenance failed (%s); retrying at the next interval", exc)
+                    log.warning("maintenance failed (%s); retrying at the next interval", exc,
+                                exc_info=not lost)
                     continue
                 self.runs += 1
                 if report.total:

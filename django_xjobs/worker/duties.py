@@ -14,7 +14,11 @@ Contract of a duty:
 * it never raises out of :meth:`run` for a database error: it logs, resets its connection
   (``engine.reset_connection()``) and tries again on its next round, so a restarted database
   does not take the worker down;
-* it closes its own connection when it returns.
+* it closes its own connection when it returns;
+* it sets :attr:`Duty.started` once the first pass of its loop is over, whether that pass
+  worked or failed: a burst worker waits for it before it decides that nothing is due, since
+  that pass may have enqueued jobs (the scheduler's late cron occurrences, the relay's
+  stagings).
 
 Duties are named in :data:`AVAILABLE` as ``"module:Class"`` paths relative to the package, and
 imported only when started: a worker with ``--no-scheduler`` never imports the scheduler.
@@ -47,6 +51,7 @@ class Duty(abc.ABC):
         self.engine = engine
         self.worker_id = worker_id
         self.stop = stop
+        self.started = threading.Event()  # the first pass of the loop is over (see above)
 
     @abc.abstractmethod
     def run(self) -> None:
@@ -88,4 +93,5 @@ def _run_logged(duty: Duty) -> None:
     except Exception:  # a duty's bug must not pass silently, nor take the worker down
         log.exception("background duty %s stopped with an error", duty.name)
     finally:
+        duty.started.set()  # a duty that ended has nothing more to enqueue
         duty.close_connection()

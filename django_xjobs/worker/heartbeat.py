@@ -34,6 +34,7 @@ from typing import Any
 from .. import clock
 from ..engines import Engine
 from ..records import LeaseRef
+from . import reachability
 
 log = logging.getLogger("django_xjobs.worker")
 
@@ -88,17 +89,25 @@ class Heartbeat(threading.Thread):
                     self.lease_ms,
                 )
             except Exception as exc:
-                if self.engine.is_connection_error(exc):
+                lost = self.engine.is_connection_error(exc)
+                unreachable = lost and reachability.connect_failed(self.engine.alias)
+                if lost:
                     self.engine.reset_connection()
                     labelled = False
-                log.warning("heartbeat failed (%d leases not renewed this round): %s",
-                            len(runs), exc)
+                if unreachable:  # logged once per outage
+                    reachability.database.failed("heartbeat", exc)
+                else:
+                    # A lost connection says all there is to say; anything else gets its
+                    # traceback.
+                    log.warning("heartbeat failed (%d leases not renewed this round): %s",
+                                len(runs), exc, exc_info=not lost)
                 continue
             finally:
                 self.in_call_since = None
             if self.generation != self._current_generation():
                 return  # replaced while this call hung: its answer is stale
             self.rounds += 1
+            reachability.database.reached()
             self._on_renewed(runs, renewed, sent_at)
             if self._on_slots_renewed is not None:
                 answer = self._renew_slots(runs)
@@ -120,7 +129,7 @@ class Heartbeat(threading.Thread):
             renewed = self.engine.slots_renew_if_held([h for _, h in held], self.slot_ttl_ms)
         except Exception as exc:
             log.warning("slot renewal failed (%d slots not renewed this round): %s",
-                        len(held), exc)
+                        len(held), exc, exc_info=not self.engine.is_connection_error(exc))
             if self.engine.is_connection_error(exc):
                 self.engine.reset_connection()
                 return "reconnect"

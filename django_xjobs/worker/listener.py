@@ -43,18 +43,20 @@ class WakeListener(threading.Thread):
             try:
                 listener = self.engine.listener(self.label)
             except ListenerLost as exc:
-                log.warning("LISTEN connection failed (%s); retrying in %.1fs", exc, backoff)
+                # The first failure in a row only: a database that is down fails every try.
+                log.log(logging.WARNING if backoff == 0.1 else logging.DEBUG,
+                        "LISTEN connection failed (%s); retrying with backoff", exc)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.1
-            self.connects += 1
-            self.backend_pid = getattr(listener, "backend_pid", lambda: None)()
-            self.connected.set()
-            if self.connects > 1:
-                log.info("LISTEN connection re-established")
-            self._wake()
-            try:
+            try:  # from here on, however this ends, the connection is closed
+                self.connects += 1
+                self.backend_pid = getattr(listener, "backend_pid", lambda: None)()
+                self.connected.set()
+                if self.connects > 1:
+                    log.info("LISTEN connection re-established")
+                self._wake()
                 while not self._stop.is_set():
                     notified = listener.wait(0.5)
                     if notified and not self.queues.isdisjoint(notified):

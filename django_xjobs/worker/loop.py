@@ -16,8 +16,12 @@ The loop, in the order one iteration runs it (``Worker._iterate``):
    replaced. Whatever it stops wakes the loop, which settles it.
 3. **Claim.** Up to the free capacity (concurrency + prefetch - runs not yet settled), split over
    the queues, in ONE ``jobs_claim``; claimed runs go to the executor threads (sync jobs) or the
-   event loop (async jobs). The loop claims again at once only if the last claim was full;
-   otherwise it waits for a NOTIFY, a freed slot after a full claim, or the poll interval.
+   event loop (async jobs). The split starts at the next queue each time (a rotation), so every
+   queue makes progress even with fewer free slots than queues. The loop claims again at once
+   if the last claim was full, or if it found nothing and some queue has not been asked since
+   the sweep began (a sweep asks every queue once: one statement when the free slots cover the
+   queues, ``ceil(queues / free)`` otherwise); then it waits for a NOTIFY, a freed slot after
+   a full claim, or the poll interval. Burst mode ends only after a whole sweep found nothing.
    A run starts its job's code, and each step's function, only while it can prove its lease
    (``Run.prove_lease``, docs/guarantees.md): a prefetched run whose lease may have lapsed
    while it waited (the process was paused) is handed back unstarted.
@@ -33,6 +37,11 @@ released wakes one job this worker refused on its key (ONE ``jobs_wake_refused``
 that cannot prove it still holds its slot (a refused renewal, or none for a whole SLOT_TTL) is
 stopped with ``X_JOB_SLOT_LOST`` and its job handed back; its result is never written. A batch
 without slot-limited jobs runs none of these statements.
+
+Burst mode (``--burst``, ``testing.drain``) runs until nothing is due: a sweep of every queue
+found nothing, nothing is in flight, and every background duty had finished its first pass
+before that sweep began (the scheduler's first round may fire late cron occurrences). A burst
+that cannot claim (the database unreachable) stops with :attr:`Worker.error` set.
 
 Shutdown (first SIGTERM/SIGINT): stop claiming, hand queued runs back at once, let running ones
 finish within ``shutdown_grace``, then stop them and hand their jobs back without spending an
@@ -73,7 +82,7 @@ from ..records import (
     SlotHold,
     SlotRequest,
 )
-from . import duties, executor
+from . import duties, executor, reachability
 from .executor import Discard, Done, GiveBack, Outcome, Retry, SlotRefused, Suspended
 from .heartbeat import Heartbeat
 from .listener import WakeListener
@@ -104,6 +113,12 @@ WAITING_KEYS_MAX = 10_000
 IDLE_RECHECK = 1.0
 # How long a stopping worker waits for each background duty to finish its round and stop.
 DUTY_STOP_TIMEOUT = 5.0
+# Burst mode gives up (and the command exits non-zero) after this many claims in a row failed
+# on a lost connection; at once on any other error.
+BURST_CLAIM_TRIES = 3
+# The pause after a failed database call doubles with each failure in a row, up to this
+# (seconds); the first pause is the poll interval, at most half a second.
+DB_RETRY_MAX = 5.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,6 +137,9 @@ class WorkerOptions:
     worker_id: str | None = None
     # Background duties to run beside the job loop (worker/duties.py); default: all of them.
     duties: tuple[str, ...] | None = None
+    # Run by a supervisor (--processes): a repeated SIGTERM/SIGINT is the same stop arriving
+    # twice, not a request to exit at once (worker/shutdown.py).
+    supervised: bool = False
 
     @classmethod
     def from_settings(cls, **overrides: object) -> WorkerOptions:
@@ -238,6 +256,13 @@ class Worker:
         self._stop_reason = ""
         self._more_likely = True
         self._last_claim = -1e9
+        self._next_queue = 0  # where the next split of free slots over the queues starts
+        self._unswept = set(options.queues)  # queues not asked since the sweep began
+        self._dry = False  # the last sweep asked every queue and found nothing
+        self._failed_claims = 0  # claims in a row that failed
+        self._db_failures = 0  # database calls of the loop in a row that failed
+        # Why a burst run stopped before it could finish (the command then exits non-zero).
+        self.error: str | None = None
         self._threads: list[threading.Thread] = []
         self._thread_serial = 0
         self._heartbeat: Heartbeat | None = None
@@ -264,16 +289,18 @@ class Worker:
     # ------------------------------------------------------------------------ public --
     def run(self) -> None:
         """Run until stopped (signal, :meth:`stop`, or burst mode running dry)."""
-        signals = ShutdownSignals(self.stop) if self.options.install_signals else None
+        signals = (ShutdownSignals(self.stop, repeat_exits=not self.options.supervised)
+                   if self.options.install_signals else None)
         if signals:
             signals.install()
         try:
             self._start_threads()
             log.info(
-                "worker %s started: queues=%s concurrency=%d prefetch=%s lease=%gs notify=%s",
+                "worker %s started: queues=%s concurrency=%d prefetch=%s lease=%gs "
+                "heartbeat=%gs notify=%s",
                 self.worker_id, ",".join(self.options.queues), self.options.concurrency,
                 "auto" if self.options.prefetch is None else self.options.prefetch,
-                self.options.lease, self.options.notify,
+                self.options.lease, self.options.heartbeat, self.options.notify,
             )
             while self._iterate():
                 pass
@@ -354,10 +381,15 @@ class Worker:
         if self._stopping:
             return self._drain_step()
         claimed = None
+        # Taken before the claim: what a duty's finished first pass enqueued, the claim sees.
+        duties_ready = all(duty.started.is_set() for duty, _ in self._duties)
         due = self.options.burst or now - self._last_claim >= self.options.poll_interval
         if self._more_likely or due or notified:
             claimed = self._claim()
-        if self.options.burst and claimed == 0 and not self._runs:
+        if self.options.burst and claimed == 0 and self._dry and not self._runs:
+            if not duties_ready:  # their first pass may enqueue work: claim again after it
+                self._wait_for_duties()
+                return True
             self._stop_reason = "burst: nothing left to do"
             return False
         self.started.set()
@@ -399,18 +431,44 @@ class Worker:
 
     # ----------------------------------------------------------------------- 3. claim --
     def _wants(self, free: int) -> dict[str, int]:
+        """``free`` slots split over the queues that have room, starting at the queue after
+        the last one that got a share the time before (the rotation)."""
         queues = self.options.queues
+        start = self._next_queue % len(queues)
+        order = queues[start:] + queues[:start]
         caps = self.options.queue_concurrency
-        share, extra = divmod(free, len(queues))
-        wants: dict[str, int] = {}
         in_queue = Counter(r.job.queue for r in self._runs.values()) if caps else Counter()
-        for i, q in enumerate(queues):
-            n = share + (1 if i < extra else 0)
-            if q in caps:
-                n = min(n, caps[q] + self.prefetch() - in_queue[q])
+        room = {q: caps[q] + self.prefetch() - in_queue[q] for q in order if q in caps}
+        # A queue at its cap cannot be claimed from now: it counts as asked in this sweep.
+        self._unswept.difference_update(q for q, n in room.items() if n <= 0)
+        open_queues = [q for q in order if room.get(q, free) > 0]
+        if not open_queues:
+            return {}
+        share, extra = divmod(free, len(open_queues))
+        wants: dict[str, int] = {}
+        for i, q in enumerate(open_queues):
+            n = min(share + (1 if i < extra else 0), room.get(q, free))
             if n > 0:
                 wants[q] = n
+        # The next split starts after the last queue that got one more than the others.
+        last = open_queues[extra - 1] if extra else open_queues[0]
+        self._next_queue = (start + order.index(last) + 1) % len(queues)
         return wants
+
+    def _swept(self, wants: dict[str, int], claimed: int) -> None:
+        """After a claim: claim again at once while a sweep that found nothing so far has not
+        asked every queue yet (docs/guide.md, "The worker")."""
+        if claimed:
+            self._unswept = set(self.options.queues)
+            self._dry = False
+            return
+        self._unswept.difference_update(wants)
+        if self._unswept:
+            self._more_likely = True
+            self._dry = False
+        else:
+            self._unswept = set(self.options.queues)
+            self._dry = True
 
     def _claim(self) -> int:
         free = self._free()
@@ -431,9 +489,11 @@ class Worker:
                 wants=wants, worker_id=self.worker_id, lease_ms=self.lease_ms
             )
         except Exception as exc:
-            self._db_error("claim", exc)
+            self._claim_failed(exc)
             self._more_likely = False
             return 0
+        self._failed_claims = self._db_failures = 0
+        reachability.database.reached()
         per_queue = Counter(job.queue for job in claimed)
         runs = [Run(job, registry.lookup(job.name), sent_at, budget=self._lease_budget,
                     on_unproven=self._unproven) for job in claimed]
@@ -441,13 +501,37 @@ class Worker:
             runs = self._take_slots(runs)  # unlimited batches never get here
         self._dispatch(runs)
         self._more_likely = any(per_queue[q] >= n for q, n in wants.items())
+        self._swept(wants, len(claimed))
         self._low_water = max(1, (self.options.concurrency + self.prefetch()) // 2)
         self.stats["claimed"] += len(claimed)
-        if not claimed and not self._runs:
+        if not claimed and self._dry and not self._runs:
             self.idle.set()
         else:
             self.idle.clear()
         return len(claimed)
+
+    def _claim_failed(self, exc: Exception) -> None:
+        """A claim that failed: retried, except by a burst run that cannot go on (it stops,
+        with :attr:`error` saying why)."""
+        self._failed_claims += 1
+        self._dry = False
+        lost = self.engine.is_connection_error(exc)
+        if not self.options.burst or (lost and self._failed_claims < BURST_CLAIM_TRIES):
+            self._db_error("claim", exc)
+            return
+        if lost:
+            self.engine.reset_connection()
+            self.error = (f"burst: the database cannot be reached ({self._failed_claims} "
+                          f"claims failed): {str(exc).strip()}")
+        else:
+            self.error = f"burst: claiming jobs failed: {type(exc).__name__}: {exc}"
+        log.error("%s", self.error, exc_info=not lost and not isinstance(exc, XJobsError))
+        self.stop(self.error)
+
+    def _wait_for_duties(self) -> None:
+        for duty, _ in self._duties:
+            if not duty.started.wait(self.options.poll_interval):
+                return
 
     def _dispatch(self, runs: list[Run]) -> None:
         """Hand claimed runs to executors: sync ones to the thread queue, async ones to the
@@ -634,10 +718,15 @@ class Worker:
                 else:
                     for r in done:
                         self._settled(r, report.outcome(r.job.lease_token), "done")
-        for r in others:
+        for i, r in enumerate(others):
             try:
                 fence, state = self._write_outcome(r)
             except Exception as exc:
+                if self.engine.is_connection_error(exc):
+                    # The others would fail the same way, each after a longer pause.
+                    self._db_error("settle", exc)
+                    unsettled.extend(others[i:])
+                    break
                 self._db_error("settle", exc)
                 unsettled.append(r)
                 continue
@@ -672,9 +761,12 @@ class Worker:
         self.stats[state] += 1
         outcome = run.outcome
         if isinstance(outcome, Retry):
+            # The error as recorded on the row: its class, then the traceback of the run (the
+            # exception itself stayed with the executor thread that caught it).
             level = logging.ERROR if state == "dead" else logging.WARNING
-            log.log(level, "job %s (%s) attempt %d/%d failed -> %s: %s", job.id, job.name,
-                    job.attempt, job.max_attempts, state, outcome.error.splitlines()[-1])
+            error = outcome.error.rstrip()
+            log.log(level, "job %s (%s) attempt %d/%d failed -> %s: %s\n%s", job.id, job.name,
+                    job.attempt, job.max_attempts, state, error.splitlines()[-1], error)
         elif log.isEnabledFor(logging.DEBUG):
             log.debug("job %s (%s) attempt %d -> %s", job.id, job.name, job.attempt, state)
 
@@ -980,16 +1072,26 @@ class Worker:
     # ---------------------------------------------------------------------- errors --
     def _db_error(self, what: str, exc: BaseException) -> None:
         self.stats["db_errors"] += 1
+        self._db_failures += 1
         if self.engine.is_connection_error(exc):
+            unreachable = reachability.connect_failed(self.engine.alias)
             self.engine.reset_connection()
             self._labelled = False
-            log.warning("%s: database connection lost (%s); retrying", what, exc)
+            if unreachable:  # logged once per outage (worker/reachability.py)
+                reachability.database.failed(f"worker {what}", exc)
+            else:
+                log.info("%s: database connection lost (%s); reconnecting", what, exc)
         elif isinstance(exc, XJobsError):
             log.error("%s failed: %s", what, exc)
         else:
             log.exception("%s failed; retrying", what)
-        # Do not spin against a database that is down (or a schema that is not there).
-        pause = 5.0 if isinstance(exc, XJobsError) else min(self.options.poll_interval, 0.5)
+        # Do not spin against a database that is down (or a schema that is not there): back
+        # off while the failures go on.
+        if isinstance(exc, XJobsError):
+            pause = 5.0
+        else:
+            first = min(self.options.poll_interval, 0.5)
+            pause = min(DB_RETRY_MAX, first * 2 ** min(self._db_failures - 1, 16))
         self._wake.wait(pause)
 
 

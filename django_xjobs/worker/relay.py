@@ -30,6 +30,7 @@ from django.db import connections
 
 from .. import conf, outbox
 from ..engines import Engine, ListenerLost, get_engine
+from . import reachability
 from .duties import Duty
 
 log = logging.getLogger("django_xjobs.worker")
@@ -78,13 +79,20 @@ class Relay(Duty):
                     if self.stop.is_set():
                         break
                     backoff = min(max(backoff * 2, 0.1), self.poll_interval)
-                    log.warning("outbox relay: %s: %s; retrying in %.1fs", type(exc).__name__,
-                                exc, backoff, exc_info=not self._is_connection_error(exc))
+                    lost = self._is_connection_error(exc)
+                    if lost and self._connect_failed():  # logged once per outage
+                        reachability.database.failed("outbox relay", exc)
+                    else:
+                        log.warning("outbox relay: %s: %s; retrying in %.1fs",
+                                    type(exc).__name__, exc, backoff, exc_info=not lost)
                     self._reset_connections()
+                    self.started.set()
                     self.stop.wait(backoff)
                     continue
                 backoff = 0.0
                 self.rounds += 1
+                reachability.database.reached()
+                self.started.set()
                 if not more:
                     self._wake.wait(self.poll_interval)
         finally:
@@ -117,6 +125,9 @@ class Relay(Duty):
         return any(get_engine(a).is_connection_error(exc) for a in self.aliases) or (
             self.engine.is_connection_error(exc)
         )
+
+    def _connect_failed(self) -> bool:
+        return any(reachability.connect_failed(a) for a in {*self.aliases, self.engine.alias})
 
     def _reset_connections(self) -> None:
         for alias in {*self.aliases, self.engine.alias}:
@@ -152,8 +163,9 @@ class OutboxListener(threading.Thread):
             try:
                 listener = self.engine.outbox_listener(self.label)
             except ListenerLost as exc:
-                log.warning("outbox LISTEN connection failed (%s); retrying in %.1fs", exc,
-                            backoff)
+                # The first failure in a row only: a database that is down fails every try.
+                log.log(logging.WARNING if backoff == 0.1 else logging.DEBUG,
+                        "outbox LISTEN connection failed (%s); retrying with backoff", exc)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue

@@ -4,6 +4,12 @@ The first SIGTERM or SIGINT asks the worker to stop claiming and let its runs fi
 grace period; a second one exits the process at once. The leases of whatever was still running
 then lapse, and another worker re-claims those jobs (tests/acceptance/test_worker_signals.py).
 
+A worker process run by ``xjobs_worker --processes N`` (``repeat_exits=False``) ignores the
+repeats: a signal sent to the whole process group or control group (Ctrl-C in a terminal,
+systemd's default ``KillMode``) reaches it twice, once directly and once forwarded by the
+supervisor, and both are the same stop. Exiting at once is then the supervisor's decision: its
+own second signal kills the worker processes (worker/supervisor.py).
+
 The Python-level handler does nothing that takes a lock: it runs between two bytecodes of the
 main thread, which may be inside ``Event.clear()`` holding that event's lock, so setting the
 event from the handler could deadlock. The C-level handler writes the signal number to a
@@ -25,8 +31,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class ShutdownSignals:
-    def __init__(self, on_first: Callable[[str], None]) -> None:
+    def __init__(self, on_first: Callable[[str], None], *, repeat_exits: bool = True) -> None:
         self._on_first = on_first
+        self._repeat_exits = repeat_exits
         self._received = 0
         self._previous: dict[int, Any] = {}
         self._previous_fd = -1
@@ -54,7 +61,7 @@ class ShutdownSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self._received += 1
-        if self._received >= 2:
+        if self._received >= 2 and self._repeat_exits:
             name = signal.Signals(signum).name
             os.write(2, f"{name} received again: exiting now; running jobs will be re-claimed "
                         "after their leases lapse\n".encode())

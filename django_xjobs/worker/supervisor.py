@@ -7,9 +7,14 @@ The supervisor starts N ordinary worker processes (the same command, one process
   kill), with a backoff that grows while children keep dying young, so a poison job cannot
   turn into a fork loop (the job itself ends ``dead`` after ``max_attempts`` lapsed leases);
 * forwards the first SIGTERM/SIGINT to every child (each finishes its in-flight jobs within its
-  grace period) and waits for them; a second signal is forwarded too, and children exit at once;
+  grace period) and waits for them; a second signal kills the children at once (SIGKILL: their
+  jobs are re-claimed once their leases lapse). A child ignores a repeated SIGTERM/SIGINT
+  (``--supervised``, worker/shutdown.py): a signal sent to the whole process group or control
+  group reaches it directly and forwarded, and that is one stop, not two. A child started while
+  the first signal came (its ``Popen`` still running) gets it as soon as it is known;
 * with ``--burst``, lets a child that exits 0 (nothing left to do) stay gone, and exits once
-  every child has.
+  every child has; a child that exits 1 (the command's error exit: its burst could not go on,
+  e.g. the database is unreachable) stays gone too, and the supervisor then exits non-zero.
 
 Children are separate interpreters (not forks of this one): no database connection, thread or
 lock is ever shared across a fork.
@@ -42,24 +47,38 @@ class Supervisor:
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.started_at: dict[int, float] = {}
         self.restarts = 0
+        self.failed = 0  # burst children that exited with an error (not restarted)
         self._signals = 0
+        self._first_signal: int | None = None
         self._backoff = 0.0
+        # Children whose exit was seen (and logged) before any stop signal: a stop that comes
+        # while such a child waits out its restart backoff does not count its exit code.
+        self._exited_before_stop: set[int] = set()
 
     def _spawn(self, slot: int) -> None:
-        argv = [sys.executable, "-m", "django", "xjobs_worker", *self.child_args]
+        argv = [sys.executable, "-m", "django", "xjobs_worker", *self.child_args, "--supervised"]
         proc = subprocess.Popen(argv, env=self.env)
         self.children[slot] = proc
         self.started_at[slot] = time.monotonic()
         log.info("supervisor: started worker process %d (pid %d)", slot, proc.pid)
+        if self._first_signal is not None:  # it came while Popen ran: this child missed it
+            self._send(proc, self._first_signal)
 
     def _forward(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
+        if self._first_signal is None:
+            self._first_signal = signum
+        # The first signal asks every child for a graceful stop; a second one ends them now.
         for proc in self.children.values():
-            if proc.poll() is None:
-                try:
-                    proc.send_signal(signum)
-                except ProcessLookupError:
-                    pass
+            self._send(proc, signum if self._signals == 1 else signal.SIGKILL)
+
+    @staticmethod
+    def _send(proc: subprocess.Popen[bytes], signum: int) -> None:
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signum)
+            except ProcessLookupError:
+                pass
 
     def run(self) -> int:
         previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -70,13 +89,22 @@ class Supervisor:
                 if self._signals:
                     return self._wait_all()
                 for slot, proc in list(self.children.items()):
+                    if self._signals:
+                        break
                     code = proc.poll()
                     if code is None:
                         continue
+                    self._exited_before_stop.add(proc.pid)
                     if self.burst and code == 0:  # its burst is over: nothing left to do
                         del self.children[slot]
                         log.info("supervisor: worker process %d (pid %d) finished its burst",
                                  slot, proc.pid)
+                        continue
+                    if self.burst and code == 1:  # it said why; a restart would say it again
+                        del self.children[slot]
+                        self.failed += 1
+                        log.error("supervisor: worker process %d (pid %d) could not finish its "
+                                  "burst (exit code 1)", slot, proc.pid)
                         continue
                     lived = time.monotonic() - self.started_at[slot]
                     self._backoff = (min(MAX_BACKOFF, max(1.0, self._backoff * 2))
@@ -92,18 +120,19 @@ class Supervisor:
                     self.restarts += 1
                     self._spawn(slot)
                 if not self.children:
-                    return 0
+                    return 1 if self.failed else 0
                 time.sleep(0.1)
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
     def _wait_all(self) -> int:
-        # Every signal is forwarded by the handler as it arrives; a second one makes the
-        # children exit at once.
+        # Every signal is forwarded by the handler as it arrives; a second one kills the
+        # children.
         while any(p.poll() is None for p in self.children.values()):
             time.sleep(0.05)
-        codes = [p.returncode for p in self.children.values()]
+        codes = [p.returncode for p in self.children.values()
+                 if p.pid not in self._exited_before_stop]
         log.info("supervisor: all worker processes stopped (exit codes %s)", codes)
         # A child still starting up when the signal came had no handler yet and died of it:
         # it had claimed nothing, so that is a clean stop too.

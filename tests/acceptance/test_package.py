@@ -361,14 +361,17 @@ def test_the_systemd_units_execstart_runs_the_worker(deployed):
     burst(deployed, argv, env)
 
 
-def test_systemd_stops_the_unit_gracefully_within_its_timeout(deployed, tmp_path):
+@pytest.mark.parametrize("kill_mode", ["the unit's", "control-group"])
+def test_systemd_stops_the_unit_gracefully_within_its_timeout(deployed, tmp_path, kill_mode):
     # systemd's default KillMode (control-group) signals every process of the unit: with
-    # --processes, each worker process would get the SIGTERM twice (directly and forwarded by
-    # the supervisor) and exit at once, abandoning its running job to lease expiry. The unit's
-    # KillMode must make this stop graceful.
+    # --processes, each worker process gets the SIGTERM twice (directly and forwarded by the
+    # supervisor), and must still stop gracefully. The unit's KillMode (mixed, recommended)
+    # signals the supervisor only.
     from django_xjobs import conf
 
     service = systemd_service()
+    if kill_mode == "control-group":
+        service["KillMode"] = ["control-group"]
     argv, env = systemd_argv_and_env(service)
     timeout = int(service["TimeoutStopSec"][0])
     assert timeout > conf.build({}).shutdown_grace + 5

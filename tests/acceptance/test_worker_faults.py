@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import threading
 import uuid
 
 import pytest
@@ -66,6 +68,39 @@ def test_a_terminated_listen_backend_comes_back_and_notifications_resume(start_w
     assert "LISTEN connection re-established" in a.log()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_listen_that_fails_after_the_connect_closes_that_connection():
+    """The connection is open when LISTEN fails: it is closed before the error is raised, even
+    while something still holds the error (and with it the half-made listener)."""
+    from django_xjobs import faults
+    from django_xjobs.engines import ListenerLost, get_engine
+
+    label = f"listen-fails-{uuid.uuid4().hex[:8]}"
+    faults.inject("before:listen", "raise")
+    try:
+        with pytest.raises(ListenerLost) as failed:
+            get_engine().listener(label)
+    finally:
+        faults.clear()
+    wait_until(lambda: not backends(label), message="the listener's connection to close")
+    assert "injected fault at before:listen" in str(failed.value)
+
+
+def test_a_worker_whose_listen_fails_retries_and_is_woken_by_notify(start_worker):
+    from tests.testapp.jobs import record
+
+    # Only a NOTIFY gets the job claimed within the test's deadlines (poll interval 120 s).
+    a = start_worker("a", settings={"POLL_INTERVAL": "120s"}, faults="before:listen=raise*2")
+    label = f"xjobs:{a.id}:listen"
+    wait_until(lambda: "LISTEN connection failed" in a.log() and backends(label),
+               message="failed LISTENs, then a listening backend")
+    # Two failures in a row, logged once.
+    assert a.log().count("LISTEN connection failed (injected fault at before:listen)") == 1
+    handle = record.enqueue(tag="woken")
+    assert wait_state(handle.id, *FINISHED).state == "done"
+    assert len(backends(label)) == 1
+
+
 def test_a_terminated_heartbeat_backend_reconnects_and_keeps_the_lease(start_worker):
     """F6 (d): the heartbeat's connection is killed mid-job; the next round reconnects and
     renews in time, so the job is neither stopped nor rescued."""
@@ -86,6 +121,21 @@ def test_a_terminated_heartbeat_backend_reconnects_and_keeps_the_lease(start_wor
     assert row.result == {"run": start.tag}
     assert "heartbeat failed" in a.log()
     assert "no lease renewal" not in a.log()
+
+
+def test_a_heartbeat_that_fails_for_another_reason_logs_its_traceback(start_worker):
+    """An error that is not a lost connection is a bug or a server-side problem: its traceback
+    is in the log. The next round renews the lease."""
+    from tests.testapp.jobs import sleepy_tagged
+
+    a = start_worker("a", "--concurrency", "1", settings={"LEASE": "3s"},
+                     faults="before:jobs_renew_if_owned=raise*1")
+    h = sleepy_tagged.enqueue(seconds=2)
+    assert wait_state(h.id, *FINISHED).state == "done"
+    log = a.log()
+    failed = log.index("heartbeat failed (1 leases not renewed this round)")
+    assert "Traceback (most recent call last)" in log[failed:]
+    assert "injected fault at before:jobs_renew_if_owned" in log[failed:]
 
 
 def test_a_terminated_dispatcher_backend_reconnects_and_settles_its_runs(start_worker):
@@ -390,7 +440,8 @@ def test_a_job_past_its_timeout_is_failed_retried_then_dead_while_the_worker_ser
         pytest.param((), {"LEASE": "1s", "HEARTBEAT": "0.5s"},
                      'XJOBS["LEASE"] (1s) must be at least 3 x',
                      id="settings"),
-        pytest.param(("--lease", "1s"), {"LEASE": "2s", "HEARTBEAT": "0.5s"},
+        # --lease alone derives a heartbeat that fits it (test_commands.py)
+        pytest.param(("--lease", "1s", "--heartbeat", "0.5s"), {"LEASE": "2s", "HEARTBEAT": "0.5s"},
                      "--lease (1s) must be at least 3 x",
                      id="command-line"),
     ],
@@ -408,3 +459,120 @@ def test_a_lease_shorter_than_three_heartbeats_is_refused_at_startup(
     assert " started: " not in worker.log()
     row = job_row(h.id)
     assert (row.state, row.attempt) == ("ready", 0)
+
+
+# ------------------------------------------------------------------------ a database away --
+
+
+class _Proxy:
+    """A TCP proxy in front of the test's PostgreSQL that the test takes down and brings back.
+
+    Down, it drops every connection it carries and answers each new one by closing it (and
+    counts those attempts): to its clients the server is gone. Up, it forwards bytes both ways.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.up = True
+        self.refused = 0
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                with self._lock:
+                    self.refused += 1
+                continue
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._open += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def down(self) -> None:
+        self.up = False
+        with self._lock:
+            dropped, self._open = self._open, []
+        for sock in dropped:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self.down()
+        self.listener.close()
+
+
+@pytest.fixture
+def proxy():
+    from django.db import connection
+
+    params = connection.settings_dict
+    p = _Proxy(params["HOST"] or "127.0.0.1", int(params["PORT"] or 5432))
+    yield p
+    p.close()
+
+
+def test_a_database_that_goes_away_is_logged_once_and_once_again_when_back(
+        spawn_worker, proxy):
+    """Every thread retries on its own while the database is away; the log says so once
+    ("database unreachable"), not once per attempt, and once more when it is back."""
+    from django.db import connection
+
+    from tests.testapp.jobs import record
+
+    params = connection.settings_dict
+    url = f"postgresql://{params['USER']}@127.0.0.1:{proxy.port}/{params['NAME']}"
+    worker = spawn_worker("--concurrency", "1", env={"DATABASE_URL": url},
+                          settings={"LEASE": "2s", "HEARTBEAT": "0.5s", "POLL_INTERVAL": "0.2s",
+                                    "LEADER_LEASE": "1.5s", "LEADER_RENEW": "0.5s"})
+    wait_log(worker, " started: ")
+    before = record.enqueue(tag="before")
+    assert wait_state(before.id, *FINISHED).state == "done"
+
+    proxy.down()
+    # Many attempts to connect, by every thread: each one is a log line without the fix.
+    wait_until(lambda: proxy.refused >= 40, timeout=60,
+               message="40 attempts to connect while the database is away")
+    away = worker.log()
+    attempts_logged = sum("server closed the connection" in line or "Connection refused" in line
+                          or "connection failed" in line for line in away.splitlines())
+    assert attempts_logged < 10, away
+    assert away.count("database unreachable") == 1
+
+    proxy.up = True
+    wait_log(worker, "database reachable again")
+    after = record.enqueue(tag="after")
+    assert wait_state(after.id, *FINISHED).state == "done"
+    log = worker.log()
+    assert (log.count("database unreachable"), log.count("database reachable again")) == (1, 1)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from tests.conftest import wait_until
 
-from .conftest import FAST, SETTLE, wait_exit, wait_state
+from .conftest import FAST, SETTLE, wait_effect, wait_exit, wait_log, wait_started, wait_state
 
 pytestmark = pytest.mark.acceptance
 
@@ -84,3 +86,102 @@ def test_several_queues_follow_one_queue_flag(spawn_worker):
 
     assert wait_exit(worker) == 0
     assert (default.get().state, other.get().state) == ("done", "done")
+
+
+def test_one_free_thread_serves_the_last_of_six_queues(spawn_worker):
+    """-c 1 --prefetch 0 with six queues: one free slot per claim, and the split rotates, so a
+    ready job of the sixth queue runs on an otherwise idle worker."""
+    from tests.testapp import jobs
+
+    queues = [f"six-{i}" for i in range(6)]
+    worker = spawn_worker("-c", "1", "--prefetch", "0", "--queue", *queues, settings=FAST)
+    wait_started(worker)
+    last = jobs.record.using(queue=queues[-1]).enqueue(tag="sixth")
+    assert wait_state(last.id, "done").result == {"tag": "sixth", "attempt": 1}
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on: connecting to it is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_burst_with_the_database_unreachable_exits_non_zero(spawn_worker):
+    url = f"postgresql://postgres@127.0.0.1:{_closed_port()}/postgres"
+    worker = spawn_worker("--burst", settings=FAST, env={"DATABASE_URL": url})
+
+    assert wait_exit(worker) != 0
+    log = worker.log()
+    assert "burst: the database cannot be reached" in log
+    assert "nothing left to do" not in log
+
+
+def test_burst_runs_the_cron_jobs_its_own_scheduler_fires(spawn_worker):
+    """The burst's scheduler fires a missed occurrence in its first round; the burst runs that
+    job before it decides that nothing is due."""
+    from django_xjobs.models import Job, SchedulerState
+
+    SchedulerState.objects.create(task_name="nightly",
+                                  last_fired_at=datetime.now(UTC) - timedelta(days=2))
+    schedule = {"nightly": {"job": "testapp.record", "cron": "0 3 * * *",
+                            "input": {"tag": "cron"}}}
+    worker = spawn_worker("--burst", settings={**FAST, "SCHEDULE": schedule,
+                                                "MAINTENANCE_INTERVAL": None})
+
+    assert wait_exit(worker) == 0
+    [row] = Job.objects.filter(enqueued_by="cron:nightly")
+    assert (row.state, row.result) == ("done", {"tag": "cron", "attempt": 1})
+
+
+def test_a_group_wide_sigterm_stops_the_processes_gracefully(spawn_worker):
+    """SIGTERM to the whole process group (Ctrl-C in a terminal, systemd's control-group kill)
+    reaches each worker process twice: directly and forwarded by the supervisor. That is one
+    stop: the running job finishes, and the supervisor exits 0."""
+    from tests.testapp import jobs
+
+    supervisor = spawn_worker("--processes", "2", "--concurrency", "1", settings=FAST,
+                              new_session=True)
+    wait_until(lambda: len(_children(supervisor.pid)) == 2, timeout=SETTLE,
+               message="two worker processes")
+    handle = jobs.sleepy_tagged.enqueue(seconds=2)
+    wait_effect(handle.id, "start")
+
+    os.killpg(supervisor.pid, signal.SIGTERM)
+    assert wait_exit(supervisor) == 0, supervisor.log()
+    row = handle.get()
+    assert (row.state, row.attempt) == ("done", 1)
+    assert "received again" not in supervisor.log()
+
+
+def test_a_stop_during_a_restart_backoff_exits_0(spawn_worker):
+    """A child that died and waits out its restart backoff when SIGTERM comes is not restarted;
+    its earlier death (logged when it happened) is not this stop's failure."""
+    supervisor = spawn_worker("--processes", "2", "--concurrency", "1", settings=FAST)
+    wait_until(lambda: len(_children(supervisor.pid)) == 2, timeout=SETTLE,
+               message="two worker processes")
+    # Each child killed young doubles the backoff (1 s, 2 s, 4 s): a window no test misses.
+    victim = min(_children(supervisor.pid))
+    for backoff in ("1.0", "2.0", "4.0"):
+        before = set(_children(supervisor.pid)) - {victim}
+        os.kill(victim, signal.SIGKILL)
+        wait_log(supervisor, f"restarting in {backoff}s")
+        if backoff != "4.0":
+            [victim] = wait_until(
+                lambda before=before, victim=victim: set(_children(supervisor.pid)) - before
+                - {victim},
+                timeout=SETTLE, message="the killed worker process to be replaced")
+    supervisor.signal(signal.SIGTERM)
+    assert wait_exit(supervisor) == 0, supervisor.log()
+    assert supervisor.log().count("started worker process") == 4  # 2, then 2 of 3 restarts
+
+
+def test_n_processes_in_burst_mode_with_the_database_unreachable_exit_non_zero(spawn_worker):
+    url = f"postgresql://postgres@127.0.0.1:{_closed_port()}/postgres"
+    supervisor = spawn_worker("--processes", "2", "--burst", settings=FAST,
+                              env={"DATABASE_URL": url})
+
+    assert wait_exit(supervisor) != 0
+    log = supervisor.log()
+    assert log.count("could not finish its burst") == 2
+    assert "restarting" not in log

@@ -417,6 +417,19 @@ def test_xjobs_worker_burst_on_a_named_queue_works_only_that_queue():
     assert default.get().state == "ready"
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("lease", "heartbeat"), [("2s", "0.666667s"), ("60s", "5s")])
+def test_xjobs_worker_lease_alone_derives_a_heartbeat_that_fits_it(lease, heartbeat, caplog):
+    """--lease without --heartbeat renews as XJOBS["LEASE"] alone would (min(10s, lease / 3)),
+    never less often than the settings' HEARTBEAT (5s in the test settings)."""
+    job = record.enqueue(tag="lease alone")
+    with caplog.at_level("INFO", logger="django_xjobs.worker"):
+        call_command("xjobs_worker", "--burst", "--lease", lease, stdout=StringIO(),
+                     stderr=StringIO())
+    assert job.get().state == "done"
+    assert f"lease={lease} heartbeat={heartbeat} " in caplog.text
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

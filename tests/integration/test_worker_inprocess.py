@@ -95,6 +95,16 @@ def test_drain_runs_every_due_job_and_leaves_delayed_ones():
     assert starts(later.id) == []
 
 
+def test_drain_with_its_defaults_runs_every_queue_of_many():
+    """Two free slots and five queues: the split rotates over the queues, and a burst ends only
+    once every queue was asked and had nothing."""
+    queues = [f"many-{i}" for i in range(5)]
+    handles = [testapp_jobs.record.using(queue=q).enqueue(tag=q) for q in queues for _ in "ab"]
+    stats = drain(queues=queues)
+    assert stats["done"] == len(handles)
+    assert {h.get().state for h in handles} == {"done"}
+
+
 def test_a_flaky_job_is_retried_then_done():
     handle = testapp_jobs.flaky.enqueue(fail_times=2)
     row, totals = drain_until(handle)
@@ -146,6 +156,19 @@ def test_a_job_that_always_fails_is_dead_after_max_attempts_with_its_last_error(
     assert "Traceback" in row.last_error
     assert starts(handle.id) == [1, 2]
     assert (retries(totals), totals["dead"]) == (1, 1)
+
+
+def test_a_failed_attempt_is_logged_with_its_traceback(caplog):
+    handle = testapp_jobs.always_fails.enqueue()
+    with caplog.at_level("WARNING", logger="django_xjobs.worker"):
+        drain_until(handle)
+    failures = {r.levelname: r.getMessage() for r in caplog.records
+                if f"job {handle.id} " in r.getMessage() and " failed -> " in r.getMessage()}
+    assert set(failures) == {"WARNING", "ERROR"}  # the retry, then the death
+    for message in failures.values():
+        assert "Traceback (most recent call last)" in message
+        assert 'raise ValueError("this job always fails")' in message
+        assert message.rstrip().endswith("ValueError: this job always fails")
 
 
 def test_a_permanent_error_is_dead_at_the_first_attempt():

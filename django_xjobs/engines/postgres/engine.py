@@ -1183,9 +1183,19 @@ class PostgresListener(Listener):
         params.setdefault("keepalives_count", 3)
         try:
             self._conn = psycopg.connect(**params, autocommit=True)
-            self._conn.execute(listen.sql)
         except psycopg.Error as exc:
             raise ListenerLost(str(exc)) from exc
+        try:
+            if faults.armed:
+                faults.hit(f"before:{listen.name}")
+            self._conn.execute(listen.sql)
+        except BaseException as exc:
+            # Connected but not listening: this object is never returned, so nobody else
+            # would close the connection (whoever holds the exception would keep it open).
+            self._conn.close()
+            if isinstance(exc, psycopg.Error | DatabaseError):
+                raise ListenerLost(str(exc)) from exc
+            raise
 
     def backend_pid(self) -> int:
         return self._conn.info.backend_pid

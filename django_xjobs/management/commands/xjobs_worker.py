@@ -10,7 +10,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...conf import NAME_RE, parse_duration
+from ... import conf
+from ...conf import NAME_RE, default_heartbeat, parse_duration
 from ...exceptions import ConfigurationError
 from ...worker import duties
 from ...worker.loop import Worker, WorkerOptions
@@ -55,7 +56,9 @@ class Command(BaseCommand):
                             help="jobs claimed ahead of free threads; default XJOBS['PREFETCH']")
         parser.add_argument("--lease", help="lease length, e.g. 30s, at least 3 x the heartbeat "
                                             "interval; default XJOBS['LEASE']")
-        parser.add_argument("--heartbeat", help="renewal interval; default XJOBS['HEARTBEAT']")
+        parser.add_argument("--heartbeat",
+                            help="renewal interval; default XJOBS['HEARTBEAT'], or with --lease "
+                                 "alone the shorter of it and min(10s, lease / 3)")
         parser.add_argument("--poll-interval",
                             help="poll when idle; default XJOBS['POLL_INTERVAL']")
         parser.add_argument("--shutdown-grace",
@@ -70,6 +73,8 @@ class Command(BaseCommand):
         parser.add_argument("--no-relay", action="store_true",
                             help="do not relay the enqueue_on_commit outbox here (run "
                                  "manage.py xjobs_relay, or leave it to other workers)")
+        # Set by the supervisor on the processes it starts (worker/shutdown.py).
+        parser.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)
         parser.add_argument("--processes", type=int, default=1,
                             help="run N worker processes under a supervisor that restarts any "
                                  "that dies (default 1: this process is the worker)")
@@ -89,6 +94,7 @@ class Command(BaseCommand):
             "prefetch": options["prefetch"],
             "burst": options["burst"],
             "worker_id": options["worker_id"],
+            "supervised": options["supervised"],
             "duties": tuple(
                 name for name in duties.AVAILABLE
                 if not options.get(f"no_{name}")
@@ -97,6 +103,11 @@ class Command(BaseCommand):
         for key in ("lease", "heartbeat", "poll_interval", "shutdown_grace"):
             if options[key] is not None:
                 overrides[key] = _duration(options[key])
+        if "lease" in overrides and "heartbeat" not in overrides:
+            # The lease alone: renew as often as that lease needs (as XJOBS["LEASE"] alone
+            # does), never less often than the settings ask.
+            overrides["heartbeat"] = min(conf.get().heartbeat,
+                                         default_heartbeat(overrides["lease"]))
         worker_options = WorkerOptions.from_settings(**overrides)
         if worker_options.lease < 3 * worker_options.heartbeat:
             raise CommandError(
@@ -113,7 +124,10 @@ class Command(BaseCommand):
             if code:
                 raise CommandError("a worker process exited with an error")
             return
-        Worker(worker_options).run()
+        worker = Worker(worker_options)
+        worker.run()
+        if worker.error:
+            raise CommandError(worker.error)
 
 
 def _child_args(options: dict[str, Any]) -> list[str]:

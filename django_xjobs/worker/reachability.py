@@ -1,0 +1,71 @@
+"""Whether this process reaches its database: one warning when it stops, one when it is back.
+
+Every thread of a worker (the loop, the heartbeat, the scheduler, the relay) retries on its own
+when a database call fails. While the server is down, each of those attempts
+fails to connect, and a warning per attempt drowned the log (about a hundred per 30 s). So a
+failure to CONNECT is reported here instead: the first one since the database was last reached
+logs "database unreachable", the others only at DEBUG, and the first success after that logs
+"database reachable again" with how long it took and how many attempts failed. A connection that
+breaks under a thread (a server restart, a terminated backend) is still that thread's own line:
+its next attempt reconnects, or reports here. The LISTEN threads, whose connections are their
+own (not Django's), log the first failure of a row of reconnects and are quiet for the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from .. import clock
+
+log = logging.getLogger("django_xjobs.worker")
+
+
+class Reachability:
+    """The process-wide state (module-level :data:`database`); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self.failures = 0  # failed attempts to connect since the database was last reached
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    def failed(self, who: str, exc: BaseException) -> None:
+        """A thread could not connect (``who`` names it in the log)."""
+        with self._lock:
+            self.failures += 1
+            first = self._down_since is None
+            if first:
+                self._down_since = clock.monotonic()
+        reason = " ".join(str(exc).split())  # libpq's messages span lines
+        if first:
+            log.warning("database unreachable (%s: %s); retrying with backoff, and logging "
+                        "again once it is reachable", who, reason)
+        else:
+            log.debug("database still unreachable (%s: %s)", who, reason)
+
+    def reached(self) -> None:
+        """A database call of any thread succeeded (cheap when nothing was down)."""
+        if self._down_since is None:
+            return
+        with self._lock:
+            since, failures = self._down_since, self.failures
+            if since is None:
+                return
+            self._down_since, self.failures = None, 0
+        log.warning("database reachable again after %.1fs (%d failed attempts to connect)",
+                    clock.monotonic() - since, failures)
+
+
+database = Reachability()
+
+
+def connect_failed(alias: str) -> bool:
+    """After a connection error on this thread's Django connection of ``alias`` (and before
+    any reset): whether the connect itself failed, i.e. there is no connection at all."""
+    from django.db import connections
+
+    return connections[alias].connection is None
