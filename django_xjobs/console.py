@@ -34,7 +34,7 @@ from typing import Any, overload
 from . import conf, registry
 from .engines import get_engine
 from .exceptions import ConfigurationError, JobNotFound
-from .records import TERMINAL_STATES, QueueStats, TableHealth, XminHolder
+from .records import TERMINAL_STATES, QueueStats, TableHealth, XminHolder, decode_stored_json
 
 TenantScope = frozenset[str] | None
 
@@ -478,19 +478,6 @@ class ShownJson:
         return {**why, "chars": self.chars, "text": self.text}
 
 
-def decode_json(text: str) -> tuple[Any, str | None]:
-    """(value, None), or (None, why) for valid JSON that Python's json module refuses: it
-    raises ValueError past 4,300 digits in an integer and RecursionError on deep nesting."""
-    import json
-
-    try:
-        return json.loads(text), None
-    except RecursionError:
-        return None, "nested too deeply for Python's json module"
-    except ValueError as exc:
-        return None, str(exc).split(";")[0]
-
-
 def json_text(obj: Any, name: str) -> str | None:
     """Column ``name`` of ``obj`` (read by :func:`with_json_text`) as the database stores it."""
     return getattr(obj, _TEXT + name)  # type: ignore[no-any-return]
@@ -507,7 +494,7 @@ def shown_json(obj: Any, name: str, *, limit: int | None = JSON_PAGE_CHARS) -> S
         return ShownJson(text=None, chars=0)
     if chars > len(text):  # a prefix: not decodable as such, shown as stored
         return ShownJson(text=text[:limit], chars=chars, truncated=True)
-    value, problem = decode_json(text)
+    value, problem = decode_stored_json(text)
     if problem is not None:
         cut = limit is not None and len(text) > limit
         return ShownJson(text=text[:limit], chars=chars, truncated=cut, problem=problem)

@@ -7,6 +7,7 @@ instances travel across ``engines.base``. Standard library only.
 from __future__ import annotations
 
 import enum
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -14,6 +15,20 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
+
+
+def decode_stored_json(text: str) -> tuple[Any, str | None]:
+    """(value, None) for JSON text as the database stores it, or (None, why) for valid JSON
+    that Python's json module refuses: it raises ValueError past
+    ``sys.get_int_max_str_digits()`` digits in an integer and RecursionError on deep nesting
+    (docs/console.md, "Big and undecodable JSON"). Every reader of stored JSON that must
+    survive such a row (the engine's records, the console) decodes through here."""
+    try:
+        return json.loads(text), None
+    except RecursionError:
+        return None, "nested too deeply for Python's json module"
+    except ValueError as exc:
+        return None, str(exc).split(";")[0]
 
 
 class JobState(enum.StrEnum):

@@ -62,6 +62,7 @@ from ...records import (
     Suspension,
     TableHealth,
     XminHolder,
+    decode_stored_json,
 )
 from ..base import AdvisorySession, Engine, Features, Listener, ListenerLost, SessionLost, Statement
 from . import statements as S
@@ -96,17 +97,10 @@ def _decode_json(value: Any) -> Any:
 
 
 def _try_decode_json(value: Any) -> tuple[Any, str | None]:
-    """(value, None), or (None, why) for valid jsonb that Python's json module refuses: it
-    raises ValueError past ``sys.get_int_max_str_digits()`` digits in an integer and
-    RecursionError on deep nesting (docs/console.md, "Big and undecodable JSON")."""
+    """:func:`records.decode_stored_json` for a column psycopg may already have decoded."""
     if not isinstance(value, str):
         return value, None
-    try:
-        return json.loads(value), None
-    except RecursionError:
-        return None, "nested too deeply for Python's json module"
-    except ValueError as exc:
-        return None, str(exc).split(";")[0]
+    return decode_stored_json(value)
 
 
 def _decode_json_for_run(value: Any, what: str) -> Any:
