@@ -533,7 +533,7 @@ def _stage(definition: registry.Job[..., Any], input: Any, options: Mapping[str,
             f"enqueue_on_commit(using={using!r}): the relays read the outbox of "
             f'XJOBS["OUTBOX"]["DATABASES"] = {list(aliases)} only; add the alias there'
         )
-    # SPEC §3: a stager that named nobody (no enqueued_by option, no acting_as/middleware)
+    # A stager that named nobody (no enqueued_by option, no acting_as/middleware)
     # leaves it to the relay, which records "outbox" rather than this process's host:pid.
     enqueued_by = params.enqueued_by if (
         options.get("enqueued_by") is not None or _enqueued_by.get() is not None

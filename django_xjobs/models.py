@@ -77,7 +77,7 @@ class Job(models.Model):
     enqueued_by = models.TextField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
-    # Additions of ours (SPEC §1).
+    # Beyond the minimal job row: priority, result, tenant, timings (docs/architecture.md).
     priority = models.IntegerField(default=0, db_default=0)
     result = models.JSONField(null=True, blank=True)
     lease_token = models.UUIDField(null=True, blank=True)

@@ -1,6 +1,6 @@
 """The transactional outbox: stage a job in the caller's transaction, relay it after commit.
 
-Protocol (SPEC §6; the guarantees in docs/transactional-enqueue.md)::
+Protocol (the guarantees are in docs/transactional-enqueue.md)::
 
     caller's transaction (alias A = enqueue_on_commit(using=))      relay (any process)
     ------------------------------------------------------------    -------------------------

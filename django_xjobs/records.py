@@ -404,7 +404,7 @@ class OutboxRow:
     names a live job already). Staged with either ``run_at`` (absolute) or ``delay_ms``
     (counted from the staging); a claimed row carries the resolved ``run_at`` (None: due now)
     and ``delay_ms = 0``. ``enqueued_by`` is None when the stager knew nobody better than
-    "outbox" (SPEC §3).
+    "outbox" (docs/transactional-enqueue.md).
     """
 
     id: UUID

@@ -1,4 +1,5 @@
-"""Per-key concurrency slots: at most ``limit`` runs per key across the whole fleet (SPEC §8).
+"""Per-key concurrency slots: at most ``limit`` runs per key across the whole fleet
+(docs/concurrency.md).
 
 ::
 

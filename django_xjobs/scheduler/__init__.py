@@ -1,4 +1,4 @@
-"""The cron scheduler (SPEC §7; docs/scheduling.md).
+"""The cron scheduler (docs/scheduling.md).
 
 * ``cron.py`` — occurrences, misfire policies, DST (pure);
 * ``leadership.py`` — leader election, lease row or advisory lock (its docstring: the protocol);

@@ -323,7 +323,7 @@ class PostgresEngine(Engine):
             id_, run_id, state, _notified = self._run(S.JOB_ENQUEUE_UNKEYED, args, fetch="one")
             return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
         key = params.idempotency_key
-        # R3: the live job we conflicted with can finish before we read it; insert again then.
+        # The live job we conflicted with can finish before we read it; insert again then.
         for _ in range(20):
             rows = self._run(S.JOB_ENQUEUE, args)
             if rows:
@@ -356,8 +356,8 @@ class PostgresEngine(Engine):
                 results[i] = EnqueueResult(id=p.id, run_id=p.run_id, created=True,
                                            state=states[p.id])
         pending = [i for i, p in enumerate(batch) if p.idempotency_key is not None]
-        # R3 again: an item that conflicted with a job which finished before the read-back is
-        # inserted again with the next round.
+        # The same race in bulk: an item that conflicted with a job which finished before the
+        # read-back is inserted again with the next round.
         for _ in range(20):
             if not pending:
                 break

@@ -5,17 +5,18 @@ Rules of this module:
 * Nothing else in django-xjobs writes queue SQL. The engine runs these by name, logs the name,
   and ``manage.py xjobs_sql NAME`` prints the text (as a ``PREPARE`` an operator can paste into
   psql).
-* Each statement's ``why`` says why its filters exist; most of them record a real bug of an
-  earlier implementation of this design (``../shared/seed``) or of a peer queue.
+* Each statement's ``why`` says why its filters exist: most of them guard against a real
+  failure (a lost update, a double fire, a stranger's row) that a looser filter allows.
 * Parameters are ``%(name)s`` placeholders bound by psycopg, never formatted into the text.
 * Time is the database's: every lease and due-time comparison uses ``now()``, so a worker with
   a wrong clock cannot stretch or shrink a lease.
 
-Fencing (see SPEC §2): a claim writes a fresh ``lease_token`` (``gen_random_uuid()``, never
+Fencing (docs/guarantees.md): a claim writes a fresh ``lease_token`` (``gen_random_uuid()``, never
 reused); every write a worker makes about a run carries ``id``, ``state = 'running'`` AND that
-token. ``state = 'running'`` alone, the seed's fence, also matches the row after another worker
-re-claimed a lapsed lease. A finished row keeps the token of the run that finished it, so a write
-retried after an ambiguous commit is recognised by :data:`JOBS_FENCE_CHECK` as already applied.
+token. ``state = 'running'`` alone, a fence on the state only, also matches the row after
+another worker re-claimed a lapsed lease. A finished row keeps the token of the run that
+finished it, so a write retried after an ambiguous commit is recognised by
+:data:`JOBS_FENCE_CHECK` as already applied.
 An outside actor that ends a run (cancel, the claim that buries a lapsed job) clears the token:
 that run did not finish the job, and its late writes must read as lost.
 """
@@ -221,7 +222,7 @@ JOB_FIND_LIVE_BY_KEY = Statement(
     why="""
 The live job holding (name, tenant, key), read after job_enqueue met a conflict. Scoped exactly
 as the unique index is, name and tenant included: a lookup by key alone would find a stranger's
-job (the seed's 1.x bug). It can find nothing when the live job finished between the conflict
+job. It can find nothing when the live job finished between the conflict
 and this read; the caller then inserts again.
 
 The filters repeat the unique index's whole predicate, `not (idempotency_key = id::text)`
@@ -513,8 +514,9 @@ select v.token::text, j.state, coalesce(j.lease_token = v.token, false)
 
 # ------------------------------------------------------------------------------------ steps --
 
-# The fence every step write carries: the run still owns its job (SPEC §2). Written into each
-# step statement as an EXISTS on the job's row, so a run that lost its lease records nothing.
+# The fence every step write carries: the run still owns its job (docs/guarantees.md). Written
+# into each step statement as an EXISTS on the job's row, so a run that lost its lease records
+# nothing.
 _OWNED = """exists (select 1 from x_jobs
                 where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
                   and state = 'running')"""
@@ -880,8 +882,7 @@ QUEUE_STATS = Statement(
 Per queue, five buckets a depth is SUMMED from, so a row must land in exactly one:
 `ready` (ready and due), `delayed` (delayed, or ready but not yet due), `running`, `suspended`,
 `dead`; plus done and cancelled. A bare `run_at > now()` would count a sleeping `suspended` job,
-or a dead one with a future run_at, twice (the seed's 1.x bug, found because its memory driver's
-if/else chain was exclusive and Postgres was not). Pinned by the property test
+or a dead one with a future run_at, twice. Pinned by the property test
 tests/conformance/test_stats.py.
 Under a tenant scope (the console's ADMIN_TENANT_SCOPE) only those tenants' rows are counted.
 """,
@@ -918,7 +919,7 @@ select count(*), extract(epoch from now() - min(staged_at))::float8
 )
 
 # ---------------------------------------------------------------------------------- outbox --
-# The transactional outbox (SPEC §6, docs/transactional-enqueue.md). x_outbox lives on the app's
+# The transactional outbox (docs/transactional-enqueue.md). x_outbox lives on the app's
 # database alias, x_jobs on XJOBS["DATABASE"]; the two may be one database or two. These
 # statements run on whichever alias holds their table: the engine of that alias runs them.
 
@@ -1110,8 +1111,8 @@ LEADER_ADVISORY_LOCK_TRY = Statement(
 XJOBS["LEADER"] = "advisory": the session advisory lock, on a DEDICATED connection. It is
 released when the session ends, so a crashed node's lock frees itself at once; and released just
 as surely when a pooled connection goes back to the pool, or handed to whichever client the
-pooler gives the session next. Never on a pooled connection (the seed's 2.0 note;
-tests/integration/test_leader_pooling.py shows both ways it breaks). try_ never waits.
+pooler gives the session next. Never on a pooled connection
+(tests/integration/test_leader_pooling.py shows both ways it breaks). try_ never waits.
 """,
     sql="select pg_try_advisory_lock(%(lock_class)s::int, %(lock_id)s::int)",
 )
@@ -1205,7 +1206,7 @@ Close a round: move the watermarks to the round's time, in the transaction that 
 round's occurrences, so both commit or neither does (a crash between them would otherwise fire
 an occurrence twice once its first job finished). `greatest` and not an assignment: a watermark
 only ever moves FORWARD, and an older round must never rewind it - every occurrence between
-the two values would fire a second time (the seed's 2.0 fix). Fenced on leading, as the last
+the two values would fire a second time. Fenced on leading, as the last
 statement before the commit: a leader that lost its lease mid-round gets no rows, and its
 round is rolled back.
 """,
@@ -1361,8 +1362,8 @@ Open the pass's row, or adopt the one an earlier attempt of the SAME run (same r
 `do update` because a failed or killed attempt left it `failed` or `running`, and a cancelled
 pass may be resumed by a retry. Adopting keeps started_at, checksum, app_version and the
 progress (rows_processed, last_cursor) where the last attempt got to, and clears completed_at,
-which a failure or cancel stamped: a running pass with a completion time in the past is what
-the seed's lists showed until it did. A `pending` row (created by `start`) becomes the pass
+which a failure or cancel stamped: otherwise a list would show a running pass with a
+completion time in the past. A `pending` row (created by `start`) becomes the pass
 as it really begins: started_at, checksum and app_version of the code that runs it.
 
 A `completed` row stays completed and is returned as such: its job is running again only
@@ -1481,9 +1482,9 @@ BACKFILLS_LIST = Statement(
     why="""
 Passes for `xjobs_backfill --list` and `show`, newest first, each with the state of its job (a
 pass `running` whose job is cancelled or gone is visible as such). Every filter is optional.
-The run id parameter is cast to uuid in BOTH places, because run_id IS a uuid: the seed cast
-its null test to text, which typed the parameter as text, and `uuid = text` has no operator, so
-every call failed, filtered or not (tests/conformance/test_backfills.py pins the filter). An
+The run id parameter is cast to uuid in BOTH places, because run_id IS a uuid: a null test cast
+to text would type the parameter as text, and `uuid = text` has no operator, so every call
+would fail, filtered or not (tests/conformance/test_backfills.py pins the filter). An
 operator types this value by hand: the command checks it is a uuid before it gets here.
 """,
     sql="""
@@ -1580,8 +1581,8 @@ each answers a case the other cannot: `holder` answers "another run has this slo
 `expires_at > now()` answers "nobody has it YET": a lapsed slot is one any worker may take on
 its next acquire, so reviving it would make the TTL an expiry only other workers observe, and
 two runs would believe they hold one slot. A slot missing from the answer is lost: its run is
-stopped with X_JOB_SLOT_LOST (the seed's renewal lacked the expiry fence, and the same lapsed
-slot cancelled the run under its memory driver and silently continued under Postgres).
+stopped with X_JOB_SLOT_LOST (without the expiry fence a renewal would revive a slot that
+lapsed, and the run would go on silently beside the slot's new holder).
 """,
     sql="""
 update x_job_leases l
