@@ -155,7 +155,13 @@ class WorkerOptions:
             "queue_concurrency": dict(s.queue_concurrency),
             "notify": s.notify,
         }
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        lease = given.get("lease")
+        if isinstance(lease, (int, float)) and "heartbeat" not in given:
+            # The lease alone: renew as often as that lease needs (as XJOBS["LEASE"] alone
+            # does), never less often than the settings ask.
+            given["heartbeat"] = min(s.heartbeat, conf.default_heartbeat(lease))
+        values.update(given)
         if values["prefetch"] == "auto":
             values["prefetch"] = None
         if values.get("duties") is None:
@@ -382,7 +388,9 @@ class Worker:
             return self._drain_step()
         claimed = None
         # Taken before the claim: what a duty's finished first pass enqueued, the claim sees.
-        duties_ready = all(duty.started.is_set() for duty, _ in self._duties)
+        # Only burst mode asks (the loop's hot path does not pay for it otherwise).
+        duties_ready = not self.options.burst or all(
+            duty.started.is_set() for duty, _ in self._duties)
         due = self.options.burst or now - self._last_claim >= self.options.poll_interval
         if self._more_likely or due or notified:
             claimed = self._claim()

@@ -170,11 +170,11 @@ class OutboxListener(threading.Thread):
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.1
-            self.connects += 1
-            self.backend_pid = getattr(listener, "backend_pid", lambda: None)()
-            self.connected.set()
-            wake()
-            try:
+            try:  # from here on, however this ends, the connection is closed
+                self.connects += 1
+                self.backend_pid = getattr(listener, "backend_pid", lambda: None)()
+                self.connected.set()
+                wake()
                 while not self._stop.is_set():
                     if listener.wait(0.5):
                         wake()

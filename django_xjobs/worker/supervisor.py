@@ -51,9 +51,6 @@ class Supervisor:
         self._signals = 0
         self._first_signal: int | None = None
         self._backoff = 0.0
-        # Children whose exit was seen (and logged) before any stop signal: a stop that comes
-        # while such a child waits out its restart backoff does not count its exit code.
-        self._exited_before_stop: set[int] = set()
 
     def _spawn(self, slot: int) -> None:
         argv = [sys.executable, "-m", "django", "xjobs_worker", *self.child_args, "--supervised"]
@@ -94,14 +91,14 @@ class Supervisor:
                     code = proc.poll()
                     if code is None:
                         continue
-                    self._exited_before_stop.add(proc.pid)
+                    # Gone from the children at once: a stop that comes while this slot waits
+                    # out its restart backoff neither signals nor counts the dead process.
+                    del self.children[slot]
                     if self.burst and code == 0:  # its burst is over: nothing left to do
-                        del self.children[slot]
                         log.info("supervisor: worker process %d (pid %d) finished its burst",
                                  slot, proc.pid)
                         continue
                     if self.burst and code == 1:  # it said why; a restart would say it again
-                        del self.children[slot]
                         self.failed += 1
                         log.error("supervisor: worker process %d (pid %d) could not finish its "
                                   "burst (exit code 1)", slot, proc.pid)
@@ -131,8 +128,7 @@ class Supervisor:
         # children.
         while any(p.poll() is None for p in self.children.values()):
             time.sleep(0.05)
-        codes = [p.returncode for p in self.children.values()
-                 if p.pid not in self._exited_before_stop]
+        codes = [p.returncode for p in self.children.values()]
         log.info("supervisor: all worker processes stopped (exit codes %s)", codes)
         # A child still starting up when the signal came had no handler yet and died of it:
         # it had claimed nothing, so that is a clean stop too.

@@ -10,8 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import conf
-from ...conf import NAME_RE, default_heartbeat, parse_duration
+from ...conf import NAME_RE, parse_duration
 from ...exceptions import ConfigurationError
 from ...worker import duties
 from ...worker.loop import Worker, WorkerOptions
@@ -103,11 +102,6 @@ class Command(BaseCommand):
         for key in ("lease", "heartbeat", "poll_interval", "shutdown_grace"):
             if options[key] is not None:
                 overrides[key] = _duration(options[key])
-        if "lease" in overrides and "heartbeat" not in overrides:
-            # The lease alone: renew as often as that lease needs (as XJOBS["LEASE"] alone
-            # does), never less often than the settings ask.
-            overrides["heartbeat"] = min(conf.get().heartbeat,
-                                         default_heartbeat(overrides["lease"]))
         worker_options = WorkerOptions.from_settings(**overrides)
         if worker_options.lease < 3 * worker_options.heartbeat:
             raise CommandError(
