@@ -287,7 +287,7 @@ class Bench:
         from django_xjobs.scheduler import cron
         from django_xjobs.scheduler.leadership import LeaseLeadership
         from django_xjobs.scheduler.runner import Scheduler
-        from django_xjobs.scheduler.tasks import Task
+        from django_xjobs.scheduler.schedule import Task
 
         self.reset()
         self.sql("truncate x_scheduler_state, x_scheduler_leader")

@@ -62,7 +62,7 @@ class Scale(Bench):
             claimed = engine.jobs_claim(wants={"default": 100}, worker_id="scale", lease_ms=30000)
             times.append((time.perf_counter() - t0) * 1000)
             engine.jobs_complete_if_owned([
-                Completion(id=c.id, lease_token=c.lease_token, result_json=None) for c in claimed
+                Completion(claim=c.claim, result_json=None) for c in claimed
             ])
         return statistics.median(times), percentile(times, 95)
 

@@ -17,7 +17,7 @@ planner's row estimate, from ``pg_class.reltuples``); the default order is the p
 (UUIDv7: newest first); columns are not sortable (a sort of a million rows is not a page view);
 filter choices come from the settings and the registry, never from ``select distinct``.
 
-Tenant scope: ``XJOBS["ADMIN_TENANT_SCOPE"]`` (:func:`console.tenant_scope`) restricts every
+Tenant scope: ``XJOBS["ADMIN_TENANT_SCOPE"]`` (:func:`reads.tenant_scope`) restricts every
 queryset here and every action's statement (``tenant_ids=``); another tenant's job is a 404,
 and the pages of tables without a tenant column are not shown.
 """
@@ -48,7 +48,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
-from . import api, conf, console, registry
+from . import api, conf, reads, registry
 from .api import acting_as
 from .exceptions import JobNotFound, LiveJobExists, XJobsError
 from .models import (
@@ -162,7 +162,7 @@ class TenantFilter(ChoiceOrTextFilter):
     field_name = "tenant_id"
 
     def known(self, request: HttpRequest, model_admin: Any) -> Iterable[str]:
-        return console.tenant_scope(request) or ()
+        return reads.tenant_scope(request) or ()
 
 
 class StateFilter(admin.SimpleListFilter):
@@ -222,9 +222,9 @@ def badge(value: str) -> str:
     return format_html('<span class="xjobs-badge xjobs-{}">{}</span>', value, value)
 
 
-def json_block(shown: console.ShownJson, whole_url: str) -> str:
+def json_block(shown: reads.ShownJson, whole_url: str) -> str:
     """A JSON column on a page: indented (or, when Python cannot decode it, as stored), at most
-    :data:`console.JSON_PAGE_CHARS` characters of it, and a link to the whole value beyond."""
+    :data:`reads.JSON_PAGE_CHARS` characters of it, and a link to the whole value beyond."""
     if shown.text is None:
         return "-"
     notes = []
@@ -235,7 +235,7 @@ def json_block(shown: console.ShownJson, whole_url: str) -> str:
     if shown.truncated:
         notes.append(format_html(
             'Shortened to its first {} of {} characters: <a href="{}">the whole value</a>.',
-            f"{console.JSON_PAGE_CHARS:,}", f"{shown.chars:,}", whole_url))
+            f"{reads.JSON_PAGE_CHARS:,}", f"{shown.chars:,}", whole_url))
     elif not shown.decoded:
         notes.append(format_html('<a href="{}">The value as stored</a>.', whole_url))
     note = format_html('<p class="xjobs-note">{}</p>', format_html_join(" ", "{}", (
@@ -249,7 +249,7 @@ def preformatted(text: str | None) -> str:
 
 def short_time(moment: Any) -> str:
     """``2026-12-02 18:58:44`` in the page's time zone: a list column that fits on one line."""
-    shown = console.shown_time(moment)
+    shown = reads.shown_time(moment)
     if shown is None:
         return "-"
     return format_html('<span class="xjobs-time">{}</span>', shown.strftime("%Y-%m-%d %H:%M:%S"))
@@ -291,27 +291,27 @@ class ConsoleAdmin(admin.ModelAdmin):
         return False
 
     def has_view_permission(self, request: Any, obj: Any = None) -> bool:
-        if self.hidden_under_scope and console.tenant_scope(request) is not None:
+        if self.hidden_under_scope and reads.tenant_scope(request) is not None:
             return False
         return super().has_view_permission(request, obj)
 
     def has_module_permission(self, request: Any) -> bool:
-        if self.hidden_under_scope and console.tenant_scope(request) is not None:
+        if self.hidden_under_scope and reads.tenant_scope(request) is not None:
             return False
         return super().has_module_permission(request)
 
-    def scope_queryset(self, queryset: Any, tenants: console.TenantScope) -> Any:
+    def scope_queryset(self, queryset: Any, tenants: reads.TenantScope) -> Any:
         if tenants is None:
             return queryset
         if self.tenant_field is None:
             return queryset.none()
-        return console.scoped(queryset, tenants, self.tenant_field)
+        return reads.scoped(queryset, tenants, self.tenant_field)
 
     def get_queryset(self, request: Any) -> Any:
-        # No page's list shows a JSON column: leave them out (see console.JSON_FIELDS); a page
+        # No page's list shows a JSON column: leave them out (see reads.JSON_FIELDS); a page
         # that shows one reads it as text (get_object).
-        queryset = console.without_json(
-            self.scope_queryset(super().get_queryset(request), console.tenant_scope(request)))
+        queryset = reads.without_json(
+            self.scope_queryset(super().get_queryset(request), reads.tenant_scope(request)))
         if _nul_in(request.GET):
             # PostgreSQL refuses NUL in text, so a filter or search value with one would be a
             # database error; no stored value contains one, so nothing matches (the list says
@@ -327,11 +327,11 @@ class ConsoleAdmin(admin.ModelAdmin):
         return super().changelist_view(request, extra_context)
 
     def get_object(self, request: Any, object_id: str, from_field: str | None = None) -> Any:
-        return self._find(request, object_id, console.JSON_PAGE_CHARS)
+        return self._find(request, object_id, reads.JSON_PAGE_CHARS)
 
     def _find(self, request: Any, object_id: str, limit: int | None) -> Any:
         """The row of a page, in scope, its JSON columns read as text (at most ``limit``
-        characters of each: see console.with_json_text), or None."""
+        characters of each: see reads.with_json_text), or None."""
         if "\x00" in str(object_id):
             return None  # no key contains NUL, and PostgreSQL refuses one in a text key
         pk = self.model._meta.pk
@@ -339,7 +339,7 @@ class ConsoleAdmin(admin.ModelAdmin):
             value = pk.to_python(object_id)
         except (ValidationError, ValueError):
             return None
-        return console.with_json_text(self.get_queryset(request), limit).filter(
+        return reads.with_json_text(self.get_queryset(request), limit).filter(
             **{pk.name: value}).first()
 
     def get_urls(self) -> list[Any]:
@@ -352,17 +352,17 @@ class ConsoleAdmin(admin.ModelAdmin):
 
     def json_view(self, request: Any, object_id: str, field: str) -> HttpResponse:
         """The whole of one JSON column of one row, as the database stores it (pages show at
-        most console.JSON_PAGE_CHARS characters and link here). Nothing is decoded: jsonb's
+        most reads.JSON_PAGE_CHARS characters and link here). Nothing is decoded: jsonb's
         text is JSON even when Python's json module cannot load it. Same permission and
         tenant scope as the row's page."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        if field not in console.json_fields(self.model):
+        if field not in reads.json_fields(self.model):
             raise Http404(f"{self._meta_name()} has no JSON column {field!r}")
         obj = self._find(request, unquote(object_id), None)
         if obj is None:
             raise Http404(f"no {self._meta_name()} {object_id!r}")
-        response = HttpResponse(console.json_text(obj, field) or "null",
+        response = HttpResponse(reads.json_text(obj, field) or "null",
                                 content_type="application/json; charset=utf-8")
         response["X-Content-Type-Options"] = "nosniff"
         return response
@@ -372,7 +372,7 @@ class ConsoleAdmin(admin.ModelAdmin):
         return reverse("admin:{}_{}_json".format(*info), args=[obj.pk, field])
 
     def json_html(self, obj: Any, field: str) -> str:
-        return json_block(console.shown_json(obj, field), self.whole_json_url(obj, field))
+        return json_block(reads.shown_json(obj, field), self.whole_json_url(obj, field))
 
     def _object_or_404(self, request: Any, object_id: str) -> Any:
         obj = self.get_object(request, unquote(object_id))
@@ -531,13 +531,13 @@ class JobAdmin(ConsoleAdmin):
     @staticmethod
     def _now(obj: Job) -> Any:
         if not hasattr(obj, "_xjobs_now"):
-            obj._xjobs_now = console.db_now()  # type: ignore[attr-defined]
+            obj._xjobs_now = reads.db_now()  # type: ignore[attr-defined]
         return obj._xjobs_now  # type: ignore[attr-defined]
 
     def _moment(self, obj: Job, moment: Any) -> str:
         if moment is None:
             return "-"
-        return f"{console.clock_text(moment)} ({console.ago(moment, self._now(obj))})"
+        return f"{reads.clock_text(moment)} ({reads.ago(moment, self._now(obj))})"
 
     @admin.display(description="created")
     def created(self, obj: Job) -> str:
@@ -551,12 +551,12 @@ class JobAdmin(ConsoleAdmin):
     def waited(self, obj: Job) -> str:
         now = self._now(obj)
         if obj.state == "ready" and obj.run_at <= now:
-            return (f"{console.duration_text(console.seconds_between(obj.run_at, now))} so "
+            return (f"{reads.duration_text(reads.seconds_between(obj.run_at, now))} so "
                     "far: due, no worker has taken it yet")
         if obj.started_at is not None and obj.started_at >= obj.run_at and obj.state in (
                 "running", "done", "dead", "cancelled"):
-            seconds = console.seconds_between(obj.run_at, obj.started_at)
-            return (f"{console.duration_text(seconds)}: from due to the start of attempt "
+            seconds = reads.seconds_between(obj.run_at, obj.started_at)
+            return (f"{reads.duration_text(seconds)}: from due to the start of attempt "
                     f"{obj.attempt}")
         return "-"
 
@@ -569,11 +569,11 @@ class JobAdmin(ConsoleAdmin):
         if obj.started_at is None:
             return "-"
         if obj.state == "running":
-            seconds = console.seconds_between(obj.started_at, self._now(obj))
-            return f"{console.duration_text(seconds)} so far (attempt {obj.attempt})"
+            seconds = reads.seconds_between(obj.started_at, self._now(obj))
+            return f"{reads.duration_text(seconds)} so far (attempt {obj.attempt})"
         if obj.finished_at is not None and obj.finished_at >= obj.started_at:
-            seconds = console.seconds_between(obj.started_at, obj.finished_at)
-            return f"{console.duration_text(seconds)} (attempt {obj.attempt})"
+            seconds = reads.seconds_between(obj.started_at, obj.finished_at)
+            return f"{reads.duration_text(seconds)} (attempt {obj.attempt})"
         return "-"
 
     @admin.display(description="finished")
@@ -588,17 +588,17 @@ class JobAdmin(ConsoleAdmin):
     def lease(self, obj: Job) -> str:
         if obj.visible_at is None:
             return "-"
-        text = console.clock_text(obj.visible_at)
+        text = reads.clock_text(obj.visible_at)
         if obj.state != "running":
             return text
-        left = console.seconds_between(self._now(obj), obj.visible_at)
+        left = reads.seconds_between(self._now(obj), obj.visible_at)
         if left > 0:
-            return f"{text} (expires in {console.duration_text(left)})"
-        return f"{text} (expired {console.duration_text(-left)} ago)"
+            return f"{text} (expires in {reads.duration_text(left)})"
+        return f"{text} (expired {reads.duration_text(-left)} ago)"
 
     @admin.display(description="workers that ran it")
     def workers(self, obj: Job) -> str:
-        shown = console.shown_json(obj, "worker_ids")
+        shown = reads.shown_json(obj, "worker_ids")
         if shown.decoded and not shown.truncated and isinstance(shown.value, list):
             return ", ".join(str(w) for w in shown.value) or "-"
         return shown.text or "-"
@@ -655,18 +655,18 @@ class JobAdmin(ConsoleAdmin):
     def dashboard_view(self, request: Any) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        tenants = console.tenant_scope(request)
-        board = console.dashboard(tenants)
+        tenants = reads.tenant_scope(request)
+        board = reads.dashboard(tenants)
         return self._page(request, "admin/django_xjobs/dashboard.html", "Jobs dashboard",
                           board=board, now=board.now, tenants=tenants)
 
     def health_view(self, request: Any) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        tenants = console.tenant_scope(request)
+        tenants = reads.tenant_scope(request)
         # Other sessions' SQL carries literals: superusers and holders of view_query_text see
-        # it, everyone else its first word (console.redact_query).
-        health = console.health(tenants, query_text=request.user.has_perm(
+        # it, everyone else its first word (reads.redact_query).
+        health = reads.health(tenants, query_text=request.user.has_perm(
             "django_xjobs.view_query_text"))
         return self._page(request, "admin/django_xjobs/health.html", "Queue health",
                           health=health, now=health.now, tenants=tenants)
@@ -676,8 +676,8 @@ class JobAdmin(ConsoleAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         job = self._object_or_404(request, object_id)
-        steps = console.run_steps(job.run_id)
-        now = console.db_now()
+        steps = reads.run_steps(job.run_id)
+        now = reads.db_now()
         # Step outputs are step records: on the job's page too they need the steps' own view
         # permission (a "support" group given view_job alone does not see them).
         step_admin = self.admin_site.get_model_admin(JobStep)
@@ -690,7 +690,7 @@ class JobAdmin(ConsoleAdmin):
             and (spec.name != "run_jobs_now" or job.state != "ready" or job.run_at > now)
         ]
         context = {
-            "diagnosis": console.diagnose(job, steps, now), "steps": steps, "db_now": now,
+            "diagnosis": reads.diagnose(job, steps, now), "steps": steps, "db_now": now,
             "step_rows": list(zip(steps, step_outputs, strict=True)),
             "can_view_steps": can_view_steps,
             "action_buttons": buttons, "changelist_url":
@@ -767,7 +767,7 @@ class JobAdmin(ConsoleAdmin):
 
     def _apply(self, request: Any, spec: ActionSpec, chosen: list[Job], truncated: bool,
                form: CancelForm) -> Any:
-        tenants = console.tenant_scope(request)
+        tenants = reads.tenant_scope(request)
         who = f"admin:{request.user.get_username()}"
         changed: list[Job] = []
         skipped: dict[str, int] = {}
@@ -897,8 +897,8 @@ class JobStepAdmin(ConsoleAdmin):
     readonly_fields = ("run", "status_badge", "pretty_output", "error_text")
     exclude = ("output", "error")
 
-    def scope_queryset(self, queryset: Any, tenants: console.TenantScope) -> Any:
-        return console.steps_scoped(queryset, tenants)
+    def scope_queryset(self, queryset: Any, tenants: reads.TenantScope) -> Any:
+        return reads.steps_scoped(queryset, tenants)
 
     def get_search_results(self, request: Any, queryset: Any, search_term: str) -> Any:
         term = search_term.strip()
@@ -914,7 +914,7 @@ class JobStepAdmin(ConsoleAdmin):
 
     @admin.display(description="error")
     def error_line(self, obj: JobStep) -> str:
-        return console.error_summary(obj.error, 80) or ""
+        return reads.error_summary(obj.error, 80) or ""
 
     @admin.display(description="job (run id)")
     def run(self, obj: JobStep) -> str:
@@ -994,9 +994,9 @@ class JobLeaseAdmin(ClockedAdmin):
 
     def get_changelist_instance(self, request: Any) -> Any:
         changelist = super().get_changelist_instance(request)
-        # One read for the page's rows (console.slot_limits), kept on the rows themselves.
+        # One read for the page's rows (reads.slot_limits), kept on the rows themselves.
         rows = list(changelist.result_list)
-        limits = console.slot_limits((r.lease_key, r.holder) for r in rows)
+        limits = reads.slot_limits((r.lease_key, r.holder) for r in rows)
         for r in rows:
             r.xjobs_limit = limits[(r.lease_key, r.holder)]
         return changelist
@@ -1004,7 +1004,7 @@ class JobLeaseAdmin(ClockedAdmin):
     @admin.display(description="limit")
     def limit(self, obj: JobLease) -> str:
         if not hasattr(obj, "xjobs_limit"):
-            obj.xjobs_limit = console.slot_limits([(obj.lease_key, obj.holder)])[
+            obj.xjobs_limit = reads.slot_limits([(obj.lease_key, obj.holder)])[
                 (obj.lease_key, obj.holder)]
         return "-" if obj.xjobs_limit is None else str(obj.xjobs_limit)
 
@@ -1057,7 +1057,7 @@ class BackfillAdmin(ClockedAdmin):
 
     @admin.display(description="rows/s")
     def rate(self, obj: Backfill) -> str:
-        rate = console.backfill_rate(obj, obj.db_clock)
+        rate = reads.backfill_rate(obj, obj.db_clock)
         return f"{rate:,.1f}" if rate is not None else "-"
 
     @admin.display(description="last cursor")

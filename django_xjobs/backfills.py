@@ -86,7 +86,7 @@ from .exceptions import (
     UnknownBackfill,
     XJobsError,
 )
-from .records import BACKFILL_STATUSES, BackfillRecord, RunOwner
+from .records import BACKFILL_STATUSES, BackfillRecord, Claim, RunOwner
 
 if TYPE_CHECKING:
     from .engines import Engine
@@ -571,7 +571,8 @@ class _Pass:
         if ctx.lease_token is None:
             raise PermanentError(f"backfill {definition.name}: a pass runs only in a worker")
         engine = get_engine()
-        owner = RunOwner(job_id=ctx.job_id, lease_token=ctx.lease_token, run_id=ctx.run_id)
+        owner = RunOwner(claim=Claim(job_id=ctx.job_id, lease_token=ctx.lease_token),
+                         run_id=ctx.run_id)
         version = app_version(definition)
         record = engine.backfill_start_if_owned(
             owner, name=definition.name, checksum=definition.checksum, app_version=version,

@@ -172,13 +172,13 @@ def check_schedule(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         conf.build(_raw())
     except ConfigurationError:
         return []  # check_settings reports it
-    from .scheduler.tasks import collect
+    from .scheduler.schedule import collect
 
     _, problems = collect()
     return [checks.Error(p.message, hint=SCHEDULE_HINTS[p.id], id=p.id) for p in problems]
 
 
-# The fix for each kind of schedule mistake (the ids of scheduler/tasks.py).
+# The fix for each kind of schedule mistake (the ids of scheduler/schedule.py).
 SCHEDULE_HINTS = {
     "xjobs.E010": "Use 5 fields (minute hour day-of-month month day-of-week, e.g. \"0 3 * * *\"), "
                   "6 with the seconds first, or @yearly, @monthly, @weekly, @daily, @hourly. See "

@@ -237,7 +237,10 @@ class OutboxEntry(models.Model):
 
 
 class JobLease(models.Model):
-    """Concurrency slots; (lease_key, slot) is the key the statements use."""
+    """Concurrency slots (django_xjobs/slots.py). The model, its table and ``lease_key`` keep
+    the schema's names; everywhere else in Python this is a *slot* and ``lease_key`` its
+    ``slot_key`` (docs/design.md, "Tables"). ``(lease_key, slot)`` is the key the statements
+    use."""
 
     id = models.BigAutoField(primary_key=True)
     lease_key = models.TextField()

@@ -160,6 +160,20 @@ class JobRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Claim:
+    """One run's hold on a job: the job's id and the lease token its claim wrote.
+
+    Every write a run makes is fenced on this pair (docs/design.md, "Fencing"), and it is how the
+    pair travels: in the fenced writes below, the heartbeat's renewals, a step's owner and the
+    wake-up of a refused job. The token alone names the run (a claim writes a fresh one, never
+    reused); the job id is what the statements' primary-key lookups need.
+    """
+
+    job_id: str
+    lease_token: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimedJob:
     """A job this worker now owns under ``lease_token`` until the lease lapses.
 
@@ -184,13 +198,9 @@ class ClaimedJob:
     resumed: bool
     input_error: str | None = None
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimParams:
-    queues: tuple[str, ...]
-    limit: int
-    worker_id: str
-    lease_ms: int
+    @property
+    def claim(self) -> Claim:
+        return Claim(job_id=self.id, lease_token=self.lease_token)
 
 
 # ------------------------------------------------------------------------ fenced writes --
@@ -208,8 +218,7 @@ class Fence(enum.Enum):
 class Completion:
     """A run that returned: mark done with its JSON result (``None`` for no result)."""
 
-    id: str
-    lease_token: str
+    claim: Claim
     result_json: str | None
 
 
@@ -218,8 +227,7 @@ class Failure:
     """A run that raised: retry after ``retry_delay_ms`` or go ``dead`` (attempts used up or
     ``permanent``). The engine decides which from the row, so the choice is made under the fence."""
 
-    id: str
-    lease_token: str
+    claim: Claim
     error: str
     retry_delay_ms: int
     permanent: bool = False
@@ -233,8 +241,7 @@ class Requeue:
     the attempt counter returns to where it was before the claim.
     """
 
-    id: str
-    lease_token: str
+    claim: Claim
     delay_ms: int
     spent_attempt: bool
     resumed: bool
@@ -245,8 +252,7 @@ class Requeue:
 class Suspension:
     """Park the job until ``wake_at`` (a durable sleep or an event wait); the resume is free."""
 
-    id: str
-    lease_token: str
+    claim: Claim
     wake_at: datetime
 
 
@@ -272,14 +278,6 @@ class FenceReport:
         return Fence.LOST
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LeaseRef:
-    """A run's claim on a job, as the heartbeat renews it."""
-
-    id: str
-    lease_token: str
-
-
 # --------------------------------------------------------------------------- steps, events --
 
 
@@ -287,8 +285,7 @@ class LeaseRef:
 class RunOwner:
     """Whose step writes these are: the job, the claim (fence) and the run (step key)."""
 
-    job_id: str
-    lease_token: str
+    claim: Claim
     run_id: str
 
 
@@ -439,13 +436,13 @@ class OutboxStatus:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SlotRequest:
-    """One run asking for a slot of ``lease_key`` below ``limit`` (django_xjobs/slots.py).
+    """One run asking for a slot of ``slot_key`` below ``limit`` (django_xjobs/slots.py).
 
     ``holder`` names the run and nothing else: it contains the claim's lease token, which no
     other run ever carries, so renewals and releases fenced on it touch this run's slot only.
     """
 
-    lease_key: str
+    slot_key: str
     limit: int
     holder: str
 
@@ -454,7 +451,7 @@ class SlotRequest:
 class SlotHold:
     """A slot a run was granted: what its renewals and its release are fenced on."""
 
-    lease_key: str
+    slot_key: str
     slot: int
     holder: str
 
@@ -463,7 +460,7 @@ class SlotHold:
 class SlotRecord:
     """A live ``x_job_leases`` row, for operators (``manage.py xjobs slots``)."""
 
-    lease_key: str
+    slot_key: str
     slot: int
     holder: str
     expires_at: datetime
@@ -474,7 +471,7 @@ class SlotRecord:
 class SlotUsage:
     """How many slots of one key are held now (live rows only), for the stats."""
 
-    lease_key: str
+    slot_key: str
     held: int
     next_expiry: datetime
 
@@ -533,7 +530,7 @@ class LockedStates:
     watermarks: Mapping[str, datetime] = field(default_factory=dict)
     paused: frozenset[str] = frozenset()
 # ------------------------------------------------------------------------------ console --
-# Monitoring reads for the operations console (django_xjobs/console.py): the catalog figures
+# Monitoring reads for the operations console (django_xjobs/reads.py): the catalog figures
 # that say whether PostgreSQL can still clean up after the queue.
 
 

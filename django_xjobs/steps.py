@@ -186,10 +186,9 @@ class Steps:
 
         if self._on_park is not None:
             self._on_park()
-        report = self._engine.job_suspend_if_owned(Suspension(
-            id=self._owner.job_id, lease_token=self._owner.lease_token, wake_at=wake_at,
-        ))
-        if self._owner.lease_token not in report.owned:
+        report = self._engine.job_suspend_if_owned(
+            Suspension(claim=self._owner.claim, wake_at=wake_at))
+        if self._owner.claim.lease_token not in report.owned:
             raise self._lost("job not suspended")
         return StepSuspended(wake_at)
 

@@ -39,14 +39,14 @@ def job_in_state(state: str, *, queue: str | None = None, tag: str = "",
     assert claimed.id == str(handle.id)
     if state == "done":
         engine.jobs_complete_if_owned([Completion(
-            id=claimed.id, lease_token=claimed.lease_token, result_json='{"ok": true}')])
+            claim=claimed.claim, result_json='{"ok": true}')])
     elif state == "dead":
         engine.job_fail_if_owned(Failure(
-            id=claimed.id, lease_token=claimed.lease_token, retry_delay_ms=0, permanent=True,
+            claim=claimed.claim, retry_delay_ms=0, permanent=True,
             error=f"Traceback (most recent call last):\n  File \"x.py\", line 1\n{error}"))
     elif state == "suspended":
         engine.job_suspend_if_owned(Suspension(
-            id=claimed.id, lease_token=claimed.lease_token,
+            claim=claimed.claim,
             wake_at=timezone.now() + timedelta(hours=1)))
     else:
         assert state in ("running", "lapsed"), state
@@ -139,7 +139,7 @@ def slot_held_by_a_run(group: str = "g", queue: str = "slot-limit-q") -> Any:
     engine = get_engine()
     (claimed,) = engine.jobs_claim(wants={queue: 1}, worker_id="w-limit", lease_ms=60_000)
     assert claimed.id == str(handle.id)
-    (hold,) = engine.slots_acquire([SlotRequest(lease_key=f"slot:{group}", limit=2,
+    (hold,) = engine.slots_acquire([SlotRequest(slot_key=f"slot:{group}", limit=2,
                                                 holder=slots.holder(claimed, "w-limit"))],
                                    60_000)
     return hold

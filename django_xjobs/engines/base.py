@@ -28,6 +28,7 @@ from uuid import UUID
 from ..records import (
     BackfillRecord,
     ChangeResult,
+    Claim,
     ClaimedJob,
     Completion,
     EnqueueParams,
@@ -38,7 +39,6 @@ from ..records import (
     JobRecord,
     LeaderFence,
     LeaderRecord,
-    LeaseRef,
     LockedStates,
     OutboxRow,
     OutboxStatus,
@@ -175,7 +175,7 @@ class Engine(abc.ABC):
     def job_suspend_if_owned(self, suspension: Suspension) -> FenceReport: ...
 
     @abc.abstractmethod
-    def jobs_renew_if_owned(self, leases: Sequence[LeaseRef], lease_ms: int) -> frozenset[str]:
+    def jobs_renew_if_owned(self, claims: Sequence[Claim], lease_ms: int) -> frozenset[str]:
         """Extend every lease still owned; return the lease TOKENS renewed (a missing token =
         that run lost the job)."""
 
@@ -374,7 +374,7 @@ class Engine(abc.ABC):
         """Free each slot its holder still has (lapsed or not); how many rows went."""
 
     @abc.abstractmethod
-    def slots_list(self, *, lease_key: str | None = None, limit: int = 1000) -> list[SlotRecord]:
+    def slots_list(self, *, slot_key: str | None = None, limit: int = 1000) -> list[SlotRecord]:
         """Live slots (of one key), by key then slot."""
 
     @abc.abstractmethod
@@ -382,7 +382,7 @@ class Engine(abc.ABC):
         """Live slots per key, busiest key first."""
 
     @abc.abstractmethod
-    def jobs_wake_refused(self, refused: Sequence[LeaseRef]) -> int:
+    def jobs_wake_refused(self, refused: Sequence[Claim]) -> int:
         """Make due now each job still waiting after the refusal of the claim ``lease_token``
         (no claim since); how many were woken."""
 
@@ -449,7 +449,7 @@ class Engine(abc.ABC):
         """Delete relayed outbox rows published before the cutoff, in bounded batches."""
 
     @abc.abstractmethod
-    def leases_purge_expired(self, *, grace_ms: int, batch_size: int = 1000) -> int:
+    def slots_purge_expired(self, *, grace_ms: int, batch_size: int = 1000) -> int:
         """Delete concurrency slot rows expired for longer than ``grace_ms``, in bounded
         batches."""
     # ----------------------------------------------------------------------- console --

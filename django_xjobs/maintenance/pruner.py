@@ -8,7 +8,7 @@ What goes, and after how long (docs/scheduling.md, "Maintenance and retention"):
 * relayed outbox rows published more than ``XJOBS["OUTBOX_RETENTION"]`` ago; pending rows are
   never touched (``outbox_purge_published``);
 * concurrency slot rows expired for more than ``XJOBS["SLOT_PURGE_GRACE"]``
-  (``leases_purge_expired``; why the grace: see that statement).
+  (``slots_purge_expired``; why the grace: see that statement).
 
 Every delete runs in batches of ``XJOBS["MAINTENANCE_BATCH"]`` rows, each batch its own short
 transaction taken with SKIP LOCKED, so retention never holds long locks on a hot table nor waits
@@ -37,17 +37,17 @@ class PruneReport:
     jobs: Mapping[str, int] = field(default_factory=dict)  # per finished state
     events: int = 0
     outbox: int = 0
-    leases: int = 0
+    slots: int = 0
     stopped: bool = False
 
     @property
     def total(self) -> int:
-        return sum(self.jobs.values()) + self.events + self.outbox + self.leases
+        return sum(self.jobs.values()) + self.events + self.outbox + self.slots
 
     def summary(self) -> str:
         jobs = ", ".join(f"{n} {state}" for state, n in sorted(self.jobs.items()) if n)
         parts = [f"jobs: {jobs or 0}", f"events: {self.events}", f"outbox: {self.outbox}",
-                 f"slots: {self.leases}"]
+                 f"slots: {self.slots}"]
         return "deleted " + "; ".join(parts) + (" (stopped early)" if self.stopped else "")
 
 
@@ -61,7 +61,7 @@ def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | Non
     batch = batch_size or settings.maintenance_batch
     now = engine.db_now()
     jobs: dict[str, int] = {}
-    counts = {"events": 0, "outbox": 0, "leases": 0}
+    counts = {"events": 0, "outbox": 0, "slots": 0}
 
     def stopped() -> PruneReport:
         return PruneReport(jobs=jobs, stopped=True, **counts)
@@ -76,7 +76,7 @@ def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | Non
         ("outbox", lambda: engine.outbox_purge_published(
             published_before=now - timedelta(seconds=settings.outbox_retention),
             batch_size=batch)),
-        ("leases", lambda: engine.leases_purge_expired(
+        ("slots", lambda: engine.slots_purge_expired(
             grace_ms=round(settings.slot_purge_grace * 1000), batch_size=batch)),
     ]
     for name, purge in steps:

@@ -109,7 +109,7 @@ def _maintenance(command: Any, as_json: bool) -> None:
     report = pruner.run_once()
     if as_json:
         command._emit({"jobs": dict(report.jobs), "events": report.events,
-                       "outbox": report.outbox, "slots": report.leases})
+                       "outbox": report.outbox, "slots": report.slots})
     else:
         command.stdout.write(f"maintenance: {report.summary()}")
 

@@ -3,7 +3,7 @@
 * ``cron.py`` — occurrences, misfire policies, DST (pure);
 * ``leadership.py`` — leader election, lease row or advisory lock (its docstring: the protocol);
 * ``runner.py`` — the round, the worker duty, and maintenance on the leader;
-* ``tasks.py`` — the configured tasks (``@job(cron=...)`` and ``XJOBS["SCHEDULE"]``);
+* ``schedule.py`` — the configured tasks (``@job(cron=...)`` and ``XJOBS["SCHEDULE"]``);
 * ``options.py`` — the ``@job`` options; ``operations.py`` — what operators call.
 
 The operator API, importable from here::

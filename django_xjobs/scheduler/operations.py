@@ -11,7 +11,7 @@ from ..engines import get_engine
 from ..exceptions import UnknownTask
 from ..records import LeaderRecord, SchedulerStateRecord
 from . import cron, leadership
-from .tasks import Task, configured
+from .schedule import Task, configured
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -52,7 +52,7 @@ from ..records import EnqueueParams, LeaderFence
 from ..worker import reachability
 from ..worker.duties import Duty
 from . import cron, leadership
-from .tasks import Task
+from .schedule import Task
 
 log = logging.getLogger("django_xjobs.scheduler")
 
@@ -210,7 +210,7 @@ class SchedulerDuty(Duty):
         self.maintenance: Maintenance | None = None
 
     def _tasks(self) -> list[Task]:
-        from .tasks import collect
+        from .schedule import collect
 
         tasks, problems = collect()
         for problem in problems:  # the system checks stop a misconfigured worker first

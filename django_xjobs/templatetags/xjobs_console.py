@@ -10,7 +10,7 @@ from django import template
 from django.template.loader_tags import BlockNode, ExtendsNode
 from django.utils.html import format_html
 
-from .. import console
+from .. import reads
 
 register = template.Library()
 
@@ -18,12 +18,12 @@ register = template.Library()
 @register.filter
 def ago(moment: datetime | None, now: datetime) -> str:
     """``{{ job.finished_at|ago:db_now }}`` -> "3 min ago" / "in 20 s" / "never"."""
-    return console.ago(moment, now)
+    return reads.ago(moment, now)
 
 
 @register.filter
 def seconds(value: float | None) -> str:
-    return console.humanize_seconds(value)
+    return reads.humanize_seconds(value)
 
 
 @register.filter

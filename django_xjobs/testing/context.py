@@ -31,7 +31,7 @@ from uuid import uuid4
 from .. import api, conf, registry
 from ..context import JobContext
 from ..exceptions import InvalidJobInput
-from ..records import EventRecord, ParkedStep, RunOwner, StepRecord
+from ..records import Claim, EventRecord, ParkedStep, RunOwner, StepRecord
 from ..steps import AsyncSteps, Steps, _event_name
 from .rows import job_name
 
@@ -131,7 +131,8 @@ class MemorySteps(Steps):
     :class:`MemoryStepStore`, with what they did to read back."""
 
     def __init__(self, ctx: JobContext, store: MemoryStepStore) -> None:
-        super().__init__(store, RunOwner(job_id=ctx.job_id, lease_token="", run_id=ctx.run_id),
+        super().__init__(store, RunOwner(claim=Claim(job_id=ctx.job_id, lease_token=""),
+                                         run_id=ctx.run_id),
                          ctx)
         self.store = store
 

@@ -130,7 +130,7 @@ def run_claimed(engine: Engine, claimed: ClaimedJob) -> str:
         tenant_id=claimed.tenant_id, traceparent=claimed.traceparent,
         lease_token=claimed.lease_token,
     )
-    owner = RunOwner(job_id=claimed.id, lease_token=claimed.lease_token, run_id=claimed.run_id)
+    owner = RunOwner(claim=claimed.claim, run_id=claimed.run_id)
     outcome: Outcome
     try:
         if definition is None:
@@ -184,8 +184,7 @@ def _settle(engine: Engine, claimed: ClaimedJob, outcome: Outcome) -> str:
 
     if isinstance(outcome, Done):
         report = engine.jobs_complete_if_owned([Completion(
-            id=claimed.id, lease_token=claimed.lease_token, result_json=outcome.result_json,
-        )])
+            claim=claimed.claim, result_json=outcome.result_json)])
         fence, state = report.outcome(claimed.lease_token), "done"
     else:
         fence, state = write_outcome(engine, claimed, outcome)

@@ -33,7 +33,6 @@ from typing import Any
 
 from .. import clock
 from ..engines import Engine
-from ..records import LeaseRef
 from . import reachability
 
 log = logging.getLogger("django_xjobs.worker")
@@ -85,7 +84,7 @@ class Heartbeat(threading.Thread):
                     self.engine.session_label(self.label)
                     labelled = True
                 renewed = self.engine.jobs_renew_if_owned(
-                    [LeaseRef(id=r.job.id, lease_token=r.job.lease_token) for r in runs],
+                    [r.job.claim for r in runs],
                     self.lease_ms,
                 )
             except Exception as exc:

@@ -72,11 +72,11 @@ from ..context import JobContext
 from ..engines import Engine, get_engine
 from ..exceptions import SLOT_LOST, JobCancelled, SlotLost, XJobsError
 from ..records import (
+    Claim,
     ClaimedJob,
     Completion,
     Failure,
     Fence,
-    LeaseRef,
     Requeue,
     RunOwner,
     SlotHold,
@@ -221,8 +221,7 @@ class Run:
         def on_park() -> None:
             self.parking = True
 
-        owner = RunOwner(job_id=self.job.id, lease_token=self.job.lease_token,
-                         run_id=self.job.run_id)
+        owner = RunOwner(claim=self.job.claim, run_id=self.job.run_id)
         steps = Steps(get_engine(), owner, ctx, on_park,
                       self._slot_guard if self.slot is not None else None)
         return AsyncSteps(steps) if self.definition and self.definition.is_async else steps
@@ -290,7 +289,7 @@ class Worker:
         self._limitless_keys: set[str] = set()  # keys already warned about (no limit known)
         # Jobs this worker refused a slot, per key, until they are due again anyway: a slot of
         # that key released here wakes them at once (jobs_wake_refused).
-        self._waiting: dict[str, deque[tuple[float, LeaseRef]]] = {}
+        self._waiting: dict[str, deque[tuple[float, Claim]]] = {}
 
     # ------------------------------------------------------------------------ public --
     def run(self) -> None:
@@ -708,7 +707,7 @@ class Worker:
         if done:
             try:
                 report = self.engine.jobs_complete_if_owned([
-                    Completion(id=r.job.id, lease_token=r.job.lease_token,
+                    Completion(claim=r.job.claim,
                                result_json=r.outcome.result_json)  # type: ignore[union-attr]
                     for r in done
                 ])
@@ -882,7 +881,7 @@ class Worker:
         if not keyed:
             return runs
         requests = [
-            SlotRequest(lease_key=r.job.concurrency_key, limit=self._slot_limit(r),
+            SlotRequest(slot_key=r.job.concurrency_key, limit=self._slot_limit(r),
                         holder=slots.holder(r.job, self.worker_id))
             for r in keyed if r.job.concurrency_key is not None
         ]
@@ -922,7 +921,7 @@ class Worker:
         back. A failed write leaves them unsettled (retried with the next settle)."""
         try:
             report = self.engine.jobs_requeue_if_owned([
-                Requeue(id=r.job.id, lease_token=r.job.lease_token,
+                Requeue(claim=r.job.claim,
                         delay_ms=round(r.outcome.delay * 1000),  # type: ignore[union-attr]
                         spent_attempt=not r.job.resumed, resumed=r.job.resumed)
                 for r in refused
@@ -941,7 +940,7 @@ class Worker:
                 key = r.job.concurrency_key
                 assert key is not None
                 self._waiting.setdefault(key, deque(maxlen=WAITING_MAX)).append(
-                    (due_at, LeaseRef(id=r.job.id, lease_token=r.job.lease_token)))
+                    (due_at, r.job.claim))
         lost = [r for r in refused if report.outcome(r.job.lease_token) is Fence.LOST]
         if lost:
             self.stats["lost"] += len(lost)
@@ -972,13 +971,13 @@ class Worker:
             return
         released, self._releases = self._releases, []
         if self._waiting:
-            self._wake_waiting(Counter(h.lease_key for h in released))
+            self._wake_waiting(Counter(h.slot_key for h in released))
 
     def _wake_waiting(self, freed: Counter[str]) -> None:
         """For each slot just released, make one job this worker refused on that key due now
         (one statement), instead of letting it wait out its poll interval."""
         now = clock.monotonic()
-        wake: list[LeaseRef] = []
+        wake: list[Claim] = []
         for key, n in freed.items():
             waiting = self._waiting.get(key)
             while waiting and n > 0:
@@ -1023,7 +1022,7 @@ class Worker:
 
     def _log_slot_lost(self, run: Run, why: str) -> None:
         hold = run.slot
-        where = f"slot {hold.lease_key!r}#{hold.slot}" if hold is not None else "its slot"
+        where = f"slot {hold.slot_key!r}#{hold.slot}" if hold is not None else "its slot"
         log.error("job %s (%s) attempt %d: %s: lost %s: %s; the run is stopped, its result "
                   "discarded, and the job re-queued", run.job.id, run.job.name, run.job.attempt,
                   SLOT_LOST, where, why)
@@ -1109,13 +1108,13 @@ def write_outcome(engine: Engine, job: ClaimedJob, outcome: Outcome) -> tuple[Fe
     test mode's settle (django_xjobs/testing), so a test sees the statements a worker sends."""
     if isinstance(outcome, Retry):
         report, state = engine.job_fail_if_owned(Failure(
-            id=job.id, lease_token=job.lease_token, error=outcome.error,
+            claim=job.claim, error=outcome.error,
             retry_delay_ms=round(outcome.delay * 1000), permanent=outcome.permanent,
         ))
         return report.outcome(job.lease_token), state or "lost"
     if isinstance(outcome, GiveBack):
         report = engine.job_requeue_if_owned(Requeue(
-            id=job.id, lease_token=job.lease_token, delay_ms=round(outcome.delay * 1000),
+            claim=job.claim, delay_ms=round(outcome.delay * 1000),
             spent_attempt=not job.resumed, resumed=job.resumed, note=outcome.note,
         ))
         return report.outcome(job.lease_token), "requeued"

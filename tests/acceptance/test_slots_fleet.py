@@ -52,7 +52,7 @@ def max_overlap(spans: list[tuple[float, float]]) -> int:
 def live_slots(key: str) -> list:
     from django_xjobs.engines import get_engine
 
-    return get_engine().slots_list(lease_key=key)
+    return get_engine().slots_list(slot_key=key)
 
 
 def all_done(handles, timeout: float = DRAIN) -> None:

@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 
 from django_xjobs.models import Backfill
-from django_xjobs.records import RunOwner
+from django_xjobs.records import Claim, RunOwner
 
 from .conftest import claim_one, enqueue, wait_lapsed
 
@@ -30,7 +30,7 @@ def owned_run(engine, *, lease_ms: int = 60_000, worker: str = "worker-1") -> Ru
     queue = f"q-{uuid.uuid4().hex[:10]}"
     enqueue(engine, queue=queue)
     job = claim_one(engine, queue, worker=worker, lease_ms=lease_ms)
-    return RunOwner(job_id=job.id, lease_token=job.lease_token, run_id=job.run_id)
+    return RunOwner(claim=job.claim, run_id=job.run_id)
 
 
 def start(engine, owner: RunOwner, *, name: str = "testapp.count_rows",
@@ -84,7 +84,7 @@ def test_start_opens_a_row_for_a_run_that_owns_its_job(engine):
 
     assert record is not None
     assert (record.status, record.rows_processed, record.last_cursor) == ("running", 0, None)
-    assert (str(record.run_id), str(record.job_id)) == (owner.run_id, owner.job_id)
+    assert (str(record.run_id), str(record.job_id)) == (owner.run_id, owner.claim.job_id)
     assert (record.checksum, record.app_version, record.code_changes) == (CHECKSUM, "1.0", [])
     assert record.completed_at is None
 
@@ -92,7 +92,7 @@ def test_start_opens_a_row_for_a_run_that_owns_its_job(engine):
 def test_start_adopts_a_pending_row_as_the_pass_really_begins(engine):
     owner = owned_run(engine)
     engine.backfill_create(run_id=owner.run_id, name="testapp.count_rows",
-                           job_id=owner.job_id, checksum=OTHER_CODE, app_version="0.9")
+                           job_id=owner.claim.job_id, checksum=OTHER_CODE, app_version="0.9")
     Backfill.objects.filter(pk=owner.run_id).update(
         started_at=engine.db_now() - timedelta(hours=1))
 
@@ -107,7 +107,7 @@ def test_start_adopts_a_pending_row_as_the_pass_really_begins(engine):
 def test_a_retried_run_adopts_its_failed_row_and_keeps_its_progress(engine):
     owner = owned_run(engine)
     began = engine.db_now() - timedelta(hours=2)
-    failed = pass_row(engine, status="failed", run_id=owner.run_id, job_id=owner.job_id,
+    failed = pass_row(engine, status="failed", run_id=owner.run_id, job_id=owner.claim.job_id,
                       rows_processed=4200, last_cursor=4200, started_at=began,
                       app_version="0.9", error="ValueError: boom")
 
@@ -125,7 +125,7 @@ def test_a_retried_run_adopts_its_failed_row_and_keeps_its_progress(engine):
 def test_a_completed_pass_stays_completed_when_its_job_runs_again(engine):
     # The ack after the final batch was lost: the job runs again and must not start over.
     owner = owned_run(engine)
-    done = pass_row(engine, status="completed", run_id=owner.run_id, job_id=owner.job_id,
+    done = pass_row(engine, status="completed", run_id=owner.run_id, job_id=owner.claim.job_id,
                     rows_processed=10_000, last_cursor=None)
 
     record = start(engine, owner)
@@ -138,7 +138,7 @@ def test_a_completed_pass_stays_completed_when_its_job_runs_again(engine):
 
 def test_a_cancelled_pass_is_adopted_by_its_retried_job(engine):
     owner = owned_run(engine)
-    pass_row(engine, status="cancelled", run_id=owner.run_id, job_id=owner.job_id,
+    pass_row(engine, status="cancelled", run_id=owner.run_id, job_id=owner.claim.job_id,
              rows_processed=300, last_cursor={"id": 300})
 
     record = start(engine, owner)
@@ -149,7 +149,7 @@ def test_a_cancelled_pass_is_adopted_by_its_retried_job(engine):
 
 def test_a_resume_under_other_code_is_recorded_once_per_change(engine):
     owner = owned_run(engine)
-    pass_row(engine, status="failed", run_id=owner.run_id, job_id=owner.job_id,
+    pass_row(engine, status="failed", run_id=owner.run_id, job_id=owner.claim.job_id,
              rows_processed=500, last_cursor=500)
 
     first = start(engine, owner, checksum=OTHER_CODE, app_version="2.0")
@@ -166,7 +166,7 @@ def test_a_resume_under_other_code_is_recorded_once_per_change(engine):
 
 def test_start_from_a_run_that_lost_its_job_writes_nothing(engine):
     owner = owned_run(engine)
-    engine.job_cancel(owner.job_id, reason="operator")
+    engine.job_cancel(owner.claim.job_id, reason="operator")
 
     assert start(engine, owner) is None
     assert not Backfill.objects.filter(pk=owner.run_id).exists()
@@ -174,8 +174,9 @@ def test_start_from_a_run_that_lost_its_job_writes_nothing(engine):
 
 def test_start_with_a_stale_token_does_not_adopt_the_row(engine):
     owner = owned_run(engine)
-    pass_row(engine, status="failed", run_id=owner.run_id, job_id=owner.job_id)
-    stale = RunOwner(job_id=owner.job_id, lease_token=str(uuid.uuid4()), run_id=owner.run_id)
+    pass_row(engine, status="failed", run_id=owner.run_id, job_id=owner.claim.job_id)
+    stale = RunOwner(claim=Claim(job_id=owner.claim.job_id, lease_token=str(uuid.uuid4())),
+                     run_id=owner.run_id)
 
     assert start(engine, stale) is None
     assert row(owner).status == "failed"
@@ -203,12 +204,12 @@ def test_progress_from_a_lapsed_and_reclaimed_lease_changes_nothing(engine):
     queue = f"q-{uuid.uuid4().hex[:10]}"
     enqueue(engine, queue=queue)
     first = claim_one(engine, queue, worker="worker-1", lease_ms=50)
-    old = RunOwner(job_id=first.id, lease_token=first.lease_token, run_id=first.run_id)
+    old = RunOwner(claim=first.claim, run_id=first.run_id)
     start(engine, old)
     engine.backfill_progress_if_owned(old, processed=100, cursor_json="100")
     wait_lapsed(engine, first.id)
     second = claim_one(engine, queue, worker="worker-2")
-    new = RunOwner(job_id=second.id, lease_token=second.lease_token, run_id=second.run_id)
+    new = RunOwner(claim=second.claim, run_id=second.run_id)
 
     assert engine.backfill_progress_if_owned(old, processed=100, cursor_json="200") is None
     assert engine.backfill_complete_if_owned(old, processed=5) is None
@@ -223,7 +224,7 @@ def test_progress_from_a_lapsed_and_reclaimed_lease_changes_nothing(engine):
 def test_progress_of_a_cancelled_job_changes_nothing(engine):
     owner = owned_run(engine)
     start(engine, owner)
-    engine.job_cancel(owner.job_id, reason="operator")
+    engine.job_cancel(owner.claim.job_id, reason="operator")
 
     assert engine.backfill_progress_if_owned(owner, processed=100, cursor_json="100") is None
     assert row(owner).rows_processed == 0
@@ -231,7 +232,7 @@ def test_progress_of_a_cancelled_job_changes_nothing(engine):
 
 def test_progress_of_a_pass_that_is_not_running_changes_nothing(engine):
     owner = owned_run(engine)
-    pass_row(engine, status="cancelled", run_id=owner.run_id, job_id=owner.job_id,
+    pass_row(engine, status="cancelled", run_id=owner.run_id, job_id=owner.claim.job_id,
              last_cursor=7)
 
     assert engine.backfill_progress_if_owned(owner, processed=1, cursor_json="8") is None
@@ -244,14 +245,14 @@ def test_a_batch_whose_progress_is_refused_rolls_back_with_it(engine):
 
     owner = owned_run(engine)
     start(engine, owner)
-    engine.job_cancel(owner.job_id, reason="operator")
+    engine.job_cancel(owner.claim.job_id, reason="operator")
 
     with pytest.raises(LookupError), engine.atomic():
-        Effect.objects.create(job_id=owner.job_id, name="batch", attempt=1, pid=0, kind="w")
+        Effect.objects.create(job_id=owner.claim.job_id, name="batch", attempt=1, pid=0, kind="w")
         if engine.backfill_progress_if_owned(owner, processed=1, cursor_json="1") is None:
             raise LookupError("not owned")
 
-    assert not Effect.objects.filter(job_id=owner.job_id).exists()
+    assert not Effect.objects.filter(job_id=owner.claim.job_id).exists()
 
 
 def test_a_batch_and_its_progress_commit_together(engine):
@@ -261,10 +262,10 @@ def test_a_batch_and_its_progress_commit_together(engine):
     start(engine, owner)
 
     with engine.atomic():
-        Effect.objects.create(job_id=owner.job_id, name="batch", attempt=1, pid=0, kind="w")
+        Effect.objects.create(job_id=owner.claim.job_id, name="batch", attempt=1, pid=0, kind="w")
         assert engine.backfill_progress_if_owned(owner, processed=1, cursor_json="1") == 1
 
-    assert Effect.objects.filter(job_id=owner.job_id).count() == 1
+    assert Effect.objects.filter(job_id=owner.claim.job_id).count() == 1
     assert row(owner).last_cursor == 1
 
 
@@ -299,7 +300,7 @@ def test_fail_keeps_the_cursor_and_records_the_error(engine):
 def test_fail_from_a_run_that_lost_its_job_changes_nothing(engine):
     owner = owned_run(engine)
     start(engine, owner)
-    engine.job_cancel(owner.job_id, reason="operator")
+    engine.job_cancel(owner.claim.job_id, reason="operator")
 
     assert engine.backfill_fail_if_owned(owner, error="late") is False
     assert (row(owner).status, row(owner).error) == ("running", None)

@@ -282,10 +282,10 @@ def test_every_claim_writes_a_fresh_lease_token(engine):
         assert str(engine.job_get(job.id).lease_token) == job.lease_token
         tokens.append(job.lease_token)
         if i % 2:
-            engine.job_requeue_if_owned(Requeue(id=job.id, lease_token=job.lease_token,
+            engine.job_requeue_if_owned(Requeue(claim=job.claim,
                                                 delay_ms=0, spent_attempt=True, resumed=False))
         else:
-            engine.job_fail_if_owned(Failure(id=job.id, lease_token=job.lease_token,
+            engine.job_fail_if_owned(Failure(claim=job.claim,
                                              error="boom", retry_delay_ms=0))
 
     assert len(set(tokens)) == len(tokens)
@@ -299,7 +299,7 @@ def test_attempt_counts_each_claim(engine):
     for _ in range(3):
         job = claim_one(engine)
         attempts.append(job.attempt)
-        engine.job_fail_if_owned(Failure(id=job.id, lease_token=job.lease_token,
+        engine.job_fail_if_owned(Failure(claim=job.claim,
                                           error="boom", retry_delay_ms=0))
 
     assert attempts == [1, 2, 3]
@@ -310,7 +310,7 @@ def test_attempt_counts_each_claim(engine):
 def test_resuming_a_suspended_job_does_not_count_an_attempt(engine):
     enqueue(engine, max_attempts=5)
     first = claim_one(engine)
-    engine.job_suspend_if_owned(Suspension(id=first.id, lease_token=first.lease_token,
+    engine.job_suspend_if_owned(Suspension(claim=first.claim,
                                            wake_at=engine.db_now() - timedelta(seconds=1)))
 
     resumed = claim_one(engine)
@@ -327,7 +327,7 @@ def test_resuming_a_suspended_job_does_not_count_an_attempt(engine):
 def test_a_suspended_job_is_not_claimed_before_it_wakes(engine):
     enqueue(engine)
     job = claim_one(engine)
-    engine.job_suspend_if_owned(Suspension(id=job.id, lease_token=job.lease_token,
+    engine.job_suspend_if_owned(Suspension(claim=job.claim,
                                            wake_at=engine.db_now() + timedelta(hours=1)))
 
     assert claim(engine) == []

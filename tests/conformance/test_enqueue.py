@@ -101,7 +101,7 @@ def test_a_key_held_by_a_job_in_any_live_state_is_not_enqueued_again(engine, liv
 def test_the_key_of_a_job_finished_through_the_engine_is_free_again(engine):
     first = enqueue(engine, key="k")
     job = claim_one(engine)
-    engine.jobs_complete_if_owned([Completion(id=job.id, lease_token=job.lease_token,
+    engine.jobs_complete_if_owned([Completion(claim=job.claim,
                                               result_json=None)])
 
     again = enqueue(engine, key="k")

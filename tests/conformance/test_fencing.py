@@ -13,11 +13,11 @@ import pytest
 from django.db import OperationalError
 
 from django_xjobs.records import (
+    Claim,
     Completion,
     Failure,
     Fence,
     FenceReport,
-    LeaseRef,
     Requeue,
     Suspension,
 )
@@ -27,7 +27,7 @@ from .conftest import LONG_LEASE_MS, claim, claim_one, enqueue, wait_lapsed
 
 def ack(engine, job, result_json: str | None = None) -> Fence:
     report = engine.jobs_complete_if_owned(
-        [Completion(id=job.id, lease_token=job.lease_token, result_json=result_json)]
+        [Completion(claim=job.claim, result_json=result_json)]
     )
     assert isinstance(report, FenceReport)
     return report.outcome(job.lease_token)
@@ -36,7 +36,7 @@ def ack(engine, job, result_json: str | None = None) -> Fence:
 def nack(engine, job, *, error: str = "boom", delay_ms: int = 0,
          permanent: bool = False) -> tuple[Fence, str | None]:
     report, state = engine.job_fail_if_owned(Failure(
-        id=job.id, lease_token=job.lease_token, error=error, retry_delay_ms=delay_ms,
+        claim=job.claim, error=error, retry_delay_ms=delay_ms,
         permanent=permanent,
     ))
     return report.outcome(job.lease_token), state
@@ -44,7 +44,7 @@ def nack(engine, job, *, error: str = "boom", delay_ms: int = 0,
 
 def requeue(engine, job, *, delay_ms: int = 0, note: str | None = None) -> Fence:
     report = engine.job_requeue_if_owned(Requeue(
-        id=job.id, lease_token=job.lease_token, delay_ms=delay_ms,
+        claim=job.claim, delay_ms=delay_ms,
         spent_attempt=not job.resumed, resumed=job.resumed, note=note,
     ))
     return report.outcome(job.lease_token)
@@ -52,13 +52,13 @@ def requeue(engine, job, *, delay_ms: int = 0, note: str | None = None) -> Fence
 
 def suspend(engine, job, wake_at) -> Fence:
     return engine.job_suspend_if_owned(
-        Suspension(id=job.id, lease_token=job.lease_token, wake_at=wake_at)
+        Suspension(claim=job.claim, wake_at=wake_at)
     ).outcome(job.lease_token)
 
 
 def renew(engine, *jobs, lease_ms: int = LONG_LEASE_MS) -> frozenset[str]:
     return engine.jobs_renew_if_owned(
-        [LeaseRef(id=j.id, lease_token=j.lease_token) for j in jobs], lease_ms
+        [j.claim for j in jobs], lease_ms
     )
 
 
@@ -89,8 +89,8 @@ def test_two_runs_of_one_job_in_one_batch_are_answered_per_lease_token(engine, s
     assert renew(engine, old, new) == frozenset({new.lease_token})
 
     report = engine.jobs_complete_if_owned([
-        Completion(id=old.id, lease_token=old.lease_token, result_json='{"by": "old"}'),
-        Completion(id=new.id, lease_token=new.lease_token, result_json='{"by": "new"}'),
+        Completion(claim=old.claim, result_json='{"by": "old"}'),
+        Completion(claim=new.claim, result_json='{"by": "new"}'),
     ])
     assert report.outcome(old.lease_token) is Fence.LOST
     assert report.outcome(new.lease_token) is Fence.OWNED
@@ -200,8 +200,8 @@ def test_a_batch_ack_reports_each_job_on_its_own(engine):
     engine.job_cancel(cancelled.id, reason="stop")
 
     report = engine.jobs_complete_if_owned([
-        Completion(id=owned.id, lease_token=owned.lease_token, result_json="1"),
-        Completion(id=cancelled.id, lease_token=cancelled.lease_token, result_json="2"),
+        Completion(claim=owned.claim, result_json="1"),
+        Completion(claim=cancelled.claim, result_json="2"),
     ])
 
     assert report.outcome(owned.lease_token) is Fence.OWNED
@@ -216,8 +216,9 @@ def test_an_ack_with_a_made_up_token_changes_nothing(engine):
     enqueue(engine)
     job = claim_one(engine)
     before = engine.job_get(job.id)
-    forged = Completion(id=job.id, lease_token="00000000-0000-4000-8000-000000000000",
-                        result_json=None)
+    forged = Completion(
+        claim=Claim(job_id=job.id, lease_token="00000000-0000-4000-8000-000000000000"),
+        result_json=None)
 
     assert engine.jobs_complete_if_owned([forged]).outcome(job.lease_token) is Fence.LOST
     assert engine.job_get(job.id) == before
@@ -242,7 +243,7 @@ def test_an_ack_of_owned_runs_is_one_statement(engine, django_assert_num_queries
 
     with django_assert_num_queries(1):
         report = engine.jobs_complete_if_owned([
-            Completion(id=j.id, lease_token=j.lease_token, result_json="null") for j in jobs
+            Completion(claim=j.claim, result_json="null") for j in jobs
         ])
     assert report.owned == frozenset(j.lease_token for j in jobs)
 

@@ -63,28 +63,28 @@ def slot(key: str, n: int, expires_at) -> JobLease:
 
 
 @pytest.mark.django_db
-def test_leases_purge_deletes_slots_expired_longer_than_the_grace_in_batches(engine):
+def test_slots_purge_deletes_slots_expired_longer_than_the_grace_in_batches(engine):
     now = engine.db_now()
     long_expired = [slot("tenant:a", n, now - timedelta(minutes=10 + n)) for n in range(3)]
     within_grace = slot("tenant:b", 0, now - timedelta(seconds=5))
     live = slot("tenant:c", 0, now + timedelta(seconds=30))
 
     with CaptureQueriesContext(connection) as ctx:
-        deleted = engine.leases_purge_expired(grace_ms=60_000, batch_size=2)
+        deleted = engine.slots_purge_expired(grace_ms=60_000, batch_size=2)
 
     assert deleted == len(long_expired)
-    assert statements(ctx, "leases_purge_expired") == 2
+    assert statements(ctx, "slots_purge_expired") == 2
     assert set(JobLease.objects.values_list("id", flat=True)) == {within_grace.id, live.id}
 
 
 @pytest.mark.django_db
-def test_leases_purge_with_no_grace_takes_every_expired_slot_and_no_live_one(engine):
+def test_slots_purge_with_no_grace_takes_every_expired_slot_and_no_live_one(engine):
     now = engine.db_now()
     expired = slot("k", 0, now - timedelta(milliseconds=1))
     at_expiry = slot("k", 1, now)  # expires_at <= now(): expired
     live = slot("k", 2, now + timedelta(milliseconds=500))
 
-    assert engine.leases_purge_expired(grace_ms=0) == 2
+    assert engine.slots_purge_expired(grace_ms=0) == 2
 
     remaining = set(JobLease.objects.values_list("id", flat=True))
     assert remaining == {live.id} and not {expired.id, at_expiry.id} & remaining

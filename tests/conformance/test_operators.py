@@ -138,7 +138,7 @@ def bury(engine, **kwargs) -> str:
     enqueue(engine, **kwargs)
     job = claim_one(engine)
     _report, state = engine.job_fail_if_owned(Failure(
-        id=job.id, lease_token=job.lease_token, error="PermanentError: bad", retry_delay_ms=0,
+        claim=job.claim, error="PermanentError: bad", retry_delay_ms=0,
         permanent=True,
     ))
     assert state == "dead"
@@ -201,7 +201,7 @@ def test_retry_is_refused_while_another_live_job_holds_the_key(engine):
 def test_retry_of_a_done_job_changes_nothing(engine):
     enqueue(engine)
     job = claim_one(engine)
-    engine.jobs_complete_if_owned([Completion(id=job.id, lease_token=job.lease_token,
+    engine.jobs_complete_if_owned([Completion(claim=job.claim,
                                               result_json='{"r": 1}')])
     before = engine.job_get(job.id)
 

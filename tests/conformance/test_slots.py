@@ -17,7 +17,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from django_xjobs.models import Job, JobLease
-from django_xjobs.records import Requeue, SlotHold, SlotRequest
+from django_xjobs.records import Claim, Failure, Requeue, SlotHold, SlotRequest
 from tests.conformance.conftest import claim, closing_connections, enqueue
 from tests.conftest import wait_until
 
@@ -31,7 +31,7 @@ def holder(name: str = "") -> str:
 
 
 def request(key: str, limit: int, who: str | None = None) -> SlotRequest:
-    return SlotRequest(lease_key=key, limit=limit, holder=who or holder())
+    return SlotRequest(slot_key=key, limit=limit, holder=who or holder())
 
 
 def acquire_one(engine, key: str, limit: int, *, ttl_ms: int = TTL_MS) -> SlotHold | None:
@@ -41,12 +41,12 @@ def acquire_one(engine, key: str, limit: int, *, ttl_ms: int = TTL_MS) -> SlotHo
 
 
 def live_slots(engine, key: str) -> dict[int, str]:
-    return {r.slot: r.holder for r in engine.slots_list(lease_key=key)}
+    return {r.slot: r.holder for r in engine.slots_list(slot_key=key)}
 
 
 def wait_slot_lapsed(engine, hold: SlotHold) -> None:
     """Until ``hold`` is no longer live on the database clock."""
-    wait_until(lambda: live_slots(engine, hold.lease_key).get(hold.slot) != hold.holder,
+    wait_until(lambda: live_slots(engine, hold.slot_key).get(hold.slot) != hold.holder,
                timeout=15, interval=0.005, message=f"slot {hold} to lapse")
 
 
@@ -110,7 +110,7 @@ def test_one_batch_keeps_each_keys_limit_on_its_own(engine):
 
     per_key: dict[str, list[int]] = {}
     for g in granted:
-        per_key.setdefault(g.lease_key, []).append(g.slot)
+        per_key.setdefault(g.slot_key, []).append(g.slot)
     assert {k: sorted(v) for k, v in per_key.items()} == {"one": [0], "three": [0, 1, 2]}
 
 
@@ -275,7 +275,7 @@ def test_a_renewal_of_a_slot_another_run_took_over_is_refused(engine):
 def test_a_renewal_by_another_holder_changes_nothing(engine):
     held = acquire_one(engine, "k", 1, ttl_ms=5_000)
     before = JobLease.objects.get(lease_key="k").expires_at
-    impostor = SlotHold(lease_key="k", slot=held.slot, holder=holder("impostor"))
+    impostor = SlotHold(slot_key="k", slot=held.slot, holder=holder("impostor"))
 
     assert engine.slots_renew_if_held([impostor], TTL_MS) == frozenset()
     assert JobLease.objects.get(lease_key="k").expires_at == before
@@ -305,7 +305,7 @@ def test_a_release_frees_the_slot_for_the_next_acquire(engine):
 
 def test_a_release_by_another_holder_leaves_the_slot_held(engine):
     held = acquire_one(engine, "k", 1)
-    impostor = SlotHold(lease_key="k", slot=0, holder=holder("impostor"))
+    impostor = SlotHold(slot_key="k", slot=0, holder=holder("impostor"))
 
     assert engine.slots_release_if_held([impostor]) == 0
     assert live_slots(engine, "k") == {0: held.holder}
@@ -345,12 +345,12 @@ def test_the_list_shows_live_slots_with_holder_and_expiry(engine):
 
     listed = engine.slots_list()
 
-    assert [(r.lease_key, r.slot, r.holder) for r in listed] == [
+    assert [(r.slot_key, r.slot, r.holder) for r in listed] == [
         ("a", 0, a0.holder), ("a", 1, a1.holder), ("b", 0, b0.holder),
     ]
     assert all(0 < r.expires_in <= TTL_MS / 1000 for r in listed)
     assert all(r.expires_at > engine.db_now() for r in listed)
-    assert [r.slot for r in engine.slots_list(lease_key="a")] == [0, 1]
+    assert [r.slot for r in engine.slots_list(slot_key="a")] == [0, 1]
     assert len(engine.slots_list(limit=1)) == 1
 
 
@@ -363,7 +363,7 @@ def test_usage_counts_live_slots_per_key_busiest_first(engine):
 
     usage = engine.slots_usage()
 
-    assert [(u.lease_key, u.held) for u in usage] == [("busy", 3), ("calm", 1)]
+    assert [(u.slot_key, u.held) for u in usage] == [("busy", 3), ("calm", 1)]
     assert all(u.next_expiry > engine.db_now() for u in usage)
 
 
@@ -371,7 +371,7 @@ def test_usage_counts_live_slots_per_key_busiest_first(engine):
 
 
 def refused(claimed, delay_ms: int = 0) -> list[Requeue]:
-    return [Requeue(id=c.id, lease_token=c.lease_token, delay_ms=delay_ms,
+    return [Requeue(claim=c.claim, delay_ms=delay_ms,
                     spent_attempt=not c.resumed, resumed=c.resumed) for c in claimed]
 
 
@@ -453,9 +453,8 @@ def test_a_batch_requeue_retried_after_its_commit_reads_as_already_applied(engin
 
 
 def refs(claimed) -> list:
-    from django_xjobs.records import LeaseRef
 
-    return [LeaseRef(id=c.id, lease_token=c.lease_token) for c in claimed]
+    return [c.claim for c in claimed]
 
 
 def test_a_refused_job_is_woken_due_now(engine):
@@ -478,9 +477,9 @@ def test_a_job_claimed_since_its_refusal_is_not_woken(engine):
     wait_until(lambda: claim(engine, n=1, worker="worker-2"), message="the job to be due")
     # Claimed again by worker-2, which failed it into a long backoff.
     row = Job.objects.get(id=first[0].id)
-    from django_xjobs.records import Failure
 
-    engine.job_fail_if_owned(Failure(id=str(row.id), lease_token=str(row.lease_token),
+    engine.job_fail_if_owned(Failure(
+        claim=Claim(job_id=str(row.id), lease_token=str(row.lease_token)),
                                      error="boom", retry_delay_ms=60_000))
     before = Job.objects.get(id=row.id).run_at
 

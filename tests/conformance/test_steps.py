@@ -12,7 +12,7 @@ from .conftest import LONG_LEASE_MS, claim_one, enqueue, wait_lapsed
 
 
 def owner_of(job) -> RunOwner:
-    return RunOwner(job_id=job.id, lease_token=job.lease_token, run_id=job.run_id)
+    return RunOwner(claim=job.claim, run_id=job.run_id)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -91,7 +91,7 @@ def test_waking_waiters_touches_only_suspended_jobs_waiting_for_that_event_and_k
         from django_xjobs.records import Suspension
 
         far = engine.db_now() + timedelta(hours=1)
-        engine.job_suspend_if_owned(Suspension(id=job.id, lease_token=job.lease_token,
+        engine.job_suspend_if_owned(Suspension(claim=job.claim,
                                                wake_at=far))
         return job
 

@@ -54,7 +54,7 @@ def test_claim_if_due_writes_what_the_queue_claim_writes(engine):
     assert row_b.started_at is not None
     assert row_b.visible_at - row_b.started_at == timedelta(milliseconds=LONG_LEASE_MS)
     # The token fences the run's writes as a worker's.
-    assert engine.jobs_complete_if_owned([Completion(id=b.id, lease_token=b.lease_token,
+    assert engine.jobs_complete_if_owned([Completion(claim=b.claim,
                                                      result_json="7")]).owned == {b.lease_token}
     assert engine.job_get(b.id).state == "done"
 
@@ -96,7 +96,7 @@ def test_claim_if_due_takes_that_job_only_and_only_while_waiting_and_due(engine)
 def test_claim_if_due_resumes_a_suspended_job_without_counting_an_attempt(engine):
     enqueue(engine, max_attempts=5)
     first = claim_one(engine, worker="w1")
-    engine.job_suspend_if_owned(Suspension(id=first.id, lease_token=first.lease_token,
+    engine.job_suspend_if_owned(Suspension(claim=first.claim,
                                            wake_at=engine.db_now() - timedelta(seconds=1)))
 
     resumed = claim_if_due(engine, first.id, worker="inline")
@@ -178,7 +178,7 @@ def test_shift_due_moves_the_open_waits_of_the_moved_jobs_only(engine):
     wait = engine.step_park_if_owned(owner, "paid", status="waiting", duration_ms=7_200_000,
                                      event="order.paid")
     assert engine.step_complete_if_owned(owner, "done-step", '"x"')
-    engine.job_suspend_if_owned(Suspension(id=job.id, lease_token=job.lease_token,
+    engine.job_suspend_if_owned(Suspension(claim=job.claim,
                                            wake_at=nap.wake_at))
     enqueue(engine, queue="q-run")
     running = claim_one(engine, "q-run")
@@ -204,7 +204,7 @@ def test_shift_due_moves_the_open_waits_of_the_moved_jobs_only(engine):
 def _owner(job):
     from django_xjobs.records import RunOwner
 
-    return RunOwner(job_id=job.id, lease_token=job.lease_token, run_id=job.run_id)
+    return RunOwner(claim=job.claim, run_id=job.run_id)
 
 
 # ------------------------------------------------------------------------------- jobs_list --

@@ -53,13 +53,13 @@ def job_in_state(state: str, *, queue: str | None = None, **options):
     assert claimed.id == str(handle.id), "another due job in this queue was claimed"
     if state == "done":
         engine.jobs_complete_if_owned([Completion(
-            id=claimed.id, lease_token=claimed.lease_token, result_json='{"ok": true}')])
+            claim=claimed.claim, result_json='{"ok": true}')])
     elif state == "dead":
-        engine.job_fail_if_owned(Failure(id=claimed.id, lease_token=claimed.lease_token,
+        engine.job_fail_if_owned(Failure(claim=claimed.claim,
                                          error="boom", retry_delay_ms=0, permanent=True))
     elif state == "suspended":
         engine.job_suspend_if_owned(Suspension(
-            id=claimed.id, lease_token=claimed.lease_token,
+            claim=claimed.claim,
             wake_at=timezone.now() + timedelta(hours=1)))
     else:
         assert state == "running", state

@@ -148,7 +148,7 @@ def test_stats_and_slots_show_the_limit_a_jobs_own_concurrency_gives():
 
     slot_held_by_a_run("g")  # Concurrency(key="slot:{group}", limit=2); no settings limit
     # A holder that names no job (written by hand, or its job is gone): no limit known.
-    get_engine().slots_acquire([SlotRequest(lease_key="other:x", limit=1, holder="w-9")],
+    get_engine().slots_acquire([SlotRequest(slot_key="other:x", limit=1, holder="w-9")],
                                60_000)
 
     assert "slot:g  1 / 2" in run() and "other:x  1 / -" in run()

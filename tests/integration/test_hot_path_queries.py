@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django_xjobs import api, enqueue_many
 from django_xjobs.engines import get_engine
 from django_xjobs.models import Job
-from django_xjobs.records import Completion, LeaseRef
+from django_xjobs.records import Completion
 from tests.testapp import jobs as testapp_jobs
 
 pytestmark = pytest.mark.django_db
@@ -52,7 +52,7 @@ def test_claiming_from_several_queues_is_one_statement():
 def test_completing_n_jobs_is_one_statement():
     due_jobs(N)
     claimed = claim({"hot": N})
-    batch = [Completion(id=c.id, lease_token=c.lease_token, result_json=f'{{"n": {i}}}')
+    batch = [Completion(claim=c.claim, result_json=f'{{"n": {i}}}')
              for i, c in enumerate(claimed)]
     report, sql = statements_run(lambda: get_engine().jobs_complete_if_owned(batch))
     assert report.owned == {c.lease_token for c in claimed}
@@ -63,7 +63,7 @@ def test_completing_n_jobs_is_one_statement():
 def test_one_heartbeat_round_for_n_leases_is_one_statement():
     due_jobs(N)
     claimed = claim({"hot": N})
-    leases = [LeaseRef(id=c.id, lease_token=c.lease_token) for c in claimed]
+    leases = [c.claim for c in claimed]
     renewed, sql = statements_run(lambda: get_engine().jobs_renew_if_owned(leases, LEASE_MS))
     assert renewed == {c.lease_token for c in claimed}
     assert len(sql) == 1
@@ -74,7 +74,7 @@ def test_a_heartbeat_round_reports_a_lost_lease_in_the_same_one_statement():
     claimed = claim({"hot": N})
     lost = claimed[7]
     api.cancel(lost.id)
-    leases = [LeaseRef(id=c.id, lease_token=c.lease_token) for c in claimed]
+    leases = [c.claim for c in claimed]
     renewed, sql = statements_run(lambda: get_engine().jobs_renew_if_owned(leases, LEASE_MS))
     assert renewed == {c.lease_token for c in claimed} - {lost.lease_token}
     assert len(sql) == 1

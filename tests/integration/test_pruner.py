@@ -114,7 +114,7 @@ def test_expired_slots_go_after_the_grace_and_live_ones_stay():
 
     report = pruner.run_once(settings=settings_with(SLOT_PURGE_GRACE="1m"))
 
-    assert report.leases == 1
+    assert report.slots == 1
     assert set(JobLease.objects.values_list("id", flat=True)) == {lapsing.id, live.id}
     assert not JobLease.objects.filter(id=stale.id).exists()
 

@@ -21,7 +21,7 @@ from django_xjobs.models import Job, SchedulerLeader, SchedulerState
 from django_xjobs.scheduler import cron
 from django_xjobs.scheduler.leadership import LeaseLeadership
 from django_xjobs.scheduler.runner import Scheduler
-from django_xjobs.scheduler.tasks import Task
+from django_xjobs.scheduler.schedule import Task
 from tests.conformance.conftest import closing_connections
 
 PARIS = ZoneInfo("Europe/Paris")

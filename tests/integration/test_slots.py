@@ -68,12 +68,12 @@ def drain_until(*handles, timeout: float = 30.0) -> Counter[str]:
 def hold_slots(key: str, limit: int, n: int, who: str = "outsider") -> list[SlotHold]:
     """Take ``n`` slots of ``key`` from outside the worker, as another worker would."""
     return get_engine().slots_acquire(
-        [SlotRequest(lease_key=key, limit=limit, holder=f"{who}-{i}") for i in range(n)], 60_000
+        [SlotRequest(slot_key=key, limit=limit, holder=f"{who}-{i}") for i in range(n)], 60_000
     )
 
 
 def live(key: str | None = None) -> list:
-    return get_engine().slots_list(lease_key=key)
+    return get_engine().slots_list(slot_key=key)
 
 
 def effects(handle, kind: str | None = None) -> list[Effect]:
@@ -547,7 +547,7 @@ def statements_run(fn):
 
 def test_acquiring_renewing_and_releasing_forty_slots_is_one_statement_each():
     engine = get_engine()
-    requests = [SlotRequest(lease_key=f"hot:{i % 8}", limit=5, holder=f"h{i}")
+    requests = [SlotRequest(slot_key=f"hot:{i % 8}", limit=5, holder=f"h{i}")
                 for i in range(40)]
 
     granted, acquire = statements_run(lambda: engine.slots_acquire(requests, 60_000))
@@ -565,7 +565,7 @@ def test_handing_back_forty_refused_claims_is_one_statement():
     engine = get_engine()
     jobs.record.bulk_enqueue({"tag": str(i)} for i in range(40))
     claimed = engine.jobs_claim(wants={"default": 40}, worker_id="tests:hot", lease_ms=60_000)
-    batch = [Requeue(id=c.id, lease_token=c.lease_token, delay_ms=200, spent_attempt=True,
+    batch = [Requeue(claim=c.claim, delay_ms=200, spent_attempt=True,
                      resumed=False) for c in claimed]
 
     report, sql = statements_run(lambda: engine.jobs_requeue_if_owned(batch))

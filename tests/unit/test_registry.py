@@ -263,8 +263,8 @@ except ConfigurationError as exc:
     print("refused:", exc)
 import django
 django.setup()
-from django_xjobs.scheduler import tasks
-assert "tests.testapp.early_jobs.nightly" in tasks.collect()[0], tasks.collect()
+from django_xjobs.scheduler import schedule
+assert "tests.testapp.early_jobs.nightly" in schedule.collect()[0], schedule.collect()
 print("declared")
 """
 

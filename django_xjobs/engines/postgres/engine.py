@@ -35,6 +35,7 @@ from ...exceptions import LiveJobExists, SchemaMissing, UndecodableValue, fail_f
 from ...records import (
     BackfillRecord,
     ChangeResult,
+    Claim,
     ClaimedJob,
     Completion,
     EnqueueParams,
@@ -45,7 +46,6 @@ from ...records import (
     JobRecord,
     LeaderFence,
     LeaderRecord,
-    LeaseRef,
     LockedStates,
     OutboxRow,
     OutboxStatus,
@@ -147,6 +147,11 @@ def _claimed_job(r: Sequence[Any]) -> ClaimedJob:
         attempt=r[6], max_attempts=r[7], tenant_id=r[8], traceparent=r[9],
         concurrency_key=r[10], resumed=r[11], input_error=problem,
     )
+
+
+def _fence(claim: Claim) -> dict[str, str]:
+    """The parameters a fenced single-job statement matches on: ``%(id)s`` and ``%(token)s``."""
+    return {"id": claim.job_id, "token": claim.lease_token}
 
 
 def _uuid_array(values: Iterable[Any]) -> str:
@@ -461,9 +466,9 @@ class PostgresEngine(Engine):
         })
         return [_claimed_job(r) for r in rows]
 
-    def _fence_check(self, kind: str, refs: Sequence[tuple[str, str]]) -> FenceReport:
+    def _fence_check(self, kind: str, claims: Sequence[Claim]) -> FenceReport:
         rows = self._run(S.JOBS_FENCE_CHECK, {
-            "ids": [r[0] for r in refs], "tokens": [r[1] for r in refs],
+            "ids": [c.job_id for c in claims], "tokens": [c.lease_token for c in claims],
         })
         applied_states = _APPLIED_STATES[kind]
         states = {
@@ -471,59 +476,59 @@ class PostgresEngine(Engine):
             if same_token and state in applied_states
         }
         already = frozenset(states)
-        lost = frozenset(r[1] for r in refs) - already
+        lost = frozenset(c.lease_token for c in claims) - already
         return FenceReport(already_applied=already, lost=lost, states=states)
 
     def jobs_complete_if_owned(self, batch: Sequence[Completion]) -> FenceReport:
         if not batch:
             return FenceReport()
         rows = self._run(S.JOBS_COMPLETE_IF_OWNED, {
-            "ids": _uuid_array(c.id for c in batch),
-            "tokens": _uuid_array(c.lease_token for c in batch),
+            "ids": _uuid_array(c.claim.job_id for c in batch),
+            "tokens": _uuid_array(c.claim.lease_token for c in batch),
             "results": "[" + ",".join(c.result_json or "null" for c in batch) + "]",
         })
         owned = frozenset(r[0] for r in rows)
         if len(owned) == len(batch):
             return FenceReport(owned=owned)
         rest = self._fence_check(
-            "complete", [(c.id, c.lease_token) for c in batch if c.lease_token not in owned]
+            "complete", [c.claim for c in batch if c.claim.lease_token not in owned]
         )
         return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost,
                            states=rest.states)
 
     def job_fail_if_owned(self, failure: Failure) -> tuple[FenceReport, str | None]:
         row = self._run(S.JOB_FAIL_IF_OWNED, {
-            "id": failure.id, "token": failure.lease_token, "error": failure.error,
+            **_fence(failure.claim), "error": failure.error,
             "delay_ms": failure.retry_delay_ms, "permanent": failure.permanent,
         }, fetch="one")
         if row is not None:
-            return FenceReport(owned=frozenset({failure.lease_token})), row[0]
-        report = self._fence_check("fail", [(failure.id, failure.lease_token)])
-        return report, report.states.get(failure.lease_token)
+            return FenceReport(owned=frozenset({failure.claim.lease_token})), row[0]
+        report = self._fence_check("fail", [failure.claim])
+        return report, report.states.get(failure.claim.lease_token)
 
     def job_requeue_if_owned(self, requeue: Requeue) -> FenceReport:
         row = self._run(S.JOB_REQUEUE_IF_OWNED, {
-            "id": requeue.id, "token": requeue.lease_token, "delay_ms": requeue.delay_ms,
+            **_fence(requeue.claim), "delay_ms": requeue.delay_ms,
             "spent": requeue.spent_attempt, "resumed": requeue.resumed, "note": requeue.note,
         }, fetch="one")
         if row is not None:
-            return FenceReport(owned=frozenset({requeue.lease_token}))
-        return self._fence_check("requeue", [(requeue.id, requeue.lease_token)])
+            return FenceReport(owned=frozenset({requeue.claim.lease_token}))
+        return self._fence_check("requeue", [requeue.claim])
 
     def job_suspend_if_owned(self, suspension: Suspension) -> FenceReport:
         row = self._run(S.JOB_SUSPEND_IF_OWNED, {
-            "id": suspension.id, "token": suspension.lease_token, "wake_at": suspension.wake_at,
+            **_fence(suspension.claim), "wake_at": suspension.wake_at,
         }, fetch="one")
         if row is not None:
-            return FenceReport(owned=frozenset({suspension.lease_token}))
-        return self._fence_check("suspend", [(suspension.id, suspension.lease_token)])
+            return FenceReport(owned=frozenset({suspension.claim.lease_token}))
+        return self._fence_check("suspend", [suspension.claim])
 
-    def jobs_renew_if_owned(self, leases: Sequence[LeaseRef], lease_ms: int) -> frozenset[str]:
-        if not leases:
+    def jobs_renew_if_owned(self, claims: Sequence[Claim], lease_ms: int) -> frozenset[str]:
+        if not claims:
             return frozenset()
         rows = self._run(S.JOBS_RENEW_IF_OWNED, {
-            "ids": _uuid_array(r.id for r in leases),
-            "tokens": _uuid_array(r.lease_token for r in leases),
+            "ids": _uuid_array(c.job_id for c in claims),
+            "tokens": _uuid_array(c.lease_token for c in claims),
             "lease_ms": lease_ms,
         })
         return frozenset(r[0] for r in rows)
@@ -549,7 +554,8 @@ class PostgresEngine(Engine):
 
     @staticmethod
     def _owner(owner: RunOwner) -> dict[str, Any]:
-        return {"job_id": owner.job_id, "token": owner.lease_token, "run_id": owner.run_id}
+        return {"job_id": owner.claim.job_id, "token": owner.claim.lease_token,
+                "run_id": owner.run_id}
 
     def step_complete_if_owned(
         self, owner: RunOwner, name: str, output_json: str | None, *,
@@ -845,17 +851,17 @@ class PostgresEngine(Engine):
         if not requests:
             return []
         rows = self._run(S.SLOTS_ACQUIRE, {
-            "keys": [r.lease_key for r in requests], "limits": [r.limit for r in requests],
+            "keys": [r.slot_key for r in requests], "limits": [r.limit for r in requests],
             "holders": [r.holder for r in requests], "ttl_ms": ttl_ms,
         })
-        return [SlotHold(lease_key=r[0], slot=r[1], holder=r[2]) for r in rows]
+        return [SlotHold(slot_key=r[0], slot=r[1], holder=r[2]) for r in rows]
 
     @staticmethod
     def _holds(holds: Sequence[SlotHold]) -> dict[str, Any]:
         # Sorted by (key, slot): row locks are then taken in the order slots_acquire takes
         # them, which keeps a renewal and an acquire of overlapping slots from deadlocking.
-        ordered = sorted(holds, key=lambda h: (h.lease_key, h.slot))
-        return {"keys": [h.lease_key for h in ordered], "slots": [h.slot for h in ordered],
+        ordered = sorted(holds, key=lambda h: (h.slot_key, h.slot))
+        return {"keys": [h.slot_key for h in ordered], "slots": [h.slot for h in ordered],
                 "holders": [h.holder for h in ordered]}
 
     def slots_renew_if_held(self, holds: Sequence[SlotHold], ttl_ms: int) -> frozenset[str]:
@@ -869,25 +875,25 @@ class PostgresEngine(Engine):
             return 0
         return int(self._run(S.SLOTS_RELEASE_IF_HELD, self._holds(holds), fetch="count"))
 
-    def slots_list(self, *, lease_key: str | None = None, limit: int = 1000) -> list[SlotRecord]:
+    def slots_list(self, *, slot_key: str | None = None, limit: int = 1000) -> list[SlotRecord]:
         return [
-            SlotRecord(lease_key=r[0], slot=r[1], holder=r[2], expires_at=r[3],
+            SlotRecord(slot_key=r[0], slot=r[1], holder=r[2], expires_at=r[3],
                        expires_in=r[4] / 1000)
-            for r in self._run(S.SLOTS_LIST, {"key": lease_key, "limit": limit})
+            for r in self._run(S.SLOTS_LIST, {"key": slot_key, "limit": limit})
         ]
 
     def slots_usage(self, limit: int = 1000) -> list[SlotUsage]:
         return [
-            SlotUsage(lease_key=r[0], held=r[1], next_expiry=r[2])
+            SlotUsage(slot_key=r[0], held=r[1], next_expiry=r[2])
             for r in self._run(S.SLOTS_USAGE, {"limit": limit})
         ]
 
-    def jobs_wake_refused(self, refused: Sequence[LeaseRef]) -> int:
+    def jobs_wake_refused(self, refused: Sequence[Claim]) -> int:
         if not refused:
             return 0
         woken, _notified = self._run(S.JOBS_WAKE_REFUSED, {
-            "ids": _uuid_array(r.id for r in refused),
-            "tokens": _uuid_array(r.lease_token for r in refused), "notify": self.notify,
+            "ids": _uuid_array(c.job_id for c in refused),
+            "tokens": _uuid_array(c.lease_token for c in refused), "notify": self.notify,
         }, fetch="one")
         return int(woken)
 
@@ -895,8 +901,8 @@ class PostgresEngine(Engine):
         if not batch:
             return FenceReport()
         rows = self._run(S.JOBS_REQUEUE_IF_OWNED, {
-            "ids": _uuid_array(r.id for r in batch),
-            "tokens": _uuid_array(r.lease_token for r in batch),
+            "ids": _uuid_array(r.claim.job_id for r in batch),
+            "tokens": _uuid_array(r.claim.lease_token for r in batch),
             "delays_ms": [r.delay_ms for r in batch],
             "spent": [r.spent_attempt for r in batch],
             "resumed": [r.resumed for r in batch],
@@ -906,7 +912,7 @@ class PostgresEngine(Engine):
         if len(owned) == len(batch):
             return FenceReport(owned=owned)
         rest = self._fence_check(
-            "requeue", [(r.id, r.lease_token) for r in batch if r.lease_token not in owned]
+            "requeue", [r.claim for r in batch if r.claim.lease_token not in owned]
         )
         return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost,
                            states=rest.states)
@@ -997,10 +1003,10 @@ class PostgresEngine(Engine):
             if deleted < batch_size:
                 return total
 
-    def leases_purge_expired(self, *, grace_ms: int, batch_size: int = 1000) -> int:
+    def slots_purge_expired(self, *, grace_ms: int, batch_size: int = 1000) -> int:
         total = 0
         while True:
-            deleted = self._run(S.LEASES_PURGE_EXPIRED, {
+            deleted = self._run(S.SLOTS_PURGE_EXPIRED, {
                 "grace_ms": grace_ms, "batch": batch_size,
             }, fetch="count")
             total += deleted

@@ -1271,8 +1271,8 @@ delete from x_outbox
 """,
 )
 
-LEASES_PURGE_EXPIRED = Statement(
-    "leases_purge_expired",
+SLOTS_PURGE_EXPIRED = Statement(
+    "slots_purge_expired",
     why="""
 Delete concurrency slot rows expired for longer than a grace, one bounded batch per call. An
 expired slot is free anyway (the acquire overwrites it), so this only collects keys nobody uses
@@ -1630,7 +1630,7 @@ select lease_key, slot, holder, expires_at,
 )
 
 # -------------------------------------------------------------------------------- console --
-# The operations console (django_xjobs/console.py, admin.py): its one queue write (deleting
+# The operations console (django_xjobs/reads.py, admin.py): its one queue write (deleting
 # chosen finished jobs) and its monitoring reads. The reads are not queue statements; they are
 # here so that an operator finds every statement django-xjobs sends in one place.
 

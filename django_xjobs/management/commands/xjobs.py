@@ -11,8 +11,8 @@
     manage.py xjobs schedule [pause|resume|trigger NAME]   cron tasks and the leader
     manage.py xjobs maintenance           run the retention deletes once
 
-and the operations console's views (``_console.py``): dashboard, health, workers, jobs, why,
-steps, outbox, slots, backfills, scheduler, delete.
+and the operations console's views (``management/console_cli.py``): dashboard, health,
+workers, jobs, why, steps, outbox, slots, backfills, scheduler, delete.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import api, console, slots
+from ... import api, reads, slots
 from ...conf import parse_duration
 from ...engines import get_engine
 from ...exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
@@ -38,8 +38,7 @@ from ...records import (
     SlotUsage,
     StepRecord,
 )
-from .. import schedule_cli
-from . import _console
+from .. import console_cli, schedule_cli
 
 
 def _jsonable(value: Any) -> Any:
@@ -100,7 +99,7 @@ class Command(BaseCommand):
         slots_cmd.add_argument("--key", help="only the slots of this key")
         slots_cmd.add_argument("--limit", type=int, default=1000)
         # ---- console ---- the console's subcommands (dashboard, health, jobs, why, ...)
-        console_parsers = _console.add_parsers(sub)
+        console_parsers = console_cli.add_parsers(sub)
         # ---- end console ----
         for p in (show, cancel, retry, run_now, events, purge, slots_cmd, *console_parsers):
             # SUPPRESS: an absent sub-level flag must not reset `xjobs --json show ID`.
@@ -117,7 +116,7 @@ class Command(BaseCommand):
             if action is None:
                 self._stats(as_json)
             elif action == "show":
-                self._show(console.job_row(options["job_id"], limit=None), as_json)
+                self._show(reads.job_row(options["job_id"], limit=None), as_json)
             elif action == "cancel":
                 self._change("cancel", api.cancel(options["job_id"], reason=options["reason"]),
                              as_json)
@@ -126,20 +125,20 @@ class Command(BaseCommand):
             elif action == "run-now":
                 self._change("run-now", api.run_now(options["job_id"]), as_json)
             elif action == "events":
-                self._events(console.event_rows(name=options["name"], limit=options["limit"]),
+                self._events(reads.event_rows(name=options["name"], limit=options["limit"]),
                              as_json)
             elif action == "purge":
                 self._purge(options, as_json)
             elif action == "slots":
                 if options["limit"] < 1:
                     raise CommandError("--limit must be at least 1")
-                self._slots(get_engine().slots_list(lease_key=options["key"],
+                self._slots(get_engine().slots_list(slot_key=options["key"],
                                                     limit=options["limit"]), as_json)
             elif action in schedule_cli.ACTIONS:  # ---- scheduler ----
                 schedule_cli.handle(self, options, as_json)
             # ---- console ----
-            elif action in _console.ACTIONS:
-                _console.run(self, action, options, as_json)
+            elif action in console_cli.ACTIONS:
+                console_cli.run(self, action, options, as_json)
             # ---- end console ----
         except LiveJobExists as exc:
             raise CommandError(f"{exc} (see: manage.py xjobs show {exc.live_job_id})") from None
@@ -156,7 +155,7 @@ class Command(BaseCommand):
         outbox = self._outbox_pending()
         pending, oldest = outbox["pending"], outbox["oldest_pending_seconds"]
         held = engine.slots_usage(limit=STATS_SLOT_KEYS + 1)
-        limits = console.key_limits(u.lease_key for u in held[:STATS_SLOT_KEYS])
+        limits = reads.key_limits(u.slot_key for u in held[:STATS_SLOT_KEYS])
         if as_json:
             self._emit({
                 "queues": [
@@ -205,9 +204,9 @@ class Command(BaseCommand):
     def _show(self, job: Any, as_json: bool) -> None:
         """One job, read like its console page (JSON columns as text: a value Python cannot
         decode is printed as stored, with a note, instead of ending the command)."""
-        steps = console.run_steps(job.run_id, limit=None)
+        steps = reads.run_steps(job.run_id, limit=None)
         if as_json:
-            self._emit({**console.as_json(job), "steps": console.as_json(steps)})
+            self._emit({**reads.as_json(job), "steps": reads.as_json(steps)})
             return
         fields = ("id", "name", "queue", "state", "attempt", "max_attempts", "priority",
                   "run_at", "created_at", "updated_at", "started_at", "finished_at",
@@ -215,11 +214,11 @@ class Command(BaseCommand):
                   "traceparent", "rescues", "concurrency_key")
         for name in fields:
             self.stdout.write(f"{name:>16}: {_jsonable(getattr(job, name))}")
-        shown = console.shown_json(job, "input", limit=None)
-        self.stdout.write(f"{'input':>16}: {_console.block(shown)}")
-        result = console.shown_json(job, "result", limit=None)
+        shown = reads.shown_json(job, "input", limit=None)
+        self.stdout.write(f"{'input':>16}: {console_cli.block(shown)}")
+        result = reads.shown_json(job, "result", limit=None)
         if result.text is not None:
-            self.stdout.write(f"{'result':>16}: {_console.block(result)}")
+            self.stdout.write(f"{'result':>16}: {console_cli.block(result)}")
         if job.last_error:
             self.stdout.write(f"{'last_error':>16}:\n{job.last_error}")
         if steps:
@@ -228,7 +227,7 @@ class Command(BaseCommand):
                 when = _jsonable(step.completed_at or step.wake_at or step.started_at)
                 detail = ""
                 if step.status == "completed":
-                    detail = _console.preview(console.shown_json(step, "output", limit=None))
+                    detail = console_cli.preview(reads.shown_json(step, "output", limit=None))
                 elif step.status in ("sleeping", "waiting"):
                     detail = f"until {_jsonable(step.wake_at)}" + (
                         f" for event {step.event!r}" if step.event else "")
@@ -251,14 +250,14 @@ class Command(BaseCommand):
 
     def _events(self, events: list[Any], as_json: bool) -> None:
         if as_json:
-            self._emit(console.as_json(events))
+            self._emit(reads.as_json(events))
             return
         if not events:
             self.stdout.write("(no events)")
         for e in events:
             key = f" key={e.correlation_key}" if e.correlation_key else ""
             self.stdout.write(f"{_jsonable(e.published_at)}  #{e.id} {e.name}{key}  "
-                              f"{_console.preview(console.shown_json(e, 'payload', limit=None))}")
+                              f"{console_cli.preview(reads.shown_json(e, 'payload', limit=None))}")
 
     def _purge(self, options: dict[str, Any], as_json: bool) -> None:
         try:
@@ -281,21 +280,21 @@ class Command(BaseCommand):
         self.stdout.write("\nslots held (key, held / limit: XJOBS['CONCURRENCY_LIMITS'], else the "
                           "job's Concurrency(limit=...)):")
         for usage in held[:STATS_SLOT_KEYS]:
-            self.stdout.write(f"  {usage.lease_key}  {usage.held} / "
-                              f"{_limit_text(limits.get(usage.lease_key, []))}")
+            self.stdout.write(f"  {usage.slot_key}  {usage.held} / "
+                              f"{_limit_text(limits.get(usage.slot_key, []))}")
         if len(held) > STATS_SLOT_KEYS:
             self.stdout.write("  ... more keys: manage.py xjobs slots")
 
     def _slots(self, records: list[SlotRecord], as_json: bool) -> None:
-        limits = console.slot_limits((r.lease_key, r.holder) for r in records)
+        limits = reads.slot_limits((r.slot_key, r.holder) for r in records)
         if as_json:
-            self._emit([_slot_json(r, limits[(r.lease_key, r.holder)]) for r in records])
+            self._emit([_slot_json(r, limits[(r.slot_key, r.holder)]) for r in records])
             return
         if not records:
             self.stdout.write("(no slots held)")
             return
         table = [("key", "slot", "limit", "job", "worker", "expires in")] + [
-            (r.lease_key, str(r.slot), _limit_text([limits[(r.lease_key, r.holder)]]),
+            (r.slot_key, str(r.slot), _limit_text([limits[(r.slot_key, r.holder)]]),
              *slots.parse_holder(r.holder)[::2], f"{r.expires_in:.1f}s")
             for r in records
         ]
@@ -328,7 +327,7 @@ def _limit_text(limits: Iterable[int | None]) -> str:
 
 def _slot_json(record: SlotRecord, limit: int | None) -> dict[str, Any]:
     job_id, token, worker = slots.parse_holder(record.holder)
-    return {"key": record.lease_key, "slot": record.slot, "limit": limit,
+    return {"key": record.slot_key, "slot": record.slot, "limit": limit,
             "holder": record.holder, "job_id": job_id, "lease_token": token, "worker_id": worker,
             "expires_at": record.expires_at.isoformat(), "expires_in_seconds": record.expires_in}
 
@@ -339,7 +338,7 @@ def _slot_usage_json(held: list[SlotUsage],
     # "limits": all of them.
     out = []
     for u in held[:STATS_SLOT_KEYS]:
-        found = limits.get(u.lease_key, [])
-        out.append({"key": u.lease_key, "held": u.held, "limit": found[0] if len(found) == 1
+        found = limits.get(u.slot_key, [])
+        out.append({"key": u.slot_key, "held": u.held, "limit": found[0] if len(found) == 1
                     else None, "limits": found, "next_expiry": u.next_expiry.isoformat()})
     return out

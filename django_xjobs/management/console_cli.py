@@ -1,5 +1,5 @@
 """The console's subcommands of ``manage.py xjobs``: everything the admin console shows, for a
-terminal or a script (``--json``). The data comes from :mod:`django_xjobs.console`, the module
+terminal or a script (``--json``). The data comes from :mod:`django_xjobs.reads`, the module
 the admin pages render, so the two never disagree.
 
     manage.py xjobs dashboard              queues (buckets + last hour), outbox, scheduler,
@@ -30,8 +30,8 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.utils.dateparse import parse_datetime
 
-from ... import api, console
-from ...records import ALL_STATES
+from .. import api, reads
+from ..records import ALL_STATES
 
 # `xjobs slots` and `xjobs schedule` (the slots' and the scheduler's own commands) show the
 # console's slot and scheduler pages.
@@ -83,19 +83,19 @@ def add_parsers(sub: Any) -> list[Any]:
 def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> None:
     out = _Out(command, as_json)
     if action == "dashboard":
-        board = console.dashboard()
+        board = reads.dashboard()
         out.emit(board, lambda: _print_dashboard(out, board))
     elif action == "health":
-        health = console.health()
+        health = reads.health()
         out.emit(health, lambda: _print_health(out, health))
     elif action == "workers":
-        workers = console.workers()
-        now = console.db_now()
+        workers = reads.workers()
+        now = reads.db_now()
         out.emit(workers, lambda: _print_workers(out, workers, now))
     elif action == "jobs":
         if options["limit"] < 1:
             raise CommandError("--limit must be at least 1")
-        jobs = console.jobs(
+        jobs = reads.jobs(
             limit=options["limit"], state=options["state"], queue=options["queue"],
             name=options["name"], tenant_id=options["tenant"],
             created_after=options["created_after"], created_before=options["created_before"],
@@ -106,14 +106,14 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
             [(j.id, j.state, j.name, j.queue, f"{j.attempt}/{j.max_attempts}", j.run_at,
               j.updated_at, j.tenant_id, j.enqueued_by) for j in jobs], empty="(no jobs)"))
     elif action == "why":
-        job = console.job_row(options["job_id"], limit=None)
-        steps = console.run_steps(job.run_id, limit=None)
-        lines = console.diagnose(job, steps, console.db_now())
+        job = reads.job_row(options["job_id"], limit=None)
+        steps = reads.run_steps(job.run_id, limit=None)
+        lines = reads.diagnose(job, steps, reads.db_now())
         out.emit({"job": job, "diagnosis": lines}, lambda: out.lines(lines))
     elif action == "steps":
-        from ...models import JobStep
+        from ..models import JobStep
 
-        qs = console.with_json_text(JobStep.objects.order_by("-id"), limit=None)
+        qs = reads.with_json_text(JobStep.objects.order_by("-id"), limit=None)
         if options["run_id"]:
             qs = qs.filter(run_id=_uuid(options["run_id"]))
         if options["status"]:
@@ -123,24 +123,24 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
             ("run_id", "step", "status", "attempts", "started_at", "completed_at", "wake_at",
              "error"),
             [(s.run_id, s.name, s.status, s.attempts, s.started_at, s.completed_at, s.wake_at,
-              console.error_summary(s.error, 60)) for s in steps_rows], empty="(no steps)"))
+              reads.error_summary(s.error, 60)) for s in steps_rows], empty="(no steps)"))
     elif action == "outbox":
         pending = True if options["pending"] else False if options["published"] else None
-        entries = console.outbox_entries(pending=pending, limit=options["limit"])
+        entries = reads.outbox_entries(pending=pending, limit=options["limit"])
         out.emit(entries, lambda: out.table(
             ("staged_at", "job", "queue", "published_at", "became job", "tenant"),
             [(o.staged_at, o.job, o.queue, o.published_at, o.job_id, o.tenant_id)
              for o in entries], empty="(no outbox entries)"))
     elif action == "backfills":
-        backfills = console.backfill_rows()
-        now = console.db_now()
-        data = [{**console.as_json(b), "rows_per_second": console.backfill_rate(b, now)}
+        backfills = reads.backfill_rows()
+        now = reads.db_now()
+        data = [{**reads.as_json(b), "rows_per_second": reads.backfill_rate(b, now)}
                 for b in backfills]
         out.emit(data, lambda: out.table(
             ("name", "status", "rows", "rows/s", "started_at", "completed_at", "last_cursor"),
-            [(b.name, b.status, b.rows_processed, _rate(console.backfill_rate(b, now)),
+            [(b.name, b.status, b.rows_processed, _rate(reads.backfill_rate(b, now)),
               b.started_at, b.completed_at,
-              preview(console.shown_json(b, "last_cursor", limit=None), 200))
+              preview(reads.shown_json(b, "last_cursor", limit=None), 200))
              for b in backfills], empty="(no backfills)"))
     elif action == "delete":
         ids = [str(_uuid(i)) for i in options["job_ids"]]
@@ -159,7 +159,7 @@ def _uuid(value: str) -> Any:
         raise CommandError(f"{value!r} is not a job id (a UUID)") from None
 
 
-def preview(shown: console.ShownJson, limit: int = 60) -> str:
+def preview(shown: reads.ShownJson, limit: int = 60) -> str:
     """A JSON column on one line of a table: compact, cut at ``limit`` characters."""
     if shown.text is None:
         return "null"
@@ -173,7 +173,7 @@ def preview(shown: console.ShownJson, limit: int = 60) -> str:
 RAW_JSON_CHARS = 1_000
 
 
-def block(shown: console.ShownJson) -> str:
+def block(shown: reads.ShownJson) -> str:
     """A JSON column as ``xjobs show`` prints it: indented, or the stored text (its first
     :data:`RAW_JSON_CHARS` characters) with a note when Python cannot decode it."""
     if shown.text is None:
@@ -196,7 +196,7 @@ class _Out:
 
     def emit(self, data: Any, human: Any) -> None:
         if self.as_json:
-            self.command.stdout.write(json.dumps(console.as_json(data), indent=2,
+            self.command.stdout.write(json.dumps(reads.as_json(data), indent=2,
                                                  default=str))
         else:
             human()
@@ -229,7 +229,7 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _print_dashboard(out: _Out, board: console.Dashboard) -> None:
+def _print_dashboard(out: _Out, board: reads.Dashboard) -> None:
     now = board.now
     out.line(f"as of {_cell(now)} (database clock)\n")
     out.table(("queue", "ready", "delayed", "running", "suspended", "dead", "done 1h",
@@ -239,23 +239,23 @@ def _print_dashboard(out: _Out, board: console.Dashboard) -> None:
               empty="(no jobs)")
     age = board.outbox_oldest_seconds
     out.line(f"\noutbox: {board.outbox_pending} pending"
-             + (f", oldest {console.humanize_seconds(age)}" if age is not None else ""))
+             + (f", oldest {reads.humanize_seconds(age)}" if age is not None else ""))
     out.line("")
     _print_scheduler(out, board.leaders, board.schedules, now)
     out.line("")
     _print_workers(out, board.workers, now)
     out.line("\nlatest failures:")
     out.table(("died", "id", "name", "queue", "attempt", "error"),
-              [(console.ago(f.at, now), f.id, f.name, f.queue, f"{f.attempt}/{f.max_attempts}",
+              [(reads.ago(f.at, now), f.id, f.name, f.queue, f"{f.attempt}/{f.max_attempts}",
                 f.error) for f in board.failures], empty="(no dead jobs)")
 
 
-def _print_scheduler(out: _Out, leaders: Sequence[console.LeaderRow],
-                     tasks: Sequence[console.ScheduleRow], now: datetime) -> None:
+def _print_scheduler(out: _Out, leaders: Sequence[reads.LeaderRow],
+                     tasks: Sequence[reads.ScheduleRow], now: datetime) -> None:
     for leader in leaders:
         state = "leading" if leader.live else "EXPIRED"
         out.line(f"scheduler leader ({leader.lock_key}): {leader.holder}, lease "
-                 f"{console.ago(leader.expires_at, now)} ({state})")
+                 f"{reads.ago(leader.expires_at, now)} ({state})")
     if not leaders:
         out.line("scheduler leader: none yet")
     out.table(("task", "last fired (watermark)", "next fire", "paused"),
@@ -263,21 +263,21 @@ def _print_scheduler(out: _Out, leaders: Sequence[console.LeaderRow],
                for t in tasks], empty="(no cron tasks)")
 
 
-def _print_workers(out: _Out, rows: Sequence[console.WorkerRow], now: datetime) -> None:
+def _print_workers(out: _Out, rows: Sequence[reads.WorkerRow], now: datetime) -> None:
     out.line("workers seen recently:")
     out.table(("worker", "running", "lease expired", "last heartbeat", "finished 5min",
                "last finished"),
-              [(w.worker, w.running, w.lapsed, console.ago(w.last_renewed_at, now),
-                w.finished_recently, console.ago(w.last_finished_at, now)) for w in rows],
+              [(w.worker, w.running, w.lapsed, reads.ago(w.last_renewed_at, now),
+                w.finished_recently, reads.ago(w.last_finished_at, now)) for w in rows],
               empty="(no worker ran or finished a job in the last 5 minutes)")
 
 
-def _print_health(out: _Out, health: console.Health) -> None:
+def _print_health(out: _Out, health: reads.Health) -> None:
     now = health.now
     out.line(f"overall: {health.verdict}\n")
     out.line(f"running jobs whose lease expired: {health.lapsed_count}")
     out.table(("expired", "id", "name", "queue", "worker", "attempt"),
-              [(console.ago(j.at, now), j.id, j.name, j.queue, j.claimed_by,
+              [(reads.ago(j.at, now), j.id, j.name, j.queue, j.claimed_by,
                 f"{j.attempt}/{j.max_attempts}") for j in health.lapsed], empty="")
     r = health.rescues
     out.line(f"\nrescues: {r.live_jobs} live job(s) rescued ({r.live_rescues} rescues); "
@@ -289,12 +289,12 @@ def _print_health(out: _Out, health: console.Health) -> None:
     out.table(("table", "live", "dead", "dead %", "last vacuum", "xid age", "of freeze max",
                "verdict"),
               [(t.health.table, t.health.live_tuples, t.health.dead_tuples,
-                f"{t.health.dead_ratio:.0%}", console.ago(t.health.last_vacuum, now),
+                f"{t.health.dead_ratio:.0%}", reads.ago(t.health.last_vacuum, now),
                 t.health.xid_age, f"{t.health.xid_age / t.health.freeze_max_age:.0%}",
                 f"{t.verdict} {t.advice}".strip()) for t in health.tables])
     out.line("\nwhat holds VACUUM back (oldest first):")
     out.table(("kind", "who", "pid", "state", "open for", "xmin age", "verdict"),
               [(h.holder.kind, h.holder.name, h.holder.pid, h.holder.state,
-                console.humanize_seconds(h.holder.age_seconds), h.holder.xmin_age,
+                reads.humanize_seconds(h.holder.age_seconds), h.holder.xmin_age,
                 f"{h.verdict} {h.advice}".strip()) for h in health.holders],
               empty="(nothing holds an old snapshot)")
