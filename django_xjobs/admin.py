@@ -39,7 +39,7 @@ from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import F, Q, TextField
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Left, Now
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -174,8 +174,6 @@ class StateFilter(admin.SimpleListFilter):
         return [(s, s) for s in ALL_STATES] + [(self.LAPSED, "running, lease expired")]
 
     def queryset(self, request: HttpRequest, queryset: Any) -> Any:
-        from django.db.models.functions import Now
-
         value = self.value()
         if value == self.LAPSED:
             return queryset.filter(state="running", visible_at__lte=Now())
@@ -979,8 +977,6 @@ class ClockedAdmin(ConsoleAdmin):
     """Rows carry the database clock (``db_clock``), so "expired?" costs no query per row."""
 
     def get_queryset(self, request: Any) -> Any:
-        from django.db.models.functions import Now
-
         return super().get_queryset(request).annotate(db_clock=Now())
 
 
@@ -1045,8 +1041,6 @@ class BackfillAdmin(ClockedAdmin):
     exclude = ("last_cursor", "code_changes")
 
     def get_queryset(self, request: Any) -> Any:
-        from django.db.models.functions import Left
-
         # The list's cursor column: the stored text's head, never decoded (see cursor()).
         return super().get_queryset(request).annotate(
             cursor_head=Left(Cast("last_cursor", TextField()), CURSOR_CHARS + 1))

@@ -34,6 +34,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.db import OperationalError, connections
+
 ENV_VAR = "XJOBS_FAULTS"
 
 
@@ -99,8 +101,6 @@ def hit(point: str) -> None:
 
 
 def _act(point: str, action: str | Callable[[str], None]) -> None:
-    from django.db import OperationalError, connections
-
     if callable(action):
         action(point)
         return

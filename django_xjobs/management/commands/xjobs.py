@@ -26,8 +26,7 @@ from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import api, reads, slots
-from ...conf import parse_duration
+from ... import api, outbox, reads, slots
 from ...engines import get_engine
 from ...exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
 from ...records import (
@@ -38,6 +37,7 @@ from ...records import (
     SlotUsage,
     StepRecord,
 )
+from ...values import parse_duration
 from .. import console_cli, schedule_cli
 
 
@@ -194,7 +194,6 @@ class Command(BaseCommand):
     @staticmethod
     def _outbox_pending() -> dict[str, Any]:
         """Pending stagings over every outbox alias (XJOBS["OUTBOX"]["DATABASES"])."""
-        from ... import outbox
 
         summary = outbox.pending()
         return {"pending": summary.count, "oldest_pending_seconds": summary.oldest_seconds,
