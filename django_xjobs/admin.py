@@ -88,8 +88,9 @@ def _planner_rows(queryset: Any) -> int:
 
 class EstimatedCountPaginator(Paginator):
     """Exact counts for small results, the planner's estimate for big ones: never a full
-    ``count(*)`` of a big table (which reads every row: 0.15 s at a million jobs, per page
-    view). ``estimated`` tells the template to say "about"."""
+    ``count(*)`` of a big table, which reads every row on every page view
+    (docs/performance.md, "What the simpler forms cost"). ``estimated`` tells the template to
+    say "about"."""
 
     estimated = False
 

@@ -524,7 +524,8 @@ def _finished_since(window: timedelta, tenants: TenantScope) -> list[tuple[str, 
 
     One per state, not ``state in (done, dead, cancelled)``: that condition is the predicate of
     ``x_jobs_finished_idx`` (state, finished_at), so the planner drops it and walks the whole
-    index for the time range (0.2 s at a million jobs); ``state = 'done'`` is a range scan.
+    index for the time range (docs/performance.md, "What the simpler forms cost");
+    ``state = 'done'`` is a range scan.
     """
 
     return [(state, scoped(Job.objects.filter(state=state,
