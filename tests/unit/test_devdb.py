@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_xjobs import devdb
+import devdb
 
 POSTGRES = "django.db.backends.postgresql"
 

@@ -1,4 +1,4 @@
-"""Which PostgreSQL the demo and the test suite use, with no set-up on a fresh machine.
+"""Which PostgreSQL the demo, the test suite and bench/ use, with no set-up on a fresh machine.
 
 In order: ``DATABASE_URL`` if set; else a server answering on ``127.0.0.1:5432`` (user
 ``postgres``); else (or with ``XJOBS_DEVDB=embedded``) an embedded PostgreSQL 16 from the
@@ -6,10 +6,13 @@ In order: ``DATABASE_URL`` if set; else a server answering on ``127.0.0.1:5432``
 (``pip install django-xjobs[embedded]``), with its data under ``.pgdata/`` of the checkout and a
 unix socket, stopped when the process that started it exits.
 
-    python -m django_xjobs.devdb          # print the URL (starting the embedded server if needed)
+    python devdb.py          # print the URL (starting the embedded server if needed)
 
-Used by ``example_project/settings.py`` and ``tests/settings.py``; production settings should
-configure ``DATABASES`` as usual.
+A tool of the checkout, not of the package: it is not in the wheel, and production settings
+configure ``DATABASES`` as usual. Its users put the checkout's root on ``sys.path``:
+``example_project/manage.py`` does, pytest does for ``tests/settings.py`` (``tests`` is a package
+at the root), the scripts of ``bench/`` do, and so does ``bench/xjobs_adapter.py`` for the
+workers of the shared harness.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def resolve(data_dir: Path | None = None) -> tuple[str, str]:
         return url, os.environ.get(ENV_SOURCE, "DATABASE_URL")
     if os.environ.get("XJOBS_DEVDB") != "embedded" and _answers("127.0.0.1", 5432):
         return LOCAL_URL, "local server on 127.0.0.1:5432"
-    data_dir = data_dir or Path(__file__).resolve().parent.parent / ".pgdata"
+    data_dir = data_dir or Path(__file__).resolve().parent / ".pgdata"
     return _embedded_url(data_dir), f"embedded PostgreSQL (pgserver) in {data_dir}"
 
 
