@@ -4,6 +4,7 @@ it picks a server. No server is reached here."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 import devdb
@@ -36,6 +37,8 @@ def entry(name: str, user: str = "", password: str = "", host: str = "", port: s
     ("postgresql:///xjobs?host=%2Ftmp%2Fsock", entry("xjobs", host="/tmp/sock")),
     ("postgresql://%2Ftmp%2Fsock/xjobs", entry("xjobs", host="/tmp/sock")),
     ("postgres://[::1]:5432/x", entry("x", host="::1", port="5432")),
+    # Several hosts, tried in turn by libpq (a primary and its standby).
+    ("postgres://h1:5432,h2:5433/x", entry("x", host="h1,h2", port="5432,5433")),
 ])
 def test_a_url_becomes_a_databases_entry(url, expected):
     assert devdb.settings_from_url(url) == expected
@@ -50,6 +53,12 @@ def test_extra_keys_are_added_to_the_entry():
 def test_only_a_postgres_url_is_accepted(url):
     with pytest.raises(ValueError, match="postgres:// URL"):
         devdb.settings_from_url(url)
+
+
+def test_a_query_parameter_libpq_does_not_know_is_refused_at_once():
+    # Not carried into OPTIONS to fail later, at the first connection.
+    with pytest.raises(psycopg.ProgrammingError, match="sslmdoe"):
+        devdb.settings_from_url("postgres://u@h/x?sslmdoe=require")
 
 
 @pytest.mark.parametrize(("url", "expected"), [
