@@ -56,7 +56,7 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def setup_database() -> str:
-    import devdb
+    from tests import devdb
 
     url, source = devdb.resolve()
     name = os.environ.get("XJOBS_BENCH_DB", "xjobs_bench")
@@ -388,7 +388,7 @@ class Bench:
 
         import psycopg
 
-        import devdb
+        from tests import devdb
 
         self.reset()
         self.sql("truncate x_outbox")

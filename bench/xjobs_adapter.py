@@ -20,7 +20,7 @@ from adapters.base import Adapter, Client, WorkerSpec, dist_version
 from common import url
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent  # holds devdb.py, which xbench_project/settings.py imports
+ROOT = HERE.parent  # holds tests/devdb.py, which xbench_project/settings.py imports
 DB = "xb_django_xjobs"
 CONCURRENCY = int(os.environ.get("XBENCH_XJOBS_CONCURRENCY", "10"))
 PREFETCH = os.environ.get("XBENCH_XJOBS_PREFETCH", "auto")

@@ -4,7 +4,7 @@ use these settings too, with XJOBS_TEST_DB_NAME naming the test database pytest-
 
 import os
 
-import devdb
+from tests import devdb
 
 _url, DATABASE_SOURCE = devdb.resolve()  # printed in pytest's header (tests/conftest.py)
 if "DATABASE_URL" not in os.environ:

@@ -173,7 +173,7 @@ def fresh_database(suffix: str) -> Iterator[dict]:
     import psycopg
     from django.conf import settings
 
-    import devdb
+    from tests import devdb
 
     name = f"{settings.DATABASES['default']['TEST']['NAME']}_{suffix}"
     server = os.environ["DATABASE_URL"]  # tests/settings.py sets it
@@ -241,13 +241,13 @@ def test_the_wheel_holds_the_license_types_templates_static_files_and_migrations
 
 
 def test_the_wheel_holds_the_package_and_nothing_of_the_checkouts_tools(wheel):
-    # devdb.py (the demo's, the suite's and bench/'s choice of database) lives at the root of
-    # the checkout: a user's project configures DATABASES itself.
+    # tests/devdb.py (the demo's, the suite's and bench/'s choice of database) is a tool of the
+    # checkout: a user's project configures DATABASES itself.
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
     (dist_info,) = [top for top in tops if top.endswith(".dist-info")]
     assert tops == {"django_xjobs", dist_info}, sorted(tops)
-    assert (ROOT / "devdb.py").is_file()
+    assert (ROOT / "tests" / "devdb.py").is_file()
     assert not [name for name in names if name.rsplit("/", 1)[-1] == "devdb.py"]
 
 

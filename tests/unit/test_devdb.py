@@ -7,7 +7,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-import devdb
+from tests import devdb
 
 POSTGRES = "django.db.backends.postgresql"
 

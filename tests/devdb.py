@@ -6,7 +6,7 @@ In order: ``DATABASE_URL`` if set; else a server answering on ``127.0.0.1:5432``
 (``pip install django-xjobs[embedded]``), with its data under ``.pgdata/`` of the checkout and a
 unix socket, stopped when the process that started it exits.
 
-    python devdb.py          # print the URL (starting the embedded server if needed)
+    python -m tests.devdb    # print the URL (starting the embedded server if needed)
 
 A tool of the checkout, not of the package: it is not in the wheel, and production settings
 configure ``DATABASES`` as usual. Its users put the checkout's root on ``sys.path``:
@@ -71,7 +71,7 @@ def resolve(data_dir: Path | None = None) -> tuple[str, str]:
         return url, os.environ.get(ENV_SOURCE, "DATABASE_URL")
     if os.environ.get("XJOBS_DEVDB") != "embedded" and _answers("127.0.0.1", 5432):
         return LOCAL_URL, "local server on 127.0.0.1:5432"
-    data_dir = data_dir or Path(__file__).resolve().parent / ".pgdata"
+    data_dir = data_dir or Path(__file__).resolve().parents[1] / ".pgdata"  # the checkout's
     return _embedded_url(data_dir), f"embedded PostgreSQL (pgserver) in {data_dir}"
 
 
