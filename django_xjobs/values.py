@@ -66,6 +66,9 @@ def is_utf8(text: str) -> bool:
 # ------------------------------------------------------------------------------- durations --
 
 
+# The documented grammar (docs/guide.md, "Settings"), and no wider: a number and one unit.
+# Django's parse_duration reads HH:MM:SS and ISO 8601 instead; pytimeparse refuses 250ms and a
+# bare number; pytimeparse2 also takes 30S, 5m30s and "5 minutes" (tests/unit/test_conf.py).
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
 

@@ -206,6 +206,9 @@ class _Out:
     def line(self, text: str = "") -> None:
         self.command.stdout.write(text)
 
+    # Columns left-aligned, two spaces apart, None as "-": what scripts and
+    # tests/integration/test_console_commands.py read. tabulate pads columns differently even
+    # when told to align left; rich sizes tables to the terminal.
     def table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]],
               empty: str = "(none)") -> None:
         cells = [[_cell(v) for v in row] for row in rows]
