@@ -1,11 +1,12 @@
 """The models' managers: the engine's claim, fenced writes, lease renewal, slot and leader
 statements as methods of ``Job.objects``, ``JobLease.objects`` and ``SchedulerLeader.objects``.
 
-A thin facade for shells, scripts and the console (docs/managers.md). Each method resolves the
-engine of the manager's database and calls one engine method (named in its docstring), which
-runs one named statement: the SQL stays in the engine (``manage.py xjobs_sql`` prints it), and
-what goes in and comes out are the engine's records (:mod:`django_xjobs.records`). Everything
-else about these managers is Django's: ``Job.objects.filter(...)`` is the default queryset.
+A thin facade for ``manage.py shell``, scripts and one-off maintenance (docs/managers.md).
+Each method resolves the engine of the manager's database and calls one engine method (named
+in its docstring), which runs the statement of the same name: the SQL stays in the engine
+(``manage.py xjobs_sql`` prints it), and what goes in and comes out are the engine's records
+(:mod:`django_xjobs.records`). Everything else about these managers is Django's:
+``Job.objects.filter(...)`` is the default queryset.
 
 The database is the manager's: ``Job.objects.db_manager("jobs").claim(...)`` runs on "jobs";
 without ``db_manager()`` it is where the routers write the model (with
