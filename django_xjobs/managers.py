@@ -15,7 +15,7 @@ Like every engine method, a call joins the transaction open on that alias in thi
 is its own transaction (``engines/base.py``).
 
 Durations (a lease, a slot's time to live) are seconds, a ``timedelta`` or a string such as
-``"30s"`` (as in the settings, django_xjobs/conf.py), at least a millisecond; the engine takes
+``"30s"`` (as in the settings, django_xjobs/values.py), at least a millisecond; the engine takes
 whole milliseconds. The batch methods take one record or an iterable of them.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from django.db import models, router
 
-from . import conf
+from . import values
 from .engines import Engine, get_engine
 from .exceptions import ConfigurationError
 from .records import (
@@ -54,7 +54,7 @@ def milliseconds(value: Duration, *, what: str) -> int:
     Raises ``ValueError`` naming ``what`` for anything else: a negative, zero or non-finite
     duration, a bool, text that is not a duration."""
     try:
-        seconds = conf.parse_duration(value, what=what)
+        seconds = values.parse_duration(value, what=what)
     except ConfigurationError as exc:
         raise ValueError(str(exc)) from None
     ms = round(seconds * 1000)
