@@ -145,25 +145,13 @@ def steps_scoped(queryset: Any, tenants: TenantScope) -> Any:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class QueueRow:
-    """One queue on the dashboard: the five exclusive buckets (``queue_stats``), the finished
-    totals it keeps, and what finished in the last hour."""
+class QueueRow(QueueStats):
+    """One queue on the dashboard: the five exclusive buckets and the finished totals it keeps
+    (``queue_stats``), and what finished in the last hour."""
 
-    queue: str
-    ready: int
-    delayed: int
-    running: int
-    suspended: int
-    dead: int
-    done: int
-    cancelled: int
     done_last_hour: int = 0
     cancelled_last_hour: int = 0
     dead_last_hour: int = 0
-
-    @property
-    def live(self) -> int:
-        return self.ready + self.delayed + self.running + self.suspended
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
