@@ -79,12 +79,12 @@ class Relay(Duty):
                     if self.stop.is_set():
                         break
                     backoff = min(max(backoff * 2, 0.1), self.poll_interval)
-                    lost = self._is_connection_error(exc)
-                    if lost and self._connect_failed():  # logged once per outage
-                        reachability.database.failed("outbox relay", exc)
-                    else:
+                    lost = reachability.connection_error(exc, "outbox relay", *self._engines())
+                    if lost != reachability.UNREACHABLE:
                         log.warning("outbox relay: %s: %s; retrying in %.1fs",
-                                    type(exc).__name__, exc, backoff, exc_info=not lost)
+                                    type(exc).__name__, exc, backoff, exc_info=lost is None)
+                    # Whatever the error, the round's connections are reset (see the module
+                    # docstring); one that connection_error reset already is closed, a no-op.
                     self._reset_connections()
                     self.started.set()
                     self.stop.wait(backoff)
@@ -121,17 +121,14 @@ class Relay(Duty):
         self.stop.wait()
         self._wake.set()
 
-    def _is_connection_error(self, exc: BaseException) -> bool:
-        return any(get_engine(a).is_connection_error(exc) for a in self.aliases) or (
-            self.engine.is_connection_error(exc)
-        )
-
-    def _connect_failed(self) -> bool:
-        return any(reachability.connect_failed(a) for a in {*self.aliases, self.engine.alias})
+    def _engines(self) -> list[Engine]:
+        """The engine of every database a round uses (outbox aliases and the queue's), once."""
+        others = {*self.aliases} - {self.engine.alias}
+        return [self.engine, *(get_engine(alias) for alias in others)]
 
     def _reset_connections(self) -> None:
-        for alias in {*self.aliases, self.engine.alias}:
-            get_engine(alias).reset_connection()
+        for engine in self._engines():
+            engine.reset_connection()
         self._labelled.clear()
 
     def close_connection(self) -> None:
