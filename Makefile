@@ -79,7 +79,7 @@ bench-admin: install
 BENCH_PYTHON ?= $(shell PYENV_VERSION=3.12.1 pyenv which python3.12 2>/dev/null || command -v python3.12)
 
 bench-peers: install
-	$(BENCH_PYTHON) -m compileall -q django_xjobs bench/xbench_project
+	$(BENCH_PYTHON) -m compileall -q django_xjobs bench/xbench_project tests/devdb.py tests/__init__.py
 	XBENCH_EXTRA_PIP="-e $(CURDIR)" XBENCH_EXTRA_ADAPTERS=bench/xjobs_adapter.py \
 		../shared/bench/run.sh --out bench/RESULTS.md $(BENCH_ARGS)
 

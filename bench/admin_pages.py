@@ -156,7 +156,7 @@ FILL_OTHERS = [
 def configure(url: str) -> None:
     from django.conf import settings
 
-    from django_xjobs import devdb
+    from tests import devdb
 
     db = devdb.settings_from_url(url)
     db["CONN_MAX_AGE"] = None
@@ -263,7 +263,7 @@ def main() -> None:
     p.add_argument("--reuse", action="store_true", help="keep the database of an earlier run")
     args = p.parse_args()
 
-    from django_xjobs import devdb
+    from tests import devdb
 
     if args.reuse:
         url, _source = devdb.resolve()

@@ -23,7 +23,7 @@ W10 scheduler       in-process: one round over 100 due cron tasks; a catch-up of
                     jobs with a step each, 1,000 rows per statement               ms, rows/s
 
 The database is a fresh ``xjobs_bench`` (``XJOBS_BENCH_DB`` names another) on the server
-``django_xjobs.devdb`` picks (the one the tests use). Figures depend on the machine: compare
+``devdb.py`` picks (the one the tests use). Figures depend on the machine: compare
 systems within ONE run of the shared harness (``make bench-peers``), never across runs.
 Nothing here is a test; nothing asserts a time.
 """
@@ -56,7 +56,7 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def setup_database() -> str:
-    from django_xjobs import devdb
+    from tests import devdb
 
     url, source = devdb.resolve()
     name = os.environ.get("XJOBS_BENCH_DB", "xjobs_bench")
@@ -388,7 +388,7 @@ class Bench:
 
         import psycopg
 
-        from django_xjobs import devdb
+        from tests import devdb
 
         self.reset()
         self.sql("truncate x_outbox")

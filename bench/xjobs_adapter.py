@@ -20,6 +20,7 @@ from adapters.base import Adapter, Client, WorkerSpec, dist_version
 from common import url
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent  # holds tests/devdb.py, which xbench_project/settings.py imports
 DB = "xb_django_xjobs"
 CONCURRENCY = int(os.environ.get("XBENCH_XJOBS_CONCURRENCY", "10"))
 PREFETCH = os.environ.get("XBENCH_XJOBS_PREFETCH", "auto")
@@ -56,7 +57,7 @@ class XJobsAdapter(Adapter):
             "XJOBS_BENCH_CONCURRENCY": str(self.opts["concurrency"]),
             "XJOBS_BENCH_PREFETCH": str(self.opts["prefetch"]),
             "PYTHONPATH": os.pathsep.join(
-                [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
+                [str(HERE), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
             ),
         }
 
@@ -96,7 +97,7 @@ class XJobsAdapter(Adapter):
         os.environ.update(self.env())
         import sys
 
-        sys.path.insert(0, str(HERE))
+        sys.path[:0] = [str(HERE), str(ROOT)]
         return XJobsClient()
 
 

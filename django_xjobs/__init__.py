@@ -17,8 +17,6 @@ pyright against ``send_welcome``'s own parameters after ``ctx`` (docs/guide.md, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 __all__ = [
     "Batch",
     "Concurrency",
@@ -39,45 +37,29 @@ __all__ = [
     "retry",
 ]
 
+from . import registry, slots
+from .api import (
+    JobHandle,
+    aenqueue,
+    cancel,
+    enqueue,
+    enqueue_many,
+    enqueue_on_commit,
+    get_job,
+    retry,
+)
+from .backfills import Batch, backfill
+from .base import job
 from .context import JobContext
 from .exceptions import PermanentError, Snooze
-from .registry import job
-
-# Imported for their @job options (concurrency=; cron=, timezone=, misfire=), which each
-# registers on import: every documented option is then known wherever @job is importable,
-# before the app registry is ready too (tests/unit/test_registry.py::
-# test_every_option_is_known_before_django_setup). Both are light (no croniter, no engine).
-from .scheduler import options as _scheduler_options  # noqa: F401  (registers on import)
+from .outbox import StagedJob
+from .scheduler import options as _cron_options
 from .slots import Concurrency
+from .steps import publish_event
 
-if TYPE_CHECKING:
-    from .api import (
-        JobHandle,
-        aenqueue,
-        cancel,
-        enqueue,
-        enqueue_many,
-        enqueue_on_commit,
-        get_job,
-        retry,
-    )
-    from .backfills import Batch, backfill
-    from .outbox import StagedJob
-    from .steps import publish_event
-
-_LAZY = {
-    "JobHandle": "api", "cancel": "api", "enqueue": "api", "enqueue_many": "api", "aenqueue": "api",
-    "get_job": "api", "retry": "api", "publish_event": "steps",
-    "backfill": "backfills", "Batch": "backfills",
-    "enqueue_on_commit": "api", "StagedJob": "outbox",
-}
-
-
-def __getattr__(name: str) -> Any:
-    # api imports the engine layer; keep `import django_xjobs` light for settings modules.
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'django_xjobs' has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(f".{module}", __name__), name)
+# The @job options beyond the core ones, registered here, where the package is first imported:
+# every documented option is then known wherever @job is importable, before the app registry is
+# ready too (tests/unit/test_registry.py::test_every_option_is_known_before_django_setup).
+registry.register_option("concurrency", slots.check_option)
+for _name, _check in _cron_options.CHECKS.items():
+    registry.register_option(_name, _check)

@@ -39,7 +39,7 @@ from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import F, Q, TextField
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Left, Now
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -88,8 +88,9 @@ def _planner_rows(queryset: Any) -> int:
 
 class EstimatedCountPaginator(Paginator):
     """Exact counts for small results, the planner's estimate for big ones: never a full
-    ``count(*)`` of a big table (which reads every row: 0.15 s at a million jobs, per page
-    view). ``estimated`` tells the template to say "about"."""
+    ``count(*)`` of a big table, which reads every row on every page view
+    (docs/performance.md, "What the simpler forms cost"). ``estimated`` tells the template to
+    say "about"."""
 
     estimated = False
 
@@ -174,8 +175,6 @@ class StateFilter(admin.SimpleListFilter):
         return [(s, s) for s in ALL_STATES] + [(self.LAPSED, "running, lease expired")]
 
     def queryset(self, request: HttpRequest, queryset: Any) -> Any:
-        from django.db.models.functions import Now
-
         value = self.value()
         if value == self.LAPSED:
             return queryset.filter(state="running", visible_at__lte=Now())
@@ -979,8 +978,6 @@ class ClockedAdmin(ConsoleAdmin):
     """Rows carry the database clock (``db_clock``), so "expired?" costs no query per row."""
 
     def get_queryset(self, request: Any) -> Any:
-        from django.db.models.functions import Now
-
         return super().get_queryset(request).annotate(db_clock=Now())
 
 
@@ -1045,8 +1042,6 @@ class BackfillAdmin(ClockedAdmin):
     exclude = ("last_cursor", "code_changes")
 
     def get_queryset(self, request: Any) -> Any:
-        from django.db.models.functions import Left
-
         # The list's cursor column: the stored text's head, never decoded (see cursor()).
         return super().get_queryset(request).annotate(
             cursor_head=Left(Cast("last_cursor", TextField()), CURSOR_CHARS + 1))

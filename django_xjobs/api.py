@@ -20,35 +20,29 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
-import math
 import os
-import re
 import socket
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
 
-from . import conf, registry, slots, tracing
+from . import clock, conf, outbox, registry, slots, tracing
 from .engines import get_engine
 from .exceptions import (
     InvalidJobInput,
     JobNotFound,
-    PayloadTooLarge,
 )
-from .records import ChangeResult, EnqueueParams, EnqueueResult, JobRecord, new_ids
-from .registry import P, R
+from .outbox import StagedJob
+from .records import TERMINAL_STATES, ChangeResult, EnqueueParams, EnqueueResult, JobRecord, new_ids
+from .values import INT32, check_name, check_text, encode_json, seconds_of
 
 if TYPE_CHECKING:
     from typing import Unpack
-
-    from .outbox import StagedJob
 
 _enqueued_by: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "xjobs_enqueued_by", default=None
@@ -73,12 +67,9 @@ class EnqueueOptions(TypedDict, total=False):
 
 
 ENQUEUE_OPTIONS = frozenset(EnqueueOptions.__optional_keys__)
-# One encoder for every enqueue: json.dumps with any option builds a new JSONEncoder per call.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 MAX_KEY_LENGTH = 1000
 _NO_OPTIONS: Mapping[str, Any] = {}
 MAX_DELAY_SECONDS = 100 * 366 * 86400.0
-INT32 = 2**31 - 1
 
 
 @contextlib.contextmanager
@@ -102,155 +93,8 @@ def default_enqueued_by() -> str:
 # ------------------------------------------------------------------------------ validation --
 
 
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # a \u0000 escape not itself escaped
-MAX_DEPTH = 100
-
-
-def _first_bad_value(
-    value: Any, path: str = "input", depth: int = 0, seen: set[int] | None = None
-) -> str | None:
-    """Where in ``value`` JSON encoding would fail or change the data, naming the field.
-
-    ``json.dumps`` alone is not enough: it turns dict keys 1 and "1" into the same string (and
-    jsonb then keeps one of them), and a circular structure must be reported, not recursed into.
-    """
-    if value is None or isinstance(value, bool | int | str):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{path} = {value!r} (NaN/Infinity is not JSON)"
-    if depth >= MAX_DEPTH:
-        return f"{path} is nested more than {MAX_DEPTH} levels deep"
-    if isinstance(value, list | tuple | dict):
-        seen = seen if seen is not None else set()
-        if id(value) in seen:
-            return f"{path} contains itself (a circular reference)"
-        seen.add(id(value))
-        try:
-            if isinstance(value, dict):
-                for k, item in value.items():
-                    if not isinstance(k, str):
-                        return f"{path} has a non-string key {k!r} (JSON object keys are strings)"
-                    bad = _first_bad_value(item, f"{path}[{k!r}]", depth + 1, seen)
-                    if bad:
-                        return bad
-            else:
-                for i, item in enumerate(value):
-                    bad = _first_bad_value(item, f"{path}[{i}]", depth + 1, seen)
-                    if bad:
-                        return bad
-        finally:
-            seen.discard(id(value))
-        return None
-    return f"{path} is a {type(value).__name__} ({_safe_repr(value):.60})"
-
-
-# Python reads back from JSON text an integer of at most this many digits, unless the reading
-# process raised sys.set_int_max_str_digits(); the worker that decodes a job's input may not have.
-READABLE_INT_DIGITS = sys.int_info.default_max_str_digits
-_TOO_MANY_DIGITS = 10**READABLE_INT_DIGITS
-
-
-def _digit_limit_lifted() -> bool:
-    """Whether this process encodes integers that a process with the default limit cannot
-    read back (``sys.set_int_max_str_digits(0)`` or above the default)."""
-    limit = sys.get_int_max_str_digits()
-    return limit == 0 or limit > READABLE_INT_DIGITS
-
-
-def _first_unreadable_int(value: Any, path: str) -> str | None:
-    """Where ``value`` holds an integer of more digits than Python's json module reads back by
-    default (the worker's decode would refuse the row). Walked only when this process lifted
-    the limit, or its encoder refused an integer: never on the usual enqueue."""
-    if isinstance(value, int):
-        if -_TOO_MANY_DIGITS < value < _TOO_MANY_DIGITS:
-            return None
-        return (f"{path} is an integer of more than {READABLE_INT_DIGITS} digits, which "
-                "Python's json module does not read back (sys.get_int_max_str_digits())")
-    if isinstance(value, dict):
-        items: Iterable[tuple[Any, Any]] = value.items()
-    elif isinstance(value, list | tuple):
-        items = enumerate(value)
-    else:
-        return None
-    for k, item in items:
-        bad = _first_unreadable_int(item, f"{path}[{k!r}]")
-        if bad:
-            return bad
-    return None
-
-
-def _safe_repr(value: Any) -> str:
-    """repr() for an error message, which must not itself fail (a model whose __str__ reads a
-    deleted row, a proxy to a closed resource)."""
-    try:
-        return repr(value)
-    except Exception as exc:
-        return f"<{type(value).__name__} whose repr() raised {type(exc).__name__}>"
-
-
-def encode_json(value: Any, *, what: str, limit: int | None) -> str:
-    """Compact JSON text that PostgreSQL ``jsonb`` accepts and Python reads back, or a clear
-    :class:`InvalidJobInput`."""
-    bad = _first_bad_value(value, what)
-    if bad is None and _digit_limit_lifted():
-        bad = _first_unreadable_int(value, what)
-    if bad:
-        raise InvalidJobInput(f"{what} is not JSON-serialisable: {bad}")
-    try:
-        text = _ENCODER.encode(value)
-    except (TypeError, ValueError, RecursionError) as exc:
-        # An integer past this process's own digit limit (the walks found nothing else).
-        bad = _first_unreadable_int(value, what)
-        raise InvalidJobInput(f"{what} is not JSON-serialisable: {bad or exc}") from None
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidJobInput(
-            f"{what} contains a lone surrogate, which is not valid UTF-8"
-        ) from None
-    # json.dumps writes a NUL character as the escape \u0000, which jsonb refuses. The six
-    # characters backslash-u-0-0-0-0 in a string are written with an escaped backslash: fine.
-    if "\\u0000" in text and _NUL_ESCAPE.search(text):
-        raise InvalidJobInput(f"{what} contains a NUL character, which PostgreSQL cannot store")
-    if limit is not None and size > limit:
-        raise PayloadTooLarge(
-            f"{what} is {size} bytes as JSON, over XJOBS['MAX_PAYLOAD_BYTES'] = {limit}"
-        )
-    return text
-
-
-def _text_option(name: str, value: Any, *, max_length: int = 200) -> str:
-    if not isinstance(value, str) or not value or len(value) > max_length or "\x00" in value:
-        raise InvalidJobInput(
-            f"{name} must be a non-empty string of at most {max_length} characters without NUL,"
-            f" got {value!r:.100}"
-        )
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidJobInput(
-            f"{name} contains a lone surrogate, which is not valid UTF-8"
-        ) from None
-    return value
-
-
-def _name(kind: str, value: Any) -> str:
-    if not isinstance(value, str) or not conf.NAME_RE.match(value):
-        raise InvalidJobInput(
-            f"{kind} {value!r} is not valid: use 1-200 characters from [A-Za-z0-9_.:-]"
-        )
-    return value
-
-
 def _delay_seconds(value: Any) -> float:
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise InvalidJobInput(f"delay must be a timedelta or seconds, got {value!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidJobInput(f"delay must not be negative, got {value!r}")
+    seconds = seconds_of(value, "delay")
     if seconds > MAX_DELAY_SECONDS:
         raise InvalidJobInput(
             f"delay {value!r} is more than 100 years; pass run_at for a far-future date"
@@ -263,7 +107,7 @@ class _Template:
     """Everything about an enqueue but its input and ids: validated once per call (per batch,
     for enqueue_many), applied to each input."""
 
-    definition: registry.Job[..., Any]
+    definition: registry.JobDefinition[..., Any]
     queue: str
     key: str | None
     max_attempts: int
@@ -298,7 +142,8 @@ class _Template:
         )
 
 
-def _template(definition: registry.Job[..., Any], options: Mapping[str, Any]) -> _Template:
+def _template(definition: registry.JobDefinition[..., Any],
+              options: Mapping[str, Any]) -> _Template:
     """Validate the enqueue options for ``definition``. Raises before anything is written."""
     settings = conf.get()
     if options:
@@ -307,7 +152,7 @@ def _template(definition: registry.Job[..., Any], options: Mapping[str, Any]) ->
             raise InvalidJobInput(
                 f"unknown enqueue option(s) {sorted(unknown)}; known: {sorted(ENQUEUE_OPTIONS)}"
             )
-    queue = _name("queue", options.get("queue", definition.queue))
+    queue = check_name("queue", options.get("queue", definition.queue))
 
     run_at = options.get("run_at")
     delay_ms = 0
@@ -325,10 +170,10 @@ def _template(definition: registry.Job[..., Any], options: Mapping[str, Any]) ->
 
     key = options.get("idempotency_key")
     if key is not None:
-        key = _text_option("idempotency_key", key, max_length=MAX_KEY_LENGTH)
+        key = check_text("idempotency_key", key, max_length=MAX_KEY_LENGTH)
     tenant_id = options.get("tenant_id")
     if tenant_id is not None:
-        tenant_id = _text_option("tenant_id", tenant_id)
+        tenant_id = check_text("tenant_id", tenant_id)
 
     priority = options.get("priority", definition.priority)
     if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > INT32:
@@ -341,7 +186,7 @@ def _template(definition: registry.Job[..., Any], options: Mapping[str, Any]) ->
 
     enqueued_by = options.get("enqueued_by")
     enqueued_by = (
-        _text_option("enqueued_by", enqueued_by) if enqueued_by is not None
+        check_text("enqueued_by", enqueued_by) if enqueued_by is not None
         else default_enqueued_by()
     )
     traceparent = options.get("traceparent")
@@ -363,7 +208,7 @@ def _template(definition: registry.Job[..., Any], options: Mapping[str, Any]) ->
     )
 
 
-def build_params(definition: registry.Job[..., Any], input: Any,
+def build_params(definition: registry.JobDefinition[..., Any], input: Any,
                  options: Mapping[str, Any]) -> EnqueueParams:
     """Validate one enqueue and turn it into engine params. Raises before anything is written."""
     template = _template(definition, options)
@@ -417,53 +262,20 @@ def _handle(result: EnqueueResult) -> JobHandle:
     return JobHandle(id=result.id, run_id=result.run_id, created=result.created)
 
 
-class BoundJob(Generic[P, R]):
-    """A job with enqueue options applied: ``my_job.using(delay=..., tenant_id=...)``."""
-
-    __slots__ = ("definition", "options")
-
-    def __init__(self, definition: registry.Job[P, R], options: Mapping[str, Any]) -> None:
-        unknown = set(options) - ENQUEUE_OPTIONS
-        if unknown:
-            raise InvalidJobInput(
-                f"unknown enqueue option(s) {sorted(unknown)}; known: {sorted(ENQUEUE_OPTIONS)}"
-            )
-        self.definition = definition
-        self.options = dict(options)
-
-    def using(self, **options: Unpack[EnqueueOptions]) -> BoundJob[P, R]:
-        return BoundJob(self.definition, {**self.options, **options})
-
-    def _input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        if args:
-            return self.definition.shape.merge(self.definition.name, args, kwargs)
-        return kwargs
-
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
-        params = build_params(self.definition, self._input(args, kwargs), self.options)
-        return _handle(get_engine().job_enqueue(params))
-
-    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
-        """:meth:`enqueue` from async code, on Django's thread for the async ORM (the module
-        docstring says why)."""
-        return await sync_to_async(self.enqueue, thread_sensitive=True)(*args, **kwargs)
-
-    def bulk_enqueue(self, inputs: Iterable[Mapping[str, Any]]) -> list[JobHandle]:
-        """Enqueue many inputs of this job in one statement per 1,000; see :func:`enqueue_many`."""
-        return enqueue_many((self.definition.name, inp, self.options) for inp in inputs)
-
-    def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> StagedJob:
-        """Stage this job in the current transaction; see :func:`enqueue_on_commit`."""
-        return _stage(self.definition, self._input(args, kwargs), self.options, using="default")
+def enqueue_job(definition: registry.JobDefinition[..., Any], input: Mapping[str, Any] | None,
+                options: Mapping[str, Any]) -> JobHandle:
+    """Enqueue one input of ``definition`` with ``options``: what every single enqueue runs
+    (``my_job.enqueue``, ``.using(...).enqueue``, :func:`enqueue` by name)."""
+    return _handle(get_engine().job_enqueue(build_params(definition, input, options)))
 
 
 def enqueue(name: str, input: Mapping[str, Any] | None = None,
             **options: Unpack[EnqueueOptions]) -> JobHandle:
     """Enqueue a registered job by name: ``enqueue("emails.send_welcome", {"user_id": 42})``."""
-    definition = registry.get(_name("job name", name)) if isinstance(name, str) else None
+    definition = registry.get(check_name("job name", name)) if isinstance(name, str) else None
     if definition is None:
         raise InvalidJobInput(f"job name must be a string, got {name!r}")
-    return _handle(get_engine().job_enqueue(build_params(definition, input, options)))
+    return enqueue_job(definition, input, options)
 
 
 async def aenqueue(name: str, input: Mapping[str, Any] | None = None,
@@ -494,7 +306,7 @@ def enqueue_many(
         options = rest[0] if rest else _NO_OPTIONS
         template = templates.get((name, id(options)))
         if template is None:
-            template = _template(registry.get(_name("job name", name)), options)
+            template = _template(registry.get(check_name("job name", name)), options)
             templates[(name, id(options))] = template
         params.append(template.params(input, ids[2 * n], ids[2 * n + 1]))
     engine = get_engine()
@@ -516,16 +328,16 @@ def enqueue_on_commit(name: str, input: Mapping[str, Any] | None = None, *,
     Outside ``atomic()`` the staging commits at once and a relay publishes it right away.
     Returns a :class:`~django_xjobs.outbox.StagedJob` (its ``id`` is the job's id to be).
     """
-    definition = registry.get(_name("job name", name)) if isinstance(name, str) else None
+    definition = registry.get(check_name("job name", name)) if isinstance(name, str) else None
     if definition is None:
         raise InvalidJobInput(f"job name must be a string, got {name!r}")
-    return _stage(definition, input, options, using=using)
+    return stage_job(definition, input, options, using=using)
 
 
-def _stage(definition: registry.Job[..., Any], input: Any, options: Mapping[str, Any], *,
-           using: Any) -> StagedJob:
-    from . import outbox
-
+def stage_job(definition: registry.JobDefinition[..., Any], input: Any,
+              options: Mapping[str, Any], *, using: Any) -> StagedJob:
+    """Stage one input of ``definition`` in the current transaction of ``using``: what every
+    ``enqueue_on_commit`` runs."""
     params = build_params(definition, input, options)
     aliases = conf.get().outbox.databases
     if using not in aliases:
@@ -561,7 +373,7 @@ def cancel(job_id: UUID | str, *, reason: str | None = None,
            tenant_ids: Iterable[str] | None = None) -> ChangeResult:
     """Cancel a job in any state but done; a running one stops at its worker's next heartbeat."""
     if reason is not None:
-        reason = _text_option("reason", reason, max_length=2000)
+        reason = check_text("reason", reason, max_length=2000)
     result = get_engine().job_cancel(
         str(job_id), reason=f"cancelled: {reason}" if reason else "cancelled",
         tenant_ids=tenant_ids,
@@ -593,9 +405,6 @@ def run_now(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> C
 def purge(*, older_than: timedelta, states: Iterable[str] = ("done", "dead", "cancelled"),
           batch_size: int = 1000) -> int:
     """Delete finished jobs that finished more than ``older_than`` ago; return the count."""
-    from .clock import now
-    from .records import TERMINAL_STATES
-
     states = tuple(states)
     bad = [s for s in states if s not in TERMINAL_STATES]
     if bad:
@@ -603,7 +412,7 @@ def purge(*, older_than: timedelta, states: Iterable[str] = ("done", "dead", "ca
             f"purge only deletes finished jobs (done, dead, cancelled), not {bad}"
         )
     return get_engine().jobs_purge(
-        states=states, finished_before=now() - older_than, batch_size=batch_size
+        states=states, finished_before=clock.now() - older_than, batch_size=batch_size
     )
 
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
+
+from . import checks, conf
+from .testing import inline
 
 
 class XJobsConfig(AppConfig):
@@ -13,26 +18,17 @@ class XJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, conf
-
         conf.connect_signals()
         checks.register()
-        from .scheduler import options as cron_options  # ---- scheduler: @job(cron=...) ----
-
-        cron_options.install()
         # ---- the inline test mode (docs/testing.md): enqueue hands new jobs to its runner
         # while XJOBS["TEST_MODE"] is "inline" (override_settings included).
-        from .testing import inline
-
         inline.install()
         # Found the way the admin finds admin.py: import every installed app's jobs.py.
         autodiscover_modules("jobs")
 
         # ---- django.tasks backend (Django 6+): finish early @task declarations and, when a
         # TASKS backend is django_xjobs.tasks.XJobsBackend, import each installed app's tasks.py.
-        from importlib.util import find_spec
-
         if find_spec("django.tasks") is not None:
-            from . import tasks
+            from . import tasks  # imports django.tasks, which Django 5.2 does not have
 
             tasks.ready()

@@ -60,6 +60,7 @@ whose alias is not ``XJOBS["DATABASE"]`` is refused when it is declared, started
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import logging
@@ -69,14 +70,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 from uuid import UUID
 
-from . import conf, faults, registry
+from django.conf import settings
+
+from . import api, conf, faults, registry, values
+from .api import acting_as
 from .context import JobContext, StopSignal
+from .engines import Engine, get_engine
 from .exceptions import (
     BackfillNotFound,
+    BadBatch,
     ConfigurationError,
+    DryRunFailed,
     InvalidJobInput,
     InvalidTransition,
     JobCancelled,
@@ -84,12 +91,9 @@ from .exceptions import (
     PermanentError,
     Snooze,
     UnknownBackfill,
-    XJobsError,
 )
-from .records import BACKFILL_STATUSES, BackfillRecord, Claim, RunOwner
-
-if TYPE_CHECKING:
-    from .engines import Engine
+from .records import BACKFILL_STATUSES, LIVE_STATES, BackfillRecord, Claim, RunOwner
+from .values import encode_json, format_error
 
 log = logging.getLogger("django_xjobs.backfill")
 
@@ -102,15 +106,6 @@ DEFAULT_QUEUE = "backfills"
 
 _lock = threading.Lock()
 _backfills: dict[str, BackfillDefinition] = {}
-
-
-class DryRunFailed(XJobsError):
-    """A batch of a dry run raised (its writes were rolled back, like every dry-run batch)."""
-
-
-class BadBatch(PermanentError):
-    """A backfill function returned something other than ``Batch(next_cursor, processed)``
-    with a JSON cursor and a count >= 0: a bug in the backfill, which a retry cannot fix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +271,7 @@ def _positive_int(what: str, value: Any, maximum: int) -> int:
 
 
 def parse_throttle(what: str, value: Any) -> float:
-    seconds = conf.parse_duration(value, what=what)
+    seconds = values.parse_duration(value, what=what)
     if seconds > MAX_THROTTLE:
         raise ConfigurationError(f"{what} must be at most {MAX_THROTTLE:g}s, got {value!r}")
     return seconds
@@ -328,15 +323,15 @@ def build(
             f"@backfill {getattr(func, '__qualname__', func)}: a backfill must be a plain "
             "function (each batch runs inside a database transaction), not async def"
         )
-    backfill_name = name if name is not None else registry._default_name(func)
-    if not isinstance(backfill_name, str) or not conf.NAME_RE.match(backfill_name) or (
+    backfill_name = name if name is not None else registry.default_name(func)
+    if not isinstance(backfill_name, str) or not values.NAME_RE.match(backfill_name) or (
         len(backfill_name) > MAX_NAME
     ):
         raise ConfigurationError(
             f"Backfill name {backfill_name!r} is not valid: use 1-{MAX_NAME} characters from "
             "[A-Za-z0-9_.:-]"
         )
-    registry._validate_name("Queue name", queue)
+    values.check_name("Queue name", queue, error=ConfigurationError)
     if not isinstance(using, str) or not using:
         raise ConfigurationError(f"{backfill_name}: using must be a database alias")
     definition = BackfillDefinition(
@@ -366,13 +361,13 @@ def register(definition: BackfillDefinition) -> BackfillDefinition:
     with _lock:
         existing = _backfills.get(definition.name)
         if existing is not None and (
-            registry._qualname(existing.func) != registry._qualname(definition.func)
+            registry.qualname(existing.func) != registry.qualname(definition.func)
         ):
             raise ConfigurationError(
                 f"Backfill name {definition.name!r} is already registered by "
-                f"{registry._qualname(existing.func)}; pass @backfill(name) to tell them apart"
+                f"{registry.qualname(existing.func)}; pass @backfill(name) to tell them apart"
             )
-        job = registry.build_job(
+        job: registry.JobDefinition[..., Any] = registry.JobDefinition.build(
             _pass_function(definition.name), name=definition.job_name, queue=definition.queue,
             max_attempts=definition.max_attempts,
         )
@@ -456,6 +451,7 @@ def project_version(modules: tuple[str, ...]) -> str:
     cached = _versions.get(modules)
     if cached is not None:
         return cached
+    # Imported here: about 50 ms of start-up that only a backfill pass needs.
     from importlib import metadata
 
     found = ""
@@ -480,8 +476,6 @@ def app_version(definition: BackfillDefinition) -> str:
     configured = conf.get().app_version
     if configured is not None:
         return configured
-    from django.conf import settings
-
     modules = tuple(m for m in (getattr(settings, "SETTINGS_MODULE", None),
                                 definition.func.__module__) if m)
     return project_version(modules)
@@ -517,8 +511,6 @@ def _pass_function(name: str) -> Callable[..., Any]:
 
 def _validated(definition: BackfillDefinition, result: Any) -> tuple[Any, int, str | None]:
     """(next_cursor, processed, cursor JSON) of a batch, or BadBatch."""
-    from .api import encode_json
-
     if not isinstance(result, Batch):
         raise BadBatch(
             f"backfill {definition.name} returned {type(result).__name__} "
@@ -559,8 +551,6 @@ class _Pass:
         self.throttle = conf.get().backfill_throttle if throttle is None else throttle
 
     def run(self) -> dict[str, Any]:
-        from .engines import get_engine
-
         definition, ctx = self.definition, self.ctx
         try:
             check_alias(definition)
@@ -623,8 +613,6 @@ class _Pass:
     def _batch(self, engine: Engine, owner: RunOwner, bctx: BackfillContext,
                cursor: Any) -> tuple[Any, int]:
         """One batch and its progress in ONE transaction; (next_cursor, rows_processed)."""
-        from .api import acting_as
-
         definition = self.definition
         try:
             with engine.atomic():
@@ -664,8 +652,6 @@ class _Pass:
                 "lapsed): the batch in flight was rolled back")
 
     def _record_failure(self, engine: Engine, owner: RunOwner, exc: BaseException) -> None:
-        from .worker.executor import format_error
-
         try:
             recorded = engine.backfill_fail_if_owned(owner, error=format_error(exc))
         except Exception as write_exc:
@@ -697,8 +683,6 @@ def start(name: str, *, batch_size: int | None = None,
     """Start a pass of ``name``: its job is enqueued and its row recorded ``pending``, in one
     transaction. One live pass per backfill: while one is live, this returns it
     (``created=False``) and changes nothing. Bad options raise before anything is written."""
-    from .engines import get_engine
-
     definition = get(name)
     check_alias(definition)
     input: dict[str, Any] = {}
@@ -709,7 +693,7 @@ def start(name: str, *, batch_size: int | None = None,
     job = registry.get(definition.job_name)
     engine = get_engine()
     with engine.atomic():
-        handle = job.using(idempotency_key=definition.job_name).enqueue(**input)
+        handle = api.enqueue_job(job, input, {"idempotency_key": definition.job_name})
         if handle.created:
             engine.backfill_create(
                 run_id=str(handle.run_id), name=definition.name, job_id=str(handle.id),
@@ -721,8 +705,6 @@ def start(name: str, *, batch_size: int | None = None,
 
 def list_passes(*, name: str | None = None, status: str | None = None,
                 run_id: Any = None, limit: int = 50) -> list[BackfillRecord]:
-    from .engines import get_engine
-
     if status is not None and status not in BACKFILL_STATUSES:
         raise InvalidJobInput(
             f"status {status!r} is not a pass status ({', '.join(BACKFILL_STATUSES)})"
@@ -736,8 +718,6 @@ def list_passes(*, name: str | None = None, status: str | None = None,
 
 
 def get_pass(run_id: Any) -> BackfillRecord:
-    from .engines import get_engine
-
     record = get_engine().backfill_get(_run_id(run_id))
     if record is None:
         raise BackfillNotFound(f"no backfill pass with run id {run_id}")
@@ -748,8 +728,6 @@ def cancel(run_id: Any) -> PassChange:
     """Stop a pass: its job is cancelled (a running pass stops at its next batch boundary; the
     batch in flight, if any, rolls back) and its row marked ``cancelled``, in one transaction.
     Its cursor is kept: :func:`retry` resumes it."""
-    from .engines import get_engine
-
     record = get_pass(run_id)
     if record.status in ("completed", "cancelled"):
         return PassChange(record=record, changed=False, reason=f"already {record.status}")
@@ -776,10 +754,6 @@ def retry(run_id: Any) -> PassHandle:
     is no longer live (cancelled with ``xjobs cancel``, or dead after too many lost leases: the
     pass had no chance to record it). Raises :class:`InvalidTransition` for a completed pass, or
     one whose job is still live (it goes on by itself)."""
-    from . import api
-    from .engines import get_engine
-    from .records import LIVE_STATES
-
     record = get_pass(run_id)
     if record.status == "completed":
         raise InvalidTransition(
@@ -805,8 +779,6 @@ def retry(run_id: Any) -> PassHandle:
         return PassHandle(name=record.name, run_id=record.run_id, job_id=job.id,
                           created=bool(result.changed))
     # The job is gone (purged by retention): a new job under the same run id adopts the row.
-    import dataclasses
-
     job_definition = registry.get(definition.job_name)
     params = api.build_params(job_definition, {}, {"idempotency_key": definition.job_name})
     params = dataclasses.replace(params, run_id=record.run_id)
@@ -821,8 +793,6 @@ def retry(run_id: Any) -> PassHandle:
 
 def progress(record: BackfillRecord, *, now: datetime | None = None) -> Progress:
     """Rate since the pass began; with the backfill's ``total`` hook, a fraction and an ETA."""
-    from .engines import get_engine
-
     definition = lookup(record.name)
     total, total_error = count_total(definition) if definition is not None else (None, None)
     fraction = None
@@ -852,9 +822,6 @@ def dry_run(name: str, *, batch_size: int | None = None, batches: int = 1) -> Dr
     writes were undone, so a backfill that finds its rows by what it already changed (rather
     than by a keyset cursor) would see the same rows again.
     """
-    from .api import acting_as
-    from .engines import get_engine
-
     definition = get(name)
     check_alias(definition)
     size = definition.batch_size if batch_size is None else _positive_int(

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
+from django.conf import settings as django_settings
 from django.core import checks
 from django.db import connections
 
-from . import conf
+from . import backfills, conf, registry, slots
 from .conf import DOCS_URL
 from .exceptions import ConfigurationError
+from .scheduler.schedule import collect
 
 POSTGRESQL = "django.db.backends.postgresql"
 
@@ -61,7 +64,6 @@ def check_console(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
     Django finds only when "rangefilter" is an installed app: without it the page fails with
     TemplateDoesNotExist. Only the admin needs it, so only the admin's checks run this (the
     worker, which runs the django_xjobs checks alone, starts without it)."""
-    from django.apps import apps
 
     if not apps.is_installed("django.contrib.admin") or apps.is_installed("rangefilter"):
         return []
@@ -82,7 +84,6 @@ ROUTER = "django_xjobs.routers.XJobsRouter"
 
 def _check_outbox(settings: conf.XJobsSettings) -> list[checks.CheckMessage]:
     """Every outbox alias exists and is PostgreSQL; job tables off "default" need a router."""
-    from django.conf import settings as django_settings
 
     errors: list[checks.CheckMessage] = []
     for alias in settings.outbox.databases:
@@ -124,9 +125,7 @@ def _check_outbox(settings: conf.XJobsSettings) -> list[checks.CheckMessage]:
 
 
 def _raw() -> Any:
-    from django.conf import settings
-
-    return getattr(settings, "XJOBS", None)
+    return getattr(django_settings, "XJOBS", None)
 
 
 # ------------------------------------------------------------------------ concurrency slots --
@@ -135,7 +134,6 @@ def _raw() -> Any:
 def check_concurrency(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """A job declared with ``Concurrency(limit=None)`` needs XJOBS["CONCURRENCY_LIMITS"] to give
     every key its template can make a limit, or its every enqueue would be refused."""
-    from . import registry, slots
 
     try:
         settings = conf.build(_raw())
@@ -172,7 +170,6 @@ def check_schedule(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         conf.build(_raw())
     except ConfigurationError:
         return []  # check_settings reports it
-    from .scheduler.schedule import collect
 
     _, problems = collect()
     return [checks.Error(p.message, hint=SCHEDULE_HINTS[p.id], id=p.id) for p in problems]
@@ -202,7 +199,6 @@ def check_job_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
         settings = conf.build(_raw())
     except ConfigurationError:
         return []  # check_settings reports it
-    from . import registry
 
     by_queue: dict[str, list[str]] = {}
     for name, queue in registry.unworked_jobs(settings).items():
@@ -241,7 +237,6 @@ def check_backfills(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
         return []  # check_settings reports it
     if settings.database not in connections.settings:
         return []  # check_settings reports that first (xjobs.E002)
-    from . import backfills
 
     errors: list[checks.CheckMessage] = []
     for _name, definition in sorted(backfills.all_backfills().items()):

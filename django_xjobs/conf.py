@@ -10,52 +10,21 @@ Durations accept seconds (int/float), a ``timedelta``, or a string such as ``"25
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
 
 from .exceptions import ConfigurationError
-
-# \Z, not $: `$` also matches before a trailing newline, and "default\n" is not "default".
-NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,200}\Z")
+from .values import NAME_RE, parse_duration
 
 # Where the documentation is published, with a trailing slash: a page is DOCS_URL + "guide.md".
 # The system checks' hints link it (a project that installed the package has no docs/ to read);
 # pyproject.toml's [project.urls] "Documentation" is the same address
 # (tests/unit/test_package_metadata.py::test_the_documentation_url_is_defined_once).
 DOCS_URL = "https://github.com/django-xjobs/django-xjobs/blob/main/docs/"
-
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
-
-
-def parse_duration(value: Any, *, what: str = "duration") -> float:
-    """Seconds from a number, a timedelta or a string like ``"30s"``. Negative is an error."""
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, bool):
-        raise ConfigurationError(f"{what}: expected a duration, got {value!r}")
-    elif isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        m = _DURATION_RE.match(value)
-        if not m:
-            raise ConfigurationError(
-                f"{what}: {value!r} is not a duration (use e.g. 250ms, 30s, 5m, 2h, 7d)"
-            )
-        seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    else:
-        raise ConfigurationError(f"{what}: expected a duration, got {value!r}")
-    if not math.isfinite(seconds):
-        raise ConfigurationError(f"{what}: must be a finite duration, got {value!r}")
-    if seconds < 0:
-        raise ConfigurationError(f"{what}: must not be negative, got {value!r}")
-    return seconds
 
 
 def default_heartbeat(lease: float) -> float:
@@ -637,6 +606,4 @@ def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
 
 
 def connect_signals() -> None:
-    from django.core.signals import setting_changed
-
     setting_changed.connect(_on_setting_changed, dispatch_uid="django_xjobs.conf")

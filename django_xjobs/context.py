@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import connections
+
 from .exceptions import JobCancelled
 
 _logger = logging.getLogger("django_xjobs.job")
@@ -137,7 +139,6 @@ async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     worker, so without this one dropped connection would fail every later call on its thread.
     Healthy connections stay open across calls (closing them per call would open a connection
     for every step with CONN_MAX_AGE = 0)."""
-    from django.db import connections
 
     def call() -> Any:
         for conn in connections.all(initialized_only=True):

@@ -15,7 +15,7 @@ job instead of raising at all).
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 
 class XJobsError(Exception):
@@ -220,3 +220,61 @@ class SlotLost(JobCancelled):
     re-queues the job; job code does not need to catch it."""
 
     code = SLOT_LOST
+
+
+# ------------------------------------------------------------------ durable steps --
+
+
+class StepSuspended(BaseException):
+    """Raised by a step that parked its job (a sleep or an event wait) to unwind the job's code.
+
+    A BaseException, so that ``except Exception`` in job code cannot swallow it. The job is
+    already suspended in the database when this is raised; the worker only frees the thread.
+    """
+
+    def __init__(self, wake_at: datetime) -> None:
+        super().__init__(f"suspended until {wake_at.isoformat()}")
+        self.wake_at = wake_at
+
+
+class StepNameReused(PermanentError):
+    """Two steps of one run used the same name: their records would be confused."""
+
+
+class StepOutputError(PermanentError):
+    """A step returned something JSON cannot store; re-running the job cannot fix it."""
+
+
+class StepOutputTooLarge(PayloadTooLarge):
+    """A step's output is larger than ``XJOBS["MAX_PAYLOAD_BYTES"]`` as JSON: the step is
+    recorded ``failed`` and the job fails this attempt (and retries by its policy). Store large
+    data elsewhere and return a reference to it."""
+
+
+class SuspendInTransaction(PermanentError):
+    """A sleep or an event wait inside the job's own ``transaction.atomic()``: the suspension
+    would be rolled back with the block that the suspension unwinds, and the job would sit in
+    ``running`` until its lease lapsed, again on every attempt."""
+
+
+# ---------------------------------------------------------------------- backfills --
+
+
+class DryRunFailed(XJobsError):
+    """A batch of a dry run raised (its writes were rolled back, like every dry-run batch)."""
+
+
+class BadBatch(PermanentError):
+    """A backfill function returned something other than ``Batch(next_cursor, processed)``
+    with a JSON cursor and a count >= 0: a bug in the backfill, which a retry cannot fix."""
+
+
+# ----------------------------------------------------- connections of the engine seam --
+
+
+class ListenerLost(Exception):
+    """The LISTEN connection dropped; notifications sent meanwhile are lost (poll covers them)."""
+
+
+class SessionLost(Exception):
+    """The advisory session's connection dropped; the server released its lock with it."""

@@ -2,7 +2,9 @@
 
 Queue state is never written through these models: every write goes through the engine's
 fenced statements (``engines/postgres/statements.py``). The models exist so that migrations,
-the admin and ad-hoc ORM reads work as a Django developer expects.
+the admin and ad-hoc ORM reads work as a Django developer expects. The managers of ``Job``,
+``JobLease`` and ``SchedulerLeader`` also reach those statements, through the engine
+(``Job.objects.claim(...)``; django_xjobs/managers.py, docs/managers.md).
 
 Index notes (each index on ``x_jobs`` costs every claim and ack a write, because those updates
 change indexed columns and cannot be HOT updates; so only what a statement needs is indexed):
@@ -26,6 +28,7 @@ from django.db import models
 from django.db.models import F, Func, Q, Value
 from django.db.models.functions import Cast, Coalesce, Now
 
+from .managers import JobManager, LeaderManager, SlotManager
 from .records import ALL_STATES, LIVE_STATES, TERMINAL_STATES, JobState
 
 STATE_CHOICES = [(s.value, s.value) for s in JobState]
@@ -86,6 +89,8 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     rescues = models.IntegerField(default=0, db_default=0)
     worker_ids = models.JSONField(default=list, db_default=Value([], models.JSONField()))
+
+    objects = JobManager()
 
     class Meta:
         db_table = "x_jobs"
@@ -248,6 +253,8 @@ class JobLease(models.Model):
     holder = models.TextField()
     expires_at = models.DateTimeField()
 
+    objects = SlotManager()
+
     class Meta:
         db_table = "x_job_leases"
         verbose_name = "concurrency slot"
@@ -266,6 +273,8 @@ class SchedulerLeader(models.Model):
     lock_key = models.TextField(primary_key=True)
     holder = models.TextField()
     expires_at = models.DateTimeField()
+
+    objects = LeaderManager()
 
     class Meta:
         db_table = "x_scheduler_leader"

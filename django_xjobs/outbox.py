@@ -45,6 +45,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from uuid import UUID
 
+from django.db import transaction
+
 from . import conf
 from .engines import Engine, get_engine
 from .records import EnqueueParams, EnqueueResult, OutboxRow, OutboxStatus, new_ids
@@ -107,7 +109,6 @@ def stage(params: EnqueueParams, *, using: str, enqueued_by: str | None) -> Stag
     """Stage validated ``params`` in the current transaction of ``using`` (api.enqueue_on_commit
     validated everything before this is called). ``enqueued_by`` None = "outbox" at relay time.
     """
-    from django.db import transaction
 
     row = OutboxRow(
         id=params.id, name=params.name, queue=params.queue, input_json=params.input_json,

@@ -25,15 +25,35 @@ it may name other tenants' data (``tenant:acme`` slot keys) or the fleet's hosts
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, overload
+from uuid import UUID
 
-from . import conf, registry
+from django.conf import settings as django_settings
+from django.db.models import (
+    Count,
+    DateTimeField,
+    ExpressionWrapper,
+    Max,
+    Min,
+    Q,
+    Sum,
+    TextField,
+    Value,
+)
+from django.db.models.functions import Cast, Left, Length, Now
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from . import conf, registry, scheduler, slots
 from .engines import get_engine
 from .exceptions import ConfigurationError, JobNotFound
+from .models import Backfill, Job, JobEvent, JobLease, JobStep, OutboxEntry, SchedulerLeader
 from .records import TERMINAL_STATES, QueueStats, TableHealth, XminHolder, decode_stored_json
 
 TenantScope = frozenset[str] | None
@@ -93,7 +113,6 @@ def _scope_callable() -> Callable[[Any], Any] | None:
         return None
     if callable(raw):
         return raw  # type: ignore[no-any-return]
-    from django.utils.module_loading import import_string
 
     try:
         found = import_string(raw)
@@ -117,7 +136,6 @@ def steps_scoped(queryset: Any, tenants: TenantScope) -> Any:
     """Steps have no tenant column: a step is in scope when its run's job is."""
     if tenants is None:
         return queryset
-    from .models import Job
 
     return queryset.filter(run_id__in=Job.objects.filter(tenant_id__in=sorted(tenants))
                            .values("run_id"))
@@ -314,13 +332,11 @@ def orm_time(moment: datetime | None) -> datetime | None:
     ``TIME_ZONE`` (the database session's zone), with ``USE_TZ = False``. The engine's own
     cursor may answer in the other form, and Python refuses to compare the two
     (tests/integration/test_console_time.py runs every page both ways)."""
-    from django.conf import settings
-    from django.utils import timezone
 
     if moment is None:
         return None
     zone = timezone.get_default_timezone()
-    if settings.USE_TZ:
+    if django_settings.USE_TZ:
         return moment if timezone.is_aware(moment) else timezone.make_aware(moment, zone)
     return timezone.make_naive(moment, zone) if timezone.is_aware(moment) else moment
 
@@ -328,7 +344,6 @@ def orm_time(moment: datetime | None) -> datetime | None:
 def shown_time(moment: datetime | None) -> datetime | None:
     """``moment`` in the time zone a page shows: the current one (Django's ``localtime``) with
     ``USE_TZ``, ``TIME_ZONE`` without; always aware, so a format can name the zone."""
-    from django.utils import timezone
 
     moment = orm_time(moment)
     if moment is None:
@@ -345,9 +360,6 @@ def clock_text(moment: datetime | None) -> str:
 
 
 def _now_minus(delta: timedelta) -> Any:
-    from django.db.models import DateTimeField, ExpressionWrapper, Value
-    from django.db.models.functions import Now
-
     return ExpressionWrapper(Now() - Value(delta), output_field=DateTimeField())
 
 
@@ -434,8 +446,6 @@ def with_json_text(queryset: Any, limit: int | None = JSON_PAGE_CHARS) -> Any:
     """``queryset`` with its JSON columns read as text: the first ``limit`` characters (all of
     them with ``None``) and the length, for :func:`shown_json`. The columns themselves are
     deferred: touching ``obj.input`` would decode it through JSONField."""
-    from django.db.models import TextField
-    from django.db.models.functions import Cast, Left, Length
 
     names = json_fields(queryset.model)
     annotations: dict[str, Any] = {}
@@ -486,7 +496,6 @@ def json_text(obj: Any, name: str) -> str | None:
 def shown_json(obj: Any, name: str, *, limit: int | None = JSON_PAGE_CHARS) -> ShownJson:
     """Column ``name`` of ``obj``, read by :func:`with_json_text`, as a page (or, with
     ``limit=None``, a command) shows it."""
-    import json
 
     text = json_text(obj, name)
     chars = getattr(obj, _CHARS + name)
@@ -515,9 +524,9 @@ def _finished_since(window: timedelta, tenants: TenantScope) -> list[tuple[str, 
 
     One per state, not ``state in (done, dead, cancelled)``: that condition is the predicate of
     ``x_jobs_finished_idx`` (state, finished_at), so the planner drops it and walks the whole
-    index for the time range (0.2 s at a million jobs); ``state = 'done'`` is a range scan.
+    index for the time range (docs/performance.md, "What the simpler forms cost");
+    ``state = 'done'`` is a range scan.
     """
-    from .models import Job
 
     return [(state, scoped(Job.objects.filter(state=state,
                                               finished_at__gte=_now_minus(window)), tenants))
@@ -525,7 +534,6 @@ def _finished_since(window: timedelta, tenants: TenantScope) -> list[tuple[str, 
 
 
 def queue_rows(tenants: TenantScope = None) -> list[QueueRow]:
-    from django.db.models import Count
 
 
     stats: dict[str, QueueStats] = {
@@ -551,8 +559,6 @@ def queue_rows(tenants: TenantScope = None) -> list[QueueRow]:
 
 
 def scheduler_leaders(now: datetime) -> list[LeaderRow]:
-    from .models import SchedulerLeader
-
     return [LeaderRow(lock_key=r.lock_key, holder=r.holder, expires_at=r.expires_at,
                       live=r.expires_at > now)
             for r in SchedulerLeader.objects.order_by("lock_key")]
@@ -565,7 +571,6 @@ def schedule_rows() -> list[ScheduleRow]:
 
     The scheduler computes on the engine's clock in the engine's form; its answers are turned
     into the ORM's form here (:func:`orm_time`), like every time the console shows."""
-    from . import scheduler
 
     return [ScheduleRow(task=t.name, last_fired_at=orm_time(t.watermark), paused=t.paused,
                         updated_at=orm_time(t.updated_at), next_fire_at=orm_time(t.next_fire_at),
@@ -576,10 +581,7 @@ def schedule_rows() -> list[ScheduleRow]:
 def workers(tenants: TenantScope = None) -> list[WorkerRow]:
     """Workers seen in the job rows: the running ones' heartbeats (every renewal moves
     ``updated_at``), and who finished jobs within :data:`WORKER_WINDOW`."""
-    from django.db.models import Count, Max, Min, Q
-    from django.db.models.functions import Now
 
-    from .models import Job
 
     found: dict[str, dict[str, Any]] = {}
     running = scoped(Job.objects.filter(state="running"), tenants).exclude(claimed_by=None)
@@ -602,8 +604,6 @@ def workers(tenants: TenantScope = None) -> list[WorkerRow]:
 
 
 def latest_failures(tenants: TenantScope = None, limit: int = PANEL_ROWS) -> list[JobBrief]:
-    from .models import Job
-
     dead = without_json(scoped(Job.objects.filter(state="dead"), tenants))
     dead = dead.order_by("-finished_at")[:limit]
     return [JobBrief.of(j, j.finished_at) for j in dead]
@@ -628,9 +628,7 @@ def lapsed_jobs(tenants: TenantScope = None,
                 limit: int = LAPSED_ROWS) -> tuple[int, list[JobBrief]]:
     """Running jobs whose lease expired (served by ``x_jobs_lapsed_idx``): the worker stopped
     renewing, and the next claim of their queue rescues them."""
-    from django.db.models.functions import Now
 
-    from .models import Job
 
     lapsed = without_json(scoped(Job.objects.filter(state="running", visible_at__lte=Now()),
                                  tenants))
@@ -646,9 +644,7 @@ def rescue_summary(tenants: TenantScope = None) -> RescueSummary:
     delayed, suspended: ``x_jobs_claim_idx``; each finished state: ``x_jobs_finished_idx``):
     ``rescues`` has no index, and a condition over all states would scan the table.
     """
-    from django.db.models import Count, Q, Sum
 
-    from .models import Job
 
     live_groups = [
         scoped(Job.objects.filter(state="running", rescues__gt=0), tenants),
@@ -742,7 +738,6 @@ def redact_query(query: str | None) -> str | None:
     the same secret. tests/integration/test_console_security.py pins it."""
     if not query:
         return query
-    import re
 
     match = re.match(r"\s*([A-Za-z]+)(?![A-Za-z0-9_$])", query)
     word = match.group(1).lower() if match else ""
@@ -863,7 +858,6 @@ def jobs(*, tenants: TenantScope = None, limit: int = 50, created_after: datetim
          created_before: datetime | None = None, run_after: datetime | None = None,
          run_before: datetime | None = None, **filters: str | None) -> list[Any]:
     """The jobs list (newest first, by the UUIDv7 primary key), filtered like the console's."""
-    from .models import Job
 
     unknown = set(filters) - set(JOB_FILTERS)
     if unknown:
@@ -886,9 +880,7 @@ def job_row(job_id: Any, *, tenants: TenantScope = None,
     """One job as its page and ``xjobs show`` read it (JSON columns as text, see
     :func:`with_json_text`); :class:`JobNotFound` for an unknown, malformed or out-of-scope id,
     the same answer for all three."""
-    from uuid import UUID
 
-    from .models import Job
 
     try:
         uid = UUID(str(job_id).strip())
@@ -902,7 +894,6 @@ def job_row(job_id: Any, *, tenants: TenantScope = None,
 
 def run_steps(run_id: Any, *, limit: int | None = JSON_PAGE_CHARS) -> list[Any]:
     """The durable steps of one run, in the order they started (JSON columns as text)."""
-    from .models import JobStep
 
     return list(with_json_text(JobStep.objects.filter(run_id=run_id), limit)
                 .order_by("started_at", "id"))
@@ -911,7 +902,6 @@ def run_steps(run_id: Any, *, limit: int | None = JSON_PAGE_CHARS) -> list[Any]:
 def event_rows(*, name: str | None = None, limit: int = 50) -> list[Any]:
     """Published events, newest first (the order of the engine's ``events_list``), payloads
     as text."""
-    from .models import JobEvent
 
     qs = JobEvent.objects.all() if name is None else JobEvent.objects.filter(name=name)
     return list(with_json_text(qs, limit=None).order_by("-published_at", "-id")[:limit])
@@ -919,7 +909,6 @@ def event_rows(*, name: str | None = None, limit: int = 50) -> list[Any]:
 
 def outbox_entries(*, tenants: TenantScope = None, pending: bool | None = None,
                    limit: int = 50) -> list[Any]:
-    from .models import OutboxEntry
 
     qs = with_json_text(scoped(OutboxEntry.objects.all(), tenants), limit=None)
     if pending is True:
@@ -934,10 +923,7 @@ def slot_limits(held: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int | 
     holder's job asks for (:func:`slots.limit_for`: ``XJOBS["CONCURRENCY_LIMITS"]`` first,
     else the job's own ``Concurrency(limit=...)``). The holder names the job by id; a holder
     whose job is gone (or was never a job) gets the settings limit, or None."""
-    from uuid import UUID
 
-    from . import slots
-    from .models import Job
 
     pairs = list(held)
     job_ids: dict[str, UUID] = {}
@@ -958,9 +944,7 @@ def slot_limits(held: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int | 
 def key_limits(keys: Iterable[str]) -> dict[str, list[int]]:
     """The limits that apply to the live slots of each key, smallest first (several when jobs
     with different limits share a key; none when no holder's limit is known)."""
-    from django.db.models.functions import Now
 
-    from .models import JobLease
 
     keys = list(keys)
     live = JobLease.objects.filter(lease_key__in=keys, expires_at__gt=Now())
@@ -972,8 +956,6 @@ def key_limits(keys: Iterable[str]) -> dict[str, list[int]]:
 
 
 def backfill_rows(limit: int = 100) -> list[Any]:
-    from .models import Backfill
-
     return list(with_json_text(Backfill.objects.all(), limit=None).order_by("-started_at")[:limit])
 
 
@@ -989,7 +971,6 @@ def backfill_rate(b: Any, now: datetime) -> float | None:
 
 def as_json(value: Any) -> Any:
     """Records, model instances and their fields as JSON-ready values (``xjobs ... --json``)."""
-    from uuid import UUID
 
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {f.name: as_json(getattr(value, f.name)) for f in dataclasses.fields(value)}

@@ -61,7 +61,17 @@ def new_id() -> UUID:
 
 
 def new_ids(n: int) -> list[UUID]:
-    """``n`` UUIDv7s from one read of the system's randomness (one syscall, not n)."""
+    """``n`` UUIDv7s from one read of the clock and one of the system's randomness (one
+    syscall, not n).
+
+    One clock read gives every id of the call the same millisecond: a job's id and run id are
+    minted together, and the console finds a job by its run id within the primary-key range of
+    that millisecond (``admin.run_id_match``). The standard library's ``uuid.uuid7()`` (Python
+    3.14 on; we support 3.11) and the ``uuid6`` package take no timestamp, so a pair made with
+    them can straddle a millisecond; ``uuid-utils`` takes one, but is a compiled dependency for
+    these few lines. Their counter within a millisecond buys nothing here: nothing orders jobs
+    by id within a millisecond (claims order by ``run_at``).
+    """
     ms = (time.time_ns() // 1_000_000) & 0xFFFF_FFFF_FFFF
     head = (ms << 80) | (0x7 << 76) | (0b10 << 62)  # timestamp, version 7, RFC 4122 variant
     pool = os.urandom(10 * n)

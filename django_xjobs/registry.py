@@ -1,4 +1,4 @@
-"""``@job`` registration: the only map from a stored job name to code.
+"""The registry of jobs: the only map from a stored job name to code.
 
 A worker runs a job by looking its stored name up here. Nothing is ever imported by name from a
 row: a row whose name is not registered is retried as unknown and ends ``dead``
@@ -10,39 +10,42 @@ each job reads it once (:class:`InputShape`), and every enqueue binds its input 
 input the function cannot take is refused at enqueue instead of failing every attempt with a
 ``TypeError`` (tests/unit/test_validation.py).
 
-Typing: ``Job`` is generic in the function's parameters after ``ctx`` (a ``ParamSpec``) and its
-return type, so a type checker checks ``send.enqueue(...)`` against ``send``'s own parameters
-(tests/typecheck/enqueue_calls.py, run by tests/unit/test_typing.py).
+The ``@job`` decorator and the enqueue side of a job live in :mod:`django_xjobs.base`; this
+module depends on nothing above the settings, so every layer may look a job up. Options that
+other parts add to ``@job`` (``concurrency=``, ``cron=``) are registered with
+:func:`register_option`.
+
+Typing: :class:`JobDefinition` is generic in the function's parameters after ``ctx`` (a
+``ParamSpec``) and its return type, so a type checker checks ``send.enqueue(...)`` against
+``send``'s own parameters (tests/typecheck/enqueue_calls.py, run by tests/unit/test_typing.py).
 """
 
 from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from django.apps import apps
 
 from . import conf
-from .conf import NAME_RE, parse_duration
 from .exceptions import ConfigurationError, DuplicateJobName, InvalidJobInput, UnknownJob
+from .values import INT32, check_name, parse_duration
 
 if TYPE_CHECKING:
-    from typing import Concatenate, Unpack
+    from typing import Concatenate, Self
 
-    from .api import BoundJob, EnqueueOptions, JobHandle
     from .context import JobContext
-    from .outbox import StagedJob
-    from .slots import Concurrency
 
 P = ParamSpec("P")
 R = TypeVar("R")
+D = TypeVar("D", bound="JobDefinition[Any, Any]")
 
-INT32 = 2**31 - 1  # the columns are PostgreSQL integers
 _lock = threading.Lock()
-_jobs: dict[str, Job[..., Any]] = {}
-_NO_OPTIONS: Mapping[str, Any] = {}
+_jobs: dict[str, JobDefinition[..., Any]] = {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,9 +185,12 @@ def _names(names: Any) -> str:
 
 
 @dataclass(eq=False, kw_only=True)
-class Job(Generic[P, R]):
-    """A registered job. Call ``.enqueue(**input)`` to run it in a worker; ``job(ctx, **input)``
-    calls the function directly (tests)."""
+class JobDefinition(Generic[P, R]):
+    """What the registry knows of a job: its function, its name and its options, validated.
+
+    ``@job`` returns a :class:`django_xjobs.base.Job`, this plus the enqueue methods; a worker
+    needs only this. ``definition(ctx, **input)`` calls the function directly (tests).
+    """
 
     func: Callable[Concatenate[JobContext, P], R]
     name: str
@@ -206,44 +212,62 @@ class Job(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<Job {self.name} queue={self.queue}>"
 
-    # The enqueue side lives in api.py; these delegate so that `my_job.enqueue(...)` reads well.
-    def using(self, **options: Unpack[EnqueueOptions]) -> BoundJob[P, R]:
-        from .api import BoundJob
+    @classmethod
+    def build(
+        cls,
+        func: Callable[..., Any],
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        max_attempts: int | None = None,
+        timeout: timedelta | float | str | None = None,
+        priority: int = 0,
+        retry_base: timedelta | float | str | None = None,
+        retry_cap: timedelta | float | str | None = None,
+        **options: Any,
+    ) -> Self:
+        """A definition of ``func`` with its core options checked (:data:`CORE_OPTIONS`);
+        the others are kept in ``options`` for their checks (:func:`register_option`)."""
+        if not callable(func):
+            raise ConfigurationError(f"@job must decorate a function, got {func!r}")
+        job_name = check_name("Job name", name if name is not None else default_name(func),
+                              error=ConfigurationError)
+        check_name("Queue name", queue, error=ConfigurationError)
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+            or not 1 <= max_attempts <= INT32
+        ):
+            raise ConfigurationError(
+                f"{job_name}: max_attempts must be an integer from 1 to {INT32}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > INT32:
+            raise ConfigurationError(f"{job_name}: priority must be a 32-bit integer")
+        timeout_s = None
+        if timeout is not None:
+            timeout_s = parse_duration(timeout, what=f"{job_name}: timeout")
+            if timeout_s <= 0:
+                raise ConfigurationError(f"{job_name}: timeout must be greater than zero")
+        base = parse_duration(retry_base, what=f"{job_name}: retry_base") if retry_base else None
+        cap = parse_duration(retry_cap, what=f"{job_name}: retry_cap") if retry_cap else None
+        if base is not None and cap is not None and cap < base:
+            raise ConfigurationError(f"{job_name}: retry_cap must not be smaller than retry_base")
+        return cls(
+            func=func,
+            name=job_name,
+            queue=queue,
+            max_attempts=max_attempts,
+            timeout=timeout_s,
+            priority=priority,
+            retry=RetryPolicy(base=base, cap=cap),
+            is_async=inspect.iscoroutinefunction(func),
+            options=options,
+        )
 
-        return BoundJob(self, options)
 
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
-        from .api import BoundJob
-
-        return BoundJob(self, _NO_OPTIONS).enqueue(*args, **kwargs)
-
-    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
-        """:meth:`enqueue` for async code: runs on the thread Django's async ORM uses, so in
-        the same connection and transaction as ``await Model.objects.acreate(...)``."""
-        from .api import BoundJob
-
-        return await BoundJob(self, _NO_OPTIONS).aenqueue(*args, **kwargs)
-
-    def bulk_enqueue(self, inputs: Iterable[Mapping[str, Any]],
-                     **options: Unpack[EnqueueOptions]) -> list[JobHandle]:
-        from .api import BoundJob
-
-        return BoundJob(self, options).bulk_enqueue(inputs)
-
-    def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> StagedJob:
-        """Stage this job in the current transaction (docs/transactional-enqueue.md)."""
-        from .api import BoundJob
-
-        return BoundJob(self, _NO_OPTIONS).enqueue_on_commit(*args, **kwargs)
-
-
-def _default_name(func: Callable[..., Any]) -> str:
+def default_name(func: Callable[..., Any]) -> str:
     """``"<app label>.<function name>"`` in an installed app, else ``"<module>.<function>"``."""
     module = func.__module__
     label: str | None = None
     try:
-        from django.apps import apps
-
         config = apps.get_containing_app_config(module)
         label = config.label if config is not None else None
     except Exception:  # AppRegistryNotReady: declared before setup(); fall back to the module
@@ -251,136 +275,58 @@ def _default_name(func: Callable[..., Any]) -> str:
     return f"{label or module}.{func.__name__}"
 
 
-def _validate_name(kind: str, value: Any) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value):
-        raise ConfigurationError(
-            f"{kind} {value!r} is not valid: use 1-200 characters from [A-Za-z0-9_.:-]"
-        )
-    return value
-
-
-def build_job(
-    func: Callable[..., Any],
-    *,
-    name: str | None = None,
-    queue: str = "default",
-    max_attempts: int | None = None,
-    timeout: timedelta | float | str | None = None,
-    priority: int = 0,
-    retry_base: timedelta | float | str | None = None,
-    retry_cap: timedelta | float | str | None = None,
-    **options: Any,
-) -> Job[..., Any]:
-    if not callable(func):
-        raise ConfigurationError(f"@job must decorate a function, got {func!r}")
-    job_name = _validate_name("Job name", name if name is not None else _default_name(func))
-    _validate_name("Queue name", queue)
-    if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
-        or not 1 <= max_attempts <= INT32
-    ):
-        raise ConfigurationError(f"{job_name}: max_attempts must be an integer from 1 to {INT32}")
-    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > INT32:
-        raise ConfigurationError(f"{job_name}: priority must be a 32-bit integer")
-    timeout_s = None
-    if timeout is not None:
-        timeout_s = parse_duration(timeout, what=f"{job_name}: timeout")
-        if timeout_s <= 0:
-            raise ConfigurationError(f"{job_name}: timeout must be greater than zero")
-    base = parse_duration(retry_base, what=f"{job_name}: retry_base") if retry_base else None
-    cap = parse_duration(retry_cap, what=f"{job_name}: retry_cap") if retry_cap else None
-    if base is not None and cap is not None and cap < base:
-        raise ConfigurationError(f"{job_name}: retry_cap must not be smaller than retry_base")
-    is_async = inspect.iscoroutinefunction(func)
-    return Job(
-        func=func,
-        name=job_name,
-        queue=queue,
-        max_attempts=max_attempts,
-        timeout=timeout_s,
-        priority=priority,
-        retry=RetryPolicy(base=base, cap=cap),
-        is_async=is_async,
-        options=options,
-    )
-
-
-def register(definition: Job[P, R]) -> Job[P, R]:
+def register(definition: D) -> D:
     with _lock:
         existing = _jobs.get(definition.name)
-        if existing is not None and _qualname(existing.func) != _qualname(definition.func):
+        if existing is not None and qualname(existing.func) != qualname(definition.func):
             raise DuplicateJobName(
                 f"Job name {definition.name!r} is already registered by "
-                f"{_qualname(existing.func)}; pass @job(name=...) to tell them apart"
+                f"{qualname(existing.func)}; pass @job(name=...) to tell them apart"
             )
         _jobs[definition.name] = definition
     return definition
 
 
-def _qualname(func: Callable[..., Any]) -> str:
+def qualname(func: Callable[..., Any]) -> str:
+    """``module.qualified.name`` of a function, to tell two registrations apart."""
     return f"{func.__module__}.{getattr(func, '__qualname__', repr(func))}"
 
 
-class JobDecorator(Protocol):
-    """What ``@job(...)`` with options returns: a decorator keeping the function's types."""
+# ------------------------------------------------------------------------- @job options --
 
-    def __call__(self, func: Callable[Concatenate[JobContext, P], R], /) -> Job[P, R]: ...
-
-
-@overload
-def job(func: Callable[Concatenate[JobContext, P], R], /) -> Job[P, R]: ...
-@overload
-def job(
-    *,
-    name: str | None = ...,
-    queue: str = ...,
-    max_attempts: int | None = ...,
-    timeout: timedelta | float | str | None = ...,
-    priority: int = ...,
-    retry_base: timedelta | float | str | None = ...,
-    retry_cap: timedelta | float | str | None = ...,
-    concurrency: Concurrency | None = ...,  # slots.py (docs/concurrency.md)
-    cron: str | None = ...,  # scheduler/options.py (docs/scheduling.md)
-    timezone: str = ...,
-    misfire: Literal["latest", "all", "skip"] = ...,
-) -> JobDecorator: ...
-def job(func: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
-    """Register a function as a job: ``@job`` or ``@job(queue="emails", max_attempts=5)``.
-
-    The function is called as ``func(ctx, **input)``; it may be ``async def``. A function that
-    no worker could call that way (no ``ctx``, or a required positional-only parameter after
-    it) is refused here.
-    """
-    _known = {"name", "queue", "max_attempts", "timeout", "priority", "retry_base", "retry_cap"}
-    unknown = set(kwargs) - _known - set(_extension_options)
-    if unknown:
-        raise ConfigurationError(
-            f"@job got unknown option(s) {sorted(unknown)}; known: "
-            f"{sorted(_known | set(_extension_options))}"
-        )
-
-    def decorate(f: Callable[..., Any]) -> Job[..., Any]:
-        definition = build_job(f, **kwargs)
-        if definition.shape.unusable is not None:
-            raise ConfigurationError(f"{definition.name}: {definition.shape.unusable}")
-        for hook in _extension_options.values():
-            hook(definition)
-        return register(definition)
-
-    if func is not None:
-        return decorate(func)
-    return decorate
+# The options of @job beyond CORE_OPTIONS: name -> its check, run on each definition built with
+# it (django_xjobs/__init__.py adds concurrency=, cron=, timezone= and misfire=).
+OptionCheck = Callable[[JobDefinition[..., Any]], None]
+CORE_OPTIONS = frozenset({"name", "queue", "max_attempts", "timeout", "priority", "retry_base",
+                          "retry_cap"})
+_options: dict[str, OptionCheck] = {}
 
 
-# Options that later subsystems add to @job (cron=..., concurrency=...): name -> validator hook
-# run on the built definition. Kept as a registry so this module does not import them; each
-# subsystem registers its options when imported, and the package's __init__ imports them all,
-# so every documented option is known wherever @job is importable, before the app registry is
-# ready too (tests/unit/test_registry.py::test_every_option_is_known_before_django_setup).
-_extension_options: dict[str, Callable[[Job[..., Any]], None]] = {}
+def register_option(name: str, check: OptionCheck) -> None:
+    """Make ``@job(name=...)`` known; ``check(definition)`` validates (and may normalise) the
+    value in ``definition.options`` when a job is decorated, and runs for every job, given the
+    option or not. Registering a name again replaces its check."""
+    if name in CORE_OPTIONS:
+        raise ConfigurationError(f"@job option {name!r} is a core option")
+    with _lock:
+        _options[name] = check
 
 
-def get(name: str) -> Job[..., Any]:
+def option_names() -> frozenset[str]:
+    """Every option ``@job`` takes: the core ones and the registered ones."""
+    return CORE_OPTIONS | _options.keys()
+
+
+def check_options(definition: JobDefinition[..., Any]) -> None:
+    """Run every registered option's check on ``definition``."""
+    for check in list(_options.values()):
+        check(definition)
+
+
+# ------------------------------------------------------------------------------- lookups --
+
+
+def get(name: str) -> JobDefinition[..., Any]:
     try:
         return _jobs[name]
     except KeyError:
@@ -390,12 +336,12 @@ def get(name: str) -> Job[..., Any]:
         ) from None
 
 
-def lookup(name: str) -> Job[..., Any] | None:
+def lookup(name: str) -> JobDefinition[..., Any] | None:
     """The job registered under ``name``, or None. Never imports anything."""
     return _jobs.get(name)
 
 
-def all_jobs() -> dict[str, Job[..., Any]]:
+def all_jobs() -> dict[str, JobDefinition[..., Any]]:
     return dict(_jobs)
 
 

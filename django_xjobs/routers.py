@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import conf
+
 APP_LABEL = "django_xjobs"
 OUTBOX_MODEL = "outboxentry"
 
 
 def _settings() -> Any:
-    from . import conf
-
     return conf.get()
 
 

@@ -89,17 +89,17 @@ from typing import TYPE_CHECKING, Any
 
 from .conf import MAX_SLOT_KEY
 from .exceptions import SLOT_LOST, ConfigurationError, InvalidConcurrencyKey
+from .values import INT32, is_utf8
 
 if TYPE_CHECKING:
     from .conf import XJobsSettings
     from .records import ClaimedJob
-    from .registry import Job
+    from .registry import JobDefinition
 
 __all__ = ["SLOT_LOST", "Concurrency"]
 
 log = logging.getLogger("django_xjobs.slots")
 
-INT32 = 2**31 - 1
 TENANT_FIELD = "tenant_id"
 
 
@@ -211,16 +211,13 @@ def validate_key(key: Any, *, job: str = "job") -> str:
             f"{job}: a concurrency key must be a non-empty string of at most {MAX_SLOT_KEY} "
             f"characters without NUL, got {key!r:.100}"
         )
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
+    if not is_utf8(key):
         raise InvalidConcurrencyKey(
-            f"{job}: the concurrency key contains a lone surrogate, which is not valid UTF-8"
-        ) from None
+            f"{job}: the concurrency key contains a lone surrogate, which is not valid UTF-8")
     return key
 
 
-def concurrency_of(definition: Job | None) -> Concurrency | None:
+def concurrency_of(definition: JobDefinition | None) -> Concurrency | None:
     if definition is None:
         return None
     value = definition.options.get("concurrency")
@@ -235,7 +232,8 @@ def settings_limit(key: str, settings: XJobsSettings) -> int | None:
     return None
 
 
-def limit_for(key: str, definition: Job | None, settings: XJobsSettings) -> int | None:
+def limit_for(key: str, definition: JobDefinition | None,
+              settings: XJobsSettings) -> int | None:
     """The limit a run of ``definition`` asks under: settings first, then the job's own."""
     limit = settings_limit(key, settings)
     if limit is not None:
@@ -279,7 +277,7 @@ class EnqueueKeys:
         return key
 
 
-def enqueue_keys(definition: Job, explicit: Any, tenant_id: str | None,
+def enqueue_keys(definition: JobDefinition, explicit: Any, tenant_id: str | None,
                  settings: XJobsSettings) -> EnqueueKeys | None:
     """How an enqueue of ``definition`` gets its keys; None when it has none (unlimited)."""
     concurrency = concurrency_of(definition)
@@ -305,8 +303,9 @@ def _no_limit(job: str, key: str) -> InvalidConcurrencyKey:
 # ------------------------------------------------------------------------- @job(concurrency=) --
 
 
-def _check_definition(definition: Job) -> None:
-    """registry hook: validate ``@job(concurrency=...)`` against the function it decorates."""
+def check_option(definition: JobDefinition) -> None:
+    """Validate ``@job(concurrency=...)`` against the function it decorates
+    (``registry.register_option``)."""
     value = definition.options.get("concurrency")
     if value is None:
         definition.options.pop("concurrency", None)
@@ -331,11 +330,3 @@ def _check_definition(definition: Job) -> None:
                 f"not a parameter of {definition.func.__qualname__} (nor {{tenant_id}})"
             )
 
-
-def _register() -> None:
-    from . import registry
-
-    registry._extension_options["concurrency"] = _check_definition
-
-
-_register()

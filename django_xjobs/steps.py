@@ -57,7 +57,7 @@ before each step write: a run that can no longer prove it holds its slot records
 from __future__ import annotations
 
 import inspect
-import math
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -65,43 +65,22 @@ from typing import Any
 
 from . import conf, faults
 from .context import in_thread
-from .exceptions import InvalidJobInput, JobCancelled, PayloadTooLarge, PermanentError
-from .records import EventRecord, RunOwner, StepRecord
+from .engines import get_engine
+from .exceptions import (
+    InvalidJobInput,
+    JobCancelled,
+    PayloadTooLarge,
+    StepNameReused,
+    StepOutputError,
+    StepOutputTooLarge,
+    StepSuspended,
+    SuspendInTransaction,
+)
+from .records import EventRecord, RunOwner, StepRecord, Suspension
+from .values import check_name, check_text, encode_json, format_error, seconds_of
 
 DEFAULT_EVENT_TTL = timedelta(days=7)
 MAX_STEP_NAME = 200
-
-
-class StepSuspended(BaseException):
-    """Raised by a step that parked its job (a sleep or an event wait) to unwind the job's code.
-
-    A BaseException, so that ``except Exception`` in job code cannot swallow it. The job is
-    already suspended in the database when this is raised; the worker only frees the thread.
-    """
-
-    def __init__(self, wake_at: datetime) -> None:
-        super().__init__(f"suspended until {wake_at.isoformat()}")
-        self.wake_at = wake_at
-
-
-class StepNameReused(PermanentError):
-    """Two steps of one run used the same name: their records would be confused."""
-
-
-class StepOutputError(PermanentError):
-    """A step returned something JSON cannot store; re-running the job cannot fix it."""
-
-
-class StepOutputTooLarge(PayloadTooLarge):
-    """A step's output is larger than ``XJOBS["MAX_PAYLOAD_BYTES"]`` as JSON: the step is
-    recorded ``failed`` and the job fails this attempt (and retries by its policy). Store large
-    data elsewhere and return a reference to it."""
-
-
-class SuspendInTransaction(PermanentError):
-    """A sleep or an event wait inside the job's own ``transaction.atomic()``: the suspension
-    would be rolled back with the block that the suspension unwinds, and the job would sit in
-    ``running`` until its lease lapsed, again on every attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +92,7 @@ class EventWon:
 
 
 def _milliseconds(value: timedelta | float | int, what: str) -> int:
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise InvalidJobInput(f"{what} must be a timedelta or seconds, got {value!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidJobInput(f"{what} must not be negative, got {value!r}")
-    return round(seconds * 1000)
+    return round(seconds_of(value, what) * 1000)
 
 
 def _aware(value: Any, what: str) -> datetime:
@@ -182,8 +153,6 @@ class Steps:
 
     def _park(self, wake_at: datetime) -> StepSuspended:
         """Suspend the job (inside the caller's transaction); the signal that unwinds it."""
-        from .records import Suspension
-
         if self._on_park is not None:
             self._on_park()
         report = self._engine.job_suspend_if_owned(
@@ -214,16 +183,12 @@ class Steps:
         return record if record is not None and record.status == "completed" else None
 
     def _record_failure(self, name: str, exc: BaseException) -> None:
-        from .worker.executor import format_error
-
         if self._guard is not None:
             self._guard()
         if self._engine.step_fail_if_owned(self._owner, name, format_error(exc)) is None:
             raise self._lost(f"step {name!r} failure not recorded") from exc
 
     def _record_output(self, name: str, value: Any) -> Any:
-        from .api import encode_json
-
         try:
             text = encode_json(value, what=f"output of step {name!r}",
                                limit=conf.get().max_payload_bytes)
@@ -238,8 +203,6 @@ class Steps:
         self._complete(name, text)
         # Return what a replay returns (tuples become lists, ...): the same code sees the same
         # value on every run.
-        import json
-
         return json.loads(text)
 
     # ----------------------------------------------------------------------- sleep --
@@ -341,7 +304,6 @@ class Steps:
 
     def _consume(self, name: str, found: EventRecord, correlation_key: str | None,
                  wait_any: bool) -> EventWon:
-        from .api import encode_json
 
         won = EventWon(event=found.name, payload=found.payload)
         output = {"event": found.name, "payload": found.payload} if wait_any else found.payload
@@ -423,17 +385,11 @@ class AsyncSteps:
 
 
 def _event_name(value: Any) -> str:
-    if not isinstance(value, str) or not conf.NAME_RE.match(value):
-        raise InvalidJobInput(
-            f"event name {value!r} is not valid: use 1-200 characters from [A-Za-z0-9_.:-]"
-        )
-    return value
+    return check_name("event name", value)
 
 
 def _text(value: Any, what: str) -> str:
-    from .api import _text_option
-
-    return _text_option(what, value)
+    return check_text(what, value)
 
 
 def publish_event(name: str, payload: Any = None, *, correlation_key: str | None = None,
@@ -444,9 +400,6 @@ def publish_event(name: str, payload: Any = None, *, correlation_key: str | None
     happened and woke nobody. The event stays for ``ttl`` (default 7 days) for waits that start
     later; maintenance deletes it after that.
     """
-    from .api import encode_json
-    from .engines import get_engine
-
     _event_name(name)
     if correlation_key is not None:
         _text(correlation_key, "correlation_key")
@@ -465,6 +418,4 @@ def publish_event(name: str, payload: Any = None, *, correlation_key: str | None
 
 def purge_expired_events(batch_size: int = 1000) -> int:
     """Delete events past their ttl, in bounded batches; how many (maintenance)."""
-    from .engines import get_engine
-
     return get_engine().events_purge(batch_size)

@@ -11,7 +11,7 @@ How a task travels (docs/django-tasks.md has the user's view)
    the job registry, under its ``module_path``, with a runner function as the job's code. It
    happens when the task's MODULE is imported, so every process that imports the module knows
    the task: installed apps' ``tasks.py`` are imported at startup (:func:`ready`, like ``jobs.py``).
-2. **Enqueue.** :meth:`XJobsBackend.enqueue` goes through ``api.BoundJob.enqueue``, the very path
+2. **Enqueue.** :meth:`XJobsBackend.enqueue` goes through ``base.BoundJob.enqueue``, the very path
    ``my_job.enqueue`` takes: same validation, same statement, the caller's transaction. The row's
    ``name`` is the ``module_path``; its ``input`` is ``{"args": [...], "kwargs": {...},
    "backend": alias}`` (plus ``run_after``); its ``priority`` is the task's priority, unchanged:
@@ -71,6 +71,10 @@ from inspect import iscoroutinefunction
 from typing import Any
 from uuid import UUID
 
+from django.db import transaction
+
+from . import outbox
+
 try:
     from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
     from django.tasks.backends.base import BaseTaskBackend
@@ -91,7 +95,8 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules, import_string
 
-from . import api, conf, exceptions, registry
+from . import api, conf, exceptions, registry, values
+from .base import BoundJob
 from .context import JobContext, in_thread
 from .exceptions import ConfigurationError, JobNotFound, PermanentError
 from .records import JobRecord
@@ -195,7 +200,7 @@ def _options(task: Task) -> dict[str, Any]:
 
 def _check_options(task: XJobsTask) -> None:
     """Validate the job options with ``@job``'s own rules; normalise durations to seconds."""
-    if task.concurrency is not None and "concurrency" not in registry._extension_options:
+    if task.concurrency is not None and "concurrency" not in registry.option_names():
         raise InvalidTask(
             f"{task.module_path}: concurrency= needs django-xjobs' concurrency slots, which are "
             "not installed in this version"
@@ -207,7 +212,8 @@ def _check_options(task: XJobsTask) -> None:
             f"the task's arguments returning one, got {key!r:.80}"
         )
     try:
-        definition = registry.build_job(task.func, name=_job_name(task), **_options(task))
+        definition: registry.JobDefinition[..., Any] = registry.JobDefinition.build(
+            task.func, name=_job_name(task), **_options(task))
     except ConfigurationError as exc:
         raise InvalidTask(str(exc)) from None
     for field_name, seconds in (("timeout", definition.timeout),
@@ -220,7 +226,7 @@ def _check_options(task: XJobsTask) -> None:
 def _job_name(task: Task) -> str:
     """The row's ``name``: the task's ``module_path``, if it is a valid job name."""
     path = task.module_path
-    if not conf.NAME_RE.match(path):
+    if not values.NAME_RE.match(path):
         raise InvalidTask(
             f"task path {path!r} cannot be stored as a job name: use 1-200 characters from "
             "[A-Za-z0-9_.:-] (ASCII module and function names)"
@@ -258,11 +264,11 @@ def _declare(task: Task) -> None:
             f"{path} is not in an installed app's module: a worker only runs tasks declared in "
             "INSTALLED_APPS (put it in an app's tasks.py)"
         )
-    definition = registry.build_job(_runner(task), name=path, queue=task.queue_name,
-                                    priority=task.priority, **_options(task))
+    definition: registry.JobDefinition[..., Any] = registry.JobDefinition.build(
+        _runner(task), name=path, queue=task.queue_name, priority=task.priority,
+        **_options(task))
     try:
-        for hook in registry._extension_options.values():
-            hook(definition)
+        registry.check_options(definition)
         registry.register(definition)
     except ConfigurationError as exc:
         raise InvalidTask(str(exc)) from None
@@ -316,7 +322,6 @@ def _runner(task: Task) -> Callable[..., Any]:
     """The job function a worker calls for ``task``: ``runner(ctx, args=, kwargs=, ...)``."""
     run: Callable[..., Any]
     if iscoroutinefunction(task.func):
-
         async def run_async(ctx: JobContext, **stored: Any) -> Any:
             call = _stored_call(task, stored)
             record = await in_thread(api.get_job, ctx.job_id)
@@ -332,7 +337,6 @@ def _runner(task: Task) -> Callable[..., Any]:
 
         run = run_async
     else:
-
         def run_sync(ctx: JobContext, **stored: Any) -> Any:
             call = _stored_call(task, stored)
             started = _running_result(call, api.get_job(ctx.job_id))
@@ -415,7 +419,7 @@ def _succeeded(ctx: JobContext, started: TaskResult, value: Any) -> Any:
         return value  # stopped meanwhile (timeout, cancel, lost lease): the worker discards it
     try:
         normalised = normalize_json(value)
-        api.encode_json(normalised, what=f"return value of {started.task.module_path}",
+        values.encode_json(normalised, what=f"return value of {started.task.module_path}",
                         limit=conf.get().max_payload_bytes)
     except (TypeError, ValueError) as exc:
         # The encoder's own error, as Django's backends report it (normalize_json's TypeError),
@@ -466,7 +470,7 @@ _STATUS = {
 }
 CANCELLED_ERROR = f"{exceptions.JobCancelled.__module__}.{exceptions.JobCancelled.__qualname__}"
 WORKER_ERROR = f"{exceptions.JobFailed.__module__}.{exceptions.JobFailed.__qualname__}"
-# What worker/executor.format_error puts where it cut a long traceback.
+# What values.format_error puts where it cut a long traceback.
 _TRUNCATED = "[... traceback truncated ...]"
 _TRACEBACK = "Traceback (most recent call last):"
 _EXCEPTION_LINE = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?::|$)")
@@ -634,7 +638,7 @@ class XJobsBackend(BaseTaskBackend):
 
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
-        if not conf.NAME_RE.match(task.queue_name):
+        if not values.NAME_RE.match(task.queue_name):
             raise InvalidTask(
                 f"queue_name {task.queue_name!r} is not valid: use 1-200 characters from "
                 "[A-Za-z0-9_.:-]"
@@ -643,7 +647,7 @@ class XJobsBackend(BaseTaskBackend):
 
     # -------------------------------------------------------------------------- enqueue --
     def prepare(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
-                ) -> tuple[api.BoundJob, dict[str, Any]]:
+                ) -> tuple[BoundJob, dict[str, Any]]:
         """Validate one call of ``task`` and turn it into the job enqueue it becomes: the bound
         job and its input. Raises before anything is written. ``enqueue`` is this plus
         ``bound.enqueue(**input)``; an on-commit enqueue is this plus the bound job's on-commit
@@ -669,7 +673,7 @@ class XJobsBackend(BaseTaskBackend):
             key = key(*call_args, **call_kwargs)
         if key is not None:
             options["idempotency_key"] = key
-        return api.BoundJob(definition, options), stored
+        return BoundJob(definition, options), stored
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
         bound, stored = self.prepare(task, args, kwargs)
@@ -694,7 +698,6 @@ class XJobsBackend(BaseTaskBackend):
                           ) -> TaskResult:
         """``prepare`` plus the outbox: staged in the caller's transaction on "default";
         ``task_enqueued`` is sent once that transaction commits (never for a rollback)."""
-        from django.db import transaction
 
         bound, stored = self.prepare(task, args, kwargs)
         staged = bound.enqueue_on_commit(**stored)
@@ -730,7 +733,6 @@ class XJobsBackend(BaseTaskBackend):
     def _staged_result(self, result_id: str) -> TaskResult:
         """A task staged by ``enqueue_on_commit`` whose staging committed but that no relay has
         published yet is READY; one whose key named a live task is that task."""
-        from . import outbox
 
         for alias in conf.get().outbox.databases:
             try:
@@ -767,7 +769,7 @@ class XJobsBackend(BaseTaskBackend):
                      f"{conf.DOCS_URL}django-tasks.md",
                 id="xjobs.T001",
             ))
-        bad = sorted(q for q in self.queues if not conf.NAME_RE.match(q))
+        bad = sorted(q for q in self.queues if not values.NAME_RE.match(q))
         if bad:
             messages.append(checks.Error(
                 f"TASKS[{self.alias!r}]['QUEUES'] has invalid queue names {bad}: use 1-200 "

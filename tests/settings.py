@@ -1,10 +1,10 @@
 """Settings for the test suite: a real PostgreSQL (DATABASE_URL, else 127.0.0.1:5432, else the
-embedded pgserver; see django_xjobs/devdb.py). Worker subprocesses started by acceptance tests
+embedded pgserver; see devdb.py). Worker subprocesses started by acceptance tests
 use these settings too, with XJOBS_TEST_DB_NAME naming the test database pytest-django made."""
 
 import os
 
-from django_xjobs import devdb
+from tests import devdb
 
 _url, DATABASE_SOURCE = devdb.resolve()  # printed in pytest's header (tests/conftest.py)
 if "DATABASE_URL" not in os.environ:

@@ -6,7 +6,7 @@ variables so one project serves every variant.
 
 import os
 
-from django_xjobs import devdb
+from tests import devdb
 
 SECRET_KEY = "xjobs-bench-not-secret"
 DEBUG = False

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import threading
 
-from ..exceptions import EngineUnavailable
-from .base import AdvisorySession, Engine, Features, Listener, ListenerLost, SessionLost, Statement
+from django.db import connections
+
+from .. import conf
+from ..exceptions import EngineUnavailable, ListenerLost, SessionLost
+from .base import AdvisorySession, Engine, Features, Listener, Statement
 
 __all__ = [
     "AdvisorySession", "Engine", "Features", "Listener", "ListenerLost", "SessionLost",
@@ -22,7 +25,6 @@ _lock = threading.Lock()
 
 def get_engine(alias: str | None = None) -> Engine:
     """The engine for ``alias`` (default: ``XJOBS["DATABASE"]``)."""
-    from .. import conf
 
     settings = conf.get()
     alias = alias or settings.database
@@ -40,13 +42,12 @@ def get_engine(alias: str | None = None) -> Engine:
 
 
 def _build(alias: str, *, notify: bool, prepared: bool) -> Engine:
-    from django.db import connections
-
     try:
         vendor = connections[alias].vendor
     except Exception as exc:
         raise EngineUnavailable(f"database alias {alias!r} is not configured: {exc}") from exc
     if vendor == "postgresql":
+        # A concrete engine, and its driver (psycopg), is imported when an alias first needs it.
         from .postgres.engine import PostgresEngine
 
         return PostgresEngine(alias, notify=notify, prepared=prepared)

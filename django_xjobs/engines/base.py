@@ -25,6 +25,8 @@ from datetime import datetime
 from typing import LiteralString
 from uuid import UUID
 
+# The seam's connection errors, defined with the package's others; engines import them here.
+from ..exceptions import ListenerLost, SessionLost  # noqa: F401
 from ..records import (
     BackfillRecord,
     ChangeResult,
@@ -95,10 +97,6 @@ class Listener(abc.ABC):
     def close(self) -> None: ...
 
 
-class ListenerLost(Exception):
-    """The LISTEN connection dropped; notifications sent meanwhile are lost (poll covers them)."""
-
-
 class AdvisorySession(abc.ABC):
     """A dedicated, non-pooled connection holding the scheduler's session advisory lock
     (``XJOBS["LEADER"] = "advisory"``). The lock lives exactly as long as this session: behind
@@ -119,10 +117,6 @@ class AdvisorySession(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
-
-
-class SessionLost(Exception):
-    """The advisory session's connection dropped; the server released its lock with it."""
 
 
 class Engine(abc.ABC):

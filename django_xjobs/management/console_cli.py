@@ -26,11 +26,13 @@ import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from django.core.management.base import CommandError
 from django.utils.dateparse import parse_datetime
 
 from .. import api, reads
+from ..models import JobStep
 from ..records import ALL_STATES
 
 # `xjobs slots` and `xjobs schedule` (the slots' and the scheduler's own commands) show the
@@ -111,8 +113,6 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
         lines = reads.diagnose(job, steps, reads.db_now())
         out.emit({"job": job, "diagnosis": lines}, lambda: out.lines(lines))
     elif action == "steps":
-        from ..models import JobStep
-
         qs = reads.with_json_text(JobStep.objects.order_by("-id"), limit=None)
         if options["run_id"]:
             qs = qs.filter(run_id=_uuid(options["run_id"]))
@@ -151,8 +151,6 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
 
 
 def _uuid(value: str) -> Any:
-    from uuid import UUID
-
     try:
         return UUID(value)
     except ValueError:
@@ -208,6 +206,9 @@ class _Out:
     def line(self, text: str = "") -> None:
         self.command.stdout.write(text)
 
+    # Columns left-aligned, two spaces apart, None as "-": what scripts and
+    # tests/integration/test_console_commands.py read. tabulate pads columns differently even
+    # when told to align left; rich sizes tables to the terminal.
     def table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]],
               empty: str = "(none)") -> None:
         cells = [[_cell(v) for v in row] for row in rows]

@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import clock
+from .. import clock, scheduler
+from ..maintenance import pruner
 from . import cli
 
 ACTIONS = ("schedule", "maintenance")
@@ -34,7 +35,6 @@ def handle(command: Any, options: dict[str, Any], as_json: bool) -> None:
     if options["action"] == "maintenance":
         _maintenance(command, as_json)
         return
-    from .. import scheduler
 
     action = options.get("schedule_action")
     if action is None:
@@ -104,8 +104,6 @@ def _list(command: Any, overview: Any, as_json: bool) -> None:
 
 
 def _maintenance(command: Any, as_json: bool) -> None:
-    from ..maintenance import pruner
-
     report = pruner.run_once()
     if as_json:
         cli.emit(command, {"jobs": dict(report.jobs), "events": report.events,

@@ -1,4 +1,4 @@
-"""The eight tables of django-xjobs (docs/architecture.md), their indexes and the console's permissions.
+"""The eight tables of django-xjobs (docs/design.md, "Tables"), their indexes and the console's permissions.
 
 The last operation makes autovacuum visit the hot table sooner than PostgreSQL's defaults do.
 Every claim and every acknowledgement leaves a dead row version in x_jobs (the updates change

@@ -25,9 +25,9 @@ __all__ = ["ScheduleOverview", "TaskInfo", "describe", "pause", "resume", "trigg
 
 
 def __getattr__(name: str) -> Any:
-    # operations imports the api and engine layers; apps.py imports this package early (for
-    # the @job options), before they should load.
     if name in __all__:
+        # Imported on first use: operations imports croniter (tens of milliseconds), and every
+        # process imports this package for the @job options (scheduler/options.py).
         from . import operations
 
         return getattr(operations, name)

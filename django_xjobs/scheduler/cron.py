@@ -56,8 +56,9 @@ class CronSchedule:
     expression: str
     timezone: str
     seconds: bool  # 6 fields, the first one seconds
-    # Parsed once: croniter's constructor re-expands the expression, which cost three quarters
-    # of a scheduler round (bench W7). Each walk starts from a shallow copy of this one.
+    # Parsed once: croniter's constructor re-expands the expression, most of a scheduler round's
+    # time (docs/performance.md, "What the simpler forms cost"). Each walk starts from a shallow
+    # copy of this one.
     _template: croniter | None = field(default=None, compare=False, repr=False)
 
     @property

@@ -1,8 +1,8 @@
 """``@job(cron=..., timezone=..., misfire=...)``: the options the scheduler adds to ``@job``.
 
-Registered in ``registry._extension_options`` when this module is imported, which the package's
-``__init__`` does: the options are known wherever ``@job`` is importable, also in a module
-imported before the app registry is ready (a settings module, an app's ``__init__``;
+The package's ``__init__`` registers :data:`CHECKS` (``registry.register_option``): the options
+are known wherever ``@job`` is importable, also in a module imported before the app registry is
+ready (a settings module, an app's ``__init__``;
 tests/unit/test_registry.py::test_every_option_is_known_before_django_setup). They are
 validated when the job is decorated: a bad expression or an unknown timezone fails at import
 time, in the module that declared it.
@@ -21,7 +21,7 @@ from ..exceptions import ConfigurationError
 OPTIONS = ("cron", "timezone", "misfire")
 
 
-def validate(definition: registry.Job[..., Any]) -> None:
+def validate(definition: registry.JobDefinition[..., Any]) -> None:
     """Check a definition's cron options and store them normalised."""
     options = definition.options
     expression = options.get("cron")
@@ -32,7 +32,7 @@ def validate(definition: registry.Job[..., Any]) -> None:
                 f"{definition.name}: {', '.join(f'{n}=' for n in given)} needs cron="
             )
         return
-    from . import cron
+    from . import cron  # croniter costs tens of milliseconds: only for a job that gives cron=
 
     schedule = cron.parse(expression, options.get("timezone", "UTC"),
                           what=f"{definition.name}: cron")
@@ -50,15 +50,11 @@ def validate(definition: registry.Job[..., Any]) -> None:
                                             what=f"{definition.name}: misfire")
 
 
-def _validated_with_cron(definition: registry.Job[..., Any]) -> None:
+def _validated_with_cron(definition: registry.JobDefinition[..., Any]) -> None:
     """timezone= and misfire= are judged together with cron= by :func:`validate`."""
 
 
-def install() -> None:
-    """Register the options (idempotent; done on import, kept for ``apps.py``)."""
-    registry._extension_options["cron"] = validate
-    registry._extension_options["timezone"] = _validated_with_cron
-    registry._extension_options["misfire"] = _validated_with_cron
-
-
-install()
+# Each option and its check, for ``registry.register_option``.
+CHECKS: dict[str, registry.OptionCheck] = {
+    "cron": validate, "timezone": _validated_with_cron, "misfire": _validated_with_cron,
+}

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import conf, registry
 from ..exceptions import ConfigurationError, InvalidJobInput
+from ..values import encode_json
 from . import cron
 
 
@@ -64,7 +65,6 @@ def _from_jobs() -> dict[str, Task]:
 def _settings_entry(task: str, entry: Mapping[str, Any], payload_limit: int) -> Task | Problem:
     """One XJOBS["SCHEDULE"] entry (its shape already checked by conf.py) as a Task, or the
     first problem with it."""
-    from ..api import encode_json
 
     where = f'XJOBS["SCHEDULE"][{task!r}]'
     try:

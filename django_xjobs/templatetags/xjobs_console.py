@@ -7,6 +7,8 @@ from datetime import datetime
 from typing import Any
 
 from django import template
+from django.template import Context
+from django.template.loader import get_template
 from django.template.loader_tags import BlockNode, ExtendsNode
 from django.utils.html import format_html
 
@@ -71,8 +73,6 @@ BREADCRUMBS_TEMPLATE = "admin/change_form.html"
 def _find_block(name: str, template_name: str) -> BlockNode | None:
     """Block ``name`` of ``template_name`` as the project resolves it: its own, else the one of
     the template it extends (a project may override admin/change_form.html)."""
-    from django.template import Context
-    from django.template.loader import get_template
 
     current = get_template(template_name).template  # type: ignore[attr-defined]
     for _ in range(10):  # an extends chain is short; never loop on a malformed one

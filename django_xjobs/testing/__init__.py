@@ -43,7 +43,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'django_xjobs.testing' has no attribute {name!r}")
-    from importlib import import_module
+    from importlib import import_module  # names are imported on first use: the docstring says why
 
     return getattr(import_module(f".{module}", __name__), name)
 

@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
-from .. import api, conf, registry
+from .. import conf, registry, values
 from ..context import JobContext
 from ..exceptions import InvalidJobInput
 from ..records import Claim, EventRecord, ParkedStep, RunOwner, StepRecord
@@ -199,12 +199,12 @@ def make_context(job: Any = None, *, job_id: str | None = None, run_id: str | No
             raise InvalidJobInput(f"{what} must be an integer >= 1, got {value!r}")
     for what, text in (("job_id", job_id), ("run_id", run_id), ("tenant_id", tenant_id)):
         if text is not None:
-            api._text_option(what, text)
+            values.check_text(what, text)
     payloads: dict[str, Any] = {}
     for name, payload in (events or {}).items():
         _event_name(name)
         # What a real wait returns: the payload as stored (JSON), so tuples become lists.
-        payloads[name] = json.loads(api.encode_json(payload, what=f"payload of event {name!r}",
+        payloads[name] = json.loads(values.encode_json(payload, what=f"payload of event {name!r}",
                                                     limit=None))
     if asynchronous is None:
         asynchronous = definition.is_async if definition is not None else False
@@ -234,6 +234,6 @@ def _memory_of(ctx: JobContext) -> MemorySteps:
     memory = step.memory if isinstance(step, AsyncMemorySteps) else step
     if not isinstance(memory, MemorySteps):
         raise InvalidJobInput(
-            f"previous must be a context made by make_context(), got {api._safe_repr(ctx)}"
+            f"previous must be a context made by make_context(), got {values.safe_repr(ctx)}"
         )
     return memory

@@ -38,7 +38,14 @@ import threading
 from collections import Counter
 from collections.abc import Iterable
 
+from django.db import connections
+from django.db.transaction import TransactionManagementError
+
+from .. import conf, registry
+from ..engines import get_engine
+from ..outbox import relay_pending
 from ..worker.loop import Worker, WorkerOptions
+from .inline import WORKER_ID, in_turn, run_claimed
 
 
 def drain(
@@ -56,7 +63,6 @@ def drain(
     until a round relays nothing; ``stats["relayed"]`` counts them. In the inline test mode the
     jobs run in this thread, one at a time (``concurrency`` and ``prefetch`` do not apply).
     """
-    from .. import conf
 
     inline = conf.get().test_mode == "inline"
     if not inline:
@@ -79,10 +85,7 @@ def drain(
 def _refuse_inside_atomic() -> None:
     """drain() commits what its jobs do and closes this thread's connections when it ends:
     inside ``atomic()`` that would end the caller's transaction behind its back."""
-    from django.db import connections
-    from django.db.transaction import TransactionManagementError
 
-    from .. import conf
 
     settings = conf.get()
     for alias in {settings.database, *settings.outbox.databases}:
@@ -96,9 +99,7 @@ def _refuse_inside_atomic() -> None:
 
 def _relay_committed() -> int:
     """Relay what is committed in the outbox, from a thread with connections of its own."""
-    from django.db import connections
 
-    from ..outbox import relay_pending
 
     result: list[int] = []
     error: list[BaseException] = []
@@ -139,9 +140,6 @@ def _drain_once(queues: Iterable[str] | None, *, concurrency: int,
 def _drain_inline(queues: Iterable[str] | None) -> Counter[str]:
     """Claim (``jobs_claim``, one job per queue at a time) and run in this thread until a claim
     finds nothing; what the runs enqueue runs in turn (testing/inline.py)."""
-    from .. import conf, registry
-    from ..engines import get_engine
-    from .inline import WORKER_ID, in_turn, run_claimed
 
     settings = conf.get()
     engine = get_engine()

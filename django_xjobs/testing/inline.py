@@ -4,7 +4,7 @@ A job runs when the transaction that enqueued it commits (``transaction.on_commi
 database), at once when there is none, in the caller's thread and on its connection. It goes
 through what a worker does to it: a claim that writes a lease token
 (``job_claim_if_due``), ``worker/executor.py`` running the code, and the fenced statement of its
-outcome (``worker/loop.py``'s ``write_outcome``, or the acknowledgement). So retries, ``dead``,
+outcome (``worker/settle.py``'s ``write_outcome``, or the acknowledgement). So retries, ``dead``,
 results and durable steps read as they would after a worker ran the job.
 
 One attempt per enqueue: a failed attempt is retried after its backoff, as in production, so
@@ -31,16 +31,19 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
+from django.core.signals import setting_changed
 from django.db import connections, transaction
 
 from .. import api, conf, registry
 from ..context import JobContext
 from ..engines import Engine, get_engine
 from ..exceptions import ConfigurationError
+from ..outbox import relay_pending
 from ..records import ClaimedJob, Completion, Fence, RunOwner
 from ..steps import AsyncSteps, Steps
 from ..worker import executor
 from ..worker.executor import Done, Outcome, Retry
+from ..worker.settle import write_outcome
 
 log = logging.getLogger("django_xjobs.testing")
 
@@ -54,8 +57,6 @@ def install() -> None:
     """Keep ``api.inline_runner`` in step with ``XJOBS["TEST_MODE"]``, now and whenever the
     setting changes (``override_settings``, pytest-django's ``settings``); the app's
     ``ready()`` calls this. Off, an enqueue pays nothing for the mode."""
-    from django.core.signals import setting_changed
-
     setting_changed.connect(_on_setting_changed, dispatch_uid="django_xjobs.testing.inline")
     _sync()
 
@@ -84,8 +85,6 @@ def run_enqueued(job_id: UUID, staged_on: str | None) -> None:
 
 
 def _relay_then_run(alias: str, job_id: UUID) -> None:
-    from ..outbox import relay_pending
-
     relay_pending((alias,))
     run_job(job_id)
 
@@ -148,7 +147,7 @@ def run_claimed(engine: Engine, claimed: ClaimedJob) -> str:
     return _settle(engine, claimed, outcome)
 
 
-def _execute_sync(engine: Engine, definition: registry.Job, claimed: ClaimedJob,
+def _execute_sync(engine: Engine, definition: registry.JobDefinition, claimed: ClaimedJob,
                   ctx: JobContext, owner: RunOwner) -> Outcome:
     conn = connections[engine.alias]
     # Inside the caller's transaction (a TestCase's), a savepoint: a database error in the job
@@ -180,8 +179,6 @@ class _RunEngine:
 
 
 def _settle(engine: Engine, claimed: ClaimedJob, outcome: Outcome) -> str:
-    from ..worker.loop import write_outcome  # the worker loop's imports, only once a job runs
-
     if isinstance(outcome, Done):
         report = engine.jobs_complete_if_owned([Completion(
             claim=claimed.claim, result_json=outcome.result_json)])

@@ -12,11 +12,11 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from .. import api, registry
+from .. import registry, values
+from ..base import BoundJob
 from ..engines import get_engine
 from ..exceptions import InvalidJobInput
 from ..records import ALL_STATES, JobRecord
-from ..steps import _milliseconds
 
 # Jobs listed by a failing assert_enqueued: enough to see what happened, not a wall of text.
 REPORT_ROWS = 20
@@ -30,9 +30,9 @@ def enqueued_jobs(job: Any = None, *, queue: str | None = None,
     optional; ``tenant_id=None`` means any tenant."""
     name = job_name(job) if job is not None else None
     if queue is not None:
-        api._name("queue", queue)
+        values.check_name("queue", queue)
     if tenant_id is not None:
-        api._text_option("tenant_id", tenant_id)
+        values.check_text("tenant_id", tenant_id)
     return get_engine().jobs_list(name=name, queue=queue, states=_states(state),
                                   tenant_id=tenant_id)
 
@@ -48,7 +48,7 @@ def assert_enqueued(job: Any, /, **input: Any) -> JobRecord:
     name = job_name(job)
     # Compared as stored: a tuple is a list in JSON, and a value JSON cannot hold is an error
     # in the test, not a mismatch.
-    expected = json.loads(api.encode_json(input, what=f"expected input of {name}", limit=None))
+    expected = json.loads(values.encode_json(input, what=f"expected input of {name}", limit=None))
     engine = get_engine()
     same_name = engine.jobs_list(name=name)
     for record in same_name:
@@ -76,7 +76,7 @@ def travel(delta: timedelta | float) -> int:
     all come ``delta`` earlier. No clock is touched; the rows the claim reads move (the claim
     compares them with the database clock). Returns how many jobs moved. Nothing runs here:
     :func:`~django_xjobs.testing.drain` runs what is due."""
-    return get_engine().jobs_shift_due(_milliseconds(delta, "travel delta"))
+    return get_engine().jobs_shift_due(round(values.seconds_of(delta, "travel delta") * 1000))
 
 
 # ------------------------------------------------------------------------------- helpers --
@@ -85,14 +85,14 @@ def travel(delta: timedelta | float) -> int:
 def job_name(job: Any) -> str:
     """The registered name of ``job``: a ``@job`` function, ``my_job.using(...)``, or a name
     (which must be registered: a typo fails here instead of matching nothing)."""
-    if isinstance(job, registry.Job):
+    if isinstance(job, registry.JobDefinition):
         return job.name
-    if isinstance(job, api.BoundJob):
+    if isinstance(job, BoundJob):
         return job.definition.name
     if isinstance(job, str):
         return registry.get(job).name
     raise InvalidJobInput(
-        f"expected a registered job (the @job function) or its name, got {api._safe_repr(job)}"
+        f"expected a registered job (the @job function) or its name, got {values.safe_repr(job)}"
     )
 
 

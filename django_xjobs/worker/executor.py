@@ -16,8 +16,8 @@ its name is not registered here        ``Retry``: a rolling deploy may bring the
 its stored input cannot be decoded     ``Retry(permanent=True)``: the code never runs
 =====================================  ==============================================
 
-The error recorded for an exception the code raised is :func:`record_error`: a first line naming
-its class (``exceptions.error_class_line``), then its traceback as ``traceback`` formats it.
+The error recorded for an exception the code raised is :func:`values.record_error`: a first line
+naming its class (``exceptions.error_class_line``), then its traceback as ``traceback`` formats it.
 
 The body starts only once the run proved its lease (``JobContext.prove_lease``, which the
 worker backs with the age of its last renewal; docs/guarantees.md): a run that cannot is stopped
@@ -30,14 +30,13 @@ row's attempt counter, so a run that lost the job can neither retry nor bury it.
 from __future__ import annotations
 
 import asyncio
-import traceback
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import close_old_connections
 
-from .. import api, tracing
+from .. import tracing, values
 from ..conf import XJobsSettings
 from ..context import JobContext
 from ..exceptions import (
@@ -45,15 +44,13 @@ from ..exceptions import (
     JobCancelled,
     PermanentError,
     Snooze,
-    error_class_line,
     is_permanent,
 )
 from ..records import ClaimedJob
-from ..registry import Job
+from ..registry import JobDefinition
 from ..steps import StepSuspended
+from ..values import format_error, record_error
 from .backoff import retry_delay
-
-MAX_ERROR_CHARS = 8000
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,26 +94,7 @@ class Discard:
 Outcome = Done | Retry | GiveBack | Suspended | Discard
 
 
-def format_error(exc: BaseException) -> str:
-    return _cut("".join(traceback.format_exception(exc)).rstrip())
-
-
-def record_error(exc: BaseException) -> str:
-    """The error recorded for an exception raised by a job's code: its class on the first line,
-    read back by the ``django.tasks`` backend (tests/unit/test_django_tasks_mapping.py), then
-    its traceback unchanged, final newline included, as Django's task backends keep it."""
-    return f"{error_class_line(exc)}\n{_cut(''.join(traceback.format_exception(exc)))}"
-
-
-def _cut(text: str) -> str:
-    if len(text) > MAX_ERROR_CHARS:
-        text = text[: MAX_ERROR_CHARS // 2] + "\n[... traceback truncated ...]\n" + text[
-            -MAX_ERROR_CHARS // 2 :
-        ]
-    return text
-
-
-def backoff_for(definition: Job | None, attempt: int, settings: XJobsSettings) -> float:
+def backoff_for(definition: JobDefinition | None, attempt: int, settings: XJobsSettings) -> float:
     policy = definition.retry if definition is not None else None
     base = policy.base if policy and policy.base is not None else settings.retry_base
     cap = policy.cap if policy and policy.cap is not None else settings.retry_cap
@@ -145,11 +123,11 @@ def undecodable_input(claimed: ClaimedJob) -> Retry | None:
                  delay=0, permanent=True)
 
 
-def _outcome_of_result(definition: Job, value: Any, settings: XJobsSettings) -> Outcome:
+def _outcome_of_result(definition: JobDefinition, value: Any, settings: XJobsSettings) -> Outcome:
     if value is None:
         return Done(None)
     try:
-        return Done(api.encode_json(value, what=f"result of {definition.name}",
+        return Done(values.encode_json(value, what=f"result of {definition.name}",
                                     limit=settings.max_payload_bytes))
     except InvalidJobInput as exc:
         return Retry(error=f"{exc} (the job ran; re-running it cannot fix this)", delay=0,
@@ -160,7 +138,7 @@ def _outcome_of_result(definition: Job, value: Any, settings: XJobsSettings) -> 
                      delay=0, permanent=True)
 
 
-def internal_error(exc: BaseException, definition: Job | None, claimed: ClaimedJob,
+def internal_error(exc: BaseException, definition: JobDefinition | None, claimed: ClaimedJob,
                    settings: XJobsSettings) -> Retry:
     """The outcome of a run whose outcome could not be worked out (a bug of the worker's, met
     while mapping what the job did): retried with backoff, never left running under a lease
@@ -171,7 +149,7 @@ def internal_error(exc: BaseException, definition: Job | None, claimed: ClaimedJ
 
 
 def _outcome_of_exception(
-    exc: BaseException, definition: Job, claimed: ClaimedJob, ctx: JobContext,
+    exc: BaseException, definition: JobDefinition, claimed: ClaimedJob, ctx: JobContext,
     settings: XJobsSettings,
 ) -> Outcome:
     if isinstance(exc, JobCancelled) or ctx.cancelled.is_set():
@@ -195,7 +173,7 @@ def _input(claimed: ClaimedJob) -> dict[str, Any]:
 
 
 def execute(
-    definition: Job, claimed: ClaimedJob, ctx: JobContext, settings: XJobsSettings,
+    definition: JobDefinition, claimed: ClaimedJob, ctx: JobContext, settings: XJobsSettings,
     *, fresh_connections: bool = True, cleanup: bool = True,
 ) -> Outcome:
     """Run a sync job in the current (executor) thread.
@@ -235,7 +213,7 @@ def execute(
 
 
 async def execute_async(
-    definition: Job, claimed: ClaimedJob, ctx: JobContext, settings: XJobsSettings
+    definition: JobDefinition, claimed: ClaimedJob, ctx: JobContext, settings: XJobsSettings
 ) -> Outcome:
     """Run an ``async def`` job on the worker's event loop; its timeout cancels the task."""
     refused = undecodable_input(claimed)
@@ -270,7 +248,7 @@ async def execute_async(
     return _outcome_of_result(definition, value, settings)
 
 
-def _exited(exc: BaseException, definition: Job, claimed: ClaimedJob,
+def _exited(exc: BaseException, definition: JobDefinition, claimed: ClaimedJob,
             settings: XJobsSettings) -> Retry:
     """``SystemExit`` / ``KeyboardInterrupt`` raised by the job's code (``sys.exit()`` in a job)
     fails that attempt like any exception; it stops neither the worker nor its other runs."""

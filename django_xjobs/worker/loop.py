@@ -69,23 +69,24 @@ from django.db import connections, reset_queries
 
 from .. import clock, conf, faults, registry, slots
 from ..context import JobContext
-from ..engines import Engine, get_engine
+from ..engines import get_engine
 from ..exceptions import SLOT_LOST, JobCancelled, SlotLost, XJobsError
 from ..records import (
     Claim,
     ClaimedJob,
     Completion,
-    Failure,
     Fence,
     Requeue,
     RunOwner,
     SlotHold,
     SlotRequest,
 )
+from ..steps import AsyncSteps, Steps
 from . import duties, executor, reachability
-from .executor import Discard, Done, GiveBack, Outcome, Retry, SlotRefused, Suspended
+from .executor import Discard, Done, GiveBack, Outcome, Retry, SlotRefused
 from .heartbeat import Heartbeat
 from .listener import WakeListener
+from .settle import write_outcome
 from .shutdown import ShutdownSignals
 
 log = logging.getLogger("django_xjobs.worker")
@@ -176,7 +177,7 @@ class Run:
                  "on_unproven", "outcome", "parking", "phase", "renewed_at", "slot",
                  "slot_renewed_at", "slot_ttl")
 
-    def __init__(self, job: ClaimedJob, definition: registry.Job | None, now: float, *,
+    def __init__(self, job: ClaimedJob, definition: registry.JobDefinition | None, now: float, *,
                  budget: float, on_unproven: Callable[[Run, str], None]) -> None:
         self.job = job
         self.definition = definition
@@ -215,9 +216,6 @@ class Run:
             self.on_unproven(self, "its code or its next step")
 
     def _steps(self, ctx: JobContext) -> Any:
-        from ..engines import get_engine
-        from ..steps import AsyncSteps, Steps
-
         def on_park() -> None:
             self.parking = True
 
@@ -1097,28 +1095,6 @@ class Worker:
             first = min(self.options.poll_interval, 0.5)
             pause = min(DB_RETRY_MAX, first * 2 ** min(self._db_failures - 1, 16))
         self._wake.wait(pause)
-
-
-def write_outcome(engine: Engine, job: ClaimedJob, outcome: Outcome) -> tuple[Fence, str]:
-    """The fenced write of one outcome other than ``Done`` (acknowledged in batches by
-    ``Worker._settle``); the fence's verdict and the state the job went to. Also the inline
-    test mode's settle (django_xjobs/testing), so a test sees the statements a worker sends."""
-    if isinstance(outcome, Retry):
-        report, state = engine.job_fail_if_owned(Failure(
-            claim=job.claim, error=outcome.error,
-            retry_delay_ms=round(outcome.delay * 1000), permanent=outcome.permanent,
-        ))
-        return report.outcome(job.lease_token), state or "lost"
-    if isinstance(outcome, GiveBack):
-        report = engine.job_requeue_if_owned(Requeue(
-            claim=job.claim, delay_ms=round(outcome.delay * 1000),
-            spent_attempt=not job.resumed, resumed=job.resumed, note=outcome.note,
-        ))
-        return report.outcome(job.lease_token), "requeued"
-    if isinstance(outcome, Suspended):
-        return Fence.OWNED, "suspended"
-    assert isinstance(outcome, Discard)
-    return Fence.LOST, "discarded"
 
 
 def run_worker(**overrides: object) -> Worker:

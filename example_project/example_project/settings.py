@@ -7,7 +7,7 @@ created by `manage.py demo`); else an embedded PostgreSQL under ../.pgdata (pgse
 import os
 from pathlib import Path
 
-from django_xjobs import devdb
+from tests import devdb
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 

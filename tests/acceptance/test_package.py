@@ -173,7 +173,7 @@ def fresh_database(suffix: str) -> Iterator[dict]:
     import psycopg
     from django.conf import settings
 
-    from django_xjobs import devdb
+    from tests import devdb
 
     name = f"{settings.DATABASES['default']['TEST']['NAME']}_{suffix}"
     server = os.environ["DATABASE_URL"]  # tests/settings.py sets it
@@ -238,6 +238,17 @@ def test_the_wheel_holds_the_license_types_templates_static_files_and_migrations
     assert licenses, sorted(n for n in names if ".dist-info/" in n)
     with zipfile.ZipFile(wheel) as zf:
         assert "MIT License" in zf.read(licenses[0]).decode()
+
+
+def test_the_wheel_holds_the_package_and_nothing_of_the_checkouts_tools(wheel):
+    # tests/devdb.py (the demo's, the suite's and bench/'s choice of database) is a tool of the
+    # checkout: a user's project configures DATABASES itself.
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    (dist_info,) = [top for top in tops if top.endswith(".dist-info")]
+    assert tops == {"django_xjobs", dist_info}, sorted(tops)
+    assert (ROOT / "tests" / "devdb.py").is_file()
+    assert not [name for name in names if name.rsplit("/", 1)[-1] == "devdb.py"]
 
 
 def test_the_long_description_is_the_pip_users_page(wheel):

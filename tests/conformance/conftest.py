@@ -3,6 +3,10 @@
 Everything here goes through the engine seam (``engines/base.py``) and the public records, or
 through the Django ORM models to put rows into arbitrary states: both are engine-neutral, so a
 second engine runs these tests unchanged. No SQL here.
+
+The claim, fencing, slot and scheduler tests run twice: on the engine, and through the models'
+managers (``Job.objects.claim(...)``, django_xjobs/managers.py), which must answer as the engine
+does (:class:`ThroughManagers`; docs/managers.md).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,7 +22,24 @@ import pytest
 from django.db import connections
 
 from django_xjobs import faults
-from django_xjobs.records import ClaimedJob, EnqueueParams, EnqueueResult, new_id
+from django_xjobs.engines import Engine, get_engine
+from django_xjobs.records import (
+    Claim,
+    ClaimedJob,
+    Completion,
+    EnqueueParams,
+    EnqueueResult,
+    Failure,
+    FenceReport,
+    LeaderRecord,
+    Requeue,
+    SlotHold,
+    SlotRecord,
+    SlotRequest,
+    SlotUsage,
+    Suspension,
+    new_id,
+)
 from tests.conftest import wait_until
 
 JOB = "testapp.noop"
@@ -130,3 +151,99 @@ def clean_faults():
     faults.clear()
     yield faults
     faults.clear()
+
+
+# ---------------------------------------------------------------- through the managers --
+
+# The modules whose tests also run through the managers: every operation the managers offer is
+# pinned there (claim, fenced writes, renewals, slots, the leader lease).
+THROUGH_MANAGERS = frozenset({"test_claim", "test_fencing", "test_slots", "test_scheduler"})
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    module = metafunc.module.__name__.rpartition(".")[2]
+    if "engine" in metafunc.fixturenames and module in THROUGH_MANAGERS:
+        metafunc.parametrize("engine", ["engine", "managers"], indirect=True)
+
+
+@pytest.fixture
+def engine(request: pytest.FixtureRequest) -> Any:
+    """The engine under test; in the modules of ``THROUGH_MANAGERS``, also the same engine
+    reached through the models' managers (``[managers]`` in the test id)."""
+    engine = get_engine()
+    if getattr(request, "param", "engine") == "managers":
+        return ThroughManagers(engine)
+    return engine
+
+
+class ThroughManagers:
+    """An engine whose claim, fenced writes, renewals, slot and leader operations are made by
+    the models' managers on the engine's alias, durations given as timedeltas; every other
+    operation (enqueue, reads, the clock) is the engine's own.
+
+    A conformance test run on it pins each manager method to the engine method it stands for:
+    same rows, same fence outcomes, same statements counted.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        from django_xjobs.models import Job, JobLease, SchedulerLeader
+
+        self._engine = engine
+        self._jobs = Job.objects.db_manager(engine.alias)
+        self._slots = JobLease.objects.db_manager(engine.alias)
+        self._leader = SchedulerLeader.objects.db_manager(engine.alias)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def jobs_claim(self, *, wants: Mapping[str, int], worker_id: str,
+                   lease_ms: int) -> list[ClaimedJob]:
+        return self._jobs.claim(wants, worker_id=worker_id,
+                                lease=timedelta(milliseconds=lease_ms))
+
+    def jobs_complete_if_owned(self, batch: Sequence[Completion]) -> FenceReport:
+        return self._jobs.complete(batch)
+
+    def job_fail_if_owned(self, failure: Failure) -> tuple[FenceReport, str | None]:
+        return self._jobs.fail(failure)
+
+    def job_requeue_if_owned(self, requeue: Requeue) -> FenceReport:
+        return self._jobs.requeue(requeue)
+
+    def jobs_requeue_if_owned(self, batch: Sequence[Requeue]) -> FenceReport:
+        return self._jobs.requeue(list(batch))
+
+    def job_suspend_if_owned(self, suspension: Suspension) -> FenceReport:
+        return self._jobs.suspend(suspension)
+
+    def jobs_renew_if_owned(self, claims: Sequence[Claim], lease_ms: int) -> frozenset[str]:
+        return self._jobs.renew(claims, lease=timedelta(milliseconds=lease_ms))
+
+    def jobs_wake_refused(self, refused: Sequence[Claim]) -> int:
+        return self._jobs.wake_refused(refused)
+
+    def slots_acquire(self, requests: Sequence[SlotRequest], ttl_ms: int) -> list[SlotHold]:
+        return self._slots.acquire(requests, ttl=timedelta(milliseconds=ttl_ms))
+
+    def slots_renew_if_held(self, holds: Sequence[SlotHold], ttl_ms: int) -> frozenset[str]:
+        return self._slots.renew(holds, ttl=timedelta(milliseconds=ttl_ms))
+
+    def slots_release_if_held(self, holds: Sequence[SlotHold]) -> int:
+        return self._slots.release(holds)
+
+    def slots_list(self, *, slot_key: str | None = None,
+                   limit: int = 1000) -> list[SlotRecord]:
+        return self._slots.live(slot_key=slot_key, limit=limit)
+
+    def slots_usage(self, limit: int = 1000) -> list[SlotUsage]:
+        return self._slots.usage(limit)
+
+    def leader_attempt_elect(self, lock_key: str, holder: str,
+                             lease_ms: int) -> datetime | None:
+        return self._leader.elect(lock_key, holder, lease=timedelta(milliseconds=lease_ms))
+
+    def leader_resign(self, lock_key: str, holder: str) -> bool:
+        return self._leader.resign(lock_key, holder)
+
+    def leader_get(self, lock_key: str) -> LeaderRecord | None:
+        return self._leader.current(lock_key)

@@ -188,9 +188,7 @@ def test_sixteen_threads_racing_for_the_last_slot_exactly_one_wins(engine, round
 
     @closing_connections
     def contend() -> None:
-        from django_xjobs.engines import get_engine
-
-        mine = get_engine()
+        mine = engine  # one engine for every thread; each thread has its own connection
         mine.db_now()  # connected before the start line, so the race is the statement itself
         barrier.wait()
         try:
@@ -218,9 +216,7 @@ def test_sixteen_threads_racing_for_four_free_slots_never_get_more_than_four(eng
 
     @closing_connections
     def contend() -> None:
-        from django_xjobs.engines import get_engine
-
-        mine = get_engine()
+        mine = engine
         mine.db_now()
         barrier.wait()
         results.extend(mine.slots_acquire([request("wide", 4), request("wide", 4)], TTL_MS))

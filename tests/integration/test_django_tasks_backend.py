@@ -16,7 +16,7 @@ from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultD
 from django.test import override_settings
 from django.utils import timezone
 
-from django_xjobs import api, registry
+from django_xjobs import api, registry, slots
 from django_xjobs import tasks as xtasks
 from django_xjobs.exceptions import InvalidJobInput, JobCancelled, PayloadTooLarge
 from django_xjobs.models import Job
@@ -162,11 +162,11 @@ def test_a_copy_cannot_change_what_the_worker_applies(declare):
 
 def test_concurrency_reaches_the_job_registry_s_extension(declare):
     seen = []
-    registry._extension_options["concurrency"] = seen.append
+    registry.register_option("concurrency", seen.append)
     try:
         declared = declare(concurrency="user:{kwargs[user_id]}")
     finally:
-        del registry._extension_options["concurrency"]
+        registry.register_option("concurrency", slots.check_option)
     assert declared.concurrency == "user:{kwargs[user_id]}"
     [definition] = [d for d in seen if d.name == "tests.testapp.tasks.undeclared"]
     assert definition.options["concurrency"] == "user:{kwargs[user_id]}"

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from django_xjobs import conf
-from django_xjobs.registry import build_job
+from django_xjobs.registry import JobDefinition
 from django_xjobs.worker.backoff import retry_delay
 from django_xjobs.worker.executor import backoff_for
 
@@ -81,7 +81,8 @@ def test_full_jitter_bounds_hold_for_any_policy(attempt, base, extra, r):
 
 def test_a_jobs_own_policy_overrides_the_settings():
     settings = conf.build({"RETRY_BASE": "1s", "RETRY_CAP": "2s"})
-    slow = build_job(lambda ctx: None, name="t.slow_policy", retry_base="100s", retry_cap="500s")
+    slow = JobDefinition.build(lambda ctx: None, name="t.slow_policy", retry_base="100s",
+                               retry_cap="500s")
     tops = {backoff_for(slow, 4, settings) for _ in range(200)}
     assert max(tops) <= 500.0
     assert max(tops) > 2.0  # the settings' 2 s cap would have clipped every one of these

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.test import override_settings
 
-from django_xjobs import conf
+from django_xjobs import conf, values
 from django_xjobs.exceptions import ConfigurationError
 from django_xjobs.worker.loop import WorkerOptions
 
@@ -39,7 +39,7 @@ from django_xjobs.worker.loop import WorkerOptions
     ],
 )
 def test_parse_duration_accepts_the_documented_forms(value, seconds):
-    assert conf.parse_duration(value) == pytest.approx(seconds)
+    assert values.parse_duration(value) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,7 @@ def test_parse_duration_accepts_the_documented_forms(value, seconds):
 )
 def test_parse_duration_refuses_a_negative_duration(value):
     with pytest.raises(ConfigurationError, match="my_timeout"):
-        conf.parse_duration(value, what="my_timeout")
+        values.parse_duration(value, what="my_timeout")
 
 
 @pytest.mark.parametrize(
@@ -57,20 +57,20 @@ def test_parse_duration_refuses_a_negative_duration(value):
 )
 def test_parse_duration_refuses_garbage(value):
     with pytest.raises(ConfigurationError, match="my_lease"):
-        conf.parse_duration(value, what="my_lease")
+        values.parse_duration(value, what="my_lease")
 
 
 @pytest.mark.parametrize("value", [True, False])
 def test_parse_duration_refuses_a_bool_although_bool_is_an_int(value):
     with pytest.raises(ConfigurationError, match="expected a duration"):
-        conf.parse_duration(value)
+        values.parse_duration(value)
 
 
 def test_parse_duration_refuses_nan():
     # float("nan") passes "seconds < 0" (every comparison with NaN is false); as XJOBS["LEASE"]
     # it survives conf.build and the system check, then crashes the worker in round(nan*1000).
     with pytest.raises(ConfigurationError):
-        conf.parse_duration(float("nan"), what="x")
+        values.parse_duration(float("nan"), what="x")
 
 
 # ---------------------------------------------------------------------------------- build --

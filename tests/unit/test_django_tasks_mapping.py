@@ -18,7 +18,8 @@ from django.tasks import TaskResultStatus
 from django_xjobs import exceptions
 from django_xjobs.records import ALL_STATES, JobRecord
 from django_xjobs.tasks import exception_class_path, status_of, task_error_of, to_task_result
-from django_xjobs.worker.executor import MAX_ERROR_CHARS, format_error, record_error, unknown_job
+from django_xjobs.values import MAX_ERROR_CHARS, format_error, record_error
+from django_xjobs.worker.executor import unknown_job
 from tests.testapp import tasks as t
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from django_xjobs import api, registry
+from django_xjobs import api, registry, values
 from django_xjobs.exceptions import InvalidJobInput, PayloadTooLarge
 from tests.testapp import jobs as testapp_jobs
 
@@ -192,13 +192,13 @@ def test_the_default_limit_is_one_mebibyte():
 
 
 def test_encode_json_without_a_limit_takes_any_size():
-    text = api.encode_json({"s": "x" * 2_000_000}, what="result", limit=None)
+    text = values.encode_json({"s": "x" * 2_000_000}, what="result", limit=None)
     assert len(text) > 2_000_000
 
 
 def test_encode_json_names_what_it_encodes():
     with pytest.raises(InvalidJobInput, match=r"result of my\.job"):
-        api.encode_json({"x": object()}, what="result of my.job", limit=None)
+        values.encode_json({"x": object()}, what="result of my.job", limit=None)
 
 
 # ---------------------------------------------------------------------------- time options --
@@ -360,7 +360,7 @@ def add(ctx, a, b):
     return a + b
 
 
-ADD = registry.build_job(add, name="tests.add")
+ADD = registry.JobDefinition.build(add, name="tests.add")
 
 
 def test_an_input_the_function_cannot_take_is_refused_naming_the_job_and_the_arguments():
@@ -415,7 +415,8 @@ async def coro(ctx, *, n):
     ],
 )
 def test_defaults_keyword_only_and_kwargs_bind_as_python_binds_them(func, input):
-    assert json.loads(api.build_params(registry.build_job(func), input, {}).input_json) == input
+    params = api.build_params(registry.JobDefinition.build(func), input, {})
+    assert json.loads(params.input_json) == input
 
 
 @pytest.mark.parametrize(
@@ -429,7 +430,7 @@ def test_defaults_keyword_only_and_kwargs_bind_as_python_binds_them(func, input)
 )
 def test_defaults_keyword_only_and_kwargs_refuse_as_python_refuses(func, input, fragment):
     with pytest.raises(InvalidJobInput) as info:
-        api.build_params(registry.build_job(func), input, {})
+        api.build_params(registry.JobDefinition.build(func), input, {})
     assert fragment in str(info.value)
     with pytest.raises(TypeError):  # what a worker would have met on every attempt
         func(None, **input)

@@ -23,8 +23,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import api, reads, slots
-from ...conf import parse_duration
+from ... import api, outbox, reads, slots
 from ...engines import get_engine
 from ...exceptions import ConfigurationError
 from ...records import (
@@ -33,6 +32,7 @@ from ...records import (
     SlotRecord,
     SlotUsage,
 )
+from ...values import parse_duration
 from .. import cli, console_cli, schedule_cli
 
 
@@ -157,7 +157,6 @@ class Command(BaseCommand):
     @staticmethod
     def _outbox_pending() -> dict[str, Any]:
         """Pending stagings over every outbox alias (XJOBS["OUTBOX"]["DATABASES"])."""
-        from ... import outbox
 
         summary = outbox.pending()
         return {"pending": summary.count, "oldest_pending_seconds": summary.oldest_seconds,

@@ -12,9 +12,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from ... import conf, outbox
-from ...conf import parse_duration
 from ...engines import get_engine
 from ...exceptions import ConfigurationError, XJobsError
+from ...values import parse_duration
 from ...worker.loop import new_worker_id
 from ...worker.relay import Relay
 from ...worker.shutdown import ShutdownSignals

@@ -7,10 +7,11 @@ import os
 import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from ...conf import NAME_RE, parse_duration
 from ...exceptions import ConfigurationError
+from ...values import NAME_RE, parse_duration
 from ...worker import duties
 from ...worker.loop import Worker, WorkerOptions
 from ...worker.supervisor import Supervisor
@@ -142,8 +143,6 @@ def _child_args(options: dict[str, Any]) -> list[str]:
 
 
 def _child_env() -> dict[str, str]:
-    from django.conf import settings
-
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
     # The children run `python -m django`: give them the import path this process has

@@ -16,9 +16,9 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import connection, transaction
 
-from django_xjobs import devdb
 from shop import demo_backfills, demo_outbox, demo_scheduler, demo_slots
 from shop.demo_console import show_console
+from tests import devdb
 
 PROJECT_DIR = Path(__file__).resolve().parents[3]
 

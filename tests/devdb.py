@@ -1,4 +1,4 @@
-"""Which PostgreSQL the demo and the test suite use, with no set-up on a fresh machine.
+"""Which PostgreSQL the demo, the test suite and bench/ use, with no set-up on a fresh machine.
 
 In order: ``DATABASE_URL`` if set; else a server answering on ``127.0.0.1:5432`` (user
 ``postgres``); else (or with ``XJOBS_DEVDB=embedded``) an embedded PostgreSQL 16 from the
@@ -6,10 +6,13 @@ In order: ``DATABASE_URL`` if set; else a server answering on ``127.0.0.1:5432``
 (``pip install django-xjobs[embedded]``), with its data under ``.pgdata/`` of the checkout and a
 unix socket, stopped when the process that started it exits.
 
-    python -m django_xjobs.devdb          # print the URL (starting the embedded server if needed)
+    python -m tests.devdb    # print the URL (starting the embedded server if needed)
 
-Used by ``example_project/settings.py`` and ``tests/settings.py``; production settings should
-configure ``DATABASES`` as usual.
+A tool of the checkout, not of the package: it is not in the wheel, and production settings
+configure ``DATABASES`` as usual. Its users put the checkout's root on ``sys.path``:
+``example_project/manage.py`` does, pytest does for ``tests/settings.py`` (``tests`` is a package
+at the root), the scripts of ``bench/`` do, and so does ``bench/xjobs_adapter.py`` for the
+workers of the shared harness.
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ import socket
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 LOCAL_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 ENV_SOURCE = "XJOBS_DATABASE_SOURCE"  # set by resolve() for child processes and messages
@@ -64,7 +71,7 @@ def resolve(data_dir: Path | None = None) -> tuple[str, str]:
         return url, os.environ.get(ENV_SOURCE, "DATABASE_URL")
     if os.environ.get("XJOBS_DEVDB") != "embedded" and _answers("127.0.0.1", 5432):
         return LOCAL_URL, "local server on 127.0.0.1:5432"
-    data_dir = data_dir or Path(__file__).resolve().parent.parent / ".pgdata"
+    data_dir = data_dir or Path(__file__).resolve().parents[1] / ".pgdata"  # the checkout's
     return _embedded_url(data_dir), f"embedded PostgreSQL (pgserver) in {data_dir}"
 
 
@@ -77,21 +84,23 @@ def with_database(url: str, name: str) -> str:
 def settings_from_url(url: str, **extra: Any) -> dict[str, Any]:
     """A ``DATABASES`` entry from ``postgres://user:pass@host:port/name?opt=val``.
 
-    A ``host`` query parameter (a socket directory, as pgserver's URIs use) overrides the host.
+    libpq parses it (psycopg's ``conninfo_to_dict``), so it means what it means to psql and to
+    the connection Django opens with it: percent-encoded parts, a ``host`` query parameter (a
+    socket directory, as pgserver's URIs use) over the host, IPv6 hosts, lists of hosts. The
+    other query parameters become ``OPTIONS``, where libpq refuses one it does not know; no
+    database name is the server's ``postgres``.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("postgres", "postgresql"):
+    if urlsplit(url).scheme not in ("postgres", "postgresql"):
         raise ValueError(f"DATABASE_URL must be a postgres:// URL, got {url!r}")
-    query = dict(parse_qsl(parts.query))
-    host = query.pop("host", None) or (unquote(parts.hostname) if parts.hostname else "")
+    params = conninfo_to_dict(url)
     entry: dict[str, Any] = {
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": unquote(parts.path.lstrip("/")) or "postgres",
-        "USER": unquote(parts.username or ""),
-        "PASSWORD": unquote(parts.password or ""),
-        "HOST": host,
-        "PORT": str(parts.port or ""),
-        "OPTIONS": query,
+        "NAME": params.pop("dbname", None) or "postgres",
+        "USER": params.pop("user", None) or "",
+        "PASSWORD": params.pop("password", None) or "",
+        "HOST": params.pop("host", None) or "",
+        "PORT": params.pop("port", None) or "",
+        "OPTIONS": params,
     }
     entry.update(extra)
     return entry
@@ -99,9 +108,6 @@ def settings_from_url(url: str, **extra: Any) -> dict[str, Any]:
 
 def ensure_database(entry: dict[str, Any]) -> bool:
     """Create the database a ``DATABASES`` entry names if it does not exist; True if created."""
-    import psycopg
-    from psycopg import sql
-
     params: dict[str, Any] = {
         "dbname": "postgres",
         "user": entry.get("USER") or None,

@@ -1,0 +1,67 @@
+"""The package's import structure: the layer contract covers every module, and an import
+inside a function says why it is not at the top (docs/architecture.md, "Layers")."""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "django_xjobs"
+
+
+def _layer_contract() -> dict:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = config["tool"]["importlinter"]["contracts"]
+    [layers] = [c for c in contracts if c["type"] == "layers" and "containers" not in c]
+    return layers
+
+
+def _top_level_modules() -> set[str]:
+    """``django_xjobs.<name>`` of every module and subpackage directly in the package."""
+    names = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    names |= {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    return {f"django_xjobs.{name}" for name in names}
+
+
+def test_the_layer_contract_lists_every_module_of_the_package():
+    listed = set()
+    for layer in _layer_contract()["layers"]:
+        listed.update(name.strip() for name in re.split(r"[|:]", layer))
+    assert _top_level_modules() - listed == set(), "modules outside the layer contract"
+    assert listed - _top_level_modules() == set(), "layers naming no module"
+
+
+def _unexplained_imports(path: Path) -> list[str]:
+    """The imports inside functions of ``path`` with no comment on their line or the line
+    above."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Import | ast.ImportFrom):
+                    here = lines[inner.lineno - 1]
+                    above = lines[inner.lineno - 2] if inner.lineno > 1 else ""
+                    if "#" not in here and not above.strip().startswith("#"):
+                        found.append(f"{path.name}:{inner.lineno}: {ast.unparse(inner)}")
+    return found
+
+
+def test_every_import_inside_a_function_gives_its_reason():
+    """An import belongs at the top of its module; one that must wait (a dependency that costs
+    start-up and only some processes need, a module that Django's app loading or an older
+    Django does not allow yet) carries a comment on its line or the line above saying which."""
+    unexplained = [problem for path in sorted(PACKAGE.rglob("*.py"))
+                   for problem in _unexplained_imports(path)]
+    assert unexplained == []
+
+
+def test_the_check_tells_an_explained_import_from_an_unexplained_one(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    import json\n    # why\n    import csv\n"
+                      "    import re  # why\n    return json, csv, re\n")
+    assert _unexplained_imports(module) == ["m.py:2: import json"]
