@@ -88,16 +88,16 @@ def new_ids(n: int) -> list[UUID]:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class EnqueueParams:
-    """One job to insert. ``input_json`` is already validated and encoded by the API layer."""
+class JobSpec:
+    """One job as a caller asked for it: the fields an enqueue (:class:`EnqueueParams`) and an
+    outbox staging (:class:`OutboxRow`) share. ``input_json`` is already validated and encoded
+    by the API layer."""
 
     id: UUID
-    run_id: UUID
     name: str
     queue: str
     input_json: str
     idempotency_key: str | None  # None: the job's own id (never deduplicates)
-    max_attempts: int
     priority: int = 0
     run_at: datetime | None = None  # absolute, aware; None = now + delay_ms on the DB clock
     delay_ms: int = 0
@@ -105,6 +105,14 @@ class EnqueueParams:
     traceparent: str | None = None
     enqueued_by: str | None = None
     concurrency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueParams(JobSpec):
+    """One job to insert."""
+
+    run_id: UUID
+    max_attempts: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -404,7 +412,7 @@ class BackfillRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class OutboxRow:
+class OutboxRow(JobSpec):
     """One ``x_outbox`` row: a job staged by ``enqueue_on_commit``, not yet (or being) relayed.
 
     ``id`` is also the id the job gets when the relay publishes it (unless an idempotency key
@@ -414,19 +422,7 @@ class OutboxRow:
     "outbox" (docs/transactional-enqueue.md).
     """
 
-    id: UUID
-    name: str
-    queue: str
-    input_json: str
-    idempotency_key: str | None
-    max_attempts: int | None
-    priority: int = 0
-    run_at: datetime | None = None
-    delay_ms: int = 0
-    tenant_id: str | None = None
-    traceparent: str | None = None
-    enqueued_by: str | None = None
-    concurrency_key: str | None = None
+    max_attempts: int | None  # None: XJOBS["MAX_ATTEMPTS"] when the relay publishes it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

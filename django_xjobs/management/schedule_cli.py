@@ -3,12 +3,12 @@ the scheduler's part of the ``xjobs`` command (kept here so that command stays o
 
 from __future__ import annotations
 
-import argparse
 from datetime import UTC, datetime
 from typing import Any
 
 from .. import clock, scheduler
 from ..maintenance import pruner
+from . import cli
 
 ACTIONS = ("schedule", "maintenance")
 
@@ -43,7 +43,7 @@ def handle(command: Any, options: dict[str, Any], as_json: bool) -> None:
     if action == "trigger":
         handle_ = scheduler.trigger(options["task"])
         if as_json:
-            command._emit({"action": "trigger", "task": options["task"],
+            cli.emit(command, {"action": "trigger", "task": options["task"],
                            "job_id": str(handle_.id), "created": handle_.created})
         else:
             command.stdout.write(f"trigger: task {options['task']} enqueued job {handle_.id}")
@@ -51,7 +51,7 @@ def handle(command: Any, options: dict[str, Any], as_json: bool) -> None:
     info = scheduler.pause(options["task"]) if action == "pause" else scheduler.resume(
         options["task"])
     if as_json:
-        command._emit({"action": action, "task": _task_dict(info)})
+        cli.emit(command, {"action": action, "task": _task_dict(info)})
     else:
         state = ("paused" if info.paused
                  else f"active; next fire {_when(info.next_fire_at)}")
@@ -71,7 +71,7 @@ def _when(value: datetime | None) -> str:
 def _list(command: Any, overview: Any, as_json: bool) -> None:
     leader = overview.leader
     if as_json:
-        command._emit({
+        cli.emit(command, {
             "mode": overview.mode,
             "leader": None if leader is None else {
                 name: getattr(leader, name) for name in leader.__dataclass_fields__},
@@ -106,13 +106,7 @@ def _list(command: Any, overview: Any, as_json: bool) -> None:
 def _maintenance(command: Any, as_json: bool) -> None:
     report = pruner.run_once()
     if as_json:
-        command._emit({"jobs": dict(report.jobs), "events": report.events,
+        cli.emit(command, {"jobs": dict(report.jobs), "events": report.events,
                        "outbox": report.outbox, "slots": report.slots})
     else:
         command.stdout.write(f"maintenance: {report.summary()}")
-
-
-def suppress_json(parser: Any) -> None:
-    # SUPPRESS: an absent sub-level flag must not reset `xjobs --json schedule`.
-    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                        help="machine-readable output")

@@ -134,13 +134,11 @@ class Leadership(abc.ABC):
         self._demote(why)
         self._next_attempt = clock.monotonic()  # find out who leads at the next tick
 
-    def _error(self, what: str, exc: BaseException, *, unreachable: bool = False) -> None:
+    def _error(self, what: str, exc: BaseException, *, reported: bool = False) -> None:
         # Keep the deadline: the lease may still be ours, and is_leader() ends it in time.
         # Retry soon, not a whole renewal interval later.
         self._next_attempt = min(self._next_attempt, clock.monotonic() + min(self.renew, 1.0))
-        if unreachable:  # could not connect at all: logged once per outage
-            reachability.database.failed(f"scheduler {what}", exc)
-        else:
+        if not reported:  # ``reported``: could not connect at all, logged once per outage
             log.warning("scheduler %s: %s failed (%s); retrying", self.holder, what, exc)
 
     @abc.abstractmethod
@@ -166,11 +164,8 @@ class LeaseLeadership(Leadership):
             expires_at = self.engine.leader_attempt_elect(
                 self.lock_key, self.holder, round(self.lease * 1000))
         except Exception as exc:
-            unreachable = False
-            if self.engine.is_connection_error(exc):
-                unreachable = reachability.connect_failed(self.engine.alias)
-                self.engine.reset_connection()
-            self._error("leader election", exc, unreachable=unreachable)
+            lost = reachability.connection_error(exc, "scheduler leader election", self.engine)
+            self._error("leader election", exc, reported=lost == reachability.UNREACHABLE)
             return
         reachability.database.reached()
         if expires_at is None:

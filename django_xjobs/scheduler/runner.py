@@ -258,14 +258,10 @@ class SchedulerDuty(Duty):
         return wait
 
     def _db_error(self, exc: BaseException) -> None:
-        if self.engine.is_connection_error(exc):
-            unreachable = reachability.connect_failed(self.engine.alias)
-            self.engine.reset_connection()
-            if unreachable:  # logged once per outage (worker/reachability.py)
-                reachability.database.failed("scheduler", exc)
-            else:
-                log.warning("scheduler: database connection lost (%s); retrying", exc)
-        else:
+        lost = reachability.connection_error(exc, "scheduler", self.engine)
+        if lost == reachability.LOST:
+            log.warning("scheduler: database connection lost (%s); retrying", exc)
+        elif lost is None:
             log.exception("scheduler: round failed; retrying")
         self.stop.wait(min(self.settings.leader_renew, 1.0))
 

@@ -88,18 +88,14 @@ class Heartbeat(threading.Thread):
                     self.lease_ms,
                 )
             except Exception as exc:
-                lost = self.engine.is_connection_error(exc)
-                unreachable = lost and reachability.connect_failed(self.engine.alias)
-                if lost:
-                    self.engine.reset_connection()
+                lost = reachability.connection_error(exc, "heartbeat", self.engine)
+                if lost is not None:
                     labelled = False
-                if unreachable:  # logged once per outage
-                    reachability.database.failed("heartbeat", exc)
-                else:
+                if lost != reachability.UNREACHABLE:
                     # A lost connection says all there is to say; anything else gets its
                     # traceback.
                     log.warning("heartbeat failed (%d leases not renewed this round): %s",
-                                len(runs), exc, exc_info=not lost)
+                                len(runs), exc, exc_info=lost is None)
                 continue
             finally:
                 self.in_call_since = None

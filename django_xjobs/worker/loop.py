@@ -1078,13 +1078,10 @@ class Worker:
     def _db_error(self, what: str, exc: BaseException) -> None:
         self.stats["db_errors"] += 1
         self._db_failures += 1
-        if self.engine.is_connection_error(exc):
-            unreachable = reachability.connect_failed(self.engine.alias)
-            self.engine.reset_connection()
+        lost = reachability.connection_error(exc, f"worker {what}", self.engine)
+        if lost is not None:
             self._labelled = False
-            if unreachable:  # logged once per outage (worker/reachability.py)
-                reachability.database.failed(f"worker {what}", exc)
-            else:
+            if lost == reachability.LOST:
                 log.info("%s: database connection lost (%s); reconnecting", what, exc)
         elif isinstance(exc, XJobsError):
             log.error("%s failed: %s", what, exc)

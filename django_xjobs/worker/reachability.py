@@ -15,10 +15,17 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING, Literal
 
 from .. import clock
 
+if TYPE_CHECKING:
+    from ..engines import Engine
+
 log = logging.getLogger("django_xjobs.worker")
+
+LOST: Literal["lost"] = "lost"
+UNREACHABLE: Literal["unreachable"] = "unreachable"
 
 
 class Reachability:
@@ -69,3 +76,25 @@ def connect_failed(alias: str) -> bool:
     from django.db import connections
 
     return connections[alias].connection is None
+
+
+def connection_error(exc: BaseException, who: str,
+                     *engines: Engine) -> Literal["lost", "unreachable"] | None:
+    """What a thread does first when a database call on ``engines`` raised ``exc``.
+
+    None: not a connection error; nothing was done, the caller logs it its own way. Otherwise
+    the engines' connections of this thread are reset (the next call reconnects) and the answer
+    says which: :data:`UNREACHABLE` when the connect itself failed, already reported to
+    :data:`database` (one line per outage, ``who`` naming the thread), or :data:`LOST` when an
+    open connection broke, which the caller logs as its own line.
+    """
+    if not any(engine.is_connection_error(exc) for engine in engines):
+        return None
+    # Asked before the reset, which drops the connection in either case.
+    unreachable = any(connect_failed(engine.alias) for engine in engines)
+    for engine in engines:
+        engine.reset_connection()
+    if unreachable:
+        database.failed(who, exc)
+        return UNREACHABLE
+    return LOST

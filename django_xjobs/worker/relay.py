@@ -29,9 +29,10 @@ from collections.abc import Callable
 from django.db import connections
 
 from .. import conf, outbox
-from ..engines import Engine, ListenerLost, get_engine
+from ..engines import Engine, Listener, get_engine
 from . import reachability
 from .duties import Duty
+from .listener import ListenerThread
 
 log = logging.getLogger("django_xjobs.worker")
 
@@ -79,12 +80,12 @@ class Relay(Duty):
                     if self.stop.is_set():
                         break
                     backoff = min(max(backoff * 2, 0.1), self.poll_interval)
-                    lost = self._is_connection_error(exc)
-                    if lost and self._connect_failed():  # logged once per outage
-                        reachability.database.failed("outbox relay", exc)
-                    else:
+                    lost = reachability.connection_error(exc, "outbox relay", *self._engines())
+                    if lost != reachability.UNREACHABLE:
                         log.warning("outbox relay: %s: %s; retrying in %.1fs",
-                                    type(exc).__name__, exc, backoff, exc_info=not lost)
+                                    type(exc).__name__, exc, backoff, exc_info=lost is None)
+                    # Whatever the error, the round's connections are reset (see the module
+                    # docstring); one that connection_error reset already is closed, a no-op.
                     self._reset_connections()
                     self.started.set()
                     self.stop.wait(backoff)
@@ -121,17 +122,14 @@ class Relay(Duty):
         self.stop.wait()
         self._wake.set()
 
-    def _is_connection_error(self, exc: BaseException) -> bool:
-        return any(get_engine(a).is_connection_error(exc) for a in self.aliases) or (
-            self.engine.is_connection_error(exc)
-        )
-
-    def _connect_failed(self) -> bool:
-        return any(reachability.connect_failed(a) for a in {*self.aliases, self.engine.alias})
+    def _engines(self) -> list[Engine]:
+        """The engine of every database a round uses (outbox aliases and the queue's), once."""
+        others = {*self.aliases} - {self.engine.alias}
+        return [self.engine, *(get_engine(alias) for alias in others)]
 
     def _reset_connections(self) -> None:
-        for alias in {*self.aliases, self.engine.alias}:
-            get_engine(alias).reset_connection()
+        for engine in self._engines():
+            engine.reset_connection()
         self._labelled.clear()
 
     def close_connection(self) -> None:
@@ -142,44 +140,15 @@ class Relay(Duty):
                 log.debug("relay: closing its %r connection failed", alias, exc_info=True)
 
 
-class OutboxListener(threading.Thread):
+class OutboxListener(ListenerThread):
     """LISTENs for stagings on one outbox alias and wakes the relay (see the module docstring)."""
+
+    what = "outbox LISTEN"
 
     def __init__(self, *, engine: Engine, label: str, wake: Callable[[], None],
                  stop: threading.Event) -> None:
-        super().__init__(name=f"xjobs-relay-listen-{engine.alias}", daemon=True)
-        self.engine = engine
-        self.label = label
-        self._wake = wake
-        self._stop = stop
-        self.connected = threading.Event()
-        self.connects = 0
-        self.backend_pid: int | None = None
+        super().__init__(name=f"xjobs-relay-listen-{engine.alias}", engine=engine, label=label,
+                         wake=wake, stop=stop)
 
-    def run(self) -> None:
-        wake = self._wake
-        backoff = 0.1
-        while not self._stop.is_set():
-            try:
-                listener = self.engine.outbox_listener(self.label)
-            except ListenerLost as exc:
-                # The first failure in a row only: a database that is down fails every try.
-                log.log(logging.WARNING if backoff == 0.1 else logging.DEBUG,
-                        "outbox LISTEN connection failed (%s); retrying with backoff", exc)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            backoff = 0.1
-            try:  # from here on, however this ends, the connection is closed
-                self.connects += 1
-                self.backend_pid = getattr(listener, "backend_pid", lambda: None)()
-                self.connected.set()
-                wake()
-                while not self._stop.is_set():
-                    if listener.wait(0.5):
-                        wake()
-            except ListenerLost as exc:
-                log.warning("outbox LISTEN connection lost (%s); polling until it is back", exc)
-            finally:
-                self.connected.clear()
-                listener.close()
+    def _connect(self) -> Listener:
+        return self.engine.outbox_listener(self.label)

@@ -17,45 +17,23 @@ workers, jobs, why, steps, outbox, slots, backfills, scheduler, delete.
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
-from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError
 
 from ... import api, outbox, reads, slots
 from ...engines import get_engine
-from ...exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
+from ...exceptions import ConfigurationError
 from ...records import (
     TERMINAL_STATES,
     ChangeResult,
-    JobRecord,
     SlotRecord,
     SlotUsage,
-    StepRecord,
 )
 from ...values import parse_duration
-from .. import console_cli, schedule_cli
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, UUID):
-        return str(value)
-    return value
-
-
-def job_dict(job: JobRecord) -> dict[str, Any]:
-    return {name: _jsonable(getattr(job, name)) for name in job.__dataclass_fields__}
-
-
-def step_dict(step: StepRecord) -> dict[str, Any]:
-    return {name: _jsonable(getattr(step, name)) for name in step.__dataclass_fields__
-            if name != "due"}
+from .. import cli, console_cli, schedule_cli
 
 
 def _age(seconds: float | None) -> str:
@@ -66,11 +44,6 @@ def _age(seconds: float | None) -> str:
     if seconds < 7200:
         return f", oldest {seconds / 60:.0f}m"
     return f", oldest {seconds / 3600:.1f}h"
-
-
-def _preview(value: Any, limit: int = 60) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Command(BaseCommand):
@@ -101,18 +74,15 @@ class Command(BaseCommand):
         # ---- console ---- the console's subcommands (dashboard, health, jobs, why, ...)
         console_parsers = console_cli.add_parsers(sub)
         # ---- end console ----
-        for p in (show, cancel, retry, run_now, events, purge, slots_cmd, *console_parsers):
-            # SUPPRESS: an absent sub-level flag must not reset `xjobs --json show ID`.
-            p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                           help="machine-readable output")
-        for p in schedule_cli.add_arguments(sub):  # ---- scheduler ----
-            schedule_cli.suppress_json(p)
+        for p in (show, cancel, retry, run_now, events, purge, slots_cmd, *console_parsers,
+                  *schedule_cli.add_arguments(sub)):
+            cli.add_json_flag(p)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options.get("action")
         as_json = options["json"]
         _refuse_nul(options)
-        try:
+        with cli.command_errors():
             if action is None:
                 self._stats(as_json)
             elif action == "show":
@@ -140,15 +110,8 @@ class Command(BaseCommand):
             elif action in console_cli.ACTIONS:
                 console_cli.run(self, action, options, as_json)
             # ---- end console ----
-        except LiveJobExists as exc:
-            raise CommandError(f"{exc} (see: manage.py xjobs show {exc.live_job_id})") from None
-        except (JobNotFound, ConfigurationError, XJobsError) as exc:
-            raise CommandError(str(exc)) from None
 
     # ---------------------------------------------------------------------------------------
-    def _emit(self, data: Any) -> None:
-        self.stdout.write(json.dumps(data, indent=2, default=_jsonable))
-
     def _stats(self, as_json: bool) -> None:
         engine = get_engine()
         rows = engine.queue_stats()
@@ -157,7 +120,7 @@ class Command(BaseCommand):
         held = engine.slots_usage(limit=STATS_SLOT_KEYS + 1)
         limits = reads.key_limits(u.slot_key for u in held[:STATS_SLOT_KEYS])
         if as_json:
-            self._emit({
+            cli.emit(self, {
                 "queues": [
                     {"queue": r.queue, "ready": r.ready, "delayed": r.delayed,
                      "running": r.running, "suspended": r.suspended, "dead": r.dead,
@@ -205,14 +168,14 @@ class Command(BaseCommand):
         decode is printed as stored, with a note, instead of ending the command)."""
         steps = reads.run_steps(job.run_id, limit=None)
         if as_json:
-            self._emit({**reads.as_json(job), "steps": reads.as_json(steps)})
+            cli.emit(self, {**reads.as_json(job), "steps": reads.as_json(steps)})
             return
         fields = ("id", "name", "queue", "state", "attempt", "max_attempts", "priority",
                   "run_at", "created_at", "updated_at", "started_at", "finished_at",
                   "claimed_by", "tenant_id", "idempotency_key", "run_id", "enqueued_by",
                   "traceparent", "rescues", "concurrency_key")
         for name in fields:
-            self.stdout.write(f"{name:>16}: {_jsonable(getattr(job, name))}")
+            self.stdout.write(f"{name:>16}: {cli.jsonable(getattr(job, name))}")
         shown = reads.shown_json(job, "input", limit=None)
         self.stdout.write(f"{'input':>16}: {console_cli.block(shown)}")
         result = reads.shown_json(job, "result", limit=None)
@@ -223,12 +186,12 @@ class Command(BaseCommand):
         if steps:
             self.stdout.write(f"\nsteps ({len(steps)}):")
             for step in steps:
-                when = _jsonable(step.completed_at or step.wake_at or step.started_at)
+                when = cli.jsonable(step.completed_at or step.wake_at or step.started_at)
                 detail = ""
                 if step.status == "completed":
                     detail = console_cli.preview(reads.shown_json(step, "output", limit=None))
                 elif step.status in ("sleeping", "waiting"):
-                    detail = f"until {_jsonable(step.wake_at)}" + (
+                    detail = f"until {cli.jsonable(step.wake_at)}" + (
                         f" for event {step.event!r}" if step.event else "")
                 elif step.error:
                     detail = step.error.strip().splitlines()[-1]
@@ -239,8 +202,8 @@ class Command(BaseCommand):
         job = result.job
         assert job is not None
         if as_json:
-            self._emit({"action": action, "changed": result.changed, "reason": result.reason,
-                        "job": job_dict(job)})
+            cli.emit(self, {"action": action, "changed": result.changed, "reason": result.reason,
+                        "job": cli.record_dict(job)})
             return
         if result.changed:
             self.stdout.write(f"{action}: job {job.id} ({job.name}) is now {job.state}")
@@ -249,13 +212,13 @@ class Command(BaseCommand):
 
     def _events(self, events: list[Any], as_json: bool) -> None:
         if as_json:
-            self._emit(reads.as_json(events))
+            cli.emit(self, reads.as_json(events))
             return
         if not events:
             self.stdout.write("(no events)")
         for e in events:
             key = f" key={e.correlation_key}" if e.correlation_key else ""
-            self.stdout.write(f"{_jsonable(e.published_at)}  #{e.id} {e.name}{key}  "
+            self.stdout.write(f"{cli.jsonable(e.published_at)}  #{e.id} {e.name}{key}  "
                               f"{console_cli.preview(reads.shown_json(e, 'payload', limit=None))}")
 
     def _purge(self, options: dict[str, Any], as_json: bool) -> None:
@@ -266,7 +229,7 @@ class Command(BaseCommand):
         states = tuple(options["state"] or TERMINAL_STATES)
         deleted = api.purge(older_than=timedelta(seconds=age), states=states)
         if as_json:
-            self._emit({"deleted": deleted, "states": list(states), "older_than_seconds": age})
+            cli.emit(self, {"deleted": deleted, "states": list(states), "older_than_seconds": age})
         else:
             self.stdout.write(f"purged {deleted} finished job(s) ({', '.join(states)}) older "
                               f"than {options['older_than']}")
@@ -287,7 +250,7 @@ class Command(BaseCommand):
     def _slots(self, records: list[SlotRecord], as_json: bool) -> None:
         limits = reads.slot_limits((r.slot_key, r.holder) for r in records)
         if as_json:
-            self._emit([_slot_json(r, limits[(r.slot_key, r.holder)]) for r in records])
+            cli.emit(self, [_slot_json(r, limits[(r.slot_key, r.holder)]) for r in records])
             return
         if not records:
             self.stdout.write("(no slots held)")

@@ -16,32 +16,15 @@ import argparse
 import json
 from datetime import datetime
 from typing import Any
-from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError
 
 from ... import backfills, registry
-from ...exceptions import ConfigurationError, LiveJobExists, XJobsError
+from ...exceptions import ConfigurationError
 from ...records import BACKFILL_STATUSES, BackfillRecord
+from .. import cli
 
 LIST_ONLY = ("name", "status", "run_id", "limit")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, UUID):
-        return str(value)
-    return value
-
-
-def record_dict(record: BackfillRecord) -> dict[str, Any]:
-    return {name: _jsonable(getattr(record, name)) for name in record.__dataclass_fields__}
-
-
-def progress_dict(progress: backfills.Progress) -> dict[str, Any]:
-    return {name: _jsonable(getattr(progress, name))
-            for name in progress.__dataclass_fields__}
 
 
 def _preview(value: Any, limit: int = 24) -> str:
@@ -104,8 +87,7 @@ class Command(BaseCommand):
         retry = sub.add_parser("retry", help="resume a failed or cancelled pass from its cursor")
         retry.add_argument("run", metavar="RUN_ID")
         for p in (start, show, cancel, retry):
-            p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                           help="machine-readable output")
+            cli.add_json_flag(p)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options.get("action")
@@ -116,7 +98,7 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"{', '.join(given) or '--list'} only go(es) with --list, not with {action}"
                 )
-        try:
+        with cli.command_errors():
             if action is None:
                 self._list(options, as_json)
             elif action == "start":
@@ -127,15 +109,8 @@ class Command(BaseCommand):
                 self._cancel(backfills.cancel(options["run"]), as_json)
             elif action == "retry":
                 self._retry(backfills.retry(options["run"]), as_json)
-        except LiveJobExists as exc:
-            raise CommandError(f"{exc} (see: manage.py xjobs show {exc.live_job_id})") from None
-        except XJobsError as exc:
-            raise CommandError(str(exc)) from None
 
     # ---------------------------------------------------------------------------------------
-    def _emit(self, data: Any) -> None:
-        self.stdout.write(json.dumps(data, indent=2, default=_jsonable))
-
     def _start(self, options: dict[str, Any], as_json: bool) -> None:
         name = options["backfill"]
         if options["dry_run"]:
@@ -152,7 +127,7 @@ class Command(BaseCommand):
         definition = backfills.get(name)
         queues = registry.worked_queues()
         if as_json:
-            self._emit({"name": handle.name, "run_id": handle.run_id, "job_id": handle.job_id,
+            cli.emit(self, {"name": handle.name, "run_id": handle.run_id, "job_id": handle.job_id,
                         "created": handle.created, "queue": definition.queue,
                         "queue_in_settings": definition.queue in queues})
             return
@@ -174,7 +149,7 @@ class Command(BaseCommand):
         total, total_error = backfills.count_total(backfills.get(report.name))
         seconds = sum(b.seconds for b in report.batches)
         if as_json:
-            self._emit({"name": report.name, "batch_size": report.batch_size,
+            cli.emit(self, {"name": report.name, "batch_size": report.batch_size,
                         "rows": report.rows, "finished": report.finished,
                         "stalled": report.stalled, "total": total,
                         "total_error": total_error, "seconds": seconds,
@@ -210,7 +185,7 @@ class Command(BaseCommand):
                                      run_id=options["run_id"],
                                      limit=50 if options["limit"] is None else options["limit"])
         if as_json:
-            self._emit([record_dict(r) for r in rows])
+            cli.emit(self, [cli.record_dict(r) for r in rows])
             return
         if not rows:
             self.stdout.write("(no backfill passes)")
@@ -234,7 +209,7 @@ class Command(BaseCommand):
     def _show(self, record: BackfillRecord, as_json: bool) -> None:
         progress = backfills.progress(record)
         if as_json:
-            self._emit({**record_dict(record), "progress": progress_dict(progress)})
+            cli.emit(self, {**cli.record_dict(record), "progress": cli.record_dict(progress)})
             return
         job = (f"{record.job_id} ({record.job_state}, attempt {record.job_attempt})"
                if record.job_state else f"{record.job_id} (gone)")
@@ -276,8 +251,8 @@ class Command(BaseCommand):
     def _cancel(self, change: backfills.PassChange, as_json: bool) -> None:
         record = change.record
         if as_json:
-            self._emit({"action": "cancel", "changed": change.changed, "reason": change.reason,
-                        "pass": record_dict(record)})
+            cli.emit(self, {"action": "cancel", "changed": change.changed, "reason": change.reason,
+                        "pass": cli.record_dict(record)})
             return
         if change.changed:
             self.stdout.write(
@@ -292,8 +267,8 @@ class Command(BaseCommand):
     def _retry(self, handle: backfills.PassHandle, as_json: bool) -> None:
         record = backfills.get_pass(handle.run_id)
         if as_json:
-            self._emit({"action": "retry", "run_id": handle.run_id, "job_id": handle.job_id,
-                        "changed": handle.created, "pass": record_dict(record)})
+            cli.emit(self, {"action": "retry", "run_id": handle.run_id, "job_id": handle.job_id,
+                        "changed": handle.created, "pass": cli.record_dict(record)})
             return
         self.stdout.write(
             f"retry: pass {record.run_id} ({record.name}) resumes from cursor "

@@ -18,6 +18,7 @@ from ...values import parse_duration
 from ...worker.loop import new_worker_id
 from ...worker.relay import Relay
 from ...worker.shutdown import ShutdownSignals
+from .. import cli
 
 
 class Command(BaseCommand):
@@ -63,8 +64,7 @@ class Command(BaseCommand):
                 raise CommandError(f"relay failed: {exc}") from None
             self.stdout.write(f"relayed {moved} staged job(s)")
             return
-        if options["verbosity"] >= 1 and not logging.getLogger("django_xjobs").hasHandlers():
-            _log_to_stderr(options["verbosity"])
+        cli.log_to_stderr(options["verbosity"])
         log = logging.getLogger("django_xjobs.worker")
         stop = threading.Event()
         worker_id = options["worker_id"] or new_worker_id()
@@ -80,11 +80,3 @@ class Command(BaseCommand):
             signals.uninstall()
             relay.close_connection()
         log.info("relay %s stopped: %d staged job(s) relayed", worker_id, relay.relayed)
-
-
-def _log_to_stderr(verbosity: int) -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("django_xjobs")
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG if verbosity >= 3 else logging.INFO)

@@ -17,7 +17,7 @@ from ...engines import get_engine
 from ...scheduler.runner import SchedulerDuty
 from ...worker.loop import new_worker_id
 from ...worker.shutdown import ShutdownSignals
-from .xjobs_worker import _log_to_stderr
+from .. import cli
 
 log = logging.getLogger("django_xjobs.scheduler")
 
@@ -32,8 +32,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.check(tags=["django_xjobs"], display_num_errors=False)
-        if options["verbosity"] >= 1 and not logging.getLogger("django_xjobs").hasHandlers():
-            _log_to_stderr(options["verbosity"])
+        cli.log_to_stderr(options["verbosity"])
         stop = threading.Event()
         duty = SchedulerDuty(engine=get_engine(), worker_id=options["scheduler_id"]
                              or new_worker_id(), stop=stop)

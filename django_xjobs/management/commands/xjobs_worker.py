@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from typing import Any
@@ -16,6 +15,7 @@ from ...values import NAME_RE, parse_duration
 from ...worker import duties
 from ...worker.loop import Worker, WorkerOptions
 from ...worker.supervisor import Supervisor
+from .. import cli
 
 
 def _prefetch(value: str) -> int | str:
@@ -109,8 +109,7 @@ class Command(BaseCommand):
                 f"--lease ({worker_options.lease:g}s) must be at least 3 x the heartbeat "
                 f"interval ({worker_options.heartbeat:g}s)"
             )
-        if options["verbosity"] >= 1 and not logging.getLogger("django_xjobs").hasHandlers():
-            _log_to_stderr(options["verbosity"])
+        cli.log_to_stderr(options["verbosity"])
         if options["processes"] < 1:
             raise CommandError("--processes must be >= 1")
         if options["processes"] > 1:
@@ -150,11 +149,3 @@ def _child_env() -> dict[str, str]:
     # (manage.py's directory is on it only because it is the script's directory).
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return env
-
-
-def _log_to_stderr(verbosity: int) -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("django_xjobs")
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG if verbosity >= 3 else logging.INFO)
