@@ -45,14 +45,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.db import connections
+
 from .. import api, clock, conf, faults, registry
 from ..engines import Engine
 from ..exceptions import InvalidJobInput, UnknownJob
+from ..maintenance import pruner
 from ..records import EnqueueParams, LeaderFence
 from ..worker import reachability
 from ..worker.duties import Duty
 from . import cron, leadership
-from .schedule import Task
+from .schedule import Task, collect
 
 log = logging.getLogger("django_xjobs.scheduler")
 
@@ -210,8 +213,6 @@ class SchedulerDuty(Duty):
         self.maintenance: Maintenance | None = None
 
     def _tasks(self) -> list[Task]:
-        from .schedule import collect
-
         tasks, problems = collect()
         for problem in problems:  # the system checks stop a misconfigured worker first
             log.error("cron task %s is not scheduled: %s", problem.task, problem.message)
@@ -225,7 +226,6 @@ class SchedulerDuty(Duty):
                                            interval=self.settings.maintenance_interval,
                                            stop=self.stop)
             self.maintenance.start()
-        from django.db import connections
 
         try:
             while not self.stop.is_set():
@@ -280,9 +280,7 @@ class Maintenance(threading.Thread):
         self.runs = 0
 
     def run(self) -> None:
-        from django.db import connections
 
-        from ..maintenance import pruner
 
         try:
             # The first run waits one interval: a restarted fleet does not purge at start-up.

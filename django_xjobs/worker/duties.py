@@ -31,6 +31,8 @@ import logging
 import threading
 from importlib import import_module
 
+from django.db import connections
+
 from ..engines import Engine
 
 log = logging.getLogger("django_xjobs.worker")
@@ -58,8 +60,6 @@ class Duty(abc.ABC):
         """Loop until :attr:`stop` is set (see the module docstring for the contract)."""
 
     def close_connection(self) -> None:
-        from django.db import connections
-
         try:
             connections[self.engine.alias].close()
         except Exception:  # best effort: the connection may be broken already

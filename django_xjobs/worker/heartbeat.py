@@ -31,6 +31,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from django.db import connections
+
 from .. import clock
 from ..engines import Engine
 from . import reachability
@@ -139,8 +141,6 @@ class Heartbeat(threading.Thread):
     def _close(self) -> None:
         # Closing is best effort; the thread may be abandoned with a hung connection.
         try:
-            from django.db import connections
-
             connections[self.engine.alias].close()
         except Exception:
             pass

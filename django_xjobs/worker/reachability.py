@@ -1,11 +1,10 @@
 """Whether this process reaches its database: one warning when it stops, one when it is back.
 
 Every thread of a worker (the loop, the heartbeat, the scheduler, the relay) retries on its own
-when a database call fails. While the server is down, each of those attempts
-fails to connect, and a warning per attempt drowned the log (about a hundred per 30 s). So a
-failure to CONNECT is reported here instead: the first one since the database was last reached
-logs "database unreachable", the others only at DEBUG, and the first success after that logs
-"database reachable again" with how long it took and how many attempts failed. A connection that
+when a database call fails. While the server is down, each of those attempts fails to connect,
+and a warning per attempt would drown the log. So a failure to CONNECT is reported here
+instead: the first one since the database was last reached logs "database unreachable", the
+others only at DEBUG, and the first success after that logs "database reachable again" with how long it took and how many attempts failed. A connection that
 breaks under a thread (a server restart, a terminated backend) is still that thread's own line:
 its next attempt reconnects, or reports here. The LISTEN threads, whose connections are their
 own (not Django's), log the first failure of a row of reconnects and are quiet for the rest.
@@ -16,6 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 from typing import TYPE_CHECKING, Literal
+
+from django.db import connections
 
 from .. import clock
 
@@ -73,7 +74,6 @@ database = Reachability()
 def connect_failed(alias: str) -> bool:
     """After a connection error on this thread's Django connection of ``alias`` (and before
     any reset): whether the connect itself failed, i.e. there is no connection at all."""
-    from django.db import connections
 
     return connections[alias].connection is None
 
