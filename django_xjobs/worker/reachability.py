@@ -2,12 +2,13 @@
 
 Every thread of a worker (the loop, the heartbeat, the scheduler, the relay) retries on its own
 when a database call fails. While the server is down, each of those attempts fails to connect,
-and a warning per attempt would drown the log. So a failure to CONNECT is reported here
-instead: the first one since the database was last reached logs "database unreachable", the
-others only at DEBUG, and the first success after that logs "database reachable again" with
-how long it took and how many attempts failed. A connection that breaks under a thread (a server restart, a terminated backend) is still that thread's own line:
-its next attempt reconnects, or reports here. The LISTEN threads, whose connections are their
-own (not Django's), log the first failure of a row of reconnects and are quiet for the rest.
+and a warning per attempt would drown the log. So a failure to CONNECT is reported here instead:
+the first one since the database was last reached logs "database unreachable", the others only
+at DEBUG, and the first success after that logs "database reachable again" with how long it took
+and how many attempts failed. A connection that breaks under a thread (a server restart, a
+terminated backend) is still that thread's own line: its next attempt reconnects, or reports
+here. The LISTEN threads, whose connections are their own (not Django's), log the first failure
+of a row of reconnects and are quiet for the rest.
 """
 
 from __future__ import annotations
