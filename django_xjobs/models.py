@@ -80,7 +80,7 @@ class Job(models.Model):
     enqueued_by = models.TextField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
-    # Beyond the minimal job row: priority, result, tenant, timings (docs/architecture.md).
+    # Priority, result, the fence and timings: docs/design.md, "x_jobs".
     priority = models.IntegerField(default=0, db_default=0)
     result = models.JSONField(null=True, blank=True)
     lease_token = models.UUIDField(null=True, blank=True)
@@ -163,7 +163,7 @@ class JobStep(models.Model):
     correlation_key = models.TextField(null=True, blank=True)
     attempts = models.IntegerField(default=1, db_default=1)
     error = models.TextField(null=True, blank=True)
-    # Additions of ours: the event an event wait consumed (id and publication time). A run's
+    # The event an event wait consumed (id and publication time). A run's
     # next wait on the same event starts after it, so waits consume events in order.
     event_id = models.BigIntegerField(null=True, blank=True)
     event_published_at = models.DateTimeField(null=True, blank=True)
@@ -220,7 +220,7 @@ class OutboxEntry(models.Model):
     traceparent = models.TextField(null=True, blank=True)
     enqueued_by = models.TextField(null=True, blank=True)
     published_at = models.DateTimeField(null=True, blank=True)
-    # Additions of ours: every enqueue option survives the trip through the outbox.
+    # Every enqueue option survives the trip through the outbox.
     priority = models.IntegerField(default=0, db_default=0)
     delay_ms = models.BigIntegerField(default=0, db_default=0)
     concurrency_key = models.TextField(null=True, blank=True)
