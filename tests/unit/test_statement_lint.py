@@ -1,13 +1,15 @@
-"""The wire format is a set of named, commented statements (STYLE habit 1), and
-``manage.py xjobs_sql`` prints each one as text an operator can paste into psql.
+"""The wire format is a set of named, commented statements, each declared once in the module
+of its table family, and ``manage.py xjobs_sql`` prints each one as text an operator can paste
+into psql.
 
-No database: these tests read the statements module and the command's output only.
+No database: these tests read the statements package and the command's output only.
 (That the printed PREPAREs are accepted by PostgreSQL is checked in
 tests/integration/test_commands.py.)
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from io import StringIO
 from pathlib import Path
@@ -51,6 +53,26 @@ def test_each_statement_is_filed_under_its_own_name(key, stmt):
     assert re.fullmatch(r"[a-z][a-z0-9_]*", stmt.name), "names are snake_case, noun first"
 
 
+def test_each_statement_is_declared_in_one_family_module_and_listed_in_all():
+    # The package re-exports what its family modules declare, and ALL lists each statement by
+    # hand (in a fixed order): a statement declared in two modules, or added to a module but
+    # not to ALL, would be run by one name and shown by xjobs_sql under another, or not at all.
+    package = Path(S.__file__).parent
+    declared: dict[str, list[str]] = {}
+    for path in sorted(package.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        module = importlib.import_module(f"{S.__name__}.{path.stem}")
+        for value in vars(module).values():
+            if isinstance(value, Statement):
+                declared.setdefault(value.name, []).append(path.stem)
+                assert S.ALL.get(value.name) is value, f"{path.stem}.{value.name} is not in ALL"
+    twice = {name: modules for name, modules in declared.items() if len(modules) > 1}
+    assert twice == {}, f"declared in more than one module: {twice}"
+    assert set(declared) == set(S.ALL), set(declared) ^ set(S.ALL)
+    assert "fragments" not in {m for modules in declared.values() for m in modules}
+
+
 def test_every_statement_constant_is_in_all_under_the_constants_name():
     # ALL is keyed by Statement.name: two constants that share a name would silently collapse
     # into one entry, and the engine would run a statement xjobs_sql never shows.
@@ -87,7 +109,8 @@ def test_each_statement_is_a_single_statement(key, stmt):
     ids=[k for k in IDS if k.endswith("_if_owned")],
 )
 def test_each_if_owned_write_is_fenced_on_the_token_and_running(key, stmt):
-    # SPEC "Fencing": every write a worker makes about a run matches (id, running, token).
+    # Every write a worker makes about a run matches (id, running, token): docs/architecture.md,
+    # "Fencing".
     sql = " ".join(stmt.sql.split())
     assert re.search(r"lease_token = (%\(token\)s(::uuid)?|v\.token)", sql), key
     assert re.search(r"state = 'running'", sql), key
