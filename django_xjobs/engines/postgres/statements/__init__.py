@@ -36,8 +36,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
   console's delete of finished jobs, the health of the tables and what holds VACUUM back.
 * ``reads``: whole job rows for people: one by id (job_get), a filtered listing (jobs_list).
 * ``connections``: no table: a connection's label, LISTEN on the job channel, the clock.
-* ``fragments``: SQL text several families share (``CHANNEL``, ``LIVE``, ``JOB_COLUMNS``); it
-  declares no statement.
+* ``fragments``: SQL text several statements share (``CHANNEL``, ``LIVE``, ``JOB_COLUMNS``, the
+  enqueue's insert); it declares no statement.
 """
 
 from __future__ import annotations

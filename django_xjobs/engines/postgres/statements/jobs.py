@@ -10,7 +10,14 @@ job rows in reads.py.
 from __future__ import annotations
 
 from ...base import Statement
-from .fragments import JOB_COLUMNS, LIVE
+from .fragments import (
+    CHANNEL,
+    JOB_COLUMNS,
+    LIVE,
+    ON_LIVE_KEY_CONFLICT,
+    enqueue_batch_sql,
+    insert_job_sql,
+)
 
 # --------------------------------------------------------------------------------- enqueue --
 
@@ -34,25 +41,14 @@ The NOTIFY names the queue and nothing else, is sent only for a job due now, and
 transactional: delivered on commit, and PostgreSQL folds identical notifications of one
 transaction into one, so an enqueue loop in one transaction wakes workers once.
 """,
-    sql="""
+    sql=f"""
 with inserted as (
-    insert into x_jobs
-        (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
-         tenant_id, traceparent, enqueued_by, concurrency_key)
-    select %(id)s::uuid, %(name)s, %(queue)s, %(input)s::jsonb, %(key)s::text,
-           %(run_id)s::uuid, %(max_attempts)s::int, %(priority)s::int,
-           case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
-           %(tenant_id)s, %(traceparent)s, %(enqueued_by)s, %(concurrency_key)s
-      from (select coalesce(%(run_at)s::timestamptz,
-                            now() + %(delay_ms)s * interval '1 millisecond') as run_at) t
-    on conflict (name, (coalesce(tenant_id, '')), idempotency_key)
-       where state in ('ready', 'delayed', 'running', 'suspended')
-         and not (idempotency_key = id::text)
-       do nothing
+{insert_job_sql('%(key)s::text', indent='    ')}
+{ON_LIVE_KEY_CONFLICT}
     returning id, run_id, state, queue
 )
 select id, run_id, state,
-       case when %(notify)s and state = 'ready' then pg_notify('xjobs', queue) end
+       case when %(notify)s and state = 'ready' then pg_notify('{CHANNEL}', queue) end
   from inserted
 """,
 )
@@ -66,18 +62,10 @@ enqueue a third of its server time, for a conflict that cannot happen; the live-
 these rows out (`not (idempotency_key = id::text)`), so their claims and acks do not maintain it
 either. Same NOTIFY rule as job_enqueue.
 """,
-    sql="""
-insert into x_jobs
-    (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
-     tenant_id, traceparent, enqueued_by, concurrency_key)
-select %(id)s::uuid, %(name)s, %(queue)s, %(input)s::jsonb, %(id)s::uuid::text,
-       %(run_id)s::uuid, %(max_attempts)s::int, %(priority)s::int,
-       case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
-       %(tenant_id)s, %(traceparent)s, %(enqueued_by)s, %(concurrency_key)s
-  from (select coalesce(%(run_at)s::timestamptz,
-                        now() + %(delay_ms)s * interval '1 millisecond') as run_at) t
+    sql=f"""
+{insert_job_sql('%(id)s::uuid::text')}
 returning id, run_id, state,
-          case when %(notify)s and state = 'ready' then pg_notify('xjobs', queue) end
+          case when %(notify)s and state = 'ready' then pg_notify('{CHANNEL}', queue) end
 """,
 )
 
@@ -97,38 +85,7 @@ their inputs, zipped by position: the client makes one json.dumps call and one s
 instead of fourteen parameter arrays dumped element by element, which cost more than the insert
 itself at a thousand rows.
 """,
-    sql="""
-with rows as (
-    select (m.e->>0)::uuid as id, m.e->>1 as name, m.e->>2 as queue, i.e as input,
-           m.e->>3 as key, (m.e->>4)::uuid as run_id, (m.e->>5)::int as max_attempts,
-           (m.e->>6)::int as priority, (m.e->>7)::timestamptz as run_at,
-           (m.e->>8)::bigint as delay_ms, m.e->>9 as tenant_id, m.e->>10 as traceparent,
-           m.e->>11 as enqueued_by, m.e->>12 as concurrency_key
-      from jsonb_array_elements(%(meta)s::jsonb) with ordinality as m(e, n)
-      join jsonb_array_elements(%(inputs)s::jsonb) with ordinality as i(e, n) using (n)
-), inserted as (
-    insert into x_jobs
-        (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
-         tenant_id, traceparent, enqueued_by, concurrency_key)
-    select r.id, r.name, r.queue, r.input, r.key, r.run_id, r.max_attempts,
-           r.priority, case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
-           r.tenant_id, r.traceparent, r.enqueued_by, r.concurrency_key
-      from rows r
-      cross join lateral (
-          select coalesce(r.run_at, now() + r.delay_ms * interval '1 millisecond') as run_at
-      ) t
-    on conflict (name, (coalesce(tenant_id, '')), idempotency_key)
-       where state in ('ready', 'delayed', 'running', 'suspended')
-         and not (idempotency_key = id::text)
-       do nothing
-    returning id, state, queue
-), notified as (
-    select pg_notify('xjobs', q.queue)
-      from (select distinct queue from inserted where state = 'ready') q
-     where %(notify)s
-)
-select id, state from inserted where (select count(*) from notified) >= 0
-""",
+    sql=enqueue_batch_sql("r.key", ON_LIVE_KEY_CONFLICT),
 )
 
 JOBS_ENQUEUE_UNKEYED = Statement(
@@ -137,34 +94,7 @@ JOBS_ENQUEUE_UNKEYED = Statement(
 jobs_enqueue for items without a key (each keyed by its own id): a plain insert, for the reason
 given at job_enqueue_unkeyed. Same batch format and NOTIFY rule as jobs_enqueue.
 """,
-    sql="""
-with rows as (
-    select (m.e->>0)::uuid as id, m.e->>1 as name, m.e->>2 as queue, i.e as input,
-           m.e->>3 as key, (m.e->>4)::uuid as run_id, (m.e->>5)::int as max_attempts,
-           (m.e->>6)::int as priority, (m.e->>7)::timestamptz as run_at,
-           (m.e->>8)::bigint as delay_ms, m.e->>9 as tenant_id, m.e->>10 as traceparent,
-           m.e->>11 as enqueued_by, m.e->>12 as concurrency_key
-      from jsonb_array_elements(%(meta)s::jsonb) with ordinality as m(e, n)
-      join jsonb_array_elements(%(inputs)s::jsonb) with ordinality as i(e, n) using (n)
-), inserted as (
-    insert into x_jobs
-        (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
-         tenant_id, traceparent, enqueued_by, concurrency_key)
-    select r.id, r.name, r.queue, r.input, r.id::text, r.run_id, r.max_attempts,
-           r.priority, case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
-           r.tenant_id, r.traceparent, r.enqueued_by, r.concurrency_key
-      from rows r
-      cross join lateral (
-          select coalesce(r.run_at, now() + r.delay_ms * interval '1 millisecond') as run_at
-      ) t
-    returning id, state, queue
-), notified as (
-    select pg_notify('xjobs', q.queue)
-      from (select distinct queue from inserted where state = 'ready') q
-     where %(notify)s
-)
-select id, state from inserted where (select count(*) from notified) >= 0
-""",
+    sql=enqueue_batch_sql("r.id::text"),
 )
 
 JOBS_COPY = Statement(
@@ -189,7 +119,7 @@ JOBS_NOTIFY_QUEUES = Statement(
 One NOTIFY per queue for the jobs a jobs_copy just added (delivered on commit, like the
 enqueue statements' own NOTIFY).
 """,
-    sql="select count(pg_notify('xjobs', q)) from unnest(%(queues)s::text[]) as q",
+    sql=f"select count(pg_notify('{CHANNEL}', q)) from unnest(%(queues)s::text[]) as q",
 )
 
 JOB_FIND_LIVE_BY_KEY = Statement(
@@ -527,7 +457,7 @@ with retried as (
        and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
     returning {JOB_COLUMNS}
 )
-select {JOB_COLUMNS}, case when %(notify)s then pg_notify('xjobs', queue) end from retried
+select {JOB_COLUMNS}, case when %(notify)s then pg_notify('{CHANNEL}', queue) end from retried
 """,
 )
 
@@ -556,7 +486,7 @@ with moved as (
      where s.run_id = m.run_id and s.status in ('sleeping', 'waiting')
     returning 1
 )
-select {JOB_COLUMNS}, case when %(notify)s then pg_notify('xjobs', queue) end
+select {JOB_COLUMNS}, case when %(notify)s then pg_notify('{CHANNEL}', queue) end
   from moved
  where (select count(*) from ended_waits) >= 0
 """,
@@ -604,7 +534,7 @@ that token on the row, and any later claim replaces it, so a job that was claime
 (and perhaps failed into a backoff, or snoozed) is not touched. Only rows still waiting
 (`run_at > now()`) move. NOTIFY wakes the other workers of the queues, at most once per queue.
 """,
-    sql="""
+    sql=f"""
 with woken as (
     update x_jobs j
        set run_at = now(), updated_at = now()
@@ -614,7 +544,7 @@ with woken as (
     returning j.queue
 )
 select (select count(*) from woken),
-       (select count(pg_notify('xjobs', d.queue))
+       (select count(pg_notify('{CHANNEL}', d.queue))
           from (select distinct queue from woken) d
          where %(notify)s)
 """,

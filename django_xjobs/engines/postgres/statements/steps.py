@@ -8,6 +8,7 @@ in maintenance.py with the other retention deletes.
 from __future__ import annotations
 
 from ...base import Statement
+from .fragments import CHANNEL
 
 # ----------------------------------------------------------------------------------- steps --
 
@@ -162,7 +163,7 @@ and their run_ids handed to the suspended-run index as one array. Written as a s
 planner was free to walk every suspended job and, for each, every waiting step of the event:
 quadratic in the number of waiters (15 ms a publish at 250 waiters, bench W5).
 """,
-    sql="""
+    sql=f"""
 with woken as (
     update x_jobs j
        set run_at = now(), updated_at = now()
@@ -178,7 +179,7 @@ with woken as (
     returning j.queue
 )
 select (select count(*) from woken),
-       (select count(*) from (select pg_notify('xjobs', d.queue)
+       (select count(*) from (select pg_notify('{CHANNEL}', d.queue)
                                 from (select distinct queue from woken) d) n)
 """,
 )
