@@ -149,6 +149,20 @@ def _claimed_job(r: Sequence[Any]) -> ClaimedJob:
     )
 
 
+def _backfill_record(row: Sequence[Any]) -> BackfillRecord:
+    """A row in the order of statements.BACKFILL_COLUMNS, maybe followed by job state, attempt."""
+    (run_id, name, status, rows_processed, last_cursor, checksum, app_version, started_at,
+     completed_at, updated_at, error, job_id, code_changes) = row[:13]
+    job_state, job_attempt = (row[13], row[14]) if len(row) > 13 else (None, None)
+    return BackfillRecord(
+        run_id=run_id, name=name, status=status, rows_processed=int(rows_processed),
+        last_cursor=_decode_json(last_cursor), checksum=checksum, app_version=app_version,
+        started_at=started_at, completed_at=completed_at, updated_at=updated_at, error=error,
+        job_id=job_id, code_changes=list(_decode_json(code_changes) or []),
+        job_state=job_state, job_attempt=job_attempt,
+    )
+
+
 def _fence(claim: Claim) -> dict[str, str]:
     """The parameters a fenced single-job statement matches on: ``%(id)s`` and ``%(token)s``."""
     return {"id": claim.job_id, "token": claim.lease_token}
@@ -158,6 +172,15 @@ def _uuid_array(values: Iterable[Any]) -> str:
     """A uuid[] literal. Built with one join instead of psycopg's per-element list dumper, which
     cost a fifth of a worker's CPU at a thousand ids per statement; uuids need no quoting."""
     return "{" + ",".join(map(str, values)) + "}"
+
+
+def _as_uuid(value: Any) -> UUID | None:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(str(value))
+    except ValueError:
+        return None
 
 
 def _fetch(cursor: Any, fetch: str) -> Any:
@@ -295,24 +318,6 @@ class PostgresEngine(Engine):
             # form only: Django's own cursors bind on the client and never prepare.
             raw.prepare_threshold = _NEVER
         return raw
-
-    def is_connection_error(self, exc: BaseException) -> bool:
-        if isinstance(exc, InterfaceError):
-            return True
-        if not isinstance(exc, OperationalError):
-            return False
-        raw = connections[self.alias].connection
-        return raw is None or raw.closed or bool(getattr(raw, "broken", False)) or (
-            isinstance(exc.__cause__, Exception) and "connection" in str(exc).lower()
-        )
-
-    def reset_connection(self) -> None:
-        conn = connections[self.alias]
-        try:
-            conn.close()
-        except DatabaseError:
-            # close() on a broken connection can raise; what matters is that it is dropped.
-            conn.connection = None
 
     # -------------------------------------------------------------------------- enqueue --
     def job_enqueue(self, params: EnqueueParams) -> EnqueueResult:
@@ -946,7 +951,7 @@ class PostgresEngine(Engine):
                             pid=row[0])
 
     @staticmethod
-    def _fence(fence: LeaderFence) -> dict[str, Any]:
+    def _leader_fence(fence: LeaderFence) -> dict[str, Any]:
         return {"lock_key": fence.lock_key, "holder": fence.holder,
                 "margin_ms": fence.margin_ms, "advisory_pid": fence.advisory_pid,
                 **advisory_key(fence.lock_key)}
@@ -956,13 +961,13 @@ class PostgresEngine(Engine):
         if not names:
             return 0
         return int(self._run(S.SCHEDULER_STATES_ENSURE, {
-            "names": list(names), "at": at, **self._fence(fence),
+            "names": list(names), "at": at, **self._leader_fence(fence),
         }, fetch="count"))
 
     def scheduler_states_lock_if_leading(self, names: Sequence[str],
                                          fence: LeaderFence) -> LockedStates:
         rows = self._run(S.SCHEDULER_STATES_LOCK_IF_LEADING, {
-            "names": list(names), **self._fence(fence),
+            "names": list(names), **self._leader_fence(fence),
         })
         locked = [r for r in rows if r[1] is not None]
         return LockedStates(leading=bool(rows[0][0]),
@@ -974,7 +979,7 @@ class PostgresEngine(Engine):
         if not names:
             return {}
         return dict(self._run(S.SCHEDULER_STATES_MARK_IF_LEADING, {
-            "names": list(names), "at": at, **self._fence(fence),
+            "names": list(names), "at": at, **self._leader_fence(fence),
         }))
 
     def scheduler_states_list(self) -> list[SchedulerStateRecord]:
@@ -1064,34 +1069,29 @@ class PostgresEngine(Engine):
     def session_label(self, label: str) -> None:
         self._run(S.SESSION_LABEL, {"label": label[:63]}, fetch="one")
 
-    def db_now(self) -> datetime:
-        return self._run(S.DB_NOW, {}, fetch="one")[0]
-
     def listener(self, channel_label: str) -> Listener:
         return PostgresListener(self.alias, channel_label)
 
+    def db_now(self) -> datetime:
+        return self._run(S.DB_NOW, {}, fetch="one")[0]
 
-def _backfill_record(row: Sequence[Any]) -> BackfillRecord:
-    """A row in the order of statements.BACKFILL_COLUMNS, maybe followed by job state, attempt."""
-    (run_id, name, status, rows_processed, last_cursor, checksum, app_version, started_at,
-     completed_at, updated_at, error, job_id, code_changes) = row[:13]
-    job_state, job_attempt = (row[13], row[14]) if len(row) > 13 else (None, None)
-    return BackfillRecord(
-        run_id=run_id, name=name, status=status, rows_processed=int(rows_processed),
-        last_cursor=_decode_json(last_cursor), checksum=checksum, app_version=app_version,
-        started_at=started_at, completed_at=completed_at, updated_at=updated_at, error=error,
-        job_id=job_id, code_changes=list(_decode_json(code_changes) or []),
-        job_state=job_state, job_attempt=job_attempt,
-    )
+    def reset_connection(self) -> None:
+        conn = connections[self.alias]
+        try:
+            conn.close()
+        except DatabaseError:
+            # close() on a broken connection can raise; what matters is that it is dropped.
+            conn.connection = None
 
-
-def _as_uuid(value: Any) -> UUID | None:
-    if isinstance(value, UUID):
-        return value
-    try:
-        return UUID(str(value))
-    except ValueError:
-        return None
+    def is_connection_error(self, exc: BaseException) -> bool:
+        if isinstance(exc, InterfaceError):
+            return True
+        if not isinstance(exc, OperationalError):
+            return False
+        raw = connections[self.alias].connection
+        return raw is None or raw.closed or bool(getattr(raw, "broken", False)) or (
+            isinstance(exc.__cause__, Exception) and "connection" in str(exc).lower()
+        )
 
 
 def advisory_key(lock_key: str) -> dict[str, int]:
