@@ -319,6 +319,18 @@ class PostgresEngine(Engine):
             raw.prepare_threshold = _NEVER
         return raw
 
+    def _purge(self, stmt: Statement, params: Mapping[str, Any], batch_size: int) -> int:
+        """Run a bounded delete (``%(batch)s`` rows at most) until a batch comes back short; how
+        many rows went in all. Each batch is a statement of its own, so outside a caller's
+        transaction each commits on its own and no purge holds its locks for longer than one
+        batch."""
+        total = 0
+        while True:
+            deleted = self._run(stmt, {**params, "batch": batch_size}, fetch="count")
+            total += deleted
+            if deleted < batch_size:
+                return total
+
     # -------------------------------------------------------------------------- enqueue --
     def job_enqueue(self, params: EnqueueParams) -> EnqueueResult:
         args = {
@@ -484,6 +496,16 @@ class PostgresEngine(Engine):
         lost = frozenset(c.lease_token for c in claims) - already
         return FenceReport(already_applied=already, lost=lost, states=states)
 
+    def _batch_report(self, kind: str, claims: Sequence[Claim],
+                      owned: frozenset[str]) -> FenceReport:
+        """The report of a fenced batch write that landed for the lease tokens ``owned``: the
+        other claims are told apart by jobs_fence_check (already applied, or lost)."""
+        if len(owned) == len(claims):
+            return FenceReport(owned=owned)
+        rest = self._fence_check(kind, [c for c in claims if c.lease_token not in owned])
+        return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost,
+                           states=rest.states)
+
     def jobs_complete_if_owned(self, batch: Sequence[Completion]) -> FenceReport:
         if not batch:
             return FenceReport()
@@ -492,14 +514,8 @@ class PostgresEngine(Engine):
             "tokens": _uuid_array(c.claim.lease_token for c in batch),
             "results": "[" + ",".join(c.result_json or "null" for c in batch) + "]",
         })
-        owned = frozenset(r[0] for r in rows)
-        if len(owned) == len(batch):
-            return FenceReport(owned=owned)
-        rest = self._fence_check(
-            "complete", [c.claim for c in batch if c.claim.lease_token not in owned]
-        )
-        return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost,
-                           states=rest.states)
+        return self._batch_report("complete", [c.claim for c in batch],
+                                  frozenset(r[0] for r in rows))
 
     def job_fail_if_owned(self, failure: Failure) -> tuple[FenceReport, str | None]:
         row = self._run(S.JOB_FAIL_IF_OWNED, {
@@ -638,12 +654,7 @@ class PostgresEngine(Engine):
         ]
 
     def events_purge(self, batch_size: int = 1000) -> int:
-        total = 0
-        while True:
-            deleted = self._run(S.EVENTS_PURGE, {"batch": batch_size}, fetch="count")
-            total += deleted
-            if deleted < batch_size:
-                return total
+        return self._purge(S.EVENTS_PURGE, {}, batch_size)
 
     # ------------------------------------------------------------------------- operators --
     def job_get(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> JobRecord | None:
@@ -654,6 +665,19 @@ class PostgresEngine(Engine):
                         fetch="one")
         return _job_record(row) if row is not None else None
 
+    def _change_result(self, row: Sequence[Any] | None, job_id: str,
+                       tenant_ids: Iterable[str] | None, *, unchanged: str) -> ChangeResult:
+        """An operator's action answered: the job as the statement changed it, or, when it
+        matched no row, the job as it is now with the reason ``unchanged`` (``{state}`` filled
+        in), or "not found" (also for a job outside the tenant scope)."""
+        if row is not None:
+            return ChangeResult(job=_job_record(row), changed=True)
+        current = self.job_get(job_id, tenant_ids=tenant_ids)
+        if current is None:
+            return ChangeResult(job=None, changed=False, reason="not found")
+        return ChangeResult(job=current, changed=False,
+                            reason=unchanged.format(state=current.state))
+
     def job_cancel(
         self, job_id: str, *, reason: str | None, tenant_ids: Iterable[str] | None = None
     ) -> ChangeResult:
@@ -663,12 +687,7 @@ class PostgresEngine(Engine):
         row = self._run(S.JOB_CANCEL, {
             "id": job_uuid, "reason": reason, "tenant_ids": _tenants(tenant_ids),
         }, fetch="one")
-        if row is not None:
-            return ChangeResult(job=_job_record(row), changed=True)
-        current = self.job_get(job_id, tenant_ids=tenant_ids)
-        if current is None:
-            return ChangeResult(job=None, changed=False, reason="not found")
-        return ChangeResult(job=current, changed=False, reason=f"already {current.state}")
+        return self._change_result(row, job_id, tenant_ids, unchanged="already {state}")
 
     def job_retry(self, job_id: str, *, tenant_ids: Iterable[str] | None = None,
                   enqueued_by: str | None = None) -> ChangeResult:
@@ -694,14 +713,9 @@ class PostgresEngine(Engine):
                 f"idempotency key",
                 live_job_id=str(live.id) if live else None,
             ) from None
-        if row is not None:
-            return ChangeResult(job=_job_record(row), changed=True)
-        current = self.job_get(job_id, tenant_ids=tenant_ids)
-        if current is None:
-            return ChangeResult(job=None, changed=False, reason="not found")
-        return ChangeResult(
-            job=current, changed=False, reason=f"is {current.state}, only dead or cancelled jobs"
-            " can be retried",
+        return self._change_result(
+            row, job_id, tenant_ids,
+            unchanged="is {state}, only dead or cancelled jobs can be retried",
         )
 
     def job_run_now(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
@@ -711,24 +725,13 @@ class PostgresEngine(Engine):
         row = self._run(S.JOB_RUN_NOW, {
             "id": job_uuid, "tenant_ids": _tenants(tenant_ids), "notify": self.notify,
         }, fetch="one")
-        if row is not None:
-            return ChangeResult(job=_job_record(row), changed=True)
-        current = self.job_get(job_id, tenant_ids=tenant_ids)
-        if current is None:
-            return ChangeResult(job=None, changed=False, reason="not found")
-        return ChangeResult(job=current, changed=False, reason=f"is {current.state} and due")
+        return self._change_result(row, job_id, tenant_ids, unchanged="is {state} and due")
 
     def jobs_purge(
         self, *, states: Sequence[str], finished_before: datetime, batch_size: int = 1000
     ) -> int:
-        total = 0
-        while True:
-            deleted = self._run(S.JOBS_PURGE, {
-                "states": list(states), "before": finished_before, "batch": batch_size,
-            }, fetch="count")
-            total += deleted
-            if deleted < batch_size:
-                return total
+        return self._purge(S.JOBS_PURGE, {"states": list(states), "before": finished_before},
+                           batch_size)
 
     def queue_stats(self, *, tenant_ids: Iterable[str] | None = None) -> list[QueueStats]:
         return [
@@ -913,14 +916,8 @@ class PostgresEngine(Engine):
             "resumed": [r.resumed for r in batch],
             "notes": [r.note for r in batch],
         })
-        owned = frozenset(r[0] for r in rows)
-        if len(owned) == len(batch):
-            return FenceReport(owned=owned)
-        rest = self._fence_check(
-            "requeue", [r.claim for r in batch if r.claim.lease_token not in owned]
-        )
-        return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost,
-                           states=rest.states)
+        return self._batch_report("requeue", [r.claim for r in batch],
+                                  frozenset(r[0] for r in rows))
 
     # ------------------------------------------------------------------------- scheduler --
     def leader_attempt_elect(self, lock_key: str, holder: str, lease_ms: int) -> datetime | None:
@@ -999,24 +996,10 @@ class PostgresEngine(Engine):
     # ----------------------------------------------------------------------- maintenance --
     def outbox_purge_published(self, *, published_before: datetime,
                                batch_size: int = 1000) -> int:
-        total = 0
-        while True:
-            deleted = self._run(S.OUTBOX_PURGE_PUBLISHED, {
-                "before": published_before, "batch": batch_size,
-            }, fetch="count")
-            total += deleted
-            if deleted < batch_size:
-                return total
+        return self._purge(S.OUTBOX_PURGE_PUBLISHED, {"before": published_before}, batch_size)
 
     def slots_purge_expired(self, *, grace_ms: int, batch_size: int = 1000) -> int:
-        total = 0
-        while True:
-            deleted = self._run(S.SLOTS_PURGE_EXPIRED, {
-                "grace_ms": grace_ms, "batch": batch_size,
-            }, fetch="count")
-            total += deleted
-            if deleted < batch_size:
-                return total
+        return self._purge(S.SLOTS_PURGE_EXPIRED, {"grace_ms": grace_ms}, batch_size)
 
     # --------------------------------------------------------------------------- console --
     def jobs_delete_finished(
@@ -1103,11 +1086,14 @@ def advisory_key(lock_key: str) -> dict[str, int]:
 
 def _dedicated_connection(alias: str, label: str) -> Any:
     """A psycopg connection of its own (autocommit) with the alias's parameters, outside
-    Django's connection handling and any pool Django manages."""
+    Django's connection handling and any pool Django manages: the LISTEN connection and the
+    scheduler's advisory session, whose state (a subscription, a lock) is the session's."""
     import psycopg
 
     params = dict(connections[alias].get_connection_params())
     params.pop("cursor_factory", None)
+    # Never a pooled connection, whatever OPTIONS say: Django leaves its pool options out of
+    # these parameters, and they must not reach psycopg.connect as a libpq option either.
     params.pop("pool", None)
     params["application_name"] = label[:63]
     # A peer that vanished without a FIN (host gone) is noticed by keepalives, not by reads.
@@ -1173,16 +1159,8 @@ class PostgresListener(Listener):
     def __init__(self, alias: str, label: str, *, listen: Statement = S.LISTEN) -> None:
         import psycopg
 
-        params = dict(connections[alias].get_connection_params())
-        params.pop("cursor_factory", None)
-        params["application_name"] = label[:63]
-        # A peer that vanished without a FIN (host gone) is noticed by keepalives, not by reads.
-        params.setdefault("keepalives", 1)
-        params.setdefault("keepalives_idle", 10)
-        params.setdefault("keepalives_interval", 5)
-        params.setdefault("keepalives_count", 3)
         try:
-            self._conn = psycopg.connect(**params, autocommit=True)
+            self._conn = _dedicated_connection(alias, label)
         except psycopg.Error as exc:
             raise ListenerLost(str(exc)) from exc
         try:
