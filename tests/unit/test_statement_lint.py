@@ -10,6 +10,7 @@ tests/integration/test_commands.py.)
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from io import StringIO
 from pathlib import Path
@@ -123,6 +124,16 @@ def test_the_engine_runs_only_statements_of_the_module_and_all_of_them():
     constants = {k for k, v in vars(S).items() if isinstance(v, Statement)}
     assert used <= constants, f"engine refers to unknown statements: {used - constants}"
     assert constants - used == set(), f"statements no engine method runs: {constants - used}"
+
+
+def test_the_engine_instruments_every_statement_in_one_place():
+    # Fault points, timing and the DEBUG log of every statement, on Django's connection, in the
+    # COPY of a bulk enqueue and on the dedicated connections (LISTEN, the advisory session),
+    # are engine._instrumented's alone.
+    source = Path(postgres_engine.__file__).read_text()
+    wrapper = inspect.getsource(postgres_engine._instrumented)
+    assert source.count("faults.hit(") == wrapper.count("faults.hit(") == 2
+    assert source.count("log.debug(") == wrapper.count("log.debug(") == 1
 
 
 # ----------------------------------------------------------------------------- xjobs_sql --

@@ -3,8 +3,10 @@
 Statements run on ``django.db.connections[alias]`` of the calling thread, so they join the
 caller's transaction (enqueue inside ``atomic()`` commits or rolls back with the caller's
 writes) and share Django's connection handling (``CONN_MAX_AGE``, health checks, pooling).
-The LISTEN connection is the exception: it is a dedicated psycopg connection, because a
-connection that LISTENs must not be shared with the statements of the thread that waits on it.
+The dedicated connections are the exception: the LISTEN connection, because a connection that
+LISTENs must not be shared with the statements of the thread that waits on it, and the
+scheduler's advisory session, whose lock lives exactly as long as its session. Wherever it
+runs, every statement goes through :func:`_instrumented` (fault points, timing, DEBUG log).
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import logging
 import select
 import time
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
 
 from django.db import (
@@ -86,6 +88,8 @@ def _preparing_cursor_class() -> type:
 
 _PreparingCursor: Any = _preparing_cursor_class()
 _NEVER = 2**31 - 1
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 def _decode_json(value: Any) -> Any:
@@ -183,6 +187,26 @@ def _as_uuid(value: Any) -> UUID | None:
         return None
 
 
+def _instrumented(stmt: Statement, send: Callable[_P, _T], *args: _P.args,
+                  **kwargs: _P.kwargs) -> _T:
+    """``send(*args, **kwargs)``, which sends ``stmt``, instrumented: the fault points
+    ``before:<name>`` and ``after:<name>`` (django_xjobs/faults.py) around it, and its time and
+    rows in the DEBUG log. The one place every statement the engine sends goes through: on the
+    thread's Django connection (``_run``, the COPY of a bulk enqueue) and on the dedicated ones
+    (the LISTEN, the advisory session's statements). An error skips the log and the ``after``
+    point: the statement did not complete."""
+    if faults.armed:
+        faults.hit(f"before:{stmt.name}")
+    started = time.perf_counter()
+    result = send(*args, **kwargs)
+    if log.isEnabledFor(logging.DEBUG):
+        rows = len(result) if isinstance(result, list) else result
+        log.debug("%s: %.2f ms, %s rows", stmt.name, (time.perf_counter() - started) * 1e3, rows)
+    if faults.armed:
+        faults.hit(f"after:{stmt.name}")
+    return result
+
+
 def _fetch(cursor: Any, fetch: str) -> Any:
     if fetch == "all":
         return cursor.fetchall()
@@ -240,7 +264,8 @@ class PostgresEngine(Engine):
 
     # ------------------------------------------------------------------------- plumbing --
     def _run(self, stmt: Statement, params: Mapping[str, Any], *, fetch: str = "all") -> Any:
-        """Execute one named statement on this thread's connection; the one instrumented spot.
+        """Execute one named statement on this thread's connection, instrumented
+        (:func:`_instrumented`).
 
         The statement runs on the thread's Django connection for the alias, so it joins the
         caller's transaction. With prepared statements on (the default), parameters are bound
@@ -253,37 +278,28 @@ class PostgresEngine(Engine):
         connection) and the refusal to run inside a broken atomic block. The wrapper costs a
         sixth of an enqueue's client time on this path (docs/performance.md).
         """
-        if faults.armed:
-            faults.hit(f"before:{stmt.name}")
-        started = time.perf_counter()
+        return _instrumented(stmt, self._execute, stmt, params, fetch)
+
+    def _execute(self, stmt: Statement, params: Mapping[str, Any], fetch: str) -> Any:
         conn = connections[self.alias]
         if not self.prepared or conn.queries_logged or conn.execute_wrappers:
-            result = self._run_wrapped(conn, stmt, params, fetch)
-        else:
-            conn.close_if_health_check_failed()
-            conn.ensure_connection()
-            try:
-                with conn.wrap_database_errors:
-                    conn.validate_no_broken_transaction()
-                    cursor = _PreparingCursor(self._prepared_connection(conn))
-                    try:
-                        cursor.execute(stmt.sql, params)
-                        result = _fetch(cursor, fetch)
-                    finally:
-                        cursor.close()
-            except ProgrammingError as exc:
-                raise _schema_missing(exc, stmt, self.alias) or exc
-        if log.isEnabledFor(logging.DEBUG):
-            rows = len(result) if isinstance(result, list) else result
-            log.debug(
-                "%s: %.2f ms, %s rows", stmt.name, (time.perf_counter() - started) * 1e3, rows
-            )
-        if faults.armed:
-            faults.hit(f"after:{stmt.name}")
-        return result
+            return self._execute_wrapped(conn, stmt, params, fetch)
+        conn.close_if_health_check_failed()
+        conn.ensure_connection()
+        try:
+            with conn.wrap_database_errors:
+                conn.validate_no_broken_transaction()
+                cursor = _PreparingCursor(self._prepared_connection(conn))
+                try:
+                    cursor.execute(stmt.sql, params)
+                    return _fetch(cursor, fetch)
+                finally:
+                    cursor.close()
+        except ProgrammingError as exc:
+            raise _schema_missing(exc, stmt, self.alias) or exc
 
-    def _run_wrapped(self, conn: Any, stmt: Statement, params: Mapping[str, Any],
-                     fetch: str) -> Any:
+    def _execute_wrapped(self, conn: Any, stmt: Statement, params: Mapping[str, Any],
+                         fetch: str) -> Any:
         if self.prepared:
             conn.close_if_health_check_failed()
             conn.ensure_connection()
@@ -409,12 +425,14 @@ class PostgresEngine(Engine):
             raise DatabaseError("bulk enqueue kept conflicting with live jobs that finished")
         return [r for r in results if r is not None]
 
-    def _copy_jobs(self, batch: Sequence[EnqueueParams]) -> None:
-        """jobs_copy and its NOTIFY, in one transaction (the caller's, or a new one)."""
+    def _copy_jobs(self, batch: Sequence[EnqueueParams]) -> int:
+        """jobs_copy and its NOTIFY, in one transaction (the caller's, or a new one),
+        instrumented as one statement; how many rows."""
+        return _instrumented(S.JOBS_COPY, self._copy, batch)
+
+    def _copy(self, batch: Sequence[EnqueueParams]) -> int:
         conn = connections[self.alias]
         stmt = S.JOBS_COPY
-        if faults.armed:
-            faults.hit(f"before:{stmt.name}")
         started = time.perf_counter()
         # Inside the caller's transaction the two statements simply join it; otherwise they
         # get one of their own, so the rows and their NOTIFY commit together.
@@ -438,11 +456,7 @@ class PostgresEngine(Engine):
             if self.notify:
                 self._run(S.JOBS_NOTIFY_QUEUES, {"queues": sorted({p.queue for p in batch})},
                           fetch="one")
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: %.2f ms, %s rows", stmt.name,
-                      (time.perf_counter() - started) * 1e3, len(batch))
-        if faults.armed:
-            faults.hit(f"after:{stmt.name}")
+        return len(batch)
 
     def _batch_args(self, batch: Sequence[EnqueueParams]) -> dict[str, Any]:
         """jobs_enqueue's parameters: the rows' columns as one JSON array (one C-level dumps
@@ -1104,33 +1118,61 @@ def _dedicated_connection(alias: str, label: str) -> Any:
     return psycopg.connect(**params, autocommit=True)
 
 
-class PostgresAdvisorySession(AdvisorySession):
+def _execute_dedicated(conn: Any, stmt: Statement, params: Mapping[str, Any] | None) -> Any:
+    """Run ``stmt`` on a dedicated connection: its rows, or the row count of a statement that
+    returns none."""
+    cursor = conn.execute(stmt.sql, params)
+    return cursor.fetchall() if cursor.description is not None else cursor.rowcount
+
+
+class _DedicatedSession:
+    """A connection of its own (:func:`_dedicated_connection`). Its statements are instrumented
+    like every other (:func:`_instrumented`), and its errors, the connection's own or a fault
+    injected at one of its statements, surface as ``lost``: whatever the session held (a
+    subscription, a lock) is gone with it, and the caller opens a new one."""
+
+    lost: type[Exception]
+
+    def __init__(self, alias: str, label: str) -> None:
+        import psycopg
+
+        try:
+            self._conn = _dedicated_connection(alias, label)
+        except psycopg.Error as exc:
+            raise self.lost(str(exc)) from exc
+
+    def _send(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> Any:
+        import psycopg
+
+        try:
+            return _instrumented(stmt, _execute_dedicated, self._conn, stmt, params)
+        except (psycopg.Error, DatabaseError) as exc:
+            raise self.lost(str(exc)) from exc
+
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        except Exception:  # closing a broken connection may raise; it is gone either way
+            pass
+
+
+class PostgresAdvisorySession(_DedicatedSession, AdvisorySession):
     """The scheduler's advisory lock on a dedicated connection (see AdvisorySession).
 
     Errors of the connection surface as :class:`SessionLost`: the server released the lock when
     the session ended, so the caller is no longer leader and opens a new session to try again.
     """
 
-    def __init__(self, alias: str, lock_key: str, label: str) -> None:
-        import psycopg
+    lost = SessionLost
 
+    def __init__(self, alias: str, lock_key: str, label: str) -> None:
         self._key = advisory_key(lock_key)
-        try:
-            self._conn = _dedicated_connection(alias, label)
-        except psycopg.Error as exc:
-            raise SessionLost(str(exc)) from exc
+        super().__init__(alias, label)
         self.backend_pid = self._conn.info.backend_pid
 
     def _scalar(self, stmt: Statement) -> Any:
-        import psycopg
-
-        if faults.armed:
-            faults.hit(f"before:{stmt.name}")
-        try:
-            row = self._conn.execute(stmt.sql, self._key).fetchone()
-        except psycopg.Error as exc:
-            raise SessionLost(str(exc)) from exc
-        return row[0] if row else None
+        rows = self._send(stmt, self._key)
+        return rows[0][0] if rows else None
 
     def try_lock(self) -> bool:
         return bool(self._scalar(S.LEADER_ADVISORY_LOCK_TRY))
@@ -1141,38 +1183,26 @@ class PostgresAdvisorySession(AdvisorySession):
     def unlock(self) -> None:
         self._scalar(S.LEADER_ADVISORY_UNLOCK)
 
-    def close(self) -> None:
-        try:
-            self._conn.close()
-        except Exception:  # closing a broken connection may raise; it is gone either way
-            pass
 
-
-class PostgresListener(Listener):
-    """A dedicated autocommit connection that LISTENs on the ``xjobs`` channel.
+class PostgresListener(_DedicatedSession, Listener):
+    """A dedicated autocommit connection that LISTENs on the job channel (statements.CHANNEL).
 
     The payload of a notification is a queue name. A relay's listener LISTENs on the outbox's
     channel instead (``listen=S.OUTBOX_LISTEN``), whose payload is empty. Connection errors
     surface as :class:`ListenerLost`; the worker reconnects (and LISTENs again) with backoff.
+    ``wait`` sends no statement (it reads the socket), so it has no fault point or timing.
     """
 
-    def __init__(self, alias: str, label: str, *, listen: Statement = S.LISTEN) -> None:
-        import psycopg
+    lost = ListenerLost
 
+    def __init__(self, alias: str, label: str, *, listen: Statement = S.LISTEN) -> None:
+        super().__init__(alias, label)
         try:
-            self._conn = _dedicated_connection(alias, label)
-        except psycopg.Error as exc:
-            raise ListenerLost(str(exc)) from exc
-        try:
-            if faults.armed:
-                faults.hit(f"before:{listen.name}")
-            self._conn.execute(listen.sql)
-        except BaseException as exc:
+            self._send(listen)
+        except BaseException:
             # Connected but not listening: this object is never returned, so nobody else
             # would close the connection (whoever holds the exception would keep it open).
             self._conn.close()
-            if isinstance(exc, psycopg.Error | DatabaseError):
-                raise ListenerLost(str(exc)) from exc
             raise
 
     def backend_pid(self) -> int:
@@ -1191,9 +1221,3 @@ class PostgresListener(Listener):
             return [n.payload for n in self._conn.notifies(timeout=0)]
         except (psycopg.Error, OSError, ValueError) as exc:
             raise ListenerLost(str(exc)) from exc
-
-    def close(self) -> None:
-        try:
-            self._conn.close()
-        except Exception:  # closing a broken connection may raise; it is gone either way
-            pass
