@@ -23,7 +23,7 @@ from django.db import connection
 
 from django_xjobs.engines import get_engine
 from django_xjobs.engines.postgres import statements as S
-from django_xjobs.engines.postgres.engine import advisory_key
+from django_xjobs.engines.postgres.sessions import advisory_key
 from django_xjobs.scheduler.leadership import LOCK_KEY, AdvisoryLeadership, LeaseLeadership
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,9 +20,14 @@ from django.core.management import CommandError, call_command
 
 from django_xjobs.engines import Statement, get_engine
 from django_xjobs.engines.postgres import engine as postgres_engine
+from django_xjobs.engines.postgres import instrumentation
 from django_xjobs.engines.postgres import statements as S
 
 PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+# The engine's modules (engine.py, sessions.py, ...), the statements package aside.
+ENGINE_SOURCE = "\n".join(
+    path.read_text() for path in sorted(Path(postgres_engine.__file__).parent.glob("*.py"))
+)
 STATEMENTS = sorted(S.ALL.items())
 IDS = [name for name, _ in STATEMENTS]
 
@@ -119,8 +124,7 @@ def test_each_if_owned_write_is_fenced_on_the_token_and_running(key, stmt):
 
 
 def test_the_engine_runs_only_statements_of_the_module_and_all_of_them():
-    source = Path(postgres_engine.__file__).read_text()
-    used = set(re.findall(r"\bS\.([A-Z][A-Z0-9_]+)\b", source)) - {"ALL"}
+    used = set(re.findall(r"\bS\.([A-Z][A-Z0-9_]+)\b", ENGINE_SOURCE)) - {"ALL"}
     constants = {k for k, v in vars(S).items() if isinstance(v, Statement)}
     assert used <= constants, f"engine refers to unknown statements: {used - constants}"
     assert constants - used == set(), f"statements no engine method runs: {constants - used}"
@@ -129,11 +133,10 @@ def test_the_engine_runs_only_statements_of_the_module_and_all_of_them():
 def test_the_engine_instruments_every_statement_in_one_place():
     # Fault points, timing and the DEBUG log of every statement, on Django's connection, in the
     # COPY of a bulk enqueue and on the dedicated connections (LISTEN, the advisory session),
-    # are engine._instrumented's alone.
-    source = Path(postgres_engine.__file__).read_text()
-    wrapper = inspect.getsource(postgres_engine._instrumented)
-    assert source.count("faults.hit(") == wrapper.count("faults.hit(") == 2
-    assert source.count("log.debug(") == wrapper.count("log.debug(") == 1
+    # are instrumentation.instrumented's alone.
+    wrapper = inspect.getsource(instrumentation.instrumented)
+    assert ENGINE_SOURCE.count("faults.hit(") == wrapper.count("faults.hit(") == 2
+    assert ENGINE_SOURCE.count("log.debug(") == wrapper.count("log.debug(") == 1
 
 
 # ----------------------------------------------------------------------------- xjobs_sql --

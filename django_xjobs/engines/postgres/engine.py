@@ -3,23 +3,19 @@
 Statements run on ``django.db.connections[alias]`` of the calling thread, so they join the
 caller's transaction (enqueue inside ``atomic()`` commits or rolls back with the caller's
 writes) and share Django's connection handling (``CONN_MAX_AGE``, health checks, pooling).
-The dedicated connections are the exception: the LISTEN connection, because a connection that
-LISTENs must not be shared with the statements of the thread that waits on it, and the
-scheduler's advisory session, whose lock lives exactly as long as its session. Wherever it
-runs, every statement goes through :func:`_instrumented` (fault points, timing, DEBUG log).
+The dedicated connections are the exception: the LISTEN connection and the scheduler's
+advisory session (sessions.py). Wherever it runs, every statement goes through one wrapper,
+instrumentation.py: fault points, timing, the DEBUG log.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
-import select
 import time
-import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 from uuid import UUID
 
 from django.db import (
@@ -32,7 +28,6 @@ from django.db import (
 )
 from django.db import transaction as db_transaction
 
-from ... import faults
 from ...exceptions import LiveJobExists, SchemaMissing, UndecodableValue, fail_for_good
 from ...records import (
     BackfillRecord,
@@ -66,11 +61,10 @@ from ...records import (
     XminHolder,
     decode_stored_json,
 )
-from ..base import AdvisorySession, Engine, Features, Listener, ListenerLost, SessionLost, Statement
+from ..base import AdvisorySession, Engine, Features, Listener, Statement
 from . import statements as S
-from .statements import ADVISORY_LOCK_CLASS
-
-log = logging.getLogger("django_xjobs.engine")
+from .instrumentation import instrumented
+from .sessions import PostgresAdvisorySession, PostgresListener, advisory_key
 
 
 def _preparing_cursor_class() -> type:
@@ -88,8 +82,6 @@ def _preparing_cursor_class() -> type:
 
 _PreparingCursor: Any = _preparing_cursor_class()
 _NEVER = 2**31 - 1
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
 
 
 def _decode_json(value: Any) -> Any:
@@ -187,26 +179,6 @@ def _as_uuid(value: Any) -> UUID | None:
         return None
 
 
-def _instrumented(stmt: Statement, send: Callable[_P, _T], *args: _P.args,
-                  **kwargs: _P.kwargs) -> _T:
-    """``send(*args, **kwargs)``, which sends ``stmt``, instrumented: the fault points
-    ``before:<name>`` and ``after:<name>`` (django_xjobs/faults.py) around it, and its time and
-    rows in the DEBUG log. The one place every statement the engine sends goes through: on the
-    thread's Django connection (``_run``, the COPY of a bulk enqueue) and on the dedicated ones
-    (the LISTEN, the advisory session's statements). An error skips the log and the ``after``
-    point: the statement did not complete."""
-    if faults.armed:
-        faults.hit(f"before:{stmt.name}")
-    started = time.perf_counter()
-    result = send(*args, **kwargs)
-    if log.isEnabledFor(logging.DEBUG):
-        rows = len(result) if isinstance(result, list) else result
-        log.debug("%s: %.2f ms, %s rows", stmt.name, (time.perf_counter() - started) * 1e3, rows)
-    if faults.armed:
-        faults.hit(f"after:{stmt.name}")
-    return result
-
-
 def _fetch(cursor: Any, fetch: str) -> Any:
     if fetch == "all":
         return cursor.fetchall()
@@ -265,7 +237,7 @@ class PostgresEngine(Engine):
     # ------------------------------------------------------------------------- plumbing --
     def _run(self, stmt: Statement, params: Mapping[str, Any], *, fetch: str = "all") -> Any:
         """Execute one named statement on this thread's connection, instrumented
-        (:func:`_instrumented`).
+        (instrumentation.py).
 
         The statement runs on the thread's Django connection for the alias, so it joins the
         caller's transaction. With prepared statements on (the default), parameters are bound
@@ -278,7 +250,7 @@ class PostgresEngine(Engine):
         connection) and the refusal to run inside a broken atomic block. The wrapper costs a
         sixth of an enqueue's client time on this path (docs/performance.md).
         """
-        return _instrumented(stmt, self._execute, stmt, params, fetch)
+        return instrumented(stmt, self._execute, stmt, params, fetch)
 
     def _execute(self, stmt: Statement, params: Mapping[str, Any], fetch: str) -> Any:
         conn = connections[self.alias]
@@ -428,7 +400,7 @@ class PostgresEngine(Engine):
     def _copy_jobs(self, batch: Sequence[EnqueueParams]) -> int:
         """jobs_copy and its NOTIFY, in one transaction (the caller's, or a new one),
         instrumented as one statement; how many rows."""
-        return _instrumented(S.JOBS_COPY, self._copy, batch)
+        return instrumented(S.JOBS_COPY, self._copy, batch)
 
     def _copy(self, batch: Sequence[EnqueueParams]) -> int:
         conn = connections[self.alias]
@@ -1089,135 +1061,3 @@ class PostgresEngine(Engine):
         return raw is None or raw.closed or bool(getattr(raw, "broken", False)) or (
             isinstance(exc.__cause__, Exception) and "connection" in str(exc).lower()
         )
-
-
-def advisory_key(lock_key: str) -> dict[str, int]:
-    """The (class, id) pair of the scheduler's advisory lock for ``lock_key``: a fixed class
-    and a 31-bit CRC of the key, both positive so they read the same in pg_locks' oids."""
-    return {"lock_class": ADVISORY_LOCK_CLASS,
-            "lock_id": zlib.crc32(lock_key.encode()) & 0x7FFF_FFFF}
-
-
-def _dedicated_connection(alias: str, label: str) -> Any:
-    """A psycopg connection of its own (autocommit) with the alias's parameters, outside
-    Django's connection handling and any pool Django manages: the LISTEN connection and the
-    scheduler's advisory session, whose state (a subscription, a lock) is the session's."""
-    import psycopg
-
-    params = dict(connections[alias].get_connection_params())
-    params.pop("cursor_factory", None)
-    # Never a pooled connection, whatever OPTIONS say: Django leaves its pool options out of
-    # these parameters, and they must not reach psycopg.connect as a libpq option either.
-    params.pop("pool", None)
-    params["application_name"] = label[:63]
-    # A peer that vanished without a FIN (host gone) is noticed by keepalives, not by reads.
-    params.setdefault("keepalives", 1)
-    params.setdefault("keepalives_idle", 10)
-    params.setdefault("keepalives_interval", 5)
-    params.setdefault("keepalives_count", 3)
-    return psycopg.connect(**params, autocommit=True)
-
-
-def _execute_dedicated(conn: Any, stmt: Statement, params: Mapping[str, Any] | None) -> Any:
-    """Run ``stmt`` on a dedicated connection: its rows, or the row count of a statement that
-    returns none."""
-    cursor = conn.execute(stmt.sql, params)
-    return cursor.fetchall() if cursor.description is not None else cursor.rowcount
-
-
-class _DedicatedSession:
-    """A connection of its own (:func:`_dedicated_connection`). Its statements are instrumented
-    like every other (:func:`_instrumented`), and its errors, the connection's own or a fault
-    injected at one of its statements, surface as ``lost``: whatever the session held (a
-    subscription, a lock) is gone with it, and the caller opens a new one."""
-
-    lost: type[Exception]
-
-    def __init__(self, alias: str, label: str) -> None:
-        import psycopg
-
-        try:
-            self._conn = _dedicated_connection(alias, label)
-        except psycopg.Error as exc:
-            raise self.lost(str(exc)) from exc
-
-    def _send(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> Any:
-        import psycopg
-
-        try:
-            return _instrumented(stmt, _execute_dedicated, self._conn, stmt, params)
-        except (psycopg.Error, DatabaseError) as exc:
-            raise self.lost(str(exc)) from exc
-
-    def close(self) -> None:
-        try:
-            self._conn.close()
-        except Exception:  # closing a broken connection may raise; it is gone either way
-            pass
-
-
-class PostgresAdvisorySession(_DedicatedSession, AdvisorySession):
-    """The scheduler's advisory lock on a dedicated connection (see AdvisorySession).
-
-    Errors of the connection surface as :class:`SessionLost`: the server released the lock when
-    the session ended, so the caller is no longer leader and opens a new session to try again.
-    """
-
-    lost = SessionLost
-
-    def __init__(self, alias: str, lock_key: str, label: str) -> None:
-        self._key = advisory_key(lock_key)
-        super().__init__(alias, label)
-        self.backend_pid = self._conn.info.backend_pid
-
-    def _scalar(self, stmt: Statement) -> Any:
-        rows = self._send(stmt, self._key)
-        return rows[0][0] if rows else None
-
-    def try_lock(self) -> bool:
-        return bool(self._scalar(S.LEADER_ADVISORY_LOCK_TRY))
-
-    def holds(self) -> bool:
-        return bool(self._scalar(S.LEADER_ADVISORY_HELD))
-
-    def unlock(self) -> None:
-        self._scalar(S.LEADER_ADVISORY_UNLOCK)
-
-
-class PostgresListener(_DedicatedSession, Listener):
-    """A dedicated autocommit connection that LISTENs on the job channel (statements.CHANNEL).
-
-    The payload of a notification is a queue name. A relay's listener LISTENs on the outbox's
-    channel instead (``listen=S.OUTBOX_LISTEN``), whose payload is empty. Connection errors
-    surface as :class:`ListenerLost`; the worker reconnects (and LISTENs again) with backoff.
-    ``wait`` sends no statement (it reads the socket), so it has no fault point or timing.
-    """
-
-    lost = ListenerLost
-
-    def __init__(self, alias: str, label: str, *, listen: Statement = S.LISTEN) -> None:
-        super().__init__(alias, label)
-        try:
-            self._send(listen)
-        except BaseException:
-            # Connected but not listening: this object is never returned, so nobody else
-            # would close the connection (whoever holds the exception would keep it open).
-            self._conn.close()
-            raise
-
-    def backend_pid(self) -> int:
-        return self._conn.info.backend_pid
-
-    def wait(self, timeout: float) -> list[str]:
-        import psycopg
-
-        try:
-            # Block on the socket ourselves so the wait is bounded and cheap; then drain.
-            ready, _, _ = select.select([self._conn.fileno()], [], [], timeout)
-            if not ready:
-                return []
-            # Reading the socket also surfaces an error or EOF (backend terminated) as an
-            # exception, which is how a dropped listener is noticed.
-            return [n.payload for n in self._conn.notifies(timeout=0)]
-        except (psycopg.Error, OSError, ValueError) as exc:
-            raise ListenerLost(str(exc)) from exc
