@@ -76,7 +76,7 @@ def dummy_params(sql: str, now) -> dict[str, object]:
 
 
 def statements_module(engine):
-    """``engines/<engine>/statements.py``: the wire-format module of this engine (STYLE.md)."""
+    """``engines/<engine>/statements``: the wire-format module (or package) of this engine."""
     package = type(engine).__module__.rsplit(".", 1)[0]
     return importlib.import_module(f"{package}.statements")
 

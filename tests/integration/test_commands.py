@@ -454,8 +454,8 @@ def test_xjobs_worker_refuses_bad_options(args, fragment):
 @pytest.mark.django_db
 @pytest.mark.parametrize("name", sorted(S.ALL))
 def test_each_printed_statement_is_accepted_by_postgresql(name):
-    # SPEC §2: a reader copies a statement from xjobs_sql into psql and runs it. The PREPARE
-    # form must therefore parse and type-check as printed (untyped $n parameters).
+    # An operator copies a statement from xjobs_sql into psql and runs it: the PREPARE form
+    # must therefore parse and type-check as printed (untyped $n parameters).
     text = as_prepare(S.ALL[name])
     prepared = text.splitlines()[1].startswith("prepare ")
     with connection.cursor() as cur:

@@ -1,4 +1,4 @@
-"""The failure mode the seed records: a session advisory lock on a POOLED connection.
+"""The failure mode of a session advisory lock on a POOLED connection.
 
 A transaction pooler (PgBouncer in transaction mode) lends one server session to many clients,
 one transaction at a time. A session advisory lock belongs to the server session, not to the
@@ -23,7 +23,7 @@ from django.db import connection
 
 from django_xjobs.engines import get_engine
 from django_xjobs.engines.postgres import statements as S
-from django_xjobs.engines.postgres.engine import advisory_key
+from django_xjobs.engines.postgres.sessions import advisory_key
 from django_xjobs.scheduler.leadership import LOCK_KEY, AdvisoryLeadership, LeaseLeadership
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -169,3 +169,27 @@ def test_advisory_leadership_holds_its_lock_on_a_dedicated_connection_not_django
     finally:
         a.close()
         b.close()
+
+
+def test_the_advisory_sessions_statements_are_instrumented_and_a_fault_there_loses_the_session():
+    """The dedicated session's statements go through the engine's one instrumentation, like
+    those on Django's connection: they have fault points, and a fault injected there reads as
+    the session lost (the leader demotes itself and opens a new session), never as a driver
+    error escaping the scheduler."""
+    from django_xjobs import faults
+    from django_xjobs.engines import SessionLost
+
+    reached: list[str] = []
+    session = get_engine().leader_advisory_session(LOCK_KEY, "tests-advisory-faults")
+    try:
+        faults.inject_hook("after:leader_advisory_lock_try", reached.append)
+        assert session.try_lock()
+        assert reached == ["after:leader_advisory_lock_try"]
+        faults.inject("before:leader_advisory_held", "raise")
+        with pytest.raises(SessionLost, match="injected fault at before:leader_advisory_held"):
+            session.holds()
+        assert session.holds()  # the fault raised before the statement: the session is intact
+    finally:
+        faults.clear()
+        session.unlock()
+        session.close()

@@ -1,13 +1,16 @@
-"""The wire format is a set of named, commented statements (STYLE habit 1), and
-``manage.py xjobs_sql`` prints each one as text an operator can paste into psql.
+"""The wire format is a set of named, commented statements, each declared once in the module
+of its table family, and ``manage.py xjobs_sql`` prints each one as text an operator can paste
+into psql.
 
-No database: these tests read the statements module and the command's output only.
+No database: these tests read the statements package and the command's output only.
 (That the printed PREPAREs are accepted by PostgreSQL is checked in
 tests/integration/test_commands.py.)
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import re
 from io import StringIO
 from pathlib import Path
@@ -17,9 +20,14 @@ from django.core.management import CommandError, call_command
 
 from django_xjobs.engines import Statement, get_engine
 from django_xjobs.engines.postgres import engine as postgres_engine
+from django_xjobs.engines.postgres import instrumentation
 from django_xjobs.engines.postgres import statements as S
 
 PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+# The engine's modules (engine.py, sessions.py, ...), the statements package aside.
+ENGINE_SOURCE = "\n".join(
+    path.read_text() for path in sorted(Path(postgres_engine.__file__).parent.glob("*.py"))
+)
 STATEMENTS = sorted(S.ALL.items())
 IDS = [name for name, _ in STATEMENTS]
 
@@ -49,6 +57,26 @@ def test_each_statement_is_filed_under_its_own_name(key, stmt):
     assert isinstance(stmt, Statement)
     assert stmt.name == key
     assert re.fullmatch(r"[a-z][a-z0-9_]*", stmt.name), "names are snake_case, noun first"
+
+
+def test_each_statement_is_declared_in_one_family_module_and_listed_in_all():
+    # The package re-exports what its family modules declare, and ALL lists each statement by
+    # hand (in a fixed order): a statement declared in two modules, or added to a module but
+    # not to ALL, would be run by one name and shown by xjobs_sql under another, or not at all.
+    package = Path(S.__file__).parent
+    declared: dict[str, list[str]] = {}
+    for path in sorted(package.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        module = importlib.import_module(f"{S.__name__}.{path.stem}")
+        for value in vars(module).values():
+            if isinstance(value, Statement):
+                declared.setdefault(value.name, []).append(path.stem)
+                assert S.ALL.get(value.name) is value, f"{path.stem}.{value.name} is not in ALL"
+    twice = {name: modules for name, modules in declared.items() if len(modules) > 1}
+    assert twice == {}, f"declared in more than one module: {twice}"
+    assert set(declared) == set(S.ALL), set(declared) ^ set(S.ALL)
+    assert "fragments" not in {m for modules in declared.values() for m in modules}
 
 
 def test_every_statement_constant_is_in_all_under_the_constants_name():
@@ -87,7 +115,8 @@ def test_each_statement_is_a_single_statement(key, stmt):
     ids=[k for k in IDS if k.endswith("_if_owned")],
 )
 def test_each_if_owned_write_is_fenced_on_the_token_and_running(key, stmt):
-    # SPEC "Fencing": every write a worker makes about a run matches (id, running, token).
+    # Every write a worker makes about a run matches (id, running, token): docs/architecture.md,
+    # "Fencing".
     sql = " ".join(stmt.sql.split())
     assert re.search(r"lease_token = (%\(token\)s(::uuid)?|v\.token)", sql), key
     assert re.search(r"state = 'running'", sql), key
@@ -95,11 +124,19 @@ def test_each_if_owned_write_is_fenced_on_the_token_and_running(key, stmt):
 
 
 def test_the_engine_runs_only_statements_of_the_module_and_all_of_them():
-    source = Path(postgres_engine.__file__).read_text()
-    used = set(re.findall(r"\bS\.([A-Z][A-Z0-9_]+)\b", source)) - {"ALL"}
+    used = set(re.findall(r"\bS\.([A-Z][A-Z0-9_]+)\b", ENGINE_SOURCE)) - {"ALL"}
     constants = {k for k, v in vars(S).items() if isinstance(v, Statement)}
     assert used <= constants, f"engine refers to unknown statements: {used - constants}"
     assert constants - used == set(), f"statements no engine method runs: {constants - used}"
+
+
+def test_the_engine_instruments_every_statement_in_one_place():
+    # Fault points, timing and the DEBUG log of every statement, on Django's connection, in the
+    # COPY of a bulk enqueue and on the dedicated connections (LISTEN, the advisory session),
+    # are instrumentation.instrumented's alone.
+    wrapper = inspect.getsource(instrumentation.instrumented)
+    assert ENGINE_SOURCE.count("faults.hit(") == wrapper.count("faults.hit(") == 2
+    assert ENGINE_SOURCE.count("log.debug(") == wrapper.count("log.debug(") == 1
 
 
 # ----------------------------------------------------------------------------- xjobs_sql --

@@ -3,18 +3,16 @@
 Statements run on ``django.db.connections[alias]`` of the calling thread, so they join the
 caller's transaction (enqueue inside ``atomic()`` commits or rolls back with the caller's
 writes) and share Django's connection handling (``CONN_MAX_AGE``, health checks, pooling).
-The LISTEN connection is the exception: it is a dedicated psycopg connection, because a
-connection that LISTENs must not be shared with the statements of the thread that waits on it.
+The dedicated connections are the exception: the LISTEN connection and the scheduler's
+advisory session (sessions.py). Wherever it runs, every statement goes through one wrapper,
+instrumentation.py: fault points, timing, the DEBUG log.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
-import select
 import time
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -30,7 +28,6 @@ from django.db import (
 )
 from django.db import transaction as db_transaction
 
-from ... import faults
 from ...exceptions import LiveJobExists, SchemaMissing, UndecodableValue, fail_for_good
 from ...records import (
     BackfillRecord,
@@ -64,11 +61,10 @@ from ...records import (
     XminHolder,
     decode_stored_json,
 )
-from ..base import AdvisorySession, Engine, Features, Listener, ListenerLost, SessionLost, Statement
+from ..base import AdvisorySession, Engine, Features, Listener, Statement
 from . import statements as S
-from .statements import ADVISORY_LOCK_CLASS
-
-log = logging.getLogger("django_xjobs.engine")
+from .instrumentation import instrumented
+from .sessions import PostgresAdvisorySession, PostgresListener, advisory_key
 
 
 def _preparing_cursor_class() -> type:
@@ -149,6 +145,20 @@ def _claimed_job(r: Sequence[Any]) -> ClaimedJob:
     )
 
 
+def _backfill_record(row: Sequence[Any]) -> BackfillRecord:
+    """A row in the order of statements.BACKFILL_COLUMNS, maybe followed by job state, attempt."""
+    (run_id, name, status, rows_processed, last_cursor, checksum, app_version, started_at,
+     completed_at, updated_at, error, job_id, code_changes) = row[:13]
+    job_state, job_attempt = (row[13], row[14]) if len(row) > 13 else (None, None)
+    return BackfillRecord(
+        run_id=run_id, name=name, status=status, rows_processed=int(rows_processed),
+        last_cursor=_decode_json(last_cursor), checksum=checksum, app_version=app_version,
+        started_at=started_at, completed_at=completed_at, updated_at=updated_at, error=error,
+        job_id=job_id, code_changes=list(_decode_json(code_changes) or []),
+        job_state=job_state, job_attempt=job_attempt,
+    )
+
+
 def _fence(claim: Claim) -> dict[str, str]:
     """The parameters a fenced single-job statement matches on: ``%(id)s`` and ``%(token)s``."""
     return {"id": claim.job_id, "token": claim.lease_token}
@@ -158,6 +168,15 @@ def _uuid_array(values: Iterable[Any]) -> str:
     """A uuid[] literal. Built with one join instead of psycopg's per-element list dumper, which
     cost a fifth of a worker's CPU at a thousand ids per statement; uuids need no quoting."""
     return "{" + ",".join(map(str, values)) + "}"
+
+
+def _as_uuid(value: Any) -> UUID | None:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(str(value))
+    except ValueError:
+        return None
 
 
 def _fetch(cursor: Any, fetch: str) -> Any:
@@ -217,7 +236,8 @@ class PostgresEngine(Engine):
 
     # ------------------------------------------------------------------------- plumbing --
     def _run(self, stmt: Statement, params: Mapping[str, Any], *, fetch: str = "all") -> Any:
-        """Execute one named statement on this thread's connection; the one instrumented spot.
+        """Execute one named statement on this thread's connection, instrumented
+        (instrumentation.py).
 
         The statement runs on the thread's Django connection for the alias, so it joins the
         caller's transaction. With prepared statements on (the default), parameters are bound
@@ -230,37 +250,28 @@ class PostgresEngine(Engine):
         connection) and the refusal to run inside a broken atomic block. The wrapper costs a
         sixth of an enqueue's client time on this path (docs/performance.md).
         """
-        if faults.armed:
-            faults.hit(f"before:{stmt.name}")
-        started = time.perf_counter()
+        return instrumented(stmt, self._execute, stmt, params, fetch)
+
+    def _execute(self, stmt: Statement, params: Mapping[str, Any], fetch: str) -> Any:
         conn = connections[self.alias]
         if not self.prepared or conn.queries_logged or conn.execute_wrappers:
-            result = self._run_wrapped(conn, stmt, params, fetch)
-        else:
-            conn.close_if_health_check_failed()
-            conn.ensure_connection()
-            try:
-                with conn.wrap_database_errors:
-                    conn.validate_no_broken_transaction()
-                    cursor = _PreparingCursor(self._prepared_connection(conn))
-                    try:
-                        cursor.execute(stmt.sql, params)
-                        result = _fetch(cursor, fetch)
-                    finally:
-                        cursor.close()
-            except ProgrammingError as exc:
-                raise _schema_missing(exc, stmt, self.alias) or exc
-        if log.isEnabledFor(logging.DEBUG):
-            rows = len(result) if isinstance(result, list) else result
-            log.debug(
-                "%s: %.2f ms, %s rows", stmt.name, (time.perf_counter() - started) * 1e3, rows
-            )
-        if faults.armed:
-            faults.hit(f"after:{stmt.name}")
-        return result
+            return self._execute_wrapped(conn, stmt, params, fetch)
+        conn.close_if_health_check_failed()
+        conn.ensure_connection()
+        try:
+            with conn.wrap_database_errors:
+                conn.validate_no_broken_transaction()
+                cursor = _PreparingCursor(self._prepared_connection(conn))
+                try:
+                    cursor.execute(stmt.sql, params)
+                    return _fetch(cursor, fetch)
+                finally:
+                    cursor.close()
+        except ProgrammingError as exc:
+            raise _schema_missing(exc, stmt, self.alias) or exc
 
-    def _run_wrapped(self, conn: Any, stmt: Statement, params: Mapping[str, Any],
-                     fetch: str) -> Any:
+    def _execute_wrapped(self, conn: Any, stmt: Statement, params: Mapping[str, Any],
+                         fetch: str) -> Any:
         if self.prepared:
             conn.close_if_health_check_failed()
             conn.ensure_connection()
@@ -296,23 +307,17 @@ class PostgresEngine(Engine):
             raw.prepare_threshold = _NEVER
         return raw
 
-    def is_connection_error(self, exc: BaseException) -> bool:
-        if isinstance(exc, InterfaceError):
-            return True
-        if not isinstance(exc, OperationalError):
-            return False
-        raw = connections[self.alias].connection
-        return raw is None or raw.closed or bool(getattr(raw, "broken", False)) or (
-            isinstance(exc.__cause__, Exception) and "connection" in str(exc).lower()
-        )
-
-    def reset_connection(self) -> None:
-        conn = connections[self.alias]
-        try:
-            conn.close()
-        except DatabaseError:
-            # close() on a broken connection can raise; what matters is that it is dropped.
-            conn.connection = None
+    def _purge(self, stmt: Statement, params: Mapping[str, Any], batch_size: int) -> int:
+        """Run a bounded delete (``%(batch)s`` rows at most) until a batch comes back short; how
+        many rows went in all. Each batch is a statement of its own, so outside a caller's
+        transaction each commits on its own and no purge holds its locks for longer than one
+        batch."""
+        total = 0
+        while True:
+            deleted = self._run(stmt, {**params, "batch": batch_size}, fetch="count")
+            total += deleted
+            if deleted < batch_size:
+                return total
 
     # -------------------------------------------------------------------------- enqueue --
     def job_enqueue(self, params: EnqueueParams) -> EnqueueResult:
@@ -392,12 +397,14 @@ class PostgresEngine(Engine):
             raise DatabaseError("bulk enqueue kept conflicting with live jobs that finished")
         return [r for r in results if r is not None]
 
-    def _copy_jobs(self, batch: Sequence[EnqueueParams]) -> None:
-        """jobs_copy and its NOTIFY, in one transaction (the caller's, or a new one)."""
+    def _copy_jobs(self, batch: Sequence[EnqueueParams]) -> int:
+        """jobs_copy and its NOTIFY, in one transaction (the caller's, or a new one),
+        instrumented as one statement; how many rows."""
+        return instrumented(S.JOBS_COPY, self._copy, batch)
+
+    def _copy(self, batch: Sequence[EnqueueParams]) -> int:
         conn = connections[self.alias]
         stmt = S.JOBS_COPY
-        if faults.armed:
-            faults.hit(f"before:{stmt.name}")
         started = time.perf_counter()
         # Inside the caller's transaction the two statements simply join it; otherwise they
         # get one of their own, so the rows and their NOTIFY commit together.
@@ -421,11 +428,7 @@ class PostgresEngine(Engine):
             if self.notify:
                 self._run(S.JOBS_NOTIFY_QUEUES, {"queues": sorted({p.queue for p in batch})},
                           fetch="one")
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: %.2f ms, %s rows", stmt.name,
-                      (time.perf_counter() - started) * 1e3, len(batch))
-        if faults.armed:
-            faults.hit(f"after:{stmt.name}")
+        return len(batch)
 
     def _batch_args(self, batch: Sequence[EnqueueParams]) -> dict[str, Any]:
         """jobs_enqueue's parameters: the rows' columns as one JSON array (one C-level dumps
@@ -479,6 +482,16 @@ class PostgresEngine(Engine):
         lost = frozenset(c.lease_token for c in claims) - already
         return FenceReport(already_applied=already, lost=lost, states=states)
 
+    def _batch_report(self, kind: str, claims: Sequence[Claim],
+                      owned: frozenset[str]) -> FenceReport:
+        """The report of a fenced batch write that landed for the lease tokens ``owned``: the
+        other claims are told apart by jobs_fence_check (already applied, or lost)."""
+        if len(owned) == len(claims):
+            return FenceReport(owned=owned)
+        rest = self._fence_check(kind, [c for c in claims if c.lease_token not in owned])
+        return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost,
+                           states=rest.states)
+
     def jobs_complete_if_owned(self, batch: Sequence[Completion]) -> FenceReport:
         if not batch:
             return FenceReport()
@@ -487,14 +500,8 @@ class PostgresEngine(Engine):
             "tokens": _uuid_array(c.claim.lease_token for c in batch),
             "results": "[" + ",".join(c.result_json or "null" for c in batch) + "]",
         })
-        owned = frozenset(r[0] for r in rows)
-        if len(owned) == len(batch):
-            return FenceReport(owned=owned)
-        rest = self._fence_check(
-            "complete", [c.claim for c in batch if c.claim.lease_token not in owned]
-        )
-        return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost,
-                           states=rest.states)
+        return self._batch_report("complete", [c.claim for c in batch],
+                                  frozenset(r[0] for r in rows))
 
     def job_fail_if_owned(self, failure: Failure) -> tuple[FenceReport, str | None]:
         row = self._run(S.JOB_FAIL_IF_OWNED, {
@@ -633,12 +640,7 @@ class PostgresEngine(Engine):
         ]
 
     def events_purge(self, batch_size: int = 1000) -> int:
-        total = 0
-        while True:
-            deleted = self._run(S.EVENTS_PURGE, {"batch": batch_size}, fetch="count")
-            total += deleted
-            if deleted < batch_size:
-                return total
+        return self._purge(S.EVENTS_PURGE, {}, batch_size)
 
     # ------------------------------------------------------------------------- operators --
     def job_get(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> JobRecord | None:
@@ -649,6 +651,19 @@ class PostgresEngine(Engine):
                         fetch="one")
         return _job_record(row) if row is not None else None
 
+    def _change_result(self, row: Sequence[Any] | None, job_id: str,
+                       tenant_ids: Iterable[str] | None, *, unchanged: str) -> ChangeResult:
+        """An operator's action answered: the job as the statement changed it, or, when it
+        matched no row, the job as it is now with the reason ``unchanged`` (``{state}`` filled
+        in), or "not found" (also for a job outside the tenant scope)."""
+        if row is not None:
+            return ChangeResult(job=_job_record(row), changed=True)
+        current = self.job_get(job_id, tenant_ids=tenant_ids)
+        if current is None:
+            return ChangeResult(job=None, changed=False, reason="not found")
+        return ChangeResult(job=current, changed=False,
+                            reason=unchanged.format(state=current.state))
+
     def job_cancel(
         self, job_id: str, *, reason: str | None, tenant_ids: Iterable[str] | None = None
     ) -> ChangeResult:
@@ -658,12 +673,7 @@ class PostgresEngine(Engine):
         row = self._run(S.JOB_CANCEL, {
             "id": job_uuid, "reason": reason, "tenant_ids": _tenants(tenant_ids),
         }, fetch="one")
-        if row is not None:
-            return ChangeResult(job=_job_record(row), changed=True)
-        current = self.job_get(job_id, tenant_ids=tenant_ids)
-        if current is None:
-            return ChangeResult(job=None, changed=False, reason="not found")
-        return ChangeResult(job=current, changed=False, reason=f"already {current.state}")
+        return self._change_result(row, job_id, tenant_ids, unchanged="already {state}")
 
     def job_retry(self, job_id: str, *, tenant_ids: Iterable[str] | None = None,
                   enqueued_by: str | None = None) -> ChangeResult:
@@ -689,14 +699,9 @@ class PostgresEngine(Engine):
                 f"idempotency key",
                 live_job_id=str(live.id) if live else None,
             ) from None
-        if row is not None:
-            return ChangeResult(job=_job_record(row), changed=True)
-        current = self.job_get(job_id, tenant_ids=tenant_ids)
-        if current is None:
-            return ChangeResult(job=None, changed=False, reason="not found")
-        return ChangeResult(
-            job=current, changed=False, reason=f"is {current.state}, only dead or cancelled jobs"
-            " can be retried",
+        return self._change_result(
+            row, job_id, tenant_ids,
+            unchanged="is {state}, only dead or cancelled jobs can be retried",
         )
 
     def job_run_now(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
@@ -706,24 +711,13 @@ class PostgresEngine(Engine):
         row = self._run(S.JOB_RUN_NOW, {
             "id": job_uuid, "tenant_ids": _tenants(tenant_ids), "notify": self.notify,
         }, fetch="one")
-        if row is not None:
-            return ChangeResult(job=_job_record(row), changed=True)
-        current = self.job_get(job_id, tenant_ids=tenant_ids)
-        if current is None:
-            return ChangeResult(job=None, changed=False, reason="not found")
-        return ChangeResult(job=current, changed=False, reason=f"is {current.state} and due")
+        return self._change_result(row, job_id, tenant_ids, unchanged="is {state} and due")
 
     def jobs_purge(
         self, *, states: Sequence[str], finished_before: datetime, batch_size: int = 1000
     ) -> int:
-        total = 0
-        while True:
-            deleted = self._run(S.JOBS_PURGE, {
-                "states": list(states), "before": finished_before, "batch": batch_size,
-            }, fetch="count")
-            total += deleted
-            if deleted < batch_size:
-                return total
+        return self._purge(S.JOBS_PURGE, {"states": list(states), "before": finished_before},
+                           batch_size)
 
     def queue_stats(self, *, tenant_ids: Iterable[str] | None = None) -> list[QueueStats]:
         return [
@@ -908,14 +902,8 @@ class PostgresEngine(Engine):
             "resumed": [r.resumed for r in batch],
             "notes": [r.note for r in batch],
         })
-        owned = frozenset(r[0] for r in rows)
-        if len(owned) == len(batch):
-            return FenceReport(owned=owned)
-        rest = self._fence_check(
-            "requeue", [r.claim for r in batch if r.claim.lease_token not in owned]
-        )
-        return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost,
-                           states=rest.states)
+        return self._batch_report("requeue", [r.claim for r in batch],
+                                  frozenset(r[0] for r in rows))
 
     # ------------------------------------------------------------------------- scheduler --
     def leader_attempt_elect(self, lock_key: str, holder: str, lease_ms: int) -> datetime | None:
@@ -946,7 +934,7 @@ class PostgresEngine(Engine):
                             pid=row[0])
 
     @staticmethod
-    def _fence(fence: LeaderFence) -> dict[str, Any]:
+    def _leader_fence(fence: LeaderFence) -> dict[str, Any]:
         return {"lock_key": fence.lock_key, "holder": fence.holder,
                 "margin_ms": fence.margin_ms, "advisory_pid": fence.advisory_pid,
                 **advisory_key(fence.lock_key)}
@@ -956,13 +944,13 @@ class PostgresEngine(Engine):
         if not names:
             return 0
         return int(self._run(S.SCHEDULER_STATES_ENSURE, {
-            "names": list(names), "at": at, **self._fence(fence),
+            "names": list(names), "at": at, **self._leader_fence(fence),
         }, fetch="count"))
 
     def scheduler_states_lock_if_leading(self, names: Sequence[str],
                                          fence: LeaderFence) -> LockedStates:
         rows = self._run(S.SCHEDULER_STATES_LOCK_IF_LEADING, {
-            "names": list(names), **self._fence(fence),
+            "names": list(names), **self._leader_fence(fence),
         })
         locked = [r for r in rows if r[1] is not None]
         return LockedStates(leading=bool(rows[0][0]),
@@ -974,7 +962,7 @@ class PostgresEngine(Engine):
         if not names:
             return {}
         return dict(self._run(S.SCHEDULER_STATES_MARK_IF_LEADING, {
-            "names": list(names), "at": at, **self._fence(fence),
+            "names": list(names), "at": at, **self._leader_fence(fence),
         }))
 
     def scheduler_states_list(self) -> list[SchedulerStateRecord]:
@@ -994,24 +982,10 @@ class PostgresEngine(Engine):
     # ----------------------------------------------------------------------- maintenance --
     def outbox_purge_published(self, *, published_before: datetime,
                                batch_size: int = 1000) -> int:
-        total = 0
-        while True:
-            deleted = self._run(S.OUTBOX_PURGE_PUBLISHED, {
-                "before": published_before, "batch": batch_size,
-            }, fetch="count")
-            total += deleted
-            if deleted < batch_size:
-                return total
+        return self._purge(S.OUTBOX_PURGE_PUBLISHED, {"before": published_before}, batch_size)
 
     def slots_purge_expired(self, *, grace_ms: int, batch_size: int = 1000) -> int:
-        total = 0
-        while True:
-            deleted = self._run(S.SLOTS_PURGE_EXPIRED, {
-                "grace_ms": grace_ms, "batch": batch_size,
-            }, fetch="count")
-            total += deleted
-            if deleted < batch_size:
-                return total
+        return self._purge(S.SLOTS_PURGE_EXPIRED, {"grace_ms": grace_ms}, batch_size)
 
     # --------------------------------------------------------------------------- console --
     def jobs_delete_finished(
@@ -1064,158 +1038,26 @@ class PostgresEngine(Engine):
     def session_label(self, label: str) -> None:
         self._run(S.SESSION_LABEL, {"label": label[:63]}, fetch="one")
 
-    def db_now(self) -> datetime:
-        return self._run(S.DB_NOW, {}, fetch="one")[0]
-
     def listener(self, channel_label: str) -> Listener:
         return PostgresListener(self.alias, channel_label)
 
+    def db_now(self) -> datetime:
+        return self._run(S.DB_NOW, {}, fetch="one")[0]
 
-def _backfill_record(row: Sequence[Any]) -> BackfillRecord:
-    """A row in the order of statements.BACKFILL_COLUMNS, maybe followed by job state, attempt."""
-    (run_id, name, status, rows_processed, last_cursor, checksum, app_version, started_at,
-     completed_at, updated_at, error, job_id, code_changes) = row[:13]
-    job_state, job_attempt = (row[13], row[14]) if len(row) > 13 else (None, None)
-    return BackfillRecord(
-        run_id=run_id, name=name, status=status, rows_processed=int(rows_processed),
-        last_cursor=_decode_json(last_cursor), checksum=checksum, app_version=app_version,
-        started_at=started_at, completed_at=completed_at, updated_at=updated_at, error=error,
-        job_id=job_id, code_changes=list(_decode_json(code_changes) or []),
-        job_state=job_state, job_attempt=job_attempt,
-    )
-
-
-def _as_uuid(value: Any) -> UUID | None:
-    if isinstance(value, UUID):
-        return value
-    try:
-        return UUID(str(value))
-    except ValueError:
-        return None
-
-
-def advisory_key(lock_key: str) -> dict[str, int]:
-    """The (class, id) pair of the scheduler's advisory lock for ``lock_key``: a fixed class
-    and a 31-bit CRC of the key, both positive so they read the same in pg_locks' oids."""
-    return {"lock_class": ADVISORY_LOCK_CLASS,
-            "lock_id": zlib.crc32(lock_key.encode()) & 0x7FFF_FFFF}
-
-
-def _dedicated_connection(alias: str, label: str) -> Any:
-    """A psycopg connection of its own (autocommit) with the alias's parameters, outside
-    Django's connection handling and any pool Django manages."""
-    import psycopg
-
-    params = dict(connections[alias].get_connection_params())
-    params.pop("cursor_factory", None)
-    params.pop("pool", None)
-    params["application_name"] = label[:63]
-    # A peer that vanished without a FIN (host gone) is noticed by keepalives, not by reads.
-    params.setdefault("keepalives", 1)
-    params.setdefault("keepalives_idle", 10)
-    params.setdefault("keepalives_interval", 5)
-    params.setdefault("keepalives_count", 3)
-    return psycopg.connect(**params, autocommit=True)
-
-
-class PostgresAdvisorySession(AdvisorySession):
-    """The scheduler's advisory lock on a dedicated connection (see AdvisorySession).
-
-    Errors of the connection surface as :class:`SessionLost`: the server released the lock when
-    the session ended, so the caller is no longer leader and opens a new session to try again.
-    """
-
-    def __init__(self, alias: str, lock_key: str, label: str) -> None:
-        import psycopg
-
-        self._key = advisory_key(lock_key)
+    def reset_connection(self) -> None:
+        conn = connections[self.alias]
         try:
-            self._conn = _dedicated_connection(alias, label)
-        except psycopg.Error as exc:
-            raise SessionLost(str(exc)) from exc
-        self.backend_pid = self._conn.info.backend_pid
+            conn.close()
+        except DatabaseError:
+            # close() on a broken connection can raise; what matters is that it is dropped.
+            conn.connection = None
 
-    def _scalar(self, stmt: Statement) -> Any:
-        import psycopg
-
-        if faults.armed:
-            faults.hit(f"before:{stmt.name}")
-        try:
-            row = self._conn.execute(stmt.sql, self._key).fetchone()
-        except psycopg.Error as exc:
-            raise SessionLost(str(exc)) from exc
-        return row[0] if row else None
-
-    def try_lock(self) -> bool:
-        return bool(self._scalar(S.LEADER_ADVISORY_LOCK_TRY))
-
-    def holds(self) -> bool:
-        return bool(self._scalar(S.LEADER_ADVISORY_HELD))
-
-    def unlock(self) -> None:
-        self._scalar(S.LEADER_ADVISORY_UNLOCK)
-
-    def close(self) -> None:
-        try:
-            self._conn.close()
-        except Exception:  # closing a broken connection may raise; it is gone either way
-            pass
-
-
-class PostgresListener(Listener):
-    """A dedicated autocommit connection that LISTENs on the ``xjobs`` channel.
-
-    The payload of a notification is a queue name. A relay's listener LISTENs on the outbox's
-    channel instead (``listen=S.OUTBOX_LISTEN``), whose payload is empty. Connection errors
-    surface as :class:`ListenerLost`; the worker reconnects (and LISTENs again) with backoff.
-    """
-
-    def __init__(self, alias: str, label: str, *, listen: Statement = S.LISTEN) -> None:
-        import psycopg
-
-        params = dict(connections[alias].get_connection_params())
-        params.pop("cursor_factory", None)
-        params["application_name"] = label[:63]
-        # A peer that vanished without a FIN (host gone) is noticed by keepalives, not by reads.
-        params.setdefault("keepalives", 1)
-        params.setdefault("keepalives_idle", 10)
-        params.setdefault("keepalives_interval", 5)
-        params.setdefault("keepalives_count", 3)
-        try:
-            self._conn = psycopg.connect(**params, autocommit=True)
-        except psycopg.Error as exc:
-            raise ListenerLost(str(exc)) from exc
-        try:
-            if faults.armed:
-                faults.hit(f"before:{listen.name}")
-            self._conn.execute(listen.sql)
-        except BaseException as exc:
-            # Connected but not listening: this object is never returned, so nobody else
-            # would close the connection (whoever holds the exception would keep it open).
-            self._conn.close()
-            if isinstance(exc, psycopg.Error | DatabaseError):
-                raise ListenerLost(str(exc)) from exc
-            raise
-
-    def backend_pid(self) -> int:
-        return self._conn.info.backend_pid
-
-    def wait(self, timeout: float) -> list[str]:
-        import psycopg
-
-        try:
-            # Block on the socket ourselves so the wait is bounded and cheap; then drain.
-            ready, _, _ = select.select([self._conn.fileno()], [], [], timeout)
-            if not ready:
-                return []
-            # Reading the socket also surfaces an error or EOF (backend terminated) as an
-            # exception, which is how a dropped listener is noticed.
-            return [n.payload for n in self._conn.notifies(timeout=0)]
-        except (psycopg.Error, OSError, ValueError) as exc:
-            raise ListenerLost(str(exc)) from exc
-
-    def close(self) -> None:
-        try:
-            self._conn.close()
-        except Exception:  # closing a broken connection may raise; it is gone either way
-            pass
+    def is_connection_error(self, exc: BaseException) -> bool:
+        if isinstance(exc, InterfaceError):
+            return True
+        if not isinstance(exc, OperationalError):
+            return False
+        raw = connections[self.alias].connection
+        return raw is None or raw.closed or bool(getattr(raw, "broken", False)) or (
+            isinstance(exc.__cause__, Exception) and "connection" in str(exc).lower()
+        )

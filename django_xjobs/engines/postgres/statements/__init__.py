@@ -1,0 +1,169 @@
+"""THE WIRE FORMAT: every statement the PostgreSQL engine runs, as a named constant.
+
+Rules of this package:
+
+* Nothing else in django-xjobs writes queue SQL. The engine runs these by name, logs the name,
+  and ``manage.py xjobs_sql NAME`` prints the text (as a ``PREPARE`` an operator can paste into
+  psql).
+* Each statement's ``why`` says why its filters exist: most of them guard against a real
+  failure (a lost update, a double fire, a stranger's row) that a looser filter allows.
+* Parameters are ``%(name)s`` placeholders bound by psycopg, never formatted into the text.
+* Time is the database's: every lease and due-time comparison uses ``now()``, so a worker with
+  a wrong clock cannot stretch or shrink a lease.
+
+Fencing (docs/guarantees.md): a claim writes a fresh ``lease_token`` (``gen_random_uuid()``, never
+reused); every write a worker makes about a run carries ``id``, ``state = 'running'`` AND that
+token. ``state = 'running'`` alone, a fence on the state only, also matches the row after
+another worker re-claimed a lapsed lease. A finished row keeps the token of the run that
+finished it, so a write retried after an ambiguous commit is recognised by
+:data:`JOBS_FENCE_CHECK` as already applied.
+An outside actor that ends a run (cancel, the claim that buries a lapsed job) clears the token:
+that run did not finish the job, and its late writes must read as lost.
+
+One module per table family, each statement declared once in the module a maintainer of that
+family opens; this package re-exports every constant (``from django_xjobs.engines.postgres import
+statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
+
+* ``jobs``: x_jobs from enqueue to the fenced settlement: enqueue, claim, the fenced writes and
+  the heartbeat, the fence check, an operator's actions, the queue counts, the job side of a
+  refused concurrency slot, and the test kit's claim of one job and shift of due times.
+* ``steps``: x_job_steps and x_job_events: durable steps, sleeps, event waits and publishing.
+* ``outbox``: x_outbox: staging, the relay's claim and mark, its wake-up channel.
+* ``slots``: x_job_leases: concurrency slots, the purge of expired ones included.
+* ``scheduler``: x_scheduler_leader and x_scheduler_state: leader election, cron watermarks.
+* ``backfills``: x_backfills: the progress of resumable passes.
+* ``maintenance``: retention deletes (finished jobs, expired events, relayed outbox rows), the
+  console's delete of finished jobs, the health of the tables and what holds VACUUM back.
+* ``reads``: whole job rows for people: one by id (job_get), a filtered listing (jobs_list).
+* ``connections``: no table: a connection's label, LISTEN on the job channel, the clock.
+* ``fragments``: SQL text several statements share (``CHANNEL``, ``LIVE``, ``JOB_COLUMNS``, the
+  enqueue's insert); it declares no statement.
+"""
+
+from __future__ import annotations
+
+from ...base import Statement
+from .backfills import (
+    BACKFILL_CANCEL,
+    BACKFILL_COMPLETE_IF_OWNED,
+    BACKFILL_CREATE,
+    BACKFILL_FAIL_IF_OWNED,
+    BACKFILL_PROGRESS_IF_OWNED,
+    BACKFILL_START_IF_OWNED,
+    BACKFILLS_LIST,
+)
+from .backfills import BACKFILL_COLUMNS as BACKFILL_COLUMNS
+from .connections import (
+    DB_NOW,
+    LISTEN,
+    SESSION_LABEL,
+)
+from .fragments import CHANNEL as CHANNEL
+from .fragments import JOB_COLUMNS as JOB_COLUMNS
+from .fragments import LIVE as LIVE
+from .jobs import (
+    JOB_CANCEL,
+    JOB_CLAIM_IF_DUE,
+    JOB_ENQUEUE,
+    JOB_ENQUEUE_UNKEYED,
+    JOB_FAIL_IF_OWNED,
+    JOB_FIND_LIVE_BY_KEY,
+    JOB_REQUEUE_IF_OWNED,
+    JOB_RETRY,
+    JOB_RUN_NOW,
+    JOB_SUSPEND_IF_OWNED,
+    JOBS_CLAIM,
+    JOBS_COMPLETE_IF_OWNED,
+    JOBS_COPY,
+    JOBS_ENQUEUE,
+    JOBS_ENQUEUE_UNKEYED,
+    JOBS_FENCE_CHECK,
+    JOBS_FIND_LIVE_BY_KEYS,
+    JOBS_NOTIFY_QUEUES,
+    JOBS_RENEW_IF_OWNED,
+    JOBS_REQUEUE_IF_OWNED,
+    JOBS_SHIFT_DUE,
+    JOBS_WAKE_REFUSED,
+    QUEUE_STATS,
+)
+from .maintenance import (
+    EVENTS_PURGE,
+    JOBS_DELETE_FINISHED,
+    JOBS_PURGE,
+    OUTBOX_PURGE_PUBLISHED,
+    TABLES_HEALTH,
+    XMIN_HORIZON,
+)
+from .outbox import (
+    JOBS_FIND_BY_IDS,
+    OUTBOX_CLAIM,
+    OUTBOX_LISTEN,
+    OUTBOX_MARK_PUBLISHED,
+    OUTBOX_PENDING,
+    OUTBOX_STAGE,
+    OUTBOX_STATUS,
+)
+from .outbox import OUTBOX_CHANNEL as OUTBOX_CHANNEL
+from .reads import (
+    JOB_GET,
+    JOBS_LIST,
+)
+from .scheduler import ADVISORY_LOCK_CLASS as ADVISORY_LOCK_CLASS
+from .scheduler import (
+    LEADER_ADVISORY_HELD,
+    LEADER_ADVISORY_HOLDER,
+    LEADER_ADVISORY_LOCK_TRY,
+    LEADER_ADVISORY_UNLOCK,
+    LEADER_ATTEMPT_ELECT,
+    LEADER_GET,
+    LEADER_RESIGN,
+    SCHEDULER_STATE_SET_PAUSED,
+    SCHEDULER_STATES_ENSURE,
+    SCHEDULER_STATES_LIST,
+    SCHEDULER_STATES_LOCK_IF_LEADING,
+    SCHEDULER_STATES_MARK_IF_LEADING,
+)
+from .slots import (
+    SLOTS_ACQUIRE,
+    SLOTS_LIST,
+    SLOTS_PURGE_EXPIRED,
+    SLOTS_RELEASE_IF_HELD,
+    SLOTS_RENEW_IF_HELD,
+    SLOTS_USAGE,
+)
+from .steps import (
+    EVENT_LOCK,
+    EVENT_NEXT,
+    EVENT_NEXT_KEYED,
+    EVENT_PUBLISH,
+    EVENT_WAKE_WAITERS,
+    EVENTS_LIST,
+    STEP_CANCEL_SIBLINGS,
+    STEP_COMPLETE_IF_OWNED,
+    STEP_FAIL_IF_OWNED,
+    STEP_PARK_IF_OWNED,
+    STEPS_OF_RUN,
+)
+
+# Every statement by name, each listed once (tests/unit/test_statement_lint.py fails on a
+# statement of a family module that is missing here). The order is the one engine.statements()
+# has always had; `manage.py xjobs_sql` sorts by name anyway.
+ALL: dict[str, Statement] = {s.name: s for s in (
+    JOB_ENQUEUE, JOB_ENQUEUE_UNKEYED, JOBS_ENQUEUE, JOBS_ENQUEUE_UNKEYED, JOBS_COPY,
+    JOBS_NOTIFY_QUEUES, JOB_FIND_LIVE_BY_KEY, JOBS_FIND_LIVE_BY_KEYS, JOBS_CLAIM,
+    JOBS_COMPLETE_IF_OWNED, JOB_FAIL_IF_OWNED, JOB_REQUEUE_IF_OWNED, JOB_SUSPEND_IF_OWNED,
+    JOBS_RENEW_IF_OWNED, JOBS_FENCE_CHECK, STEPS_OF_RUN, STEP_COMPLETE_IF_OWNED, STEP_FAIL_IF_OWNED,
+    STEP_PARK_IF_OWNED, STEP_CANCEL_SIBLINGS, EVENT_LOCK, EVENT_PUBLISH, EVENT_WAKE_WAITERS,
+    EVENT_NEXT, EVENT_NEXT_KEYED, EVENTS_LIST, EVENTS_PURGE, JOB_GET, JOB_CANCEL, JOB_RETRY,
+    JOB_RUN_NOW, JOBS_PURGE, QUEUE_STATS, OUTBOX_PENDING, OUTBOX_STAGE, OUTBOX_CLAIM,
+    OUTBOX_MARK_PUBLISHED, OUTBOX_STATUS, JOBS_FIND_BY_IDS, OUTBOX_LISTEN, LEADER_ATTEMPT_ELECT,
+    LEADER_RESIGN, LEADER_GET, LEADER_ADVISORY_LOCK_TRY, LEADER_ADVISORY_HELD,
+    LEADER_ADVISORY_UNLOCK, LEADER_ADVISORY_HOLDER, SCHEDULER_STATES_ENSURE,
+    SCHEDULER_STATES_LOCK_IF_LEADING, SCHEDULER_STATES_MARK_IF_LEADING, SCHEDULER_STATES_LIST,
+    SCHEDULER_STATE_SET_PAUSED, OUTBOX_PURGE_PUBLISHED, SLOTS_PURGE_EXPIRED, SESSION_LABEL, LISTEN,
+    DB_NOW, BACKFILL_CREATE, BACKFILL_START_IF_OWNED, BACKFILL_PROGRESS_IF_OWNED,
+    BACKFILL_COMPLETE_IF_OWNED, BACKFILL_FAIL_IF_OWNED, BACKFILL_CANCEL, BACKFILLS_LIST,
+    SLOTS_ACQUIRE, SLOTS_RENEW_IF_HELD, SLOTS_RELEASE_IF_HELD, SLOTS_LIST, JOBS_DELETE_FINISHED,
+    TABLES_HEALTH, XMIN_HORIZON, SLOTS_USAGE, JOBS_WAKE_REFUSED, JOBS_REQUEUE_IF_OWNED,
+    JOB_CLAIM_IF_DUE, JOBS_SHIFT_DUE, JOBS_LIST,
+)}

@@ -1,0 +1,37 @@
+"""Connections: statements that set up a session or ask the server, and touch no table.
+
+A worker's own connection is labelled (session_label), a dedicated connection subscribes to
+enqueue wake-ups (listen), and db_now reads the clock every lease is measured on.
+"""
+
+from __future__ import annotations
+
+from ...base import Statement
+from .fragments import CHANNEL
+
+SESSION_LABEL = Statement(
+    "session_label",
+    why="""
+Set up a worker's own connection. `application_name` names it, so `pg_stat_activity` shows which
+worker and which role (loop, heartbeat, listener) a backend serves, and fault tests can find it.
+`jit` off: the claim's generic plan on a table of a million rows is costed high enough to be
+JIT-compiled, which took 1.3 s per claim where executing it takes 50 ms (bench/scale.py).
+""",
+    sql="select set_config('application_name', %(label)s, false), set_config('jit', 'off', false)",
+)
+
+LISTEN = Statement(
+    "listen",
+    why="""
+Subscribe a dedicated connection to enqueue wake-ups. NOTIFY is a latency hint, never the source
+of truth: notifications sent while this session is gone are lost, so the worker polls as well
+and re-LISTENs after every reconnect.
+""",
+    sql=f"listen {CHANNEL}",
+)
+
+DB_NOW = Statement(
+    "db_now",
+    why="The database clock, the one every lease is measured on.",
+    sql="select now()",
+)

@@ -1,0 +1,650 @@
+"""x_jobs: a job's life from enqueue to its fenced settlement (docs/architecture.md).
+
+In the order a job meets them: enqueue (one and many, keyed and unkeyed, COPY), the claim, the
+fenced writes of a run, its heartbeat and the fence check; then an operator's actions and the
+queue counts, the job side of a refused concurrency slot, and the test kit's claim of one job
+and shift of due times. The deletion of finished jobs is in maintenance.py, the reads of whole
+job rows in reads.py.
+"""
+
+from __future__ import annotations
+
+from ...base import Statement
+from .fragments import (
+    CHANNEL,
+    JOB_COLUMNS,
+    LIVE,
+    ON_LIVE_KEY_CONFLICT,
+    enqueue_batch_sql,
+    insert_job_sql,
+)
+
+# --------------------------------------------------------------------------------- enqueue --
+
+JOB_ENQUEUE = Statement(
+    "job_enqueue",
+    why="""
+Insert one job; `delayed` when its run_at is in the future, else `ready`.
+
+`on conflict ... do nothing` against the partial unique index over LIVE states is the whole
+idempotency story: one live job per (name, tenant, key), while finished rows stay as history so
+the same work can run again tomorrow. No check-then-insert and no advisory lock: a concurrent
+inserter of the same key waits on the index entry of the other transaction and, if that one
+rolls back, inserts its own (tests/conformance/test_enqueue.py). The tenant is in the index as
+`coalesce(tenant_id, '')` so one tenant can neither block nor detect another's key, and a NULL
+tenant is one tenant rather than a wildcard.
+
+A caller that gives no key gets the job's own id as key, through the plain insert of the
+unkeyed statement: such a row can never conflict, and the live-key index leaves it out.
+
+The NOTIFY names the queue and nothing else, is sent only for a job due now, and is
+transactional: delivered on commit, and PostgreSQL folds identical notifications of one
+transaction into one, so an enqueue loop in one transaction wakes workers once.
+""",
+    sql=f"""
+with inserted as (
+{insert_job_sql('%(key)s::text', indent='    ')}
+{ON_LIVE_KEY_CONFLICT}
+    returning id, run_id, state, queue
+)
+select id, run_id, state,
+       case when %(notify)s and state = 'ready' then pg_notify('{CHANNEL}', queue) end
+  from inserted
+""",
+)
+
+JOB_ENQUEUE_UNKEYED = Statement(
+    "job_enqueue_unkeyed",
+    why="""
+job_enqueue for a job given no idempotency key: its key is its own id, which no other row can
+hold, so it is a plain INSERT. No `on conflict`: the speculative insertion it needs costs every
+enqueue a third of its server time, for a conflict that cannot happen; the live-key index leaves
+these rows out (`not (idempotency_key = id::text)`), so their claims and acks do not maintain it
+either. Same NOTIFY rule as job_enqueue.
+""",
+    sql=f"""
+{insert_job_sql('%(id)s::uuid::text')}
+returning id, run_id, state,
+          case when %(notify)s and state = 'ready' then pg_notify('{CHANNEL}', queue) end
+""",
+)
+
+JOBS_ENQUEUE = Statement(
+    "jobs_enqueue",
+    why="""
+The batch form of job_enqueue for items that carry an idempotency key: one statement for the
+whole batch, the same `on conflict do nothing` against the live-key index, so idempotency holds
+inside the batch too (a second item with the same key is skipped, and find-live-by-keys names
+the first one).
+
+At most one NOTIFY per queue per batch, never one per job: the `notified` CTE is read by the
+final select only to force it to run.
+
+The batch arrives as two JSON arrays, the rows' other columns (in the order unpacked below) and
+their inputs, zipped by position: the client makes one json.dumps call and one string join
+instead of fourteen parameter arrays dumped element by element, which cost more than the insert
+itself at a thousand rows.
+""",
+    sql=enqueue_batch_sql("r.key", ON_LIVE_KEY_CONFLICT),
+)
+
+JOBS_ENQUEUE_UNKEYED = Statement(
+    "jobs_enqueue_unkeyed",
+    why="""
+jobs_enqueue for items without a key (each keyed by its own id): a plain insert, for the reason
+given at job_enqueue_unkeyed. Same batch format and NOTIFY rule as jobs_enqueue.
+""",
+    sql=enqueue_batch_sql("r.id::text"),
+)
+
+JOBS_COPY = Statement(
+    "jobs_copy",
+    why="""
+The fast path of a bulk enqueue: jobs without an idempotency key that are due now. They can
+never conflict (their key is their own id, left out of the live-key index), need no `on
+conflict`, and take every other column's default (state ready, run_at now()); so COPY, which
+halves the server time of a thousand-row batch against INSERT ... SELECT. It is followed, in the
+same transaction, by jobs_notify_queues: COPY cannot send the NOTIFY itself.
+""",
+    sql="""
+copy x_jobs (id, name, queue, input, idempotency_key, run_id, max_attempts, priority,
+             tenant_id, traceparent, enqueued_by, concurrency_key)
+from stdin
+""",
+)
+
+JOBS_NOTIFY_QUEUES = Statement(
+    "jobs_notify_queues",
+    why="""
+One NOTIFY per queue for the jobs a jobs_copy just added (delivered on commit, like the
+enqueue statements' own NOTIFY).
+""",
+    sql=f"select count(pg_notify('{CHANNEL}', q)) from unnest(%(queues)s::text[]) as q",
+)
+
+JOB_FIND_LIVE_BY_KEY = Statement(
+    "job_find_live_by_key",
+    why="""
+The live job holding (name, tenant, key), read after job_enqueue met a conflict. Scoped exactly
+as the unique index is, name and tenant included: a lookup by key alone would find a stranger's
+job. It can find nothing when the live job finished between the conflict
+and this read; the caller then inserts again.
+
+The filters repeat the unique index's whole predicate, `not (idempotency_key = id::text)`
+included: a conflicting row is always in that index, and without the last filter the planner
+cannot prove the query matches the partial index and scans the table (170 ms at 1M rows).
+""",
+    sql=f"""
+select id, run_id, state
+  from x_jobs
+ where name = %(name)s
+   and coalesce(tenant_id, '') = coalesce(%(tenant_id)s, '')
+   and idempotency_key = %(key)s
+   and state in {LIVE}
+   and not (idempotency_key = id::text)
+ limit 1
+""",
+)
+
+JOBS_FIND_LIVE_BY_KEYS = Statement(
+    "jobs_find_live_by_keys",
+    why="""
+job_find_live_by_key for the items of a batch that were not inserted, in one statement. The join
+is on the same (name, coalesce(tenant_id, ''), key) expression as the unique index, and the
+filters repeat its whole predicate, which is what lets it use that index (job_find_live_by_key).
+""",
+    sql=f"""
+select k.ord, j.id, j.run_id, j.state
+  from unnest(%(names)s::text[], %(tenant_ids)s::text[], %(keys)s::text[])
+       with ordinality as k(name, tenant_id, key, ord)
+  join x_jobs j
+    on j.name = k.name
+   and coalesce(j.tenant_id, '') = coalesce(k.tenant_id, '')
+   and j.idempotency_key = k.key
+   and j.state in {LIVE}
+   and not (j.idempotency_key = j.id::text)
+""",
+)
+
+# ----------------------------------------------------------------------------------- claim --
+
+JOBS_CLAIM = Statement(
+    "jobs_claim",
+    why="""
+Lease up to n jobs per queue in one statement. SKIP LOCKED is the whole design: without it a
+second worker blocks on the first one's row locks and throughput collapses to one worker
+(tests/conformance/test_claim.py::test_a_row_locked_by_another_session_is_skipped).
+
+Eligible: `ready`/`delayed`/`suspended` rows due now, or `running` rows whose lease lapsed
+(`visible_at <= now()`: the worker died or stopped renewing). `done`, `dead` and `cancelled`
+appear in no branch, so a finished or cancelled job is never handed out again. One lateral scan
+per queue walks that queue's claim index in (priority desc, run_at) order, which a single
+`queue = any(...)` scan cannot do.
+
+Every claim writes a fresh lease_token: the fence for every later write of this run. `attempt`
+counts claims, except a resume from `suspended` (waking from a durable sleep is not a new
+attempt). A lapsed lease whose attempt was already the last one goes to `dead` instead of
+running again: a job that kills its worker must not loop forever. Its token is cleared, so the
+late writes of the run that lost it read as lost.
+
+The claim commits asynchronously (`synchronous_commit` off for its own transaction only; the
+claim never runs inside a caller's transaction). If PostgreSQL crashes before the claim's WAL
+reaches disk, the claim never happened: the job is claimable again and the run that started
+it is fenced out by its token. That is at-least-once execution, which a crash after a durable
+claim gives as well; what it saves is a disk flush on every claim, the largest part of an idle
+worker's enqueue-to-start latency.
+""",
+    sql="""
+with async_commit as (
+    select set_config('synchronous_commit', 'off', true)
+), wants as (
+    select * from unnest(%(queues)s::text[], %(limits)s::int[]) as w(queue, n)
+), lapsed as (
+    select c.id, c.prev_state, c.exhausted, w.queue
+      from wants w
+      cross join lateral (
+          select id, state as prev_state, attempt >= max_attempts as exhausted
+            from x_jobs
+           where queue = w.queue and state = 'running' and visible_at <= now()
+           order by visible_at
+           limit w.n
+             for update skip locked
+      ) c
+), due as (
+    -- Lapsed leases take their places first (they have waited a whole lease already), and the
+    -- due scan fills what is left of each queue's share, in claim order, so a rescue never
+    -- lets an older low-priority job pass a higher-priority one (tests/conformance/test_claim.py).
+    --
+    -- One bounded run_at scan per distinct priority of the queue, highest first (the priorities
+    -- found by a loose index scan: one index probe each). A single scan in (priority, run_at)
+    -- order cannot stop at the first row not yet due, since a lower priority follows it: with
+    -- 200,000 delayed jobs and none due, every idle poll read all of them (15 ms, 1,000 pages).
+    select c.id, c.prev_state, false as exhausted, w.queue
+      from (select w.queue,
+                   greatest(w.n - (select count(*) from lapsed l where l.queue = w.queue), 0)
+                     as share
+              from wants w) w
+      cross join lateral (
+          select d.id, d.prev_state
+            from (with recursive prio(p) as (
+                      (select priority from x_jobs
+                        where queue = w.queue and state in ('ready', 'delayed', 'suspended')
+                        order by priority desc limit 1)
+                      union all
+                      select (select priority from x_jobs
+                               where queue = w.queue
+                                 and state in ('ready', 'delayed', 'suspended')
+                                 and priority < prio.p
+                               order by priority desc limit 1)
+                        from prio where prio.p is not null)
+                  select p from prio where p is not null order by p desc) pr
+            cross join lateral (
+                select id, state as prev_state
+                  from x_jobs
+                 where queue = w.queue and state in ('ready', 'delayed', 'suspended')
+                   and priority = pr.p and run_at <= now()
+                 order by run_at
+                 limit w.share
+                   for update skip locked
+            ) d
+           limit w.share
+      ) c
+), picked as (
+    select id, prev_state, exhausted from lapsed
+    union all
+    select id, prev_state, exhausted from due
+), claimed as (
+    update x_jobs j
+       set state       = case when p.exhausted then 'dead' else 'running' end,
+           attempt     = case when p.exhausted or p.prev_state = 'suspended' then j.attempt
+                              else j.attempt + 1 end,
+           rescues     = j.rescues + (p.prev_state = 'running')::int,
+           visible_at  = case when p.exhausted then null
+                              else now() + %(lease_ms)s * interval '1 millisecond' end,
+           lease_token = case when p.exhausted then null else gen_random_uuid() end,
+           claimed_by  = case when p.exhausted then j.claimed_by else %(worker_id)s end,
+           worker_ids  = case when p.exhausted or p.prev_state = 'suspended' then j.worker_ids
+                              else j.worker_ids || jsonb_build_array(%(worker_id)s::text) end,
+           started_at  = case when p.exhausted then j.started_at else now() end,
+           finished_at = case when p.exhausted then now() end,
+           last_error  = case when p.exhausted
+                              then format('lease lost %%s times: the worker running attempt %%s'
+                                          ' of %%s (%%s) stopped renewing it (killed or crashed?)',
+                                          j.rescues + 1, j.attempt, j.max_attempts, j.claimed_by)
+                              else j.last_error end,
+           updated_at  = now()
+      from picked p
+     where j.id = p.id
+       -- Redundant with the join, and the reason the update reaches its rows through the
+       -- primary key: without it the planner, which cannot estimate the CTE, hashes the whole
+       -- table (a sequential scan per claim, 12 ms at 20,000 rows and growing with history).
+       and j.id = any(array(select id from picked))
+ returning j.id, j.lease_token, j.name, j.queue, j.input, j.run_id, j.attempt, j.max_attempts,
+           j.tenant_id, j.traceparent, j.concurrency_key, p.prev_state = 'suspended' as resumed,
+           j.state
+)
+select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
+       tenant_id, traceparent, concurrency_key, resumed
+  from claimed
+ where state = 'running' and (select count(*) from async_commit) = 1
+""",
+)
+
+# --------------------------------------------------------------------------- fenced writes --
+
+JOBS_COMPLETE_IF_OWNED = Statement(
+    "jobs_complete_if_owned",
+    why="""
+Mark many runs done in one statement, each fenced on (id, state = 'running', its lease_token).
+A pair that matches no row is NOT a success: the run lost the job (cancelled, or re-claimed
+after its lease lapsed) and its result is discarded; jobs_fence_check tells that apart from an
+earlier try of this same write that committed before the connection died.
+
+The ids and tokens arrive as uuid[] literals and the results as one JSON array (element n is
+the result of pair n; JSON null is stored as SQL NULL): formatting a thousand values per array on
+the client cost more CPU than the statement. The row keeps claimed_by, attempt and lease_token
+of the run that finished it. The answer is
+the TOKENS that landed, not the ids: one worker can hold two runs of the same job (a stale run
+still executing when the job is re-claimed), and only the token tells them apart.
+""",
+    sql="""
+update x_jobs j
+   set state = 'done', result = nullif(v.result, 'null'::jsonb), visible_at = null,
+       finished_at = now(), updated_at = now()
+  from (select i.id, i.token, r.result
+          from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) with ordinality as i(id, token, n)
+          join jsonb_array_elements(%(results)s::jsonb) with ordinality as r(result, n)
+         using (n)) as v
+ where j.id = v.id and j.lease_token = v.token and j.state = 'running'
+returning j.lease_token::text
+""",
+)
+
+JOB_FAIL_IF_OWNED = Statement(
+    "job_fail_if_owned",
+    why="""
+A run that raised: retry (`ready`, or `delayed` until the backoff's run_at) or `dead` once the
+attempts are used up or the error is permanent. The choice is made here from the row, under the
+same fence as the ack, so a run that lost the job cannot bury or revive it. last_error always
+records this run's error.
+""",
+    sql="""
+update x_jobs
+   set state       = case when %(permanent)s or attempt >= max_attempts then 'dead'
+                          when %(delay_ms)s > 0 then 'delayed' else 'ready' end,
+       run_at      = case when %(permanent)s or attempt >= max_attempts then run_at
+                          else now() + %(delay_ms)s * interval '1 millisecond' end,
+       finished_at = case when %(permanent)s or attempt >= max_attempts then now() end,
+       visible_at  = null,
+       last_error  = %(error)s,
+       updated_at  = now()
+ where id = %(id)s and lease_token = %(token)s and state = 'running'
+returning state
+""",
+)
+
+JOB_REQUEUE_IF_OWNED = Statement(
+    "job_requeue_if_owned",
+    why="""
+Give a job back without spending an attempt (Snooze, graceful shutdown, a refused concurrency
+slot): the attempt the claim counted is taken back, and so is its worker_ids entry, so attempts
+count runs that really ran. A claim that resumed a suspended job counted nothing, so it returns
+to `suspended` (its next claim will not count one either). Fenced like every worker write.
+""",
+    sql="""
+update x_jobs
+   set state      = case when %(resumed)s::boolean then 'suspended'
+                         when %(delay_ms)s > 0 then 'delayed' else 'ready' end,
+       attempt    = attempt - %(spent)s::boolean::int,
+       worker_ids = case when %(spent)s::boolean
+                         then worker_ids - (jsonb_array_length(worker_ids) - 1)
+                         else worker_ids end,
+       run_at     = now() + %(delay_ms)s * interval '1 millisecond',
+       visible_at = null,
+       last_error = coalesce(%(note)s, last_error),
+       updated_at = now()
+ where id = %(id)s and lease_token = %(token)s and state = 'running'
+returning state
+""",
+)
+
+JOB_SUSPEND_IF_OWNED = Statement(
+    "job_suspend_if_owned",
+    why="""
+Park a running job until wake_at (a durable sleep or an event wait). `suspended` rows are in the
+claim index and become eligible at run_at; their resume does not count an attempt. Fenced: a run
+that lost the job cannot park it.
+""",
+    sql="""
+update x_jobs
+   set state = 'suspended', run_at = %(wake_at)s, visible_at = null, updated_at = now()
+ where id = %(id)s and lease_token = %(token)s and state = 'running'
+returning id::text
+""",
+)
+
+JOBS_RENEW_IF_OWNED = Statement(
+    "jobs_renew_if_owned",
+    why="""
+The heartbeat: renew every in-flight lease of a worker in ONE statement per interval, fenced
+per run on (id, running, token), returning the ids that still belong to it. An id missing from
+the answer means the run lost the job (cancelled from outside, or re-claimed after a lapse):
+that run is stopped and its result discarded, because continuing it is the double execution the
+lease exists to prevent. The answer is the renewed TOKENS: a stale run and the current run of one
+job in the same worker share the id, and an answer keyed by id would renew both.
+""",
+    sql="""
+update x_jobs j
+   set visible_at = now() + %(lease_ms)s * interval '1 millisecond', updated_at = now()
+  from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
+ where j.id = v.id and j.lease_token = v.token and j.state = 'running'
+returning j.lease_token::text
+""",
+)
+
+JOBS_FENCE_CHECK = Statement(
+    "jobs_fence_check",
+    why="""
+Read after a fenced write matched fewer rows than it was given, to tell `lost` from `already
+applied`: when the connection died after the server committed a write, the retry matches
+nothing, yet the row carries this run's token in the state the write set. Only a run's own
+writes leave its token on a non-running row (cancel and burial clear it), so the token decides.
+""",
+    sql="""
+select v.token::text, j.state, coalesce(j.lease_token = v.token, false)
+  from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
+  left join x_jobs j on j.id = v.id
+""",
+)
+
+# ------------------------------------------------------------------------------- operators --
+
+JOB_CANCEL = Statement(
+    "job_cancel",
+    why="""
+Stop a job from outside. Any state but `done` (nothing left to stop) and `cancelled` (already
+stopped; a second cancel must not rewrite the first one's reason). A `running` job's worker
+learns at its next heartbeat, which no longer matches: the token is cleared here, so its late
+ack or nack reads as lost and the cancel is never undone by the run it stopped.
+""",
+    sql=f"""
+update x_jobs
+   set state = 'cancelled', visible_at = null, lease_token = null, finished_at = now(),
+       last_error = coalesce(%(reason)s, last_error), updated_at = now()
+ where id = %(id)s and state not in ('done', 'cancelled')
+   and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+returning {JOB_COLUMNS}
+""",
+)
+
+JOB_RETRY = Statement(
+    "job_retry",
+    why="""
+An operator's "retry now": a `dead` or `cancelled` job becomes `ready` with a fresh attempt
+budget and the SAME run_id, so the durable steps it completed are not run again. last_error is
+kept as the record of why it stopped. If another live job holds the key meanwhile, the unique
+index refuses the update; the engine reports that job instead of a driver error. enqueued_by
+becomes who retried it when the caller says (the console's `admin:<username>`), so the row
+tells who put it back on the queue; otherwise it is kept.
+""",
+    sql=f"""
+with retried as (
+    update x_jobs
+       set state = 'ready', attempt = 0, run_at = now(), visible_at = null, lease_token = null,
+           finished_at = null, result = null, updated_at = now(),
+           enqueued_by = coalesce(%(enqueued_by)s, enqueued_by)
+     where id = %(id)s and state in ('dead', 'cancelled')
+       and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+    returning {JOB_COLUMNS}
+)
+select {JOB_COLUMNS}, case when %(notify)s then pg_notify('{CHANNEL}', queue) end from retried
+""",
+)
+
+JOB_RUN_NOW = Statement(
+    "job_run_now",
+    why="""
+An operator's "run now": a `delayed` job, a `suspended` one, or a `ready` one due later becomes
+due at once. `running` and finished jobs are untouched (there is nothing to bring forward). For a
+suspended job, its open durable sleep or event wait ends now too (a wait ended so returns None):
+otherwise the resumed run would find its step not due and park again.
+""",
+    sql=f"""
+with moved as (
+    update x_jobs
+       set run_at = now(),
+           state = case when state = 'delayed' then 'ready' else state end,
+           updated_at = now()
+     where id = %(id)s
+       and (state in ('delayed', 'suspended') or (state = 'ready' and run_at > now()))
+       and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+    returning {JOB_COLUMNS}
+), ended_waits as (
+    update x_job_steps s
+       set wake_at = now()
+      from moved m
+     where s.run_id = m.run_id and s.status in ('sleeping', 'waiting')
+    returning 1
+)
+select {JOB_COLUMNS}, case when %(notify)s then pg_notify('{CHANNEL}', queue) end
+  from moved
+ where (select count(*) from ended_waits) >= 0
+""",
+)
+
+QUEUE_STATS = Statement(
+    "queue_stats",
+    why="""
+Per queue, five buckets a depth is SUMMED from, so a row must land in exactly one:
+`ready` (ready and due), `delayed` (delayed, or ready but not yet due), `running`, `suspended`,
+`dead`; plus done and cancelled. A bare `run_at > now()` would count a sleeping `suspended` job,
+or a dead one with a future run_at, twice. Pinned by the property test
+tests/conformance/test_stats.py.
+Under a tenant scope (the console's ADMIN_TENANT_SCOPE) only those tenants' rows are counted.
+""",
+    sql="""
+select queue,
+       count(*) filter (where state = 'ready' and run_at <= now())                 as ready,
+       count(*) filter (where state = 'delayed'
+                           or (state = 'ready' and run_at > now()))                 as delayed,
+       count(*) filter (where state = 'running')                                   as running,
+       count(*) filter (where state = 'suspended')                                 as suspended,
+       count(*) filter (where state = 'dead')                                      as dead,
+       count(*) filter (where state = 'done')                                      as done,
+       count(*) filter (where state = 'cancelled')                                 as cancelled
+  from x_jobs
+ where (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+ group by queue
+ order by queue
+""",
+)
+
+# --------------------------------------------------------------------------- refused slots --
+# The batch forms a worker uses when a claimed job is refused its concurrency slot
+# (slots.py has the slot statements themselves).
+
+JOBS_WAKE_REFUSED = Statement(
+    "jobs_wake_refused",
+    why="""
+Make jobs that were refused a slot due now, because the worker that refused them has just
+released a slot of their key: without it, a refused job waits its whole poll interval even when
+a slot frees a millisecond later, and a saturated key of short jobs runs `limit` jobs per poll
+interval. The worker names each job with the token of the claim it refused: the refusal leaves
+that token on the row, and any later claim replaces it, so a job that was claimed again since
+(and perhaps failed into a backoff, or snoozed) is not touched. Only rows still waiting
+(`run_at > now()`) move. NOTIFY wakes the other workers of the queues, at most once per queue.
+""",
+    sql=f"""
+with woken as (
+    update x_jobs j
+       set run_at = now(), updated_at = now()
+      from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
+     where j.id = v.id and j.lease_token = v.token
+       and j.state in ('ready', 'delayed', 'suspended') and j.run_at > now()
+    returning j.queue
+)
+select (select count(*) from woken),
+       (select count(pg_notify('{CHANNEL}', d.queue))
+          from (select distinct queue from woken) d
+         where %(notify)s)
+""",
+)
+
+JOBS_REQUEUE_IF_OWNED = Statement(
+    "jobs_requeue_if_owned",
+    why="""
+job_requeue_if_owned for many runs in one statement: the claims of a batch whose concurrency
+slot was refused go back together, so a batch of N refused jobs costs one round trip, not N.
+Same rule per run: the attempt the claim counted is taken back (and its worker_ids entry), a
+resumed suspended job returns to `suspended`, and the job is due again after its delay (one
+poll interval for a refusal, so this worker does not claim it again in a tight loop). Fenced per
+run on (id, running, token). The answer is the tokens that landed.
+""",
+    sql="""
+update x_jobs j
+   set state      = case when v.resumed then 'suspended'
+                         when v.delay_ms > 0 then 'delayed' else 'ready' end,
+       attempt    = j.attempt - v.spent::int,
+       worker_ids = case when v.spent
+                         then j.worker_ids - (jsonb_array_length(j.worker_ids) - 1)
+                         else j.worker_ids end,
+       run_at     = now() + v.delay_ms * interval '1 millisecond',
+       visible_at = null,
+       last_error = coalesce(v.note, j.last_error),
+       updated_at = now()
+  from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(delays_ms)s::bigint[],
+              %(spent)s::boolean[], %(resumed)s::boolean[], %(notes)s::text[])
+       as v(id, token, delay_ms, spent, resumed, note)
+ where j.id = v.id and j.lease_token = v.token and j.state = 'running'
+returning j.lease_token::text
+""",
+)
+
+# ---------------------------------------------------------------------------- test support --
+# django_xjobs.testing (docs/testing.md): the inline test mode's claim of the one job it runs
+# and travel()'s shift of due times. They run on the caller's connection like every statement,
+# so inside a TestCase's transaction too.
+
+JOB_CLAIM_IF_DUE = Statement(
+    "job_claim_if_due",
+    why="""
+The inline test mode runs the job an enqueue just made, and only that one: jobs_claim takes
+whatever is due first in a queue. This is jobs_claim's due branch for one id, writing what that
+branch writes (a fresh lease_token, attempt + 1 except for a resume from `suspended`, the
+worker in claimed_by and worker_ids, the lease on the database clock), so the run that follows
+is fenced and settled exactly as a worker's (tests/conformance/test_testing_support.py compares
+the two rows). A job not due yet (a delay, a backoff, a durable sleep), one already running or
+finished, and one another session holds locked (SKIP LOCKED, as in jobs_claim) are not claimed.
+""",
+    sql="""
+with picked as (
+    select id, state as prev_state
+      from x_jobs
+     where id = %(id)s::uuid and state in ('ready', 'delayed', 'suspended') and run_at <= now()
+       for update skip locked
+)
+update x_jobs j
+   set state       = 'running',
+       attempt     = case when p.prev_state = 'suspended' then j.attempt else j.attempt + 1 end,
+       visible_at  = now() + %(lease_ms)s::bigint * interval '1 millisecond',
+       lease_token = gen_random_uuid(),
+       claimed_by  = %(worker_id)s::text,
+       worker_ids  = case when p.prev_state = 'suspended' then j.worker_ids
+                          else j.worker_ids || jsonb_build_array(%(worker_id)s::text) end,
+       started_at  = now(),
+       updated_at  = now()
+  from picked p
+ where j.id = p.id
+returning j.id::text, j.lease_token::text, j.name, j.queue, j.input, j.run_id::text, j.attempt,
+          j.max_attempts, j.tenant_id, j.traceparent, j.concurrency_key,
+          p.prev_state = 'suspended' as resumed
+""",
+)
+
+JOBS_SHIFT_DUE = Statement(
+    "jobs_shift_due",
+    why="""
+travel(): make waiting jobs due as if time had passed, without touching any clock. Every due
+time the claim compares with now() moves back by the shift: run_at of `ready`, `delayed` and
+`suspended` jobs (a delay, a retry's backoff, a snooze, a durable sleep's wake-up) and wake_at
+of their runs' open sleeps and event waits, which a resumed step compares with now() to know
+whether it is over. All waiting rows move, due ones too, so their claim order stays as it was.
+`running` rows keep their leases: passing time must not make a run that is still executing
+look crashed.
+""",
+    sql="""
+with moved as (
+    update x_jobs
+       set run_at = run_at - %(shift_ms)s::bigint * interval '1 millisecond', updated_at = now()
+     where state in ('ready', 'delayed', 'suspended')
+    returning run_id
+), waits as (
+    update x_job_steps s
+       set wake_at = s.wake_at - %(shift_ms)s::bigint * interval '1 millisecond'
+      from (select distinct run_id from moved) m
+     where s.run_id = m.run_id and s.status in ('sleeping', 'waiting')
+    returning 1
+)
+select count(*) from moved where (select count(*) from waits) >= 0
+""",
+)

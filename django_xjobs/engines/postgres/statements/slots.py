@@ -1,0 +1,176 @@
+"""x_job_leases: per-key concurrency slots (docs/concurrency.md).
+
+django_xjobs/slots.py has the protocol (states, transitions, which timeout bounds which). A slot
+row is free when it is missing OR lapsed (expires_at <= now()); every write is fenced on the
+holder. Only slots_purge_expired, which maintenance runs, deletes lapsed rows of other holders;
+it is here, not in maintenance.py, because its grace is part of the renewal's fence.
+
+The job-side statements of a refused slot (jobs_wake_refused, jobs_requeue_if_owned) are in
+jobs.py: they write x_jobs.
+"""
+
+from __future__ import annotations
+
+from ...base import Statement
+
+SLOTS_ACQUIRE = Statement(
+    "slots_acquire",
+    why="""
+Take the lowest free slot under its limit for each request of a claimed batch, in one
+statement. Race-safe without an advisory lock: the (lease_key, slot) unique index serialises two
+workers that picked the same slot, and the loser's `do update` is guarded on the row having
+expired, so a live slot returns no row and is never granted twice. Under contention this can
+refuse a slot that is genuinely free (both picked slot 0, slot 1 was free): a refusal costs one
+poll interval, an over-grant would cost the guarantee (tests/conformance/test_slots.py races 16
+threads for the last slot).
+
+Several requests for one key in a batch share that key's free slots, lowest limit first, then
+in request order: a request's `rank` is how many requests before it were granted (its
+position, less the shortfall of the ones that were not: the running minimum of
+`below - pos - 1`), and it gets the rank-th free slot only if that slot is below its OWN limit
+(`rank < below`, `below` = free slots under its limit). So each run stays under the limit that
+applies to it, and a refused low-limit request does not push a higher-limit one off a slot.
+The free slots of a key are found by probing the unique index from slot 0 up, stopping once
+there are as many as the key has requests. Rows are written in (lease_key, slot) order, so two
+workers acquiring overlapping slots wait for each other in one order and cannot deadlock. The
+answer names the holders that got a slot.
+""",
+    sql="""
+with req as (
+    select r.lease_key, r.lim, r.holder, r.ord,
+           row_number() over (partition by r.lease_key order by r.lim, r.ord) - 1 as pos
+      from unnest(%(keys)s::text[], %(limits)s::int[], %(holders)s::text[])
+           with ordinality as r(lease_key, lim, holder, ord)
+), wanted as (
+    select lease_key, max(lim) as lim, count(*) as n from req group by lease_key
+), free as (
+    select w.lease_key, f.slot, f.rank
+      from wanted w
+      cross join lateral (
+          select s.slot, row_number() over (order by s.slot) - 1 as rank
+            from generate_series(0, w.lim - 1) as s(slot)
+           where not exists (select 1 from x_job_leases l
+                              where l.lease_key = w.lease_key and l.slot = s.slot
+                                and l.expires_at > now())
+           order by s.slot
+           limit w.n
+      ) f
+), counted as (
+    select q.lease_key, q.lim, q.holder, q.ord, q.pos,
+           (select count(*) from free f
+             where f.lease_key = q.lease_key and f.slot < q.lim) as below
+      from req q
+), placed as (
+    select c.lease_key, c.holder, c.below,
+           c.pos + least(0, coalesce(min(c.below - c.pos - 1) over (
+               partition by c.lease_key order by c.lim, c.ord
+               rows between unbounded preceding and 1 preceding), 0)) as rank
+      from counted c
+)
+insert into x_job_leases (lease_key, slot, holder, expires_at)
+select p.lease_key, f.slot, p.holder, now() + %(ttl_ms)s::bigint * interval '1 millisecond'
+  from placed p
+  join free f on f.lease_key = p.lease_key and f.rank = p.rank
+ where p.rank < p.below
+ order by p.lease_key, f.slot
+on conflict (lease_key, slot) do update
+   set holder = excluded.holder, expires_at = excluded.expires_at
+ where x_job_leases.expires_at <= now()
+returning lease_key, slot, holder
+""",
+)
+
+SLOTS_RENEW_IF_HELD = Statement(
+    "slots_renew_if_held",
+    why="""
+The heartbeat's renewal of every slot a worker holds, one statement per round. Two fences, and
+each answers a case the other cannot: `holder` answers "another run has this slot";
+`expires_at > now()` answers "nobody has it YET": a lapsed slot is one any worker may take on
+its next acquire, so reviving it would make the TTL an expiry only other workers observe, and
+two runs would believe they hold one slot. A slot missing from the answer is lost: its run is
+stopped with X_JOB_SLOT_LOST (without the expiry fence a renewal would revive a slot that
+lapsed, and the run would go on silently beside the slot's new holder).
+""",
+    sql="""
+update x_job_leases l
+   set expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond'
+  from unnest(%(keys)s::text[], %(slots)s::int[], %(holders)s::text[])
+       as v(lease_key, slot, holder)
+ where l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
+   and l.expires_at > now()
+returning l.holder
+""",
+)
+
+SLOTS_RELEASE_IF_HELD = Statement(
+    "slots_release_if_held",
+    why="""
+Hand slots back when their runs ended, however they ended, one statement per settle. Fenced on
+the holder only: a run may delete its own row even after it lapsed (nobody else's row carries
+its holder, which contains its never-reused lease token), and never touches a row another run
+took over.
+""",
+    sql="""
+delete from x_job_leases l
+ using unnest(%(keys)s::text[], %(slots)s::int[], %(holders)s::text[])
+       as v(lease_key, slot, holder)
+ where l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
+""",
+)
+
+# ----------------------------------------------------------------------------------- reads --
+
+SLOTS_LIST = Statement(
+    "slots_list",
+    why="""
+The slots held now, for `manage.py xjobs slots`: live rows only (a lapsed row is free, whoever
+it names). The expiry is also given as milliseconds left on the database clock, the clock the
+slots are measured on.
+""",
+    sql="""
+select lease_key, slot, holder, expires_at,
+       (extract(epoch from expires_at - now()) * 1000)::bigint
+  from x_job_leases
+ where expires_at > now()
+   and (%(key)s::text is null or lease_key = %(key)s)
+ order by lease_key, slot
+ limit %(limit)s
+""",
+)
+
+SLOTS_USAGE = Statement(
+    "slots_usage",
+    why="""
+Held slots per key for the stats: live rows only, counted on the database clock, busiest keys
+first. Lapsed rows wait for maintenance and are not counted: they are free.
+""",
+    sql="""
+select lease_key, count(*), min(expires_at)
+  from x_job_leases
+ where expires_at > now()
+ group by lease_key
+ order by count(*) desc, lease_key
+ limit %(limit)s
+""",
+)
+
+# ----------------------------------------------------------------------------- maintenance --
+
+SLOTS_PURGE_EXPIRED = Statement(
+    "slots_purge_expired",
+    why="""
+Delete concurrency slot rows expired for longer than a grace, one bounded batch per call. An
+expired slot is free anyway (the acquire overwrites it), so this only collects keys nobody uses
+any more. The grace keeps the row for a renewal that is in flight: its transaction's now() may
+predate the expiry, and it must see its own fence (holder and expires_at > now()) decide, not a
+row that vanished under it. SKIP LOCKED: a slot being renewed or taken is never waited for.
+""",
+    sql="""
+delete from x_job_leases
+ where id in (select id from x_job_leases
+               where expires_at <= now() - %(grace_ms)s::bigint * interval '1 millisecond'
+               order by expires_at
+               limit %(batch)s
+                 for update skip locked)
+""",
+)
