@@ -1,7 +1,7 @@
 """The eight tables, as Django models: the schema source for migrations and the admin's reads.
 
 Queue state is never written through these models: every write goes through the engine's
-fenced statements (``engines/postgres/statements.py``). The models exist so that migrations,
+fenced statements (``engines/postgres/statements/``). The models exist so that migrations,
 the admin and ad-hoc ORM reads work as a Django developer expects. The managers of ``Job``,
 ``JobLease`` and ``SchedulerLeader`` also reach those statements, through the engine
 (``Job.objects.claim(...)``; django_xjobs/managers.py, docs/managers.md).

@@ -2,7 +2,7 @@
 
 Services (api, worker, scheduler, ...) call these methods through :func:`engines.get_engine` and
 never build SQL. An engine turns each method into one named statement of its wire format
-(``engines/<engine>/statements.py``) and decodes rows into :mod:`django_xjobs.records`.
+(``engines/<engine>/statements/``) and decodes rows into :mod:`django_xjobs.records`.
 
 Names are noun-first and carry their guard: ``jobs_complete_if_owned`` may only change rows whose
 ``lease_token`` is the caller's; a plural noun means the method takes a batch.
@@ -25,8 +25,6 @@ from datetime import datetime
 from typing import LiteralString
 from uuid import UUID
 
-# The seam's connection errors, defined with the package's others; engines import them here.
-from ..exceptions import ListenerLost, SessionLost  # noqa: F401
 from ..records import (
     BackfillRecord,
     ChangeResult,

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import psycopg
 from django.db import (
     DatabaseError,
     IntegrityError,
@@ -68,8 +69,6 @@ from .sessions import PostgresAdvisorySession, PostgresListener, advisory_key
 
 
 def _preparing_cursor_class() -> type:
-    import psycopg
-
     class PreparingCursor(psycopg.Cursor):  # type: ignore[type-arg]
         """Server-side binding, and every statement prepared on first use (per connection)."""
 

@@ -15,9 +15,11 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
+import psycopg
 from django.db import DatabaseError, connections
 
-from ..base import AdvisorySession, Listener, ListenerLost, SessionLost, Statement
+from ...exceptions import ListenerLost, SessionLost
+from ..base import AdvisorySession, Listener, Statement
 from . import statements as S
 from .instrumentation import instrumented
 from .statements import ADVISORY_LOCK_CLASS
@@ -34,7 +36,6 @@ def _dedicated_connection(alias: str, label: str) -> Any:
     """A psycopg connection of its own (autocommit) with the alias's parameters, outside
     Django's connection handling and any pool Django manages: the LISTEN connection and the
     scheduler's advisory session, whose state (a subscription, a lock) is the session's."""
-    import psycopg
 
     params = dict(connections[alias].get_connection_params())
     params.pop("cursor_factory", None)
@@ -66,16 +67,12 @@ class _DedicatedSession:
     lost: type[Exception]
 
     def __init__(self, alias: str, label: str) -> None:
-        import psycopg
-
         try:
             self._conn = _dedicated_connection(alias, label)
         except psycopg.Error as exc:
             raise self.lost(str(exc)) from exc
 
     def _send(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> Any:
-        import psycopg
-
         try:
             return instrumented(stmt, _execute_dedicated, self._conn, stmt, params)
         except (psycopg.Error, DatabaseError) as exc:
@@ -141,8 +138,6 @@ class PostgresListener(_DedicatedSession, Listener):
         return self._conn.info.backend_pid
 
     def wait(self, timeout: float) -> list[str]:
-        import psycopg
-
         try:
             # Block on the socket ourselves so the wait is bounded and cheap; then drain.
             ready, _, _ = select.select([self._conn.fileno()], [], [], timeout)
