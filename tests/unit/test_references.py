@@ -131,3 +131,28 @@ def test_every_anchor_a_docs_page_links_is_a_heading():
                                            not in github_anchors(target.read_text())):
                 found.append(where(page, text, match.start()))
     assert found == [], "\n".join(found)
+
+
+def test_the_design_names_every_statement_under_its_module():
+    """docs/design.md, "Statement families": each section opens with "Module `<family>.py`", and
+    names every statement of that module of engines/postgres/statements/ (and no other's)."""
+    import importlib
+    import pkgutil
+
+    from django_xjobs.engines.base import Statement
+    from django_xjobs.engines.postgres import statements
+
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    families = text[text.index("## Statement families"):text.index("## Invariants")]
+    sections = {}
+    for section in re.split(r"^### ", families, flags=re.MULTILINE)[1:]:
+        module = re.search(r"Module `(\w+)\.py`", section)
+        assert module, section[:60]
+        sections[module.group(1)] = set(re.findall(r"`([A-Z][A-Z_]+)`", section))
+    misplaced = []
+    for info in pkgutil.iter_modules(statements.__path__):
+        module = importlib.import_module(f"{statements.__name__}.{info.name}")
+        for name, value in vars(module).items():
+            if isinstance(value, Statement) and name not in sections.get(info.name, ()):
+                misplaced.append(f"{name} ({info.name}.py)")
+    assert misplaced == []

@@ -11,14 +11,14 @@ Rules of this package:
 * Time is the database's: every lease and due-time comparison uses ``now()``, so a worker with
   a wrong clock cannot stretch or shrink a lease.
 
-Fencing (docs/guarantees.md): a claim writes a fresh ``lease_token`` (``gen_random_uuid()``, never
-reused); every write a worker makes about a run carries ``id``, ``state = 'running'`` AND that
-token. ``state = 'running'`` alone, a fence on the state only, also matches the row after
-another worker re-claimed a lapsed lease. A finished row keeps the token of the run that
-finished it, so a write retried after an ambiguous commit is recognised by
-:data:`JOBS_FENCE_CHECK` as already applied.
-An outside actor that ends a run (cancel, the claim that buries a lapsed job) clears the token:
-that run did not finish the job, and its late writes must read as lost.
+Fencing (docs/design.md, "Fencing"): a claim writes a fresh ``lease_token``
+(``gen_random_uuid()``, never reused); every write a worker makes about a run carries ``id``,
+``state = 'running'`` AND that token. ``state = 'running'`` alone, a fence on the state only,
+also matches the row after another worker re-claimed a lapsed lease. A finished row keeps the
+token of the run that finished it, so a write retried after an ambiguous commit is recognised by
+:data:`JOBS_FENCE_CHECK` as already applied. An outside actor that ends a run (cancel, the claim
+that buries a lapsed job) clears the token: that run did not finish the job, and its late writes
+must read as lost.
 
 One module per table family, each statement declared once in the module a maintainer of that
 family opens; this package re-exports every constant (``from django_xjobs.engines.postgres import

@@ -14,8 +14,8 @@ SESSION_LABEL = Statement(
     why="""
 Set up a worker's own connection. `application_name` names it, so `pg_stat_activity` shows which
 worker and which role (loop, heartbeat, listener) a backend serves, and fault tests can find it.
-`jit` off: the claim's generic plan on a table of a million rows is costed high enough to be
-JIT-compiled, which took 1.3 s per claim where executing it takes 50 ms (bench/scale.py).
+`jit` off: the claim's generic plan on a big table is costed high enough to be JIT-compiled, and
+compiling costs far more than executing it (docs/performance.md, "What the simpler forms cost").
 """,
     sql="select set_config('application_name', %(label)s, false), set_config('jit', 'off', false)",
 )

@@ -57,8 +57,9 @@ JOB_ENQUEUE_UNKEYED = Statement(
     "job_enqueue_unkeyed",
     why="""
 job_enqueue for a job given no idempotency key: its key is its own id, which no other row can
-hold, so it is a plain INSERT. No `on conflict`: the speculative insertion it needs costs every
-enqueue a third of its server time, for a conflict that cannot happen; the live-key index leaves
+hold, so it is a plain INSERT. No `on conflict`: the speculative insertion it needs would cost
+every enqueue server time for a conflict that cannot happen (docs/performance.md, "What the
+simpler forms cost"); the live-key index leaves
 these rows out (`not (idempotency_key = id::text)`), so their claims and acks do not maintain it
 either. Same NOTIFY rule as job_enqueue.
 """,
@@ -102,8 +103,9 @@ JOBS_COPY = Statement(
     why="""
 The fast path of a bulk enqueue: jobs without an idempotency key that are due now. They can
 never conflict (their key is their own id, left out of the live-key index), need no `on
-conflict`, and take every other column's default (state ready, run_at now()); so COPY, which
-halves the server time of a thousand-row batch against INSERT ... SELECT. It is followed, in the
+conflict`, and take every other column's default (state ready, run_at now()); so COPY, cheaper
+on the server than INSERT ... SELECT (docs/performance.md, "What the simpler forms cost"). It
+is followed, in the
 same transaction, by jobs_notify_queues: COPY cannot send the NOTIFY itself.
 """,
     sql="""
@@ -132,7 +134,8 @@ and this read; the caller then inserts again.
 
 The filters repeat the unique index's whole predicate, `not (idempotency_key = id::text)`
 included: a conflicting row is always in that index, and without the last filter the planner
-cannot prove the query matches the partial index and scans the table (170 ms at 1M rows).
+cannot prove the query matches the partial index and scans the table (docs/performance.md,
+"What the simpler forms cost").
 """,
     sql=f"""
 select id, run_id, state
@@ -173,7 +176,7 @@ JOBS_CLAIM = Statement(
     why="""
 Lease up to n jobs per queue in one statement. SKIP LOCKED is the whole design: without it a
 second worker blocks on the first one's row locks and throughput collapses to one worker
-(tests/conformance/test_claim.py::test_a_row_locked_by_another_session_is_skipped).
+(tests/conformance/test_claim.py::test_a_row_locked_by_another_session_is_skipped_not_waited_for).
 
 Eligible: `ready`/`delayed`/`suspended` rows due now, or `running` rows whose lease lapsed
 (`visible_at <= now()`: the worker died or stopped renewing). `done`, `dead` and `cancelled`
@@ -218,7 +221,8 @@ with async_commit as (
     -- One bounded run_at scan per distinct priority of the queue, highest first (the priorities
     -- found by a loose index scan: one index probe each). A single scan in (priority, run_at)
     -- order cannot stop at the first row not yet due, since a lower priority follows it: with
-    -- 200,000 delayed jobs and none due, every idle poll read all of them (15 ms, 1,000 pages).
+    -- many delayed jobs and none due, an idle poll would read every one of them
+    -- (docs/performance.md, "What the simpler forms cost").
     select c.id, c.prev_state, false as exhausted, w.queue
       from (select w.queue,
                    greatest(w.n - (select count(*) from lapsed l where l.queue = w.queue), 0)
@@ -277,7 +281,7 @@ with async_commit as (
      where j.id = p.id
        -- Redundant with the join, and the reason the update reaches its rows through the
        -- primary key: without it the planner, which cannot estimate the CTE, hashes the whole
-       -- table (a sequential scan per claim, 12 ms at 20,000 rows and growing with history).
+       -- table: a sequential scan per claim, growing with history (docs/performance.md).
        and j.id = any(array(select id from picked))
  returning j.id, j.lease_token, j.name, j.queue, j.input, j.run_id, j.attempt, j.max_attempts,
            j.tenant_id, j.traceparent, j.concurrency_key, p.prev_state = 'suspended' as resumed,
@@ -301,8 +305,9 @@ after its lease lapsed) and its result is discarded; jobs_fence_check tells that
 earlier try of this same write that committed before the connection died.
 
 The ids and tokens arrive as uuid[] literals and the results as one JSON array (element n is
-the result of pair n; JSON null is stored as SQL NULL): formatting a thousand values per array on
-the client cost more CPU than the statement. The row keeps claimed_by, attempt and lease_token
+the result of pair n; JSON null is stored as SQL NULL): formatting each value of the arrays on
+the client would cost more CPU than the statement (docs/performance.md, "What the simpler forms
+cost"). The row keeps claimed_by, attempt and lease_token
 of the run that finished it. The answer is
 the TOKENS that landed, not the ids: one worker can hold two runs of the same job (a stale run
 still executing when the job is re-claimed), and only the token tells them apart.

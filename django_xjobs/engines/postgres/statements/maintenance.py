@@ -20,9 +20,9 @@ partial index on finished rows; SKIP LOCKED so it never waits behind a worker. T
 with it (steps are keyed by run_id, which a job keeps for life).
 
 One ordered scan of the (state, finished_at) index per state: `state = any(...)` over the index
-cannot return rows in finished_at order, and the planner then read and sorted every finished
-row for each batch of a thousand (0.9 s a batch at 900,000 rows). The deletes reach their rows
-through arrays of keys, so no plan can hash-join the whole tables. Up to `batch` rows per state
+cannot return rows in finished_at order, and the planner would read and sort every finished
+row for each batch (docs/performance.md, "What the simpler forms cost"). The deletes reach their
+rows through arrays of keys, so no plan can hash-join the whole tables. Up to `batch` rows per state
 are locked while a batch is chosen; the unchosen ones are released at commit.
 """,
     sql="""

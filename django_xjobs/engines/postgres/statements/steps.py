@@ -12,9 +12,9 @@ from .fragments import CHANNEL
 
 # ----------------------------------------------------------------------------------- steps --
 
-# The fence every step write carries: the run still owns its job (docs/guarantees.md). Written
-# into each step statement as an EXISTS on the job's row, so a run that lost its lease records
-# nothing.
+# The fence every step write carries: the run still owns its job (docs/design.md, "Step and
+# backfill writes"). Written into each step statement as an EXISTS on the job's row, so a run
+# that lost its lease records nothing.
 _OWNED = """exists (select 1 from x_jobs
                 where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
                   and state = 'running')"""
@@ -159,9 +159,9 @@ committed its suspension, never in between.
 
 The waiting steps are found first, by two probes of the partial waiting index (the event's
 correlation key, and waits that named no key; `key is null or key = $2` is no index condition),
-and their run_ids handed to the suspended-run index as one array. Written as a semi-join, the
-planner was free to walk every suspended job and, for each, every waiting step of the event:
-quadratic in the number of waiters (15 ms a publish at 250 waiters, bench W5).
+and their run_ids handed to the suspended-run index as one array. As a semi-join, the planner
+may walk every suspended job and, for each, every waiting step of the event: quadratic in the
+number of waiters (docs/performance.md, "What the simpler forms cost").
 """,
     sql=f"""
 with woken as (
@@ -212,7 +212,7 @@ or the last event this run consumed of these names, so two waits consume two eve
 
 One ordered probe of the (name, published_at, id) index per name (wait_for_any names several),
 then the earliest of those: `name = any(...)` over the index cannot return rows in publication
-order, so the planner read and sorted every event of the name since the wait began.
+order: the planner would read and sort every event of the names since the wait began.
 """,
     sql=_event_next_sql(""),
 )
