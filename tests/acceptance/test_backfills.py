@@ -1,4 +1,4 @@
-"""Backfill passes against real worker crashes, pauses and cancels (reliability.md F19).
+"""Backfill passes against real worker crashes, pauses and cancels (docs/backfills.md).
 
 Every test backfill adds 1 to ``Counted.hits`` for each row of a batch, which is NOT
 idempotent: "every row exactly once" is "every hits is 1", whatever happened to the workers.

@@ -1,4 +1,4 @@
-"""Fault injection against real worker processes (reliability.md §6, F1-F11, F20, S4).
+"""Fault injection against real worker processes (docs/guarantees.md).
 
 Faults come from outside (a terminated or stopped backend, a stopped worker, a job that kills its
 own process, a hand-written row) or from the named fault points of ``django_xjobs.faults``, armed
@@ -102,7 +102,7 @@ def test_a_worker_whose_listen_fails_retries_and_is_woken_by_notify(start_worker
 
 
 def test_a_terminated_heartbeat_backend_reconnects_and_keeps_the_lease(start_worker):
-    """F6 (d): the heartbeat's connection is killed mid-job; the next round reconnects and
+    """The heartbeat's connection is killed mid-job; the next round reconnects and
     renews in time, so the job is neither stopped nor rescued."""
     from tests.testapp.jobs import sleepy_tagged
 
@@ -139,7 +139,7 @@ def test_a_heartbeat_that_fails_for_another_reason_logs_its_traceback(start_work
 
 
 def test_a_terminated_dispatcher_backend_reconnects_and_settles_its_runs(start_worker):
-    """F6 (b): the dispatcher's connection (claims and acks) is killed while a job runs; the
+    """The dispatcher's connection (claims and acks) is killed while a job runs; the
     worker reconnects, acknowledges the job once, and names its new connection again."""
     from tests.testapp.jobs import record, sleepy_tagged
 
@@ -162,7 +162,7 @@ def test_a_terminated_dispatcher_backend_reconnects_and_settles_its_runs(start_w
 
 
 def test_an_ambiguous_ack_is_recognised_as_already_done(start_worker):
-    """F8: the server commits the ack, the connection dies before the worker hears it."""
+    """The server commits the ack, the connection dies before the worker hears it."""
     from tests.testapp.jobs import record
 
     a = start_worker("a", faults="after:jobs_complete_if_owned=disconnect*1")
@@ -181,7 +181,7 @@ def test_an_ambiguous_ack_is_recognised_as_already_done(start_worker):
 
 
 def test_an_ambiguous_nack_that_buried_the_job_is_recognised_as_already_applied(start_worker):
-    """F8 for the failure path: the dead-letter write committed, its answer was lost."""
+    """The same for the failure path: the dead-letter write committed, its answer was lost."""
     from tests.testapp.jobs import permanent, record
 
     a = start_worker("a", faults="after:job_fail_if_owned=disconnect*1")
@@ -197,7 +197,7 @@ def test_an_ambiguous_nack_that_buried_the_job_is_recognised_as_already_applied(
 
 
 def test_a_claim_whose_answer_was_lost_is_rescued_after_its_lease(start_worker):
-    """F6 (a)/(b): the claim committed but the worker never received the rows. Nobody runs the
+    """The claim committed but the worker never received the rows. Nobody runs the
     job until its lease lapses; then it is re-claimed and runs once."""
     from tests.testapp.jobs import record
 
@@ -214,7 +214,7 @@ def test_a_claim_whose_answer_was_lost_is_rescued_after_its_lease(start_worker):
 
 
 def test_a_hung_heartbeat_connection_makes_the_worker_stop_the_run_itself(start_worker):
-    """F9: the heartbeat backend stops answering (SIGSTOP: the TCP connection stays up). After a
+    """The heartbeat backend stops answering (SIGSTOP: the TCP connection stays up). After a
     whole lease without renewal the worker stops the run and hands the job back; the stopped
     run's result is never written, and a later run finishes the job."""
     from tests.testapp.jobs import sleepy_tagged
@@ -256,7 +256,7 @@ def test_a_hung_heartbeat_connection_makes_the_worker_stop_the_run_itself(start_
 
 
 def test_a_paused_worker_cannot_overwrite_the_result_of_the_worker_that_took_over(start_worker):
-    """F7: worker A is frozen (SIGSTOP) past its lease; B re-claims and completes the job; when
+    """Worker A is frozen (SIGSTOP) past its lease; B re-claims and completes the job; when
     A resumes, its late writes are fenced off and change nothing."""
     from tests.testapp.jobs import sleepy_tagged
 
@@ -287,7 +287,7 @@ def test_a_paused_worker_cannot_overwrite_the_result_of_the_worker_that_took_ove
 
 
 def test_a_job_that_kills_its_worker_ends_dead_after_max_attempts(start_worker):
-    """F10: testapp.crash calls os._exit on every run. Each time the worker dies, a new one
+    """Testapp.crash calls os._exit on every run. Each time the worker dies, a new one
     starts; after max_attempts (3) claims the job is buried with "lease lost", not run a fourth
     time; other jobs of the queue complete meanwhile."""
     from tests.testapp.jobs import crash, record
@@ -324,7 +324,7 @@ def test_a_job_that_kills_its_worker_ends_dead_after_max_attempts(start_worker):
 
 
 def test_a_row_naming_os_system_is_never_imported(start_worker, tmp_path):
-    """S4: a row written by hand names ``os.system``; the worker looks names up in its registry
+    """A row written by hand names ``os.system``; the worker looks names up in its registry
     only, so the row is retried as unknown and ends dead, and nothing is executed."""
     from django.db import connection
 
@@ -360,7 +360,7 @@ def test_a_row_naming_os_system_is_never_imported(start_worker, tmp_path):
 def test_cancel_stops_a_running_job_at_the_next_heartbeat_and_a_queued_one_never_runs(
     start_worker,
 ):
-    """F20 (a) and (b)."""
+    """A running job stops at its worker's next heartbeat; a queued one is never claimed."""
     from django_xjobs import api
     from tests.testapp.jobs import record, sleepy_polite
 
@@ -397,7 +397,7 @@ def test_cancel_stops_a_running_job_at_the_next_heartbeat_and_a_queued_one_never
 def test_a_job_past_its_timeout_is_failed_retried_then_dead_while_the_worker_serves_others(
     start_worker,
 ):
-    """F11: testapp.too_slow sleeps 3 s with a 0.5 s timeout and max_attempts 2. One executor
+    """Testapp.too_slow sleeps 3 s with a 0.5 s timeout and max_attempts 2. One executor
     thread only: the other jobs can run only because the stuck thread is replaced."""
     from tests.testapp.jobs import record, too_slow
     from tests.testapp.models import Effect

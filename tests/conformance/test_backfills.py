@@ -338,7 +338,8 @@ def test_cancel_of_an_unknown_or_malformed_run_id_changes_nothing(engine):
 
 
 def test_list_filters_by_run_id(engine):
-    # The seed's filter typed the parameter as text, and `uuid = text` failed every call.
+    # A null test on the parameter alone would type it as text, and `uuid = text` would fail
+    # every call.
     wanted = pass_row(engine, status="running")
     pass_row(engine, status="running")
 

@@ -1,9 +1,10 @@
 """queue_stats: five exclusive buckets plus finished counts, the same numbers on every engine.
 
-SPEC §2: `ready` (ready and due), `delayed` (delayed, or ready not yet due), `running`,
-`suspended`, `dead`; plus `done` and `cancelled`. A row lands in exactly one bucket, so the
-buckets of a queue sum to its row count. The seed's 1.x bug counted a sleeping suspended job (or
-a dead one with a future run_at) twice; random mixes of states and times pin it here.
+`ready` (ready and due), `delayed` (delayed, or ready not yet due), `running`, `suspended`,
+`dead`; plus `done` and `cancelled` (docs/design.md, "Stats buckets are exclusive"). A row lands
+in exactly one bucket, so the buckets of a queue sum to its row count. A bare `run_at > now()`
+would count a sleeping suspended job (or a dead one with a future run_at) twice; random mixes of
+states and times pin it here.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ BUCKETS = ("ready", "delayed", "running", "suspended", "dead", "done", "cancelle
 
 
 def bucket_of(state: str, when: str) -> str:
-    """The bucket SPEC §2 names for a row (`now` is due: run_at <= now())."""
+    """The bucket a row belongs in (`now` is due: run_at <= now())."""
     if state == "ready":
         return "delayed" if when == "future" else "ready"
     return state

@@ -1,5 +1,6 @@
 """The hot path is pinned: one statement per claim, per ack batch, per heartbeat round, and two
-(COPY, NOTIFY) per bulk enqueue of jobs due now, whatever the number of jobs (STYLE habit 15)."""
+(COPY, NOTIFY) per bulk enqueue of jobs due now, whatever the number of jobs
+(docs/performance.md, "What the hot path costs")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Comments, docstrings and statement texts point only into the repository (docs/, tests/):
-a maintainer who clones it has nothing else to follow. What they point at exists: a docs page,
-the heading they name in it, and each test that docs/ says pins an invariant."""
+"""Comments, docstrings and statement texts of the package and the suite point only into the
+repository (docs/, tests/): a maintainer who clones it has nothing else to follow. What they
+point at exists: a docs page, the heading they name in it, and each test that docs/ says pins an
+invariant."""
 
 from __future__ import annotations
 
@@ -57,9 +58,17 @@ def broken_doc_references(path: Path, text: str) -> list[str]:
     return found
 
 
+def suite_texts() -> list[tuple[Path, str]]:
+    """The suite's own files, but this one (whose examples name outside documents on purpose)."""
+    this = Path(__file__).resolve()
+    return [(path, path.read_text(encoding="utf-8"))
+            for path in sorted((ROOT / "tests").rglob("*.py")) if path.resolve() != this]
+
+
 def test_no_source_file_points_outside_the_repository():
     found = [where(path, text, match.start())
-             for path, text in package_texts() for match in OUTSIDE.finditer(text)]
+             for path, text in package_texts() + suite_texts()
+             for match in OUTSIDE.finditer(text)]
     assert found == [], "\n".join(found)
 
 
@@ -108,14 +117,15 @@ def broken_test_references(path: Path, text: str) -> list[str]:
     return found
 
 
-def test_every_test_the_docs_name_exists():
-    found = [line for page in sorted(DOCS.glob("*.md"))
-             for line in broken_test_references(page, page.read_text(encoding="utf-8"))]
+def test_every_test_the_docs_and_the_package_name_exists():
+    pages = [(page, page.read_text(encoding="utf-8")) for page in sorted(DOCS.glob("*.md"))]
+    found = [line for path, text in pages + package_texts()
+             for line in broken_test_references(path, text)]
     assert found == [], "\n".join(found)
 
 
 def test_a_test_reference_must_name_a_test_function_of_that_file():
-    this = "tests/unit/test_references.py::test_every_test_the_docs_name"
+    this = "tests/unit/test_references.py::test_every_test_the_docs_and_the_package_name"
     assert broken_test_references(ROOT / "x.md", f"`{this}_exists`") == []
     assert broken_test_references(ROOT / "x.md", f"`{this}`") != []  # a prefix is not a name
     assert broken_test_references(ROOT / "x.md", "`tests/unit/test_nowhere.py::test_x`") != []
