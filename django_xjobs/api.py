@@ -39,7 +39,7 @@ from .exceptions import (
 )
 from .outbox import StagedJob
 from .records import TERMINAL_STATES, ChangeResult, EnqueueParams, EnqueueResult, JobRecord, new_ids
-from .values import INT32, check_name, check_text, encode_json, seconds_of
+from .values import INT32, check_name, check_text, encode_json, keyword_input, seconds_of
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -121,13 +121,7 @@ class _Template:
     slot_keys: slots.EnqueueKeys | None = None  # None: the job is not slot-limited
 
     def params(self, input: Any, job_id: UUID, run_id: UUID) -> EnqueueParams:
-        if input is None:
-            input = {}
-        elif not isinstance(input, Mapping):
-            raise InvalidJobInput(
-                f"input of {self.definition.name} must be a dict of keyword arguments, "
-                f"got {type(input).__name__}"
-            )
+        input = keyword_input(input, f"input of {self.definition.name}")
         self.definition.shape.check(self.definition.name, input)
         concurrency_key = None if self.slot_keys is None else self.slot_keys.key(input)
         input_json = encode_json(input if type(input) is dict else dict(input),

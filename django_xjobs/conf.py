@@ -18,7 +18,7 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
 from .exceptions import ConfigurationError
-from .values import NAME_RE, parse_duration
+from .values import NAME_RE, keyword_input, parse_duration
 
 # Where the documentation is published, with a trailing slash: a page is DOCS_URL + "guide.md".
 # The system checks' hints link it (a project that installed the package has no docs/ to read);
@@ -515,14 +515,7 @@ def _schedule_entry(task: Any, entry: Any) -> dict[str, Any]:
         raise ConfigurationError(
             f'{where}["timezone"] must be an IANA timezone name, got {timezone!r}'
         )
-    input_ = entry.get("input", {})
-    if input_ is None:
-        input_ = {}
-    if not isinstance(input_, Mapping):
-        raise ConfigurationError(
-            f'{where}["input"] must be a dict of the job\'s keyword arguments, '
-            f"got {type(input_).__name__}"
-        )
+    input_ = keyword_input(entry.get("input", {}), f'{where}["input"]', error=ConfigurationError)
     misfire = entry.get("misfire", "latest")
     if misfire not in ("latest", "all", "skip"):
         raise ConfigurationError(

@@ -20,7 +20,7 @@ import math
 import re
 import sys
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -51,6 +51,16 @@ def check_text(what: str, value: Any, *, max_length: int = 200) -> str:
         )
     if not is_utf8(value):
         raise InvalidJobInput(f"{what} contains a lone surrogate, which is not valid UTF-8")
+    return value
+
+
+def keyword_input(value: Any, what: str, *,
+                  error: type[Exception] = InvalidJobInput) -> Mapping[Any, Any]:
+    """A job's input as it is stored: a mapping of keyword arguments (None is no arguments)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise error(f"{what} must be a dict of keyword arguments, got {type(value).__name__}")
     return value
 
 
