@@ -163,6 +163,14 @@ def _fence(claim: Claim) -> dict[str, str]:
     return {"id": claim.job_id, "token": claim.lease_token}
 
 
+def _claims(claims: Iterable[Claim]) -> dict[str, str]:
+    """The parameters a fenced batch statement matches on: ``%(ids)s`` and ``%(tokens)s``, the
+    job ids and lease tokens of the claims, pair n at position n."""
+    pairs = list(claims)
+    return {"ids": _uuid_array(c.job_id for c in pairs),
+            "tokens": _uuid_array(c.lease_token for c in pairs)}
+
+
 def _uuid_array(values: Iterable[Any]) -> str:
     """A uuid[] literal. Built with one join instead of psycopg's per-element list dumper
     (docs/performance.md, "What the simpler forms cost"); uuids need no quoting."""
@@ -495,8 +503,7 @@ class PostgresEngine(Engine):
         if not batch:
             return FenceReport()
         rows = self._run(S.JOBS_COMPLETE_IF_OWNED, {
-            "ids": _uuid_array(c.claim.job_id for c in batch),
-            "tokens": _uuid_array(c.claim.lease_token for c in batch),
+            **_claims(c.claim for c in batch),
             "results": "[" + ",".join(c.result_json or "null" for c in batch) + "]",
         })
         return self._batch_report("complete", [c.claim for c in batch],
@@ -533,8 +540,7 @@ class PostgresEngine(Engine):
         if not claims:
             return frozenset()
         rows = self._run(S.JOBS_RENEW_IF_OWNED, {
-            "ids": _uuid_array(c.job_id for c in claims),
-            "tokens": _uuid_array(c.lease_token for c in claims),
+            **_claims(claims),
             "lease_ms": lease_ms,
         })
         return frozenset(r[0] for r in rows)
@@ -885,8 +891,7 @@ class PostgresEngine(Engine):
         if not refused:
             return 0
         woken, _notified = self._run(S.JOBS_WAKE_REFUSED, {
-            "ids": _uuid_array(c.job_id for c in refused),
-            "tokens": _uuid_array(c.lease_token for c in refused), "notify": self.notify,
+            **_claims(refused), "notify": self.notify,
         }, fetch="one")
         return int(woken)
 
@@ -894,8 +899,7 @@ class PostgresEngine(Engine):
         if not batch:
             return FenceReport()
         rows = self._run(S.JOBS_REQUEUE_IF_OWNED, {
-            "ids": _uuid_array(r.claim.job_id for r in batch),
-            "tokens": _uuid_array(r.claim.lease_token for r in batch),
+            **_claims(r.claim for r in batch),
             "delays_ms": [r.delay_ms for r in batch],
             "spent": [r.spent_attempt for r in batch],
             "resumed": [r.resumed for r in batch],
