@@ -24,7 +24,7 @@ def run(stdout: Any, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     ids = [h.id for h in handles]
     while Job.objects.filter(id__in=ids).exclude(state__in=("done", "dead")).exists():
-        seen_held = max(seen_held, len(get_engine().slots_list(lease_key="partner-api:acme")))
+        seen_held = max(seen_held, len(get_engine().slots_list(slot_key="partner-api:acme")))
         if time.monotonic() > deadline:
             say("  (gave up waiting for the calls)")
             return

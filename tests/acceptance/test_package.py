@@ -168,8 +168,9 @@ def clean_env() -> dict[str, str]:
 
 
 @contextmanager
-def fresh_database(suffix: str) -> Iterator[dict]:
-    """A database of its own (named after this run's test database), dropped at the end."""
+def fresh_database_url(suffix: str) -> Iterator[str]:
+    """The URL of a database of its own (named after this run's test database), dropped at the
+    end."""
     import psycopg
     from django.conf import settings
 
@@ -185,9 +186,18 @@ def fresh_database(suffix: str) -> Iterator[dict]:
     admin(f'drop database if exists "{name}" with (force)')
     admin(f'create database "{name}"')
     try:
-        yield devdb.settings_from_url(devdb.with_database(server, name))
+        yield devdb.with_database(server, name)
     finally:
         admin(f'drop database if exists "{name}" with (force)')
+
+
+@contextmanager
+def fresh_database(suffix: str) -> Iterator[dict]:
+    """:func:`fresh_database_url` as a ``DATABASES`` entry."""
+    from tests import devdb
+
+    with fresh_database_url(suffix) as url:
+        yield devdb.settings_from_url(url)
 
 
 def new_project(path: Path, python: str, database: dict) -> Project:
