@@ -193,3 +193,25 @@ def test_the_advisory_sessions_statements_are_instrumented_and_a_fault_there_los
         faults.clear()
         session.unlock()
         session.close()
+
+
+def test_an_advisory_lock_of_the_same_key_in_another_database_is_not_our_leader():
+    """Advisory locks live per database: a project sharing the server (or another test
+    database) may hold the same key. Its holder is not this database's leader, and the lock
+    does not stop ours from being taken."""
+    params = dict(connection.get_connection_params())
+    params.pop("cursor_factory", None)
+    params["dbname"] = "postgres"
+    key = advisory_key(LOCK_KEY)
+    with psycopg.connect(**params, autocommit=True) as elsewhere:
+        elsewhere.execute("select set_config('application_name', 'another-project', false)")
+        assert elsewhere.execute("select pg_try_advisory_lock(%(lock_class)s::int, "
+                                 "%(lock_id)s::int)", key).fetchone() == (True,)
+        engine = get_engine()
+        assert engine.leader_advisory_holder(LOCK_KEY) is None
+        ours = AdvisoryLeadership(engine=engine, holder="scheduler-a", lease=60, renew=15)
+        try:
+            assert ours.tick() is True
+            assert engine.leader_advisory_holder(LOCK_KEY).holder == "xjobs:scheduler-a:leader"
+        finally:
+            ours.close()

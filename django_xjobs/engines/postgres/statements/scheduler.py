@@ -114,7 +114,10 @@ LEADER_ADVISORY_HOLDER = Statement(
     "leader_advisory_holder",
     why="""
 Which backend holds the advisory lock, for `manage.py xjobs schedule` and the console: the
-session's application_name names the worker (xjobs:<worker id>:leader).
+session's application_name names the worker (xjobs:<worker id>:leader). pg_locks lists the
+whole server's locks and an advisory lock is per database: the filter on this database keeps
+another project's (or another test database's) lock of the same key out
+(tests/integration/test_leader_pooling.py::test_an_advisory_lock_of_the_same_key_in_another_database_is_not_our_leader).
 """,
     sql="""
 select l.pid, coalesce(a.application_name, '')
@@ -122,6 +125,7 @@ select l.pid, coalesce(a.application_name, '')
   left join pg_stat_activity a on a.pid = l.pid
  where l.locktype = 'advisory' and l.granted and l.objsubid = 2
    and l.classid = %(lock_class)s::int::oid and l.objid = %(lock_id)s::int::oid
+   and l.database = (select oid from pg_database where datname = current_database())
  limit 1
 """,
 )
