@@ -1,4 +1,4 @@
-"""django-xjobs benchmark (``make bench``): the four workloads of ../shared/bench, for us alone.
+"""django-xjobs benchmark (``make bench``): the peers' harness workloads, for us alone.
 
     python bench/run.py [--quick] [--workloads W1,...,W10] [--concurrency 10] [--prefetch auto]
 

@@ -1,7 +1,5 @@
-"""django-xjobs adapter for the shared harness (../shared/bench), used by `make bench-peers`:
-
-    XBENCH_EXTRA_PIP="-e $PWD" XBENCH_EXTRA_ADAPTERS=bench/xjobs_adapter.py \
-        ../shared/bench/run.sh --out bench/RESULTS.md
+"""django-xjobs adapter for the peers' benchmark harness, used by `make bench-peers` (the
+Makefile target says how it runs the harness; docs/performance.md, "Beside the peers").
 
 The project under test is bench/xbench_project (two jobs: bench.noop, bench.lat). Workers are
 `python -m django xjobs_worker` processes; enqueue uses the public API (`noop.enqueue(i=...)`,

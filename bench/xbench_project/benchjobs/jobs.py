@@ -5,7 +5,7 @@ import time
 
 from django_xjobs import Batch, Concurrency, backfill, job
 
-try:  # inside the shared harness (../shared/bench): its recorder and file layout
+try:  # inside the peers' harness (make bench-peers): its recorder and file layout
     from common import record_start
 except ImportError:  # bench/run.py: the same record, "i t_enqueue t_start" per line
     _fd = None
