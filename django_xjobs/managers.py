@@ -116,7 +116,7 @@ class JobManager(EngineManager):
     Fenced writes answer with a :class:`~django_xjobs.records.FenceReport` keyed by lease token:
     ``report.outcome(job.lease_token)`` is OWNED (this call wrote), ALREADY_APPLIED (an earlier
     try of the same write had committed) or LOST (the run no longer owns the job; nothing was
-    written). See docs/architecture.md, "Fencing".
+    written). See docs/design.md, "Fencing".
     """
 
     def claim(self, queues: str | Iterable[str] | Mapping[str, int], *, worker_id: str,

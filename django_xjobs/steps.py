@@ -77,7 +77,7 @@ from .exceptions import (
     SuspendInTransaction,
 )
 from .records import EventRecord, RunOwner, StepRecord, Suspension
-from .values import check_name, check_text, encode_json, format_error, seconds_of
+from .values import check_name, check_text, encode_json, format_error, milliseconds_of
 
 DEFAULT_EVENT_TTL = timedelta(days=7)
 MAX_STEP_NAME = 200
@@ -89,10 +89,6 @@ class EventWon:
 
     event: str
     payload: Any
-
-
-def _milliseconds(value: timedelta | float | int, what: str) -> int:
-    return round(seconds_of(value, what) * 1000)
 
 
 def _aware(value: Any, what: str) -> datetime:
@@ -208,7 +204,7 @@ class Steps:
     # ----------------------------------------------------------------------- sleep --
     def sleep(self, name: str, duration: timedelta | float | int) -> None:
         """Suspend the job for ``duration`` (once per run; later runs pass straight on)."""
-        self._sleep(name, duration_ms=_milliseconds(duration, "sleep duration"), wake_at=None)
+        self._sleep(name, duration_ms=milliseconds_of(duration, "sleep duration"), wake_at=None)
 
     def sleep_until(self, name: str, when: datetime) -> None:
         """Suspend the job until ``when`` (an aware datetime)."""
@@ -255,7 +251,7 @@ class Steps:
             _event_name(event)
         if correlation_key is not None:
             _text(correlation_key, "correlation_key")
-        timeout_ms = _milliseconds(timeout, "timeout")
+        timeout_ms = milliseconds_of(timeout, "timeout")
         record = self._begin(name)
         if record is not None and record.status == "completed":
             return self._won(record, wait_any)
@@ -403,7 +399,7 @@ def publish_event(name: str, payload: Any = None, *, correlation_key: str | None
     _event_name(name)
     if correlation_key is not None:
         _text(correlation_key, "correlation_key")
-    ttl_ms = _milliseconds(ttl, "ttl")
+    ttl_ms = milliseconds_of(ttl, "ttl")
     if ttl_ms <= 0:
         raise InvalidJobInput("ttl must be greater than zero")
     payload_json = encode_json(payload, what=f"payload of event {name!r}",

@@ -121,6 +121,11 @@ def seconds_of(value: Any, what: str) -> float:
     return seconds
 
 
+def milliseconds_of(value: Any, what: str) -> int:
+    """:func:`seconds_of` in whole milliseconds, as the engine takes durations."""
+    return round(seconds_of(value, what) * 1000)
+
+
 # ------------------------------------------------------------------------------------ JSON --
 
 

@@ -76,7 +76,7 @@ def travel(delta: timedelta | float) -> int:
     all come ``delta`` earlier. No clock is touched; the rows the claim reads move (the claim
     compares them with the database clock). Returns how many jobs moved. Nothing runs here:
     :func:`~django_xjobs.testing.drain` runs what is due."""
-    return get_engine().jobs_shift_due(round(values.seconds_of(delta, "travel delta") * 1000))
+    return get_engine().jobs_shift_due(values.milliseconds_of(delta, "travel delta"))
 
 
 # ------------------------------------------------------------------------------- helpers --

@@ -75,7 +75,6 @@ database = Reachability()
 def connect_failed(alias: str) -> bool:
     """After a connection error on this thread's Django connection of ``alias`` (and before
     any reset): whether the connect itself failed, i.e. there is no connection at all."""
-
     return connections[alias].connection is None
 
 
