@@ -200,11 +200,6 @@ def _options(task: Task) -> dict[str, Any]:
 
 def _check_options(task: XJobsTask) -> None:
     """Validate the job options with ``@job``'s own rules; normalise durations to seconds."""
-    if task.concurrency is not None and "concurrency" not in registry.option_names():
-        raise InvalidTask(
-            f"{task.module_path}: concurrency= needs django-xjobs' concurrency slots, which are "
-            "not installed in this version"
-        )
     key = task.idempotency_key
     if key is not None and not callable(key) and (not isinstance(key, str) or not key):
         raise InvalidTask(
