@@ -89,6 +89,14 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     rescues = models.IntegerField(default=0, db_default=0)
     worker_ids = models.JSONField(default=list, db_default=Value([], models.JSONField()))
+    # ---- flow control (docs/flow-control.md) ----
+    # The job's rate-limit key, formatted at enqueue like concurrency_key; the limit, period
+    # and cost come from its job's RateLimit when a worker claims it.
+    rate_key = models.TextField(null=True, blank=True)
+    # While ``blocked``: the key it waits on (a full concurrency key, a paused key), and
+    # whether it goes back to ``suspended`` (a durable run's resume) rather than ``ready``.
+    blocked_on = models.TextField(null=True, blank=True)
+    blocked_resume = models.BooleanField(default=False, db_default=False)
 
     objects = JobManager()
 
@@ -115,6 +123,19 @@ class Job(models.Model):
             models.Index(
                 fields=["queue", "visible_at"], condition=Q(state="running"),
                 name="x_jobs_lapsed_idx",
+            ),
+            # The fair claim's walk over a queue's tenants, and each tenant's jobs in claim
+            # order (docs/flow-control.md, "Fair share").
+            models.Index(
+                F("queue"), Coalesce(F("tenant_id"), Value("")), F("priority").desc(),
+                F("run_at"), condition=Q(state__in=("ready", "delayed", "suspended")),
+                name="x_jobs_fair_idx",
+            ),
+            # Blocked jobs per key in claim order: a freed slot or a resumed key wakes the
+            # next ones (docs/flow-control.md).
+            models.Index(
+                F("blocked_on"), F("priority").desc(), F("run_at"),
+                condition=Q(state="blocked"), name="x_jobs_blocked_idx",
             ),
             models.Index(
                 fields=["state", "finished_at"], condition=Q(state__in=TERMINAL_STATES),
@@ -225,6 +246,7 @@ class OutboxEntry(models.Model):
     delay_ms = models.BigIntegerField(default=0, db_default=0)
     concurrency_key = models.TextField(null=True, blank=True)
     job_id = models.UUIDField(null=True, blank=True)  # the job it became
+    rate_key = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "x_outbox"
@@ -323,3 +345,63 @@ class Backfill(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} [{self.status}]"
+
+
+class FlowPause(models.Model):
+    """A pause: of a queue (``kind="queue"``, nothing of it is claimed) or of a key (``kind=
+    "key"``, no job whose concurrency or rate-limit key it is), until ``until`` or until
+    resumed (docs/flow-control.md, "Pause")."""
+
+    id = models.BigAutoField(primary_key=True)
+    kind = models.TextField(choices=[("queue", "queue"), ("key", "key")])
+    key = models.TextField()
+    until = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(null=True, blank=True)
+    paused_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "x_flow_pauses"
+        verbose_name = "pause"
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "key"], name="x_flow_pauses_kind_key_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.key}"
+
+
+class RateUnit(models.Model):
+    """Units of a rate-limit budget spent (docs/flow-control.md, "Rate limits"): one row per
+    grant, kept for one period of its key."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.TextField()
+    at = models.DateTimeField()
+    cost = models.IntegerField()
+
+    class Meta:
+        db_table = "x_rate_units"
+        verbose_name = "rate-limit unit"
+        indexes = [models.Index(fields=["key", "at"], name="x_rate_units_key_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.key} {self.cost} at {self.at}"
+
+
+class WorkerRow(models.Model):
+    """A worker process seen lately: written when it starts and with its heartbeat, deleted
+    when it stops (``xjobs why`` names a queue no worker serves)."""
+
+    id = models.TextField(primary_key=True)
+    host = models.TextField()
+    pid = models.IntegerField()
+    queues = models.JSONField(default=list)
+    started_at = models.DateTimeField(db_default=Now())
+    seen_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "x_workers"
+        verbose_name = "worker"
+
+    def __str__(self) -> str:
+        return self.id

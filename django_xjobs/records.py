@@ -36,6 +36,7 @@ class JobState(enum.StrEnum):
     DELAYED = "delayed"
     RUNNING = "running"
     SUSPENDED = "suspended"
+    BLOCKED = "blocked"
     DONE = "done"
     DEAD = "dead"
     CANCELLED = "cancelled"
@@ -43,9 +44,12 @@ class JobState(enum.StrEnum):
 
 # The values of JobState as a type: what ``JobRecord.state`` holds (a plain str at run time, as
 # read from the row; a type checker then refuses ``record.state == "finished"``).
-JobStateName = Literal["ready", "delayed", "running", "suspended", "done", "dead", "cancelled"]
+JobStateName = Literal["ready", "delayed", "running", "suspended", "blocked", "done", "dead",
+                       "cancelled"]
 
-LIVE_STATES: tuple[str, ...] = ("ready", "delayed", "running", "suspended")
+# ``blocked``: held back by flow control (a full concurrency key, a paused key) until a slot
+# frees or the pause ends; live, so it keeps its idempotency key (docs/flow-control.md).
+LIVE_STATES: tuple[str, ...] = ("ready", "delayed", "running", "suspended", "blocked")
 TERMINAL_STATES: tuple[str, ...] = ("done", "dead", "cancelled")
 ALL_STATES: tuple[str, ...] = LIVE_STATES + TERMINAL_STATES
 

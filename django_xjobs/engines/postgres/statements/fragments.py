@@ -12,7 +12,7 @@ import textwrap
 # worker's listener LISTENs on it. The outbox has a channel of its own (outbox.OUTBOX_CHANNEL).
 CHANNEL = "xjobs"
 
-LIVE = "('ready', 'delayed', 'running', 'suspended')"
+LIVE = "('ready', 'delayed', 'running', 'suspended', 'blocked')"
 
 # Column list of a whole job row, decoded by engine._job_record in this order.
 JOB_COLUMNS = (
