@@ -716,8 +716,9 @@ QUEUE_STATS = Statement(
     why="""
 Per queue, six buckets a depth is SUMMED from, so a row must land in exactly one:
 `ready` (ready and due), `delayed` (delayed, or ready but not yet due), `running`, `suspended`,
-`blocked` (held back by flow control), `dead`; plus done and cancelled. A bare `run_at > now()` would count a sleeping `suspended` job,
-or a dead one with a future run_at, twice. Pinned by the property test
+`blocked` (held back by flow control), `dead`; plus done and cancelled. A bare
+`run_at > now()` would count a sleeping `suspended` job, or a dead one with a future run_at,
+twice. Pinned by the property test
 tests/conformance/test_stats.py.
 Under a tenant scope (the console's ADMIN_TENANT_SCOPE) only those tenants' rows are counted.
 """,
