@@ -37,7 +37,7 @@ __all__ = [
     "retry",
 ]
 
-from . import registry, slots
+from . import records, registry, slots, why
 from .api import (
     JobHandle,
     aenqueue,
@@ -63,3 +63,7 @@ from .steps import publish_event
 registry.register_option("concurrency", slots.check_option)
 for _name, _check in _cron_options.CHECKS.items():
     registry.register_option(_name, _check)
+
+# JobRecord.blocked_by reads through django_xjobs.why, which records.py, below the engines,
+# cannot import (docs/flow-control.md, "Why is a job not running?").
+records.blocked_by_reader = why.read_blocked_by
