@@ -483,6 +483,8 @@ class OutboxStatus:
 
 # ------------------------------------------------------------- why a job is not running --
 
+# Every kind of BlockedBy, in the order two reasons with the same end are listed: an operator's
+# pause, then a missing worker, then a full key (django_xjobs/why.py sorts by the end first).
 BLOCKED_KINDS: tuple[str, ...] = ("queue_paused", "key_paused", "no_worker", "slot_full",
                                   "rate_limit", "backoff", "delayed")
 

@@ -36,9 +36,9 @@ from .records import BLOCKED_KINDS, BlockedBy, FlowFacts, JobRecord
 
 __all__ = ["blocked_by", "for_job", "read_blocked_by", "summary"]
 
-# The kinds that end only when something happens, in the order they bind: an operator's pause
-# before a missing worker before a slot that frees when a run ends.
-_OPEN_ENDED_ORDER = {kind: n for n, kind in enumerate(BLOCKED_KINDS)}
+# Between two reasons with the same end (both open-ended, or both ending at T): an operator's
+# pause binds more than a missing worker, which binds more than a slot that frees when a run ends.
+_KIND_ORDER = {kind: n for n, kind in enumerate(BLOCKED_KINDS)}
 
 
 def for_job(job_id: Any, *, tenant_ids: Iterable[str] | None = None) -> tuple[BlockedBy, ...]:
@@ -61,8 +61,8 @@ def blocked_by(facts: FlowFacts) -> tuple[BlockedBy, ...]:
 
 def _binding(reason: BlockedBy) -> tuple[int, float, int]:
     if reason.until is None:
-        return (0, 0.0, _OPEN_ENDED_ORDER[reason.kind])
-    return (1, -reason.until.timestamp(), _OPEN_ENDED_ORDER[reason.kind])
+        return (0, 0.0, _KIND_ORDER[reason.kind])
+    return (1, -reason.until.timestamp(), _KIND_ORDER[reason.kind])
 
 
 def _waits(facts: FlowFacts) -> list[BlockedBy]:

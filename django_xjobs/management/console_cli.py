@@ -158,10 +158,11 @@ def _why(out: _Out, job_id: str) -> None:
     now = reads.db_now()
     steps = reads.run_steps(job.run_id, limit=None)
     lines = reads.diagnose(job, steps, now)
-    head = f"job {job.id} ({job.name}): {why.summary(job, reasons, now)}"
+    doing = why.summary(job, reasons, now)
+    head = f"job {job.id} ({job.name}): {doing}"
     out.emit({"id": job.id, "state": job.state,
               "blocked_by": [reason_json(r) for r in reasons],
-              "summary": why.summary(job, reasons, now), "job": job, "diagnosis": lines},
+              "summary": doing, "job": job, "diagnosis": lines},
              lambda: out.lines([head, *(f"  {r.text}" for r in reasons), "", *lines]))
 
 
