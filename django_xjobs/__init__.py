@@ -38,7 +38,7 @@ __all__ = [
     "retry",
 ]
 
-from . import ratelimits, registry, slots
+from . import ratelimits, records, registry, slots, why
 from .api import (
     JobHandle,
     aenqueue,
@@ -66,3 +66,7 @@ registry.register_option("concurrency", slots.check_option)
 registry.register_option("rate_limit", ratelimits.check_option)
 for _name, _check in _cron_options.CHECKS.items():
     registry.register_option(_name, _check)
+
+# JobRecord.blocked_by reads through django_xjobs.why, which records.py, below the engines,
+# cannot import (docs/flow-control.md, "Why is a job not running?").
+records.blocked_by_reader = why.read_blocked_by

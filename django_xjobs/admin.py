@@ -48,7 +48,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
-from . import api, conf, reads, registry
+from . import api, conf, reads, registry, why
 from .api import acting_as
 from .exceptions import JobNotFound, LiveJobExists, XJobsError
 from .models import (
@@ -688,8 +688,13 @@ class JobAdmin(ConsoleAdmin):
             if spec.applies(job) and spec.name in self.get_actions(request)
             and (spec.name != "run_jobs_now" or job.state != "ready" or job.run_at > now)
         ]
+        try:
+            blocked_by = why.for_job(job.pk)
+        except JobNotFound:  # deleted since it was read: the page shows it as read
+            blocked_by = ()
         context = {
             "diagnosis": reads.diagnose(job, steps, now), "steps": steps, "db_now": now,
+            "blocked_by": blocked_by,
             "step_rows": list(zip(steps, step_outputs, strict=True)),
             "can_view_steps": can_view_steps,
             "action_buttons": buttons, "changelist_url":

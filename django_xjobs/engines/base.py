@@ -38,6 +38,7 @@ from ..records import (
     EventRecord,
     Failure,
     FenceReport,
+    FlowFacts,
     JobRecord,
     LeaderFence,
     LeaderRecord,
@@ -47,6 +48,7 @@ from ..records import (
     ParkedStep,
     QueueStats,
     RateRequest,
+    RateWindow,
     Requeue,
     RunOwner,
     SchedulerStateRecord,
@@ -279,6 +281,18 @@ class Engine(abc.ABC):
         self, *, tenant_ids: Iterable[str] | None = None
     ) -> tuple[int, float | None]:
         """Staged outbox rows not yet relayed, and the age in seconds of the oldest."""
+
+    # -------------------------------------------------------- why a job is not running --
+    # Reads only (django_xjobs/why.py decides from them; docs/flow-control.md, "Why is a job
+    # not running?").
+    @abc.abstractmethod
+    def why_job(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> FlowFacts | None:
+        """The job's row now and the pauses, slot holders and workers that concern it; None
+        when there is no such job (or it is another tenant's)."""
+
+    @abc.abstractmethod
+    def why_rate_window(self, key: str, *, limit: int, period_ms: int, cost: int) -> RateWindow:
+        """``key``'s spending over the last ``period_ms`` and when ``cost`` more fits."""
 
     # ------------------------------------------------------------------ backfills --
     # A pass's progress row (``x_backfills``), keyed by its job's run_id. Worker writes are

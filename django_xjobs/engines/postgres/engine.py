@@ -43,6 +43,7 @@ from ...records import (
     EventRecord,
     Failure,
     FenceReport,
+    FlowFacts,
     JobRecord,
     LeaderFence,
     LeaderRecord,
@@ -50,8 +51,10 @@ from ...records import (
     OutboxRow,
     OutboxStatus,
     ParkedStep,
+    PauseRecord,
     QueueStats,
     RateRequest,
+    RateWindow,
     Requeue,
     RunOwner,
     SchedulerStateRecord,
@@ -761,6 +764,33 @@ class PostgresEngine(Engine):
         count, age = self._run(S.OUTBOX_PENDING, {"tenant_ids": _tenants(tenant_ids)},
                                fetch="one")
         return int(count), age
+
+    # ---------------------------------------------------------- why a job is not running --
+    def why_job(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> FlowFacts | None:
+        job_uuid = _as_uuid(job_id)
+        if job_uuid is None:
+            return None
+        r = self._run(S.WHY_JOB, {"id": job_uuid, "tenant_ids": _tenants(tenant_ids)},
+                      fetch="one")
+        if r is None:
+            return None
+        pauses = tuple(
+            PauseRecord(kind=kind, key=key,
+                        until=datetime.fromisoformat(until) if until is not None else None,
+                        reason=reason)
+            for kind, key, until, reason in json.loads(r[11])
+        )
+        return FlowFacts(
+            id=r[0], name=r[1], queue=r[2], state=r[3], run_at=r[4], attempt=r[5],
+            last_error=r[6], concurrency_key=r[7], rate_key=r[8], blocked_on=r[9], now=r[10],
+            pauses=pauses, holders=tuple(r[12]), worker_seen=r[13],
+        )
+
+    def why_rate_window(self, key: str, *, limit: int, period_ms: int, cost: int) -> RateWindow:
+        spent, next_at = self._run(S.WHY_RATE_WINDOW, {
+            "key": key, "limit": limit, "period_ms": period_ms, "cost": cost,
+        }, fetch="one")
+        return RateWindow(key=key, spent=int(spent), next_at=next_at)
 
     # ------------------------------------------------------------------------- backfills --
     def backfill_create(self, *, run_id: str, name: str, job_id: str, checksum: str,

@@ -39,6 +39,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 * ``maintenance``: retention deletes (finished jobs, expired events, relayed outbox rows), the
   console's delete of finished jobs, the health of the tables and what holds VACUUM back.
 * ``reads``: whole job rows for people: one by id (job_get), a filtered listing (jobs_list).
+* ``why``: what holds a waiting job back (why_job) and a rate-limit key's window
+  (why_rate_window), for ``manage.py xjobs why``.
 * ``connections``: no table: a connection's label, LISTEN on the job channel, the clock.
 * ``fragments``: SQL text several statements share (``CHANNEL``, ``LIVE``, ``JOB_COLUMNS``, the
   enqueue's insert); it declares no statement.
@@ -149,6 +151,10 @@ from .steps import (
     STEP_PARK_IF_OWNED,
     STEPS_OF_RUN,
 )
+from .why import (
+    WHY_JOB,
+    WHY_RATE_WINDOW,
+)
 from .workers import WORKER_GONE, WORKER_SEEN
 
 # Every statement by name, each listed once (tests/unit/test_statement_lint.py fails on a
@@ -172,5 +178,5 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     SLOTS_ACQUIRE, SLOTS_RENEW_IF_HELD, SLOTS_RELEASE_IF_HELD, SLOTS_LIST, JOBS_DELETE_FINISHED,
     TABLES_HEALTH, XMIN_HORIZON, SLOTS_USAGE, JOBS_WAKE_REFUSED, JOBS_REQUEUE_IF_OWNED,
     JOB_CLAIM_IF_DUE, JOBS_SHIFT_DUE, JOBS_LIST, JOBS_UNBLOCK, RATE_TAKE, WORKER_SEEN,
-    WORKER_GONE,
+    WORKER_GONE, WHY_JOB, WHY_RATE_WINDOW,
 )}
