@@ -165,6 +165,29 @@ def test_an_enqueue_while_a_run_is_under_way_adds_one_follow_up(state):
         "testapp.record", None, "under-way")
 
 
+def test_a_job_waiting_for_a_retry_keeps_its_input_and_gets_a_follow_up():
+    # A run that failed once is under way: its completed steps were computed from its input.
+    bound = record.using(idempotency_key="retrying", debounce=5)
+    first = bound.enqueue(tag="first")
+    Job.objects.filter(id=first.id).update(attempt=1)
+    follow = bound.enqueue(tag="second")
+    assert follow.created and follow.id != first.id
+    row = Job.objects.get(id=first.id)
+    assert (row.state, row.input, row.idempotency_key) == ("delayed", {"tag": "first"},
+                                                           str(first.id))
+    assert [r.id for r in live("retrying")] == [follow.id]
+
+
+def test_a_blocked_job_on_its_way_back_from_a_durable_sleep_gets_a_follow_up():
+    bound = record.using(idempotency_key="resuming", debounce=5)
+    first = bound.enqueue(tag="first")
+    Job.objects.filter(id=first.id).update(state="blocked", attempt=1, blocked_resume=True,
+                                           blocked_on="debounce:x")
+    follow = bound.enqueue(tag="second")
+    assert follow.created and follow.id != first.id
+    assert Job.objects.get(id=first.id).input == {"tag": "first"}
+
+
 def test_a_plain_enqueue_of_a_debounced_key_still_deduplicates():
     first = record.using(idempotency_key="mixed", debounce=5).enqueue(tag="first")
     plain = record.using(idempotency_key="mixed").enqueue(tag="plain")
