@@ -178,6 +178,19 @@ def test_a_job_waiting_for_a_retry_keeps_its_input_and_gets_a_follow_up():
     assert [r.id for r in live("retrying")] == [follow.id]
 
 
+def test_a_job_handed_back_with_a_completed_step_keeps_its_input():
+    # Snooze and a shutdown give the attempt back; a step it completed still used its input.
+    from django_xjobs.models import JobStep
+
+    bound = record.using(idempotency_key="stepped", debounce=5)
+    first = bound.enqueue(tag="first")
+    row = Job.objects.get(id=first.id)
+    JobStep.objects.create(run_id=row.run_id, name="fetch", status="completed", output=1)
+    follow = bound.enqueue(tag="second")
+    assert follow.created and follow.id != first.id
+    assert Job.objects.get(id=first.id).input == {"tag": "first"}
+
+
 def test_a_blocked_job_on_its_way_back_from_a_durable_sleep_gets_a_follow_up():
     bound = record.using(idempotency_key="resuming", debounce=5)
     first = bound.enqueue(tag="first")

@@ -19,20 +19,20 @@ It locks that row (`for update`, scoped exactly as the live-key index is, its wh
 repeated so the index is used, as in job_find_live_by_key), so two debounced enqueues of one key
 are serialised and each sees what the other did. Then, by the state of the locked row:
 
-* pending, not started yet (`ready`, `delayed` or `blocked`, with no attempt spent): it takes
-  the new input (and the last enqueue's traceparent and enqueued_by) and is due `debounce` from
-  now, but never later than `max_wait` after its created_at (NULL: no cap; `least` ignores it).
-  It stays `blocked` if it was (it waits for its key, and its unblock makes it due); else
-  `delayed`, or `ready` with a NOTIFY once the cap has passed. Its concurrency key becomes the
-  debounce key, so a job enqueued without debounce under the same key is held to one run at a
-  time from then on.
-* under way: `running`, `suspended`, or any state after an attempt was spent (a retry waiting
-  for its turn, a resumed run blocked on its key). Its input belongs to a run that already
-  started, and durable steps it completed were computed from that input, so it is left alone and
-  only taken out of the live-key index (its idempotency key becomes its own id, which that index
-  leaves out). The caller then inserts the follow-up with job_enqueue in the same transaction;
-  the follow-up's debounce concurrency key (limit 1) keeps it from starting before the run it
-  follows released that slot.
+* pending (`ready`, `delayed` or `blocked`, no attempt spent and no durable step recorded):
+  it takes the new input (and the last enqueue's traceparent and enqueued_by) and is due
+  `debounce` from now, but never later than `max_wait` after its created_at (NULL: no cap;
+  `least` ignores it). It stays `blocked` if it was (it waits for its key, and its unblock makes
+  it due); else `delayed`, or `ready` with a NOTIFY once the cap has passed. Its concurrency key
+  becomes the debounce key, so a job enqueued without debounce under the same key is held to one
+  run at a time from then on.
+* under way (`running`, `suspended`, or an attempt spent or a step recorded: a retry waiting
+  for its turn, a resumed run blocked on its key, a run handed back by Snooze after a step):
+  its input belongs to a run that already started, and the steps it completed were computed
+  from that input, so it is left alone and only taken out of the live-key index (its
+  idempotency key becomes its own id, which that index leaves out). The caller then inserts the
+  follow-up with job_enqueue in the same transaction; the follow-up's debounce concurrency key
+  (limit 1) keeps it from starting before the run it follows released that slot.
 
 No row: nothing live holds the key (or the one that did finished while we waited for its lock:
 the re-check of `for update` drops it); the caller inserts. Its `on conflict do nothing` settles
@@ -40,7 +40,10 @@ a race of two first enqueues, and the loser runs this statement again and finds 
 """,
     sql=f"""
 with live as (
-    select id, attempt = 0 and state in ('ready', 'delayed', 'blocked') as pending,
+    select id,
+           attempt = 0 and state in ('ready', 'delayed', 'blocked')
+           and not exists (select 1 from x_job_steps s where s.run_id = x_jobs.run_id)
+             as pending,
            least(now() + %(debounce_ms)s::bigint * interval '1 millisecond',
                  created_at + %(max_wait_ms)s::bigint * interval '1 millisecond') as due
       from x_jobs
