@@ -80,12 +80,14 @@ those runs end (renewal does not look at the limit, acquisition does).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import keys
+from .conf import MAX_SLOT_KEY
 from .exceptions import SLOT_LOST, ConfigurationError, InvalidConcurrencyKey
 from .keys import KeyTemplate
 from .values import INT32
@@ -168,7 +170,11 @@ def settings_limit(key: str, settings: XJobsSettings) -> int | None:
 
 def limit_for(key: str, definition: JobDefinition | None,
               settings: XJobsSettings) -> int | None:
-    """The limit a run of ``definition`` asks under: settings first, then the job's own."""
+    """The limit a run of ``definition`` asks under: settings first, then the job's own. A
+    debounce key (:func:`debounce_key`) is always 1, whatever the settings say: it exists to
+    keep a follow-up run from starting before the run it follows ended."""
+    if key.startswith(DEBOUNCE_PREFIX):
+        return 1
     limit = settings_limit(key, settings)
     if limit is not None:
         return limit
@@ -232,6 +238,26 @@ def _no_limit(job: str, key: str) -> InvalidConcurrencyKey:
         f'@job(concurrency=Concurrency(key=..., limit=N)), or add a prefix of the key to '
         f'XJOBS["CONCURRENCY_LIMITS"]'
     )
+
+
+# -------------------------------------------------------------------------------- debounce --
+
+DEBOUNCE_PREFIX = "debounce:"
+
+
+def debounce_key(name: str, tenant_id: str | None, idempotency_key: str) -> str:
+    """The concurrency key every debounced job of ``(name, tenant, key)`` carries
+    (docs/flow-control.md, "Debounce"): ``debounce:<name>:<tenant or ''>:<key>``, limit 1, so a
+    follow-up enqueued while a run is under way starts only once that run released the slot.
+
+    A key that would pass the 500 characters a concurrency key may have ends in the SHA-256 of
+    the idempotency key instead (a name is at most 200 characters, a tenant 200).
+    """
+    key = f"{DEBOUNCE_PREFIX}{name}:{tenant_id or ''}:{idempotency_key}"
+    if len(key) > MAX_SLOT_KEY:
+        digest = hashlib.sha256(idempotency_key.encode("utf-8")).hexdigest()
+        key = f"{DEBOUNCE_PREFIX}{name}:{tenant_id or ''}:sha256:{digest}"
+    return key
 
 
 # ------------------------------------------------------------------------- @job(concurrency=) --

@@ -150,6 +150,18 @@ class Engine(abc.ABC):
         self, name: str, tenant_id: str | None, idempotency_key: str
     ) -> EnqueueResult | None: ...
 
+    @abc.abstractmethod
+    def job_enqueue_debounced(self, params: EnqueueParams, *, debounce_ms: int,
+                              max_wait_ms: int | None) -> EnqueueResult:
+        """Debounce on the live key ``(name, tenant, params.idempotency_key)``
+        (docs/flow-control.md, "Debounce"), in one transaction (the caller's, or its own).
+
+        A pending live job takes ``params``' input and is due ``debounce_ms`` from now, but no
+        later than ``max_wait_ms`` after its creation (``created`` False). A live job already
+        under way keeps its input and leaves the key; ``params`` is inserted as its follow-up,
+        due after ``debounce_ms``, as it is when no job is live (``created`` True).
+        """
+
     # ------------------------------------------------------------------ worker side --
     @abc.abstractmethod
     def jobs_claim(

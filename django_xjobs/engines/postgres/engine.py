@@ -334,8 +334,9 @@ class PostgresEngine(Engine):
                 return total
 
     # -------------------------------------------------------------------------- enqueue --
-    def job_enqueue(self, params: EnqueueParams) -> EnqueueResult:
-        args = {
+    def _enqueue_args(self, params: EnqueueParams) -> dict[str, Any]:
+        """The parameters of job_enqueue / job_enqueue_unkeyed for one job."""
+        return {
             "id": params.id, "name": params.name, "queue": params.queue,
             "input": params.input_json, "key": params.idempotency_key, "run_id": params.run_id,
             "max_attempts": params.max_attempts, "priority": params.priority,
@@ -344,6 +345,9 @@ class PostgresEngine(Engine):
             "concurrency_key": params.concurrency_key, "rate_key": params.rate_key,
             "notify": self.notify,
         }
+
+    def job_enqueue(self, params: EnqueueParams) -> EnqueueResult:
+        args = self._enqueue_args(params)
         if params.idempotency_key is None:
             id_, run_id, state, _notified = self._run(S.JOB_ENQUEUE_UNKEYED, args, fetch="one")
             return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
@@ -468,6 +472,34 @@ class PostgresEngine(Engine):
         if row is None:
             return None
         return EnqueueResult(id=row[0], run_id=row[1], created=False, state=row[2])
+
+    def job_enqueue_debounced(self, params: EnqueueParams, *, debounce_ms: int,
+                              max_wait_ms: int | None) -> EnqueueResult:
+        key = params.idempotency_key
+        assert key is not None, "api.py refuses debounce without an idempotency key"
+        insert = {**self._enqueue_args(params), "run_at": None, "delay_ms": debounce_ms}
+        live = {
+            "name": params.name, "tenant_id": params.tenant_id, "key": key,
+            "input": params.input_json, "debounce_ms": debounce_ms, "max_wait_ms": max_wait_ms,
+            "concurrency_key": params.concurrency_key, "traceparent": params.traceparent,
+            "enqueued_by": params.enqueued_by, "notify": self.notify,
+        }
+        # One transaction: a run set aside from the key and its follow-up commit together, or
+        # neither does. Inside the caller's transaction this joins it (no savepoint).
+        with db_transaction.atomic(using=self.alias, savepoint=False):
+            # Another enqueue can take the key between the two statements (a first insert that
+            # won the race, a follow-up): the next round finds and moves it.
+            for _ in range(20):
+                row = self._run(S.JOB_DEBOUNCE_LIVE, live, fetch="one")
+                if row is not None and row[0] == "moved":
+                    return EnqueueResult(id=row[1], run_id=row[2], created=False, state=row[3])
+                rows = self._run(S.JOB_ENQUEUE, insert)
+                if rows:
+                    id_, run_id, state, _notified = rows[0]
+                    return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
+        raise DatabaseError(  # pragma: no cover - needs the key to change hands 20 times
+            f"debounced enqueue of {params.name!r} kept losing its key to other enqueues"
+        )
 
     # ----------------------------------------------------------------------- worker side --
     def jobs_claim(

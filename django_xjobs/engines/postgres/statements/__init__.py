@@ -27,6 +27,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 * ``jobs``: x_jobs from enqueue to the fenced settlement: enqueue, claim, the fenced writes and
   the heartbeat, the fence check, an operator's actions, the queue counts, the job side of a
   refused concurrency slot, and the test kit's claim of one job and shift of due times.
+* ``debounce``: x_jobs: a debounced enqueue's move of the pending job of its key, or the setting
+  aside of the run under way for a follow-up.
 * ``steps``: x_job_steps and x_job_events: durable steps, sleeps, event waits and publishing.
 * ``outbox``: x_outbox: staging, the relay's claim and mark, its wake-up channel.
 * ``slots``: x_job_leases: concurrency slots, the purge of expired ones included; the release
@@ -64,6 +66,7 @@ from .connections import (
     LISTEN,
     SESSION_LABEL,
 )
+from .debounce import JOB_DEBOUNCE_LIVE
 from .flow import JOBS_UNBLOCK, RATE_TAKE
 from .fragments import CHANNEL as CHANNEL
 from .fragments import JOB_COLUMNS as JOB_COLUMNS
@@ -178,5 +181,5 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     SLOTS_ACQUIRE, SLOTS_RENEW_IF_HELD, SLOTS_RELEASE_IF_HELD, SLOTS_LIST, JOBS_DELETE_FINISHED,
     TABLES_HEALTH, XMIN_HORIZON, SLOTS_USAGE, JOBS_WAKE_REFUSED, JOBS_REQUEUE_IF_OWNED,
     JOB_CLAIM_IF_DUE, JOBS_SHIFT_DUE, JOBS_LIST, JOBS_UNBLOCK, RATE_TAKE, WORKER_SEEN,
-    WORKER_GONE, WHY_JOB, WHY_RATE_WINDOW,
+    WORKER_GONE, WHY_JOB, WHY_RATE_WINDOW, JOB_DEBOUNCE_LIVE,
 )}

@@ -205,7 +205,7 @@ without them skips all of it):
   wakes it (slots_release_if_held). A job held back keeps its attempt, and a durable run's
   resume goes back to `suspended` (blocked_resume) when it is woken.
 The limit of a key: the longest prefix of XJOBS["CONCURRENCY_LIMITS"], else its job's
-Concurrency(limit=...), else 1.
+Concurrency(limit=...), else 1; a debounce key (`debounce:...`, slots.debounce_key) is always 1.
 
 Every claim writes a fresh lease_token: the fence for every later write of this run; a slot's
 holder is `<job id>/<lease token>/<worker id>`. `attempt` counts claims, except a resume from
@@ -350,14 +350,18 @@ with async_commit as (
              where k.kind = 'key' and k.key in (p.concurrency_key, p.rate_key)
                and (k.until is null or k.until > now())
              limit 1) as paused_key,
-           coalesce((select x.lim
-                       from unnest(%(prefixes)s::text[], %(prefix_limits)s::int[]) as x(prefix, lim)
+           case when starts_with(p.concurrency_key, 'debounce:') then 1
+                else coalesce(
+                    (select x.lim
+                       from unnest(%(prefixes)s::text[], %(prefix_limits)s::int[])
+                            as x(prefix, lim)
                       where starts_with(p.concurrency_key, x.prefix)
                       order by length(x.prefix) desc limit 1),
                     (select x.lim
-                       from unnest(%(limit_names)s::text[], %(limit_values)s::int[]) as x(name, lim)
+                       from unnest(%(limit_names)s::text[], %(limit_values)s::int[])
+                            as x(name, lim)
                       where x.name = p.name limit 1),
-                    1) as slot_limit,
+                    1) end as slot_limit,
            r.lim as rate_limit, r.period_ms, r.cost
       from picked p
       left join unnest(%(rate_names)s::text[], %(rate_limits)s::int[],
