@@ -550,6 +550,7 @@ class Worker:
     def _executor_main(self) -> None:
         last_job_end = 0.0
         while True:
+            held_slot = False
             run = self._work.get()
             if run is None:
                 return
@@ -588,15 +589,18 @@ class Worker:
                 self._avg_run = ended - started if avg is None else (
                     0.9 * avg + 0.1 * (ended - started)
                 )
+                held_slot = run.slot is not None
                 self._finish(run, outcome, from_phase=RUNNING)
                 if run.abandoned:
                     return  # a replacement took this thread's place while the code ran on
             else:
                 ended = clock.monotonic()
             # Wake the loop only when it has something worth a round trip: runs to claim for
-            # (the queue ran low), a full ack batch, or an outcome that waited ack_interval.
+            # (the queue ran low), a full ack batch, an outcome that waited ack_interval, or a
+            # run that holds a slot (its release lets the key's next job start, fleet-wide).
             finished = len(self._finished)
-            if (self._queued <= self._low_water or finished >= self.settings.ack_batch
+            if (held_slot or self._queued <= self._low_water
+                    or finished >= self.settings.ack_batch
                     or (finished and ended - self._finished_since >= self.settings.ack_interval)):
                 self._wake.set()
 
@@ -726,6 +730,8 @@ class Worker:
                 self.flow.release(r for r in batch if r.phase == SETTLED)
             except Exception as exc:
                 self._db_error("slot release", exc)
+            else:
+                self._more_likely = True  # the release woke the jobs of its keys: claim them
 
     def _write_outcome(self, run: Run) -> tuple[Fence, str]:
         assert run.outcome is not None
