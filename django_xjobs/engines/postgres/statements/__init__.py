@@ -30,6 +30,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 * ``steps``: x_job_steps and x_job_events: durable steps, sleeps, event waits and publishing.
 * ``outbox``: x_outbox: staging, the relay's claim and mark, its wake-up channel.
 * ``slots``: x_job_leases: concurrency slots, the purge of expired ones included.
+* ``pauses``: x_flow_pauses: pauses of queues and keys, the resume of a key with the unblock of
+  its jobs, and the settle of a run that raised PauseKey.
 * ``scheduler``: x_scheduler_leader and x_scheduler_state: leader election, cron watermarks.
 * ``backfills``: x_backfills: the progress of resumable passes.
 * ``maintenance``: retention deletes (finished jobs, expired events, relayed outbox rows), the
@@ -104,6 +106,13 @@ from .outbox import (
     OUTBOX_STATUS,
 )
 from .outbox import OUTBOX_CHANNEL as OUTBOX_CHANNEL
+from .pauses import (
+    JOB_PAUSE_KEY_IF_OWNED,
+    PAUSE_RESUME_KEY,
+    PAUSE_RESUME_QUEUE,
+    PAUSE_UPSERT,
+    PAUSES_LIST,
+)
 from .reads import (
     JOB_GET,
     JOBS_LIST,
@@ -165,5 +174,6 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     BACKFILL_COMPLETE_IF_OWNED, BACKFILL_FAIL_IF_OWNED, BACKFILL_CANCEL, BACKFILLS_LIST,
     SLOTS_ACQUIRE, SLOTS_RENEW_IF_HELD, SLOTS_RELEASE_IF_HELD, SLOTS_LIST, JOBS_DELETE_FINISHED,
     TABLES_HEALTH, XMIN_HORIZON, SLOTS_USAGE, JOBS_WAKE_REFUSED, JOBS_REQUEUE_IF_OWNED,
-    JOB_CLAIM_IF_DUE, JOBS_SHIFT_DUE, JOBS_LIST,
+    JOB_CLAIM_IF_DUE, JOBS_SHIFT_DUE, JOBS_LIST, PAUSE_UPSERT, PAUSE_RESUME_QUEUE,
+    PAUSE_RESUME_KEY, PAUSES_LIST, JOB_PAUSE_KEY_IF_OWNED,
 )}
