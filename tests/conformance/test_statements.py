@@ -42,6 +42,7 @@ SCALARS.update({  # ---- backfills
     "checksum": "0" * 64, "app_version": "1.0", "processed": 100, "cursor": "100",
 })
 SCALARS.update({"shift_ms": 60_000})  # ---- test support (django_xjobs/testing)
+SCALARS.update({"kind": "key", "until": None, "for_ms": 60_000})  # ---- pauses
 LISTS = {
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
     "names": "testapp.noop", "queues": "default", "inputs": "{}", "keys": "k",
