@@ -69,7 +69,7 @@ from .models import (
     SchedulerLeader,
     SchedulerState,
 )
-from .pauses import MAX_REASON, pause, pauses, resume_key, resume_queue
+from .pauses import MAX_REASON, check_target, pause, pauses, resume_key, resume_queue
 from .records import ALL_STATES, LIVE_STATES, TERMINAL_STATES, PauseRecord
 from .values import parse_duration
 
@@ -762,6 +762,7 @@ class JobAdmin(ConsoleAdmin):
             messages.error(request, "Unknown pause action.")
             return HttpResponseRedirect(reverse("admin:django_xjobs_dashboard"))
         try:
+            check_target(kind, name)  # before any query names it (no NUL reaches the ORM)
             if op == "resume":
                 return self._resume(request, kind, name)
             form = PauseForm(request.POST if "post" in request.POST else None)

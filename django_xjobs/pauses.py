@@ -67,6 +67,15 @@ def pauses(*, kind: str | None = None, limit: int = 1000) -> list[PauseRecord]:
     return get_engine().pauses_list(kind=kind, limit=limit)
 
 
+def check_target(kind: Any, name: Any) -> str:
+    """``name`` if it is a valid name of a ``kind`` (``"queue"`` or ``"key"``)."""
+    if kind == "queue":
+        return check_name("queue", name)
+    if kind == "key":
+        return check_key(name)
+    raise InvalidJobInput(f"kind must be 'queue' or 'key', got {kind!r}")
+
+
 def check_key(key: Any) -> str:
     """A key as pauses name it: a concurrency or rate-limit key as stored (a non-empty string
     of at most 500 characters, valid UTF-8, without NUL)."""
@@ -78,12 +87,7 @@ def pause(kind: str, name: str, *, until: datetime | None = None,
     """Pause a queue (``kind="queue"``) or a key (``kind="key"``): :func:`pause_queue` and
     :func:`pause_key`, and ``xjobs pause QUEUE --for 30m``, whose end the database computes
     from its own clock like a key's."""
-    if kind == "queue":
-        check_name("queue", name)
-    elif kind == "key":
-        check_key(name)
-    else:
-        raise InvalidJobInput(f"kind must be 'queue' or 'key', got {kind!r}")
+    check_target(kind, name)
     if until is not None and for_ is not None:
         raise InvalidJobInput("give until or for_, not both")
     if until is not None:

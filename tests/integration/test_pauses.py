@@ -344,6 +344,12 @@ def test_a_bad_duration_shows_the_form_again_and_writes_nothing(client):
     bad_name = client.post(PAUSE, {"op": "pause", "kind": "queue", "name": "bad queue!",
                                    "post": "yes"}, follow=True)
     assert "is not valid" in bad_name.content.decode()
+    nul_key = client.post(PAUSE, {"op": "resume", "kind": "key", "name": "a\x00b"},
+                          follow=True)
+    assert "without NUL" in nul_key.content.decode()
+    unknown = client.post(PAUSE, {"op": "stop", "kind": "queue", "name": "default"},
+                          follow=True)
+    assert "Unknown pause action." in unknown.content.decode()
     assert FlowPause.objects.count() == 0
 
 
