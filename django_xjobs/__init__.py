@@ -25,6 +25,7 @@ __all__ = [
     "JobHandle",
     "PauseKey",
     "PermanentError",
+    "RateLimit",
     "Snooze",
     "StagedJob",
     "aenqueue",
@@ -44,7 +45,7 @@ __all__ = [
     "retry",
 ]
 
-from . import registry, slots
+from . import ratelimits, registry, slots
 from .api import (
     JobHandle,
     aenqueue,
@@ -61,6 +62,7 @@ from .context import JobContext
 from .exceptions import PauseKey, PermanentError, Snooze
 from .outbox import StagedJob
 from .pauses import pause_key, pause_queue, pauses, resume_key, resume_queue
+from .ratelimits import RateLimit
 from .scheduler import options as _cron_options
 from .slots import Concurrency
 from .steps import publish_event
@@ -69,5 +71,6 @@ from .steps import publish_event
 # every documented option is then known wherever @job is importable, before the app registry is
 # ready too (tests/unit/test_registry.py::test_every_option_is_known_before_django_setup).
 registry.register_option("concurrency", slots.check_option)
+registry.register_option("rate_limit", ratelimits.check_option)
 for _name, _check in _cron_options.CHECKS.items():
     registry.register_option(_name, _check)

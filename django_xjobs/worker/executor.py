@@ -75,13 +75,6 @@ class GiveBack:
 
 
 @dataclass(frozen=True, slots=True)
-class SlotRefused(GiveBack):
-    """Not from running the job: the worker could not take its concurrency slot, so the run
-    never started (slots.py). Handed back like a ``GiveBack`` (due again after ``delay``, the
-    attempt its claim counted given back); the loop writes a batch of these in one statement."""
-
-
-@dataclass(frozen=True, slots=True)
 class KeyPaused:
     """The job raised ``PauseKey``: give it back due now without spending an attempt and pause
     ``key`` for ``seconds``, in one fenced write (worker/settle.py). The claim then holds the
