@@ -17,9 +17,11 @@ from django.urls import reverse
 
 from django_xjobs import (
     PauseKey,
+    conf,
     pause_key,
     pause_queue,
     pauses,
+    registry,
     resume_key,
     resume_queue,
 )
@@ -28,6 +30,7 @@ from django_xjobs.exceptions import InvalidJobInput
 from django_xjobs.models import FlowPause, Job
 from django_xjobs.records import Fence, KeyPauseRequeue
 from django_xjobs.testing import drain
+from django_xjobs.worker.flow import claim_flow
 from tests.conftest import wait_until
 from tests.testapp import jobs as testapp_jobs
 from tests.testapp.models import Effect
@@ -54,6 +57,24 @@ def blocked_job(key: str, *, resume: bool = False, queue: str = "default"):
     Job.objects.filter(id=handle.id).update(state="blocked", blocked_on=key,
                                             blocked_resume=resume)
     return handle
+
+
+def wait_past(moment: datetime) -> None:
+    """Until the database clock is past ``moment`` (a pause's end)."""
+    wait_until(lambda: db_now() > moment, timeout=30, message=f"the database clock past {moment}")
+
+
+def unblock() -> int:
+    """The pass every worker runs once per poll interval (worker/flow.py): wakes the jobs
+    blocked on a key whose pause ended. A drain() ends before its first interval does."""
+    return get_engine().jobs_unblock(claim_flow(conf.get(), registry.all_jobs().values(),
+                                                conf.get().queues))
+
+
+def started(handle) -> list[int]:
+    """The attempt of every run of the job that got as far as its first line."""
+    return list(Effect.objects.filter(job_id=str(handle.id), kind="start")
+                .order_by("id").values_list("attempt", flat=True))
 
 
 # ------------------------------------------------------------------------------------ API --
@@ -193,19 +214,15 @@ def test_a_job_raising_pause_key_is_requeued_without_spending_an_attempt_and_pau
     handle = testapp_jobs.partner_call.enqueue(partner="acme", trip=True, pause_seconds=60)
     before = db_now()
     stats = drain()
-    row = handle.get()
     assert stats["requeued"] == 1
+    drain()  # a claim since the job went back (the first drain may end before its next one)
+    row = handle.get()
     pause = FlowPause.objects.get(kind="key", key="partner:acme")
     assert pause.reason == "429 from partner"
     assert before + timedelta(seconds=60) <= pause.until <= db_now() + timedelta(seconds=60)
-    if row.state != "done":  # the claim holds the job back while its key is paused
-        assert row.state in ("ready", "blocked")
-        assert row.attempt == 0 and row.worker_ids == []
-        assert "PauseKey: paused key 'partner:acme'" in row.last_error
-    else:  # a claim that does not read pauses ran it again at once, as the same attempt
-        assert row.attempt == 1 and len(row.worker_ids) == 1
-    assert list(Effect.objects.filter(job_id=str(handle.id), kind="start")
-                .values_list("attempt", flat=True))[:1] == [1]
+    assert (row.state, row.attempt, row.worker_ids) == ("blocked", 0, [])  # held back
+    assert "PauseKey: paused key 'partner:acme' for 60s (429 from partner)" in row.last_error
+    assert started(handle) == [1]
 
 
 def test_a_run_that_lost_its_job_pauses_nothing():
@@ -383,3 +400,66 @@ def test_an_operator_scoped_to_tenants_cannot_pause(client):
                                    "post": "yes"})
     assert response.status_code == 403
     assert [p.key for p in pauses()] == ["partner:globex"]
+
+
+# ------------------------------------------------------------------- the claim honours them --
+
+
+def test_a_worker_claims_nothing_of_a_paused_queue_until_its_end():
+    handle = testapp_jobs.record.enqueue(tag="held")
+    pause = pause_queue("default", until=db_now() + timedelta(seconds=1), reason="deploy")
+    other = testapp_jobs.record.using(queue="other").enqueue(tag="other queue")
+    stats = drain()
+    assert stats["done"] == 1 and other.get().state == "done"  # only the other queue ran
+    row = handle.get()
+    assert (row.state, row.attempt) == ("ready", 0)
+    wait_past(pause.until)
+    assert drain()["done"] == 1
+    assert (handle.get().state, handle.get().attempt) == ("done", 1)
+
+
+def test_resuming_a_queue_takes_effect_at_the_next_claim():
+    pause_queue("default")  # until resumed
+    handle = testapp_jobs.record.enqueue(tag="held")
+    assert drain()["done"] == 0
+    assert handle.get().state == "ready"
+    assert resume_queue("default") is True
+    assert drain()["done"] == 1
+    assert handle.get().state == "done"
+
+
+def test_pause_key_holds_back_its_key_until_the_pause_ends_and_spends_no_attempt():
+    tripper = testapp_jobs.partner_call.enqueue(partner="acme", trip=True, pause_seconds=2)
+    assert drain()["requeued"] == 1
+    drain()  # a claim since the job went back (the first drain may end before its next one)
+    pause = FlowPause.objects.get(kind="key", key="partner:acme")
+    row = Job.objects.get(id=tripper.id)
+    # Given back due now, then held back by the claim: blocked on its key, no attempt spent.
+    assert (row.state, row.blocked_on, row.attempt, row.worker_ids) == (
+        "blocked", "partner:acme", 0, [])
+    sibling = testapp_jobs.partner_call.enqueue(partner="acme")
+    globex = testapp_jobs.partner_call.enqueue(partner="globex")
+    assert drain()["done"] == 1  # another key's job runs
+    assert globex.get().state == "done"
+    assert (sibling.get().state, sibling.get().attempt) == ("blocked", 0)
+    assert started(sibling) == []
+    assert unblock() == 0  # the pause is in force: the periodic pass wakes nothing
+    wait_past(pause.until)
+    assert unblock() == 2  # once it ended, the pass every worker runs wakes both
+    assert drain()["done"] == 2
+    assert started(tripper) == [1, 1]  # one attempt: the tripped run gave its own back
+    row = tripper.get()
+    assert (row.attempt, len(row.worker_ids), row.result) == (
+        1, 1, {"partner": "acme", "attempt": 1})
+    assert started(sibling) == [1]
+
+
+def test_resuming_a_key_lets_its_blocked_jobs_run_at_the_next_claim():
+    tripper = testapp_jobs.partner_call.enqueue(partner="acme", trip=True, pause_seconds=600)
+    drain()
+    sibling = testapp_jobs.partner_call.enqueue(partner="acme")
+    drain()
+    assert tripper.get().state == sibling.get().state == "blocked"
+    assert resume_key("partner:acme") == (True, 2)
+    assert drain()["done"] == 2
+    assert tripper.get().attempt == 1 and sibling.get().attempt == 1
