@@ -40,12 +40,14 @@ from ..records import (
     FenceReport,
     FlowFacts,
     JobRecord,
+    KeyPauseRequeue,
     LeaderFence,
     LeaderRecord,
     LockedStates,
     OutboxRow,
     OutboxStatus,
     ParkedStep,
+    PauseRecord,
     QueueStats,
     RateRequest,
     RateWindow,
@@ -435,6 +437,35 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def jobs_requeue_if_owned(self, batch: Sequence[Requeue]) -> FenceReport:
         """:meth:`job_requeue_if_owned` for many runs in one statement (refused slots)."""
+
+    # ---------------------------------------------------------------------- pauses --
+    # docs/flow-control.md, "Pause and circuit breakers". A pause is in force while its end is
+    # unset or later than the database's now(); the claim reads them, these write them.
+    @abc.abstractmethod
+    def pause_upsert(self, kind: str, key: str, *, until: datetime | None, for_ms: int | None,
+                     reason: str | None) -> PauseRecord | None:
+        """Pause a queue or key until ``until``, for ``for_ms``, or (both None) until resumed,
+        or change its pause; the pause, or None (nothing written) when ``until`` is not in the
+        future on the database clock."""
+
+    @abc.abstractmethod
+    def pause_resume_queue(self, queue: str) -> bool:
+        """End a queue's pause and wake its workers; whether a pause was in force."""
+
+    @abc.abstractmethod
+    def pause_resume_key(self, key: str) -> tuple[bool, int]:
+        """End a key's pause and hand back the jobs blocked on it, in one statement; whether a
+        pause was in force, and how many jobs were handed back."""
+
+    @abc.abstractmethod
+    def pauses_list(self, *, kind: str | None = None, limit: int = 1000) -> list[PauseRecord]:
+        """The pauses in force (of one kind), by kind then key."""
+
+    @abc.abstractmethod
+    def job_pause_key_if_owned(self, requeue: KeyPauseRequeue) -> tuple[FenceReport,
+                                                                         datetime | None]:
+        """Give a run's job back (no attempt spent) and pause its key, fenced: a lost run
+        pauses nothing. The report, and the end of the key's pause when this call wrote it."""
 
     # ------------------------------------------------------------------ scheduler --
     # Leader election and the cron watermark (django_xjobs/scheduler/, docs/scheduling.md).

@@ -46,6 +46,7 @@ SCALARS.update({"rate_key": None, "slot_ttl_ms": 30_000, "host": "h", "pid": 1,
                 "queues": '["default"]', "stale_ms": 1000})  # ---- flow control, workers
 SCALARS.update({"period_ms": 60_000, "cost": 1})  # ---- why a job is not running
 SCALARS.update({"debounce_ms": 5_000, "max_wait_ms": 60_000})  # ---- debounce
+SCALARS.update({"kind": "key", "until": None, "for_ms": 60_000})  # ---- pauses
 LISTS = {
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
     "names": "testapp.noop", "queues": "default", "inputs": "{}", "keys": "k",

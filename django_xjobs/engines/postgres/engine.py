@@ -45,6 +45,7 @@ from ...records import (
     FenceReport,
     FlowFacts,
     JobRecord,
+    KeyPauseRequeue,
     LeaderFence,
     LeaderRecord,
     LockedStates,
@@ -149,6 +150,12 @@ def _claimed_job(r: Sequence[Any]) -> ClaimedJob:
         concurrency_key=r[10], resumed=r[11], input_error=problem,
         slot=r[12] if len(r) > 12 else None, slot_limit=r[13] if len(r) > 13 else None,
     )
+
+
+def _pause_record(row: Sequence[Any]) -> PauseRecord:
+    kind, key, until, reason, paused_at = row[:5]
+    return PauseRecord(kind=kind, key=key, until=until, reason=reason, paused_at=paused_at,
+                       blocked=int(row[5]) if len(row) > 5 else 0)
 
 
 def _backfill_record(row: Sequence[Any]) -> BackfillRecord:
@@ -1026,6 +1033,41 @@ class PostgresEngine(Engine):
         })
         return self._batch_report("requeue", [r.claim for r in batch],
                                   frozenset(r[0] for r in rows))
+
+    # ---------------------------------------------------------------------------- pauses --
+    def pause_upsert(self, kind: str, key: str, *, until: datetime | None, for_ms: int | None,
+                     reason: str | None) -> PauseRecord | None:
+        row = self._run(S.PAUSE_UPSERT, {
+            "kind": kind, "key": key, "until": until, "for_ms": for_ms, "reason": reason,
+        }, fetch="one")
+        return None if row is None else _pause_record(row)
+
+    def pause_resume_queue(self, queue: str) -> bool:
+        in_force, _notified = self._run(S.PAUSE_RESUME_QUEUE, {
+            "queue": queue, "notify": self.notify,
+        }, fetch="one")
+        return bool(in_force)
+
+    def pause_resume_key(self, key: str) -> tuple[bool, int]:
+        in_force, unblocked, _notified = self._run(S.PAUSE_RESUME_KEY, {
+            "key": key, "notify": self.notify,
+        }, fetch="one")
+        return bool(in_force), int(unblocked)
+
+    def pauses_list(self, *, kind: str | None = None, limit: int = 1000) -> list[PauseRecord]:
+        return [_pause_record(r) for r in self._run(S.PAUSES_LIST, {"kind": kind,
+                                                                     "limit": limit})]
+
+    def job_pause_key_if_owned(self, requeue: KeyPauseRequeue) -> tuple[FenceReport,
+                                                                         datetime | None]:
+        row = self._run(S.JOB_PAUSE_KEY_IF_OWNED, {
+            **_fence(requeue.claim), "key": requeue.key, "for_ms": requeue.for_ms,
+            "reason": requeue.reason, "spent": requeue.spent_attempt,
+            "resumed": requeue.resumed, "note": requeue.note,
+        }, fetch="one")
+        if row is not None:
+            return FenceReport(owned=frozenset({requeue.claim.lease_token})), row[1]
+        return self._fence_check("requeue", [requeue.claim]), None
 
     # ------------------------------------------------------------------------- scheduler --
     def leader_attempt_elect(self, lock_key: str, holder: str, lease_ms: int) -> datetime | None:

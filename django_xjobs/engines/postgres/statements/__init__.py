@@ -36,6 +36,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 * ``workers``: x_workers: the worker processes seen lately.
 * ``flow``: flow control beyond slots: the periodic wake-up of blocked jobs, rate budgets spent
   from ordinary code.
+* ``pauses``: x_flow_pauses: pauses of queues and keys, the resume of a key with the unblock of
+  its jobs, and the settle of a run that raised PauseKey.
 * ``scheduler``: x_scheduler_leader and x_scheduler_state: leader election, cron watermarks.
 * ``backfills``: x_backfills: the progress of resumable passes.
 * ``maintenance``: retention deletes (finished jobs, expired events, relayed outbox rows), the
@@ -114,6 +116,13 @@ from .outbox import (
     OUTBOX_STATUS,
 )
 from .outbox import OUTBOX_CHANNEL as OUTBOX_CHANNEL
+from .pauses import (
+    JOB_PAUSE_KEY_IF_OWNED,
+    PAUSE_RESUME_KEY,
+    PAUSE_RESUME_QUEUE,
+    PAUSE_UPSERT,
+    PAUSES_LIST,
+)
 from .reads import (
     JOB_GET,
     JOBS_LIST,
@@ -181,5 +190,6 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     SLOTS_ACQUIRE, SLOTS_RENEW_IF_HELD, SLOTS_RELEASE_IF_HELD, SLOTS_LIST, JOBS_DELETE_FINISHED,
     TABLES_HEALTH, XMIN_HORIZON, SLOTS_USAGE, JOBS_WAKE_REFUSED, JOBS_REQUEUE_IF_OWNED,
     JOB_CLAIM_IF_DUE, JOBS_SHIFT_DUE, JOBS_LIST, JOBS_UNBLOCK, RATE_TAKE, WORKER_SEEN,
-    WORKER_GONE, WHY_JOB, WHY_RATE_WINDOW, JOB_DEBOUNCE_LIVE,
+    WORKER_GONE, WHY_JOB, WHY_RATE_WINDOW, JOB_DEBOUNCE_LIVE, PAUSE_UPSERT, PAUSE_RESUME_QUEUE,
+    PAUSE_RESUME_KEY, PAUSES_LIST, JOB_PAUSE_KEY_IF_OWNED,
 )}
