@@ -98,7 +98,9 @@ class Flow:
         self.retry_at: float | None = None
         self._holding = 0  # runs holding a slot not yet handed to a release
         self._releases: list[SlotHold] = []  # slots of settled runs, released at the next try
-        self._next_unblock = clock.monotonic() + poll_interval
+        # The first claim's round runs it: a worker starting (a burst run, a restart after a
+        # crash) wakes at once what waits on keys with room.
+        self._next_unblock = clock.monotonic()
 
     # ------------------------------------------------------------------ the claim --
     def claim(self, wants: Mapping[str, int], lease_ms: int) -> ClaimBatch:
