@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from io import StringIO
 
@@ -16,7 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from django_xjobs import get_job, registry
+from django_xjobs import RateLimit, get_job, registry
 from django_xjobs.models import FlowPause, Job, JobLease, RateUnit, WorkerRow
 from django_xjobs.records import BlockedBy
 from django_xjobs.registry import JobDefinition
@@ -59,16 +58,6 @@ def run_json(job_id) -> dict:
     return json.loads(run(str(job_id), "--json"))
 
 
-@dataclass(frozen=True)
-class RateLimitLike:
-    """What the reason reads of ``@job(rate_limit=RateLimit(...))``: its attributes."""
-
-    key: str
-    limit: int
-    period: timedelta
-    cost: int = 1
-
-
 @pytest.fixture
 def limited_job():
     """A registered job with a concurrency limit of 2 and a rate limit of 3 units a minute
@@ -80,8 +69,7 @@ def limited_job():
     definition = JobDefinition.build(
         limited, name="tests.why_limited",
         concurrency=Concurrency(key="acct:{account}", limit=2),
-        rate_limit=RateLimitLike(key="api:{account}", limit=3, period=timedelta(minutes=1),
-                                 cost=2))
+        rate_limit=RateLimit(key="api:{account}", limit=3, period=timedelta(minutes=1), cost=2))
     registry.register(definition)
     yield definition
     registry.unregister(definition.name)
