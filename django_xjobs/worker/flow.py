@@ -25,8 +25,9 @@ SLOT_TTL: :meth:`Flow.slot_lapsed`) is stopped with ``X_JOB_SLOT_LOST`` and its 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from .. import clock, registry, slots
 from ..conf import XJobsSettings
@@ -34,9 +35,6 @@ from ..engines import Engine
 from ..exceptions import SLOT_LOST
 from ..ratelimits import rate_limit_of
 from ..records import ClaimBatch, ClaimedJob, ClaimFlow, SlotHold
-
-if TYPE_CHECKING:
-    from collections import Counter
 
 log = logging.getLogger("django_xjobs.worker")
 
@@ -117,16 +115,29 @@ class Flow:
         return batch
 
     def _advance_cursors(self, batch: ClaimBatch) -> None:
-        """The next claim of a fair queue starts after the last tenant this one served: the
-        highest one after the cursor, or, when the walk wrapped round, the highest before it."""
-        served: dict[str, list[str]] = {}
+        """The next claim of a fair queue starts after the tenant this one served last.
+
+        The claim visits the tenants after the cursor, then wraps round to those up to it, and
+        gives each up to its weight per round (jobs_claim); the last job of the batch is in the
+        latest round, at the last tenant of the visit that reached that round.
+        """
+        served: dict[str, Counter[str]] = {}
         for job in batch:
             if job.queue in self.params.fair_queues:
-                served.setdefault(job.queue, []).append(job.tenant_id or "")
-        for queue, tenants in served.items():
+                served.setdefault(job.queue, Counter())[job.tenant_id or ""] += 1
+        for queue, counts in served.items():
             cursor = self.cursors.get(queue, "")
-            wrapped = [t for t in tenants if t <= cursor]
-            self.cursors[queue] = max(wrapped) if wrapped else max(tenants)
+            rounds = {t: (n - 1) // self._weight(queue, t) for t, n in counts.items()}
+            last = max(rounds.values())
+            self.cursors[queue] = max((t for t, r in rounds.items() if r == last),
+                                      key=lambda t: (t <= cursor, t))
+
+    def _weight(self, queue: str, tenant: str) -> int:
+        p = self.params
+        for q, t, w in zip(p.weight_queues, p.weight_tenants, p.weight_values, strict=True):
+            if q == queue and t == tenant:
+                return w
+        return 1
 
     def claim_due(self, now: float) -> bool:
         """Whether a rate-limited job held back by an earlier claim is due again."""

@@ -188,9 +188,10 @@ single `queue = any(...)` scan cannot do. A queue paused (x_flow_pauses) is not 
 
 A fair queue (`fair` true: XJOBS["QUEUES"][q]["fair_by"] = "tenant") is walked tenant by
 tenant instead: a loose index scan over the tenants that have claimable jobs, starting after
-the worker's cursor (the last tenant it served) and wrapping round, each tenant taking up to its
-weight of jobs in claim order. The recursive walk is lazy: it stops as soon as the queue's share
-is filled, so a claim reads a handful of tenants however many there are.
+the worker's cursor (the last tenant it served) and wrapping round, visiting at most `share`
+tenants (the recursive walk is lazy and stops there, so a claim reads a handful of tenants
+however many there are). Each tenant takes up to its weight per round, in claim order, for as
+many rounds as the share needs: one backlogged tenant alone fills the whole share.
 
 Flow control, for the picked jobs that carry a concurrency or rate-limit key only (a batch
 without them skips all of it):
@@ -284,13 +285,20 @@ with async_commit as (
            limit w.share
       ) c
      where not w.fair
-), fair_due as (
-    -- The tenants after the cursor, then from the first one up to the cursor (the wrap), each
-    -- in turn taking up to its weight (x_jobs_fair_idx).
-    select c.*, w.queue
+), fair_tenants as materialized (
+    -- The tenants of each fair queue after the cursor, then from the first one up to the
+    -- cursor (the wrap): at most `share` of them, each visited once (x_jobs_fair_idx; the walk
+    -- is lazy and stops there). `pos` is the order of the visit.
+    select w.queue, w.share, tn.t, tn.pos,
+           count(*) over (partition by w.queue) as visited,
+           coalesce((select x.weight
+                       from unnest(%(weight_queues)s::text[], %(weight_tenants)s::text[],
+                                   %(weight_values)s::int[]) as x(queue, tenant, weight)
+                      where x.queue = w.queue and x.tenant = tn.t
+                      limit 1), 1) as weight
       from shares w
       cross join lateral (
-          select d.id, d.prev_state, false as exhausted, d.name, d.concurrency_key, d.rate_key
+          select v.t, row_number() over () as pos
             from (with recursive after(t) as (
                       (select coalesce(tenant_id, '') from x_jobs
                         where queue = w.queue and state in ('ready', 'delayed', 'suspended')
@@ -317,24 +325,31 @@ with async_commit as (
                   )
                   select t from after where t is not null
                   union all
-                  select t from wrap where t is not null and t <= w.cursor) tn
-            cross join lateral (
-                select id, state as prev_state, name, concurrency_key, rate_key
-                  from x_jobs
-                 where queue = w.queue and coalesce(tenant_id, '') = tn.t
-                   and state in ('ready', 'delayed', 'suspended') and run_at <= now()
-                 order by priority desc, run_at
-                 limit coalesce((select x.weight
-                                   from unnest(%(weight_queues)s::text[],
-                                               %(weight_tenants)s::text[],
-                                               %(weight_values)s::int[]) as x(queue, tenant, weight)
-                                  where x.queue = w.queue and x.tenant = tn.t
-                                  limit 1), 1)
-                   for update skip locked
-            ) d
-           limit w.share
-      ) c
-     where w.fair
+                  select t from wrap where t is not null and t <= w.cursor
+                  limit w.share) v
+      ) tn
+     where w.fair and w.share > 0
+), fair_due as (
+    -- Round-robin: each visited tenant takes up to its weight per round, and as many rounds
+    -- as the share needs when few tenants have work (one backlogged tenant fills the whole
+    -- share); a tenant's jobs in claim order, the rounds in visit order.
+    select f.id, f.prev_state, false as exhausted, f.name, f.concurrency_key, f.rate_key,
+           f.queue
+      from (select d.*, ft.queue, ft.share,
+                   row_number() over (partition by ft.queue
+                                      order by (d.n - 1) / ft.weight, ft.pos, d.n) as k
+              from fair_tenants ft
+              cross join lateral (
+                  select j.*, row_number() over () as n
+                    from (select id, state as prev_state, name, concurrency_key, rate_key
+                            from x_jobs
+                           where queue = ft.queue and coalesce(tenant_id, '') = ft.t
+                             and state in ('ready', 'delayed', 'suspended') and run_at <= now()
+                           order by priority desc, run_at
+                           limit ft.weight * ((ft.share + ft.visited - 1) / ft.visited)
+                             for update skip locked) j
+              ) d) f
+     where f.k <= f.share
 ), picked as (
     select id, prev_state, exhausted, name, concurrency_key, rate_key from lapsed
     union all
