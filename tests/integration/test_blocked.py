@@ -255,3 +255,19 @@ def test_queue_stats_count_blocked_jobs_in_their_own_bucket():
     api.cancel(blocked[0].id)
     [stats] = [s for s in get_engine().queue_stats() if s.queue == "default"]
     assert (stats.blocked, stats.cancelled) == (2, 1)
+
+
+def test_the_release_of_a_slot_of_a_paused_key_leaves_its_blocked_jobs_blocked(listener):
+    """The release wakes as jobs_unblock does, and jobs_unblock wakes nothing of a paused key:
+    a pause keeps its jobs blocked whoever frees a slot (no ready row for the claim to block
+    again, no NOTIFY for workers to claim nothing)."""
+    held = hold()
+    handle = blocked_job()
+    pause(KEY)
+    listener.wait(0.2)
+
+    get_engine().slots_release_if_held(held[:1])
+
+    row = Job.objects.get(pk=handle.id)
+    assert (row.state, row.blocked_on) == ("blocked", KEY)
+    assert notified(listener, timeout=0.5) == []
