@@ -196,3 +196,21 @@ def test_fair_share_settings_are_read():
     assert s.fair_queues == frozenset({"fair"})
     assert dict(s.queue_weights["fair"]) == {"A": 3, "": 2}
     assert "plain" not in s.queue_weights
+
+
+def test_a_claim_of_a_fair_queue_fills_its_share_from_the_tenants_there_are():
+    """Fair share orders the claims; it must not shrink them. With one or two tenants
+    backlogged a claim of 10 takes 10 (turn after turn), or a worker gets one job per tenant
+    per claim, sees a claim that was not full and waits for the next poll: a fair queue with
+    few tenants would run at a fraction of the workers' capacity."""
+    enqueue(50, "A")
+
+    with override_settings(XJOBS=FAIR):
+        f = flow()
+        alone = claim_and_complete(f, n=10)
+        enqueue(50, "B")
+        both = claim_and_complete(f, n=10)
+
+    assert len(alone) == 10, f"a claim of 10 took {len(alone)} with one tenant backlogged"
+    assert len(both) == 10, f"a claim of 10 took {len(both)} with two tenants backlogged"
+    assert Counter(c.tenant_id for c in both) == {"A": 5, "B": 5}
