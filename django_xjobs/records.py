@@ -291,10 +291,12 @@ class ClaimFlow:
 
 
 class ClaimBatch(list[ClaimedJob]):
-    """The jobs a claim took, and ``retry_at``: the earliest time a job it held back for its
+    """The jobs a claim took; ``held``: how many it held back by flow control (blocked, or due
+    later for their rate budget); ``retry_at``: the earliest time a job it held back for its
     rate budget is due again (None when none was)."""
 
     retry_at: datetime | None = None
+    held: int = 0
 
 
 # ------------------------------------------------------------------------ fenced writes --

@@ -491,8 +491,9 @@ class Worker:
             if run.job.slot is not None:
                 self.flow.attach(run, sent_at)
         self._dispatch(runs)
-        self._more_likely = any(per_queue[q] >= n for q, n in wants.items())
-        self._swept(wants, len(claimed))
+        # Jobs held back by flow control left the scan: what was behind them may be claimable.
+        self._more_likely = claimed.held > 0 or any(per_queue[q] >= n for q, n in wants.items())
+        self._swept(wants, len(claimed) + claimed.held)
         self._low_water = max(1, (self.options.concurrency + self.prefetch()) // 2)
         self.stats["claimed"] += len(claimed)
         if not claimed and self._dry and not self._runs:

@@ -242,7 +242,9 @@ def test_an_idle_claim_does_not_walk_the_jobs_that_are_not_due(engine):
     claim = engine.statements()["jobs_claim"]
     plan = _explain_analyze(claim.sql, claim_params(["default"]))
 
-    assert _buffers(plan) < 60, f"{_buffers(plan)} pages read by a claim that found nothing"
+    # A walk of the 20,000 delayed rows reads hundreds of pages; the probes of the priorities,
+    # the lapsed branch and the queue's pause read a few dozen.
+    assert _buffers(plan) < 80, f"{_buffers(plan)} pages read by a claim that found nothing"
 
 
 @pytest.mark.django_db

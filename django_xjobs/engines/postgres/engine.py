@@ -537,7 +537,7 @@ class PostgresEngine(Engine):
         })
         for r in rows:
             if r[0] is None:
-                batch.retry_at = r[14]
+                batch.retry_at, batch.held = r[14], int(r[15])
             else:
                 batch.append(_claimed_job(r))
         return batch

@@ -205,6 +205,9 @@ without them skips all of it):
   free slot under its limit goes to `blocked` (blocked_on = its key), and the release of a slot
   wakes it (slots_release_if_held). A job held back keeps its attempt, and a durable run's
   resume goes back to `suspended` (blocked_resume) when it is woken.
+The answer ends with one row without a job when flow control held jobs back: how many, and
+when the earliest of those held for their rate budget is due. The worker then claims again at
+once (the held jobs left the scan, and what was behind them may be claimable) and at that time.
 The limit of a key: the longest prefix of XJOBS["CONCURRENCY_LIMITS"], else its job's
 Concurrency(limit=...), else 1; a debounce key (`debounce:...`, slots.debounce_key) is always 1.
 
@@ -287,7 +290,7 @@ with async_commit as (
      where not w.fair
 ), fair_tenants as materialized (
     -- The tenants of each fair queue after the cursor, then from the first one up to the
-    -- cursor (the wrap): at most `share` of them, each visited once (x_jobs_fair_idx; the walk
+    -- cursor (the wrap): at most `share` of them, each visited once (x_jobs_fair_idx: the walk
     -- is lazy and stops there). `pos` is the order of the visit.
     select w.queue, w.share, tn.t, tn.pos,
            count(*) over (partition by w.queue) as visited,
@@ -514,16 +517,15 @@ with async_commit as (
            j.state, p.slot, p.slot_limit
 )
 select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
-       tenant_id, traceparent, concurrency_key, resumed, slot, slot_limit, null::timestamptz
+       tenant_id, traceparent, concurrency_key, resumed, slot, slot_limit, null::timestamptz,
+       0::bigint
   from claimed
  where state = 'running' and (select count(*) from async_commit) = 1
-   and (select count(*) from holding) >= 0
 union all
 select null, null, null, null, null, null, null, null, null, null, null, null, null, null,
-       min(next_at)
-  from rated
- where next_at is not null
-having count(*) > 0
+       (select min(next_at) from rated where next_at is not null), h.n
+  from (select count(*) as n from holding) h
+ where h.n > 0
 """,
 )
 
