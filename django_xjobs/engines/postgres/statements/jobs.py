@@ -335,7 +335,7 @@ with async_commit as (
 ), fair_due as (
     -- Round-robin: each visited tenant takes up to its weight per round, and as many rounds
     -- as the share needs when few tenants have work (one backlogged tenant fills the whole
-    -- share); a tenant's jobs in claim order, the rounds in visit order.
+    -- share). A tenant's jobs in claim order, the rounds in visit order.
     select f.id, f.prev_state, false as exhausted, f.name, f.concurrency_key, f.rate_key,
            f.queue
       from (select d.*, ft.queue, ft.share,
