@@ -18,7 +18,8 @@ The loop, in the order one iteration runs it (``Worker._iterate``):
    the queues, in ONE ``jobs_claim``; claimed runs go to the executor threads (sync jobs) or the
    event loop (async jobs). The split starts at the next queue each time (a rotation), so every
    queue makes progress even with fewer free slots than queues. The loop claims again at once
-   if the last claim was full, or if it found nothing and some queue has not been asked since
+   if the last claim was full or held jobs back by flow control (they left the scan, and what
+   was behind them may be claimable), or if it found nothing and some queue has not been asked since
    the sweep began (a sweep asks every queue once: one statement when the free slots cover the
    queues, ``ceil(queues / free)`` otherwise); then it waits for a NOTIFY, a freed slot after
    a full claim, or the poll interval. Burst mode ends only after a whole sweep found nothing.
