@@ -35,6 +35,7 @@ from ..engines import Engine
 from ..exceptions import SLOT_LOST
 from ..ratelimits import rate_limit_of
 from ..records import ClaimBatch, ClaimedJob, ClaimFlow, SlotHold
+from .executor import GiveBack
 
 log = logging.getLogger("django_xjobs.worker")
 
@@ -201,9 +202,17 @@ class Flow:
                 lost.append(run)
         return lost
 
-    @staticmethod
-    def lost_note(why: str) -> str:
-        return f"{SLOT_LOST}: run stopped and job re-queued: {why}"
+    def lost(self, run: SlotRun, why: str) -> GiveBack:
+        """A run that lost its slot (``why``): logged, and its outcome: handed back after a
+        poll interval with its attempt given back, its result discarded."""
+        self.stats["slot_lost"] += 1
+        hold = run.slot
+        where = f"slot {hold.slot_key!r}#{hold.slot}" if hold is not None else "its slot"
+        log.error("job %s (%s) attempt %d: %s: lost %s: %s; the run is stopped, its result "
+                  "discarded, and the job re-queued", run.job.id, run.job.name, run.job.attempt,
+                  SLOT_LOST, where, why)
+        return GiveBack(delay=self.poll_interval,
+                        note=f"{SLOT_LOST}: run stopped and job re-queued: {why}")
 
     # -------------------------------------------------------------- the safety net --
     def unblock_due(self, now: float) -> None:

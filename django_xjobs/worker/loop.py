@@ -630,10 +630,8 @@ class Worker:
                 # The run ended after its slot may have lapsed (a worker frozen past the TTL
                 # wakes up with its code finishing): it cannot prove it held the slot, so its
                 # result is not written (slots.py).
-                outcome = self._slot_lost_outcome("the run ended after its slot lapsed")
+                outcome = self.flow.lost(run, "the run ended after its slot lapsed")
             self._record(run, outcome)
-        if lost:
-            self._log_slot_lost(run, "the run ended after its slot lapsed")
         return True
 
     def _record(self, run: Run, outcome: Outcome) -> None:
@@ -868,22 +866,9 @@ class Worker:
                                      "been taken by another run)")
         self._wake.set()
 
-    def _slot_lost_outcome(self, why: str) -> GiveBack:
-        self.stats["slot_lost"] += 1
-        return GiveBack(delay=self.options.poll_interval, note=self.flow.lost_note(why))
-
-    def _log_slot_lost(self, run: Run, why: str) -> None:
-        hold = run.slot
-        where = f"slot {hold.slot_key!r}#{hold.slot}" if hold is not None else "its slot"
-        log.error("job %s (%s) attempt %d: %s: lost %s: %s; the run is stopped, its result "
-                  "discarded, and the job re-queued", run.job.id, run.job.name, run.job.attempt,
-                  SLOT_LOST, where, why)
-
     def _slot_lost(self, run: Run, why: str) -> None:
-        if run.phase not in (QUEUED, RUNNING):
-            return
-        self._log_slot_lost(run, why)
-        self._stop_run(run, f"{SLOT_LOST}: {why}", self._slot_lost_outcome(why), SlotLost)
+        if run.phase in (QUEUED, RUNNING):
+            self._stop_run(run, f"{SLOT_LOST}: {why}", self.flow.lost(run, why), SlotLost)
 
     # --------------------------------------------------------------- shutdown --
     def _drain_step(self) -> bool:
