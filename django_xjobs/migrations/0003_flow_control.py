@@ -21,7 +21,10 @@ from django.db import migrations, models
 # the rest of the transaction (an advisory lock on its hash), keys in sorted order, so two
 # spenders of one key are serialised and the budget is exact: every grant counts the units
 # recorded after now() - period, including those stamped later than its own now(), so no window
-# of one period ever holds more than `limit` (docs/flow-control.md, "Rate limits").
+# of one period ever holds more than `limit` (docs/flow-control.md, "Rate limits"). now() is
+# the start of each spender's transaction, so a spender whose transaction began earlier must
+# still see the units a later one would already call old: units are deleted only a minute
+# after they left the window (a transaction older than that when it spends is not exact).
 RATE_TAKE = """
 create or replace function xjobs_rate_take(
     p_keys text[], p_limits int[], p_periods_ms bigint[], p_costs int[])
@@ -40,8 +43,10 @@ begin
         perform pg_advisory_xact_lock(hashtextextended('xjobs:rate:' || k, 0));
         select min(q.lim), max(q.per) * interval '1 millisecond' into lim, per
           from unnest(p_keys, p_limits, p_periods_ms) as q(key, lim, per) where q.key = k;
-        delete from x_rate_units where key = k and at <= now() - per;
-        select coalesce(sum(cost), 0) into used from x_rate_units where key = k;
+        delete from x_rate_units
+         where key = k and at <= now() - per - interval '1 minute';
+        select coalesce(sum(cost), 0) into used
+          from x_rate_units where key = k and at > now() - per;
         for r in select q.n, q.cost
                    from unnest(p_keys, p_costs) with ordinality as q(key, cost, n)
                   where q.key = k order by q.n loop
@@ -52,7 +57,8 @@ begin
             else
                 -- The unit that, once out of the window, leaves room for this cost.
                 freed := 0; next_at := 'infinity';
-                for u in select at, cost from x_rate_units where key = k order by at loop
+                for u in select at, cost from x_rate_units
+                          where key = k and at > now() - per order by at loop
                     freed := freed + u.cost;
                     if used - freed + r.cost <= lim then
                         next_at := u.at + per;

@@ -470,6 +470,7 @@ with async_commit as (
                                  else 'delayed' end,
            blocked_on     = h.blocked_on,
            blocked_resume = h.prev_state = 'suspended',
+           rescues        = j.rescues + (h.prev_state = 'running')::int,
            run_at         = coalesce(h.next_at, j.run_at),
            lease_token    = case when h.prev_state = 'running' then null else j.lease_token end,
            visible_at     = null,
