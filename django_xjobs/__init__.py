@@ -23,6 +23,7 @@ __all__ = [
     "JobContext",
     "JobHandle",
     "PermanentError",
+    "RateLimit",
     "Snooze",
     "StagedJob",
     "aenqueue",
@@ -37,7 +38,7 @@ __all__ = [
     "retry",
 ]
 
-from . import registry, slots
+from . import ratelimits, registry, slots
 from .api import (
     JobHandle,
     aenqueue,
@@ -53,6 +54,7 @@ from .base import job
 from .context import JobContext
 from .exceptions import PermanentError, Snooze
 from .outbox import StagedJob
+from .ratelimits import RateLimit
 from .scheduler import options as _cron_options
 from .slots import Concurrency
 from .steps import publish_event
@@ -61,5 +63,6 @@ from .steps import publish_event
 # every documented option is then known wherever @job is importable, before the app registry is
 # ready too (tests/unit/test_registry.py::test_every_option_is_known_before_django_setup).
 registry.register_option("concurrency", slots.check_option)
+registry.register_option("rate_limit", ratelimits.check_option)
 for _name, _check in _cron_options.CHECKS.items():
     registry.register_option(_name, _check)

@@ -38,6 +38,7 @@ from .exceptions import (
     JobNotFound,
 )
 from .outbox import StagedJob
+from .ratelimits import RateLimit, rate_limit_of
 from .records import TERMINAL_STATES, ChangeResult, EnqueueParams, EnqueueResult, JobRecord, new_ids
 from .values import INT32, check_name, check_text, encode_json, keyword_input, seconds_of
 
@@ -119,11 +120,14 @@ class _Template:
     enqueued_by: str
     payload_limit: int
     slot_keys: slots.EnqueueKeys | None = None  # None: the job is not slot-limited
+    rate_limit: RateLimit | None = None  # None: the job is not rate-limited
 
     def params(self, input: Any, job_id: UUID, run_id: UUID) -> EnqueueParams:
         input = keyword_input(input, f"input of {self.definition.name}")
         self.definition.shape.check(self.definition.name, input)
         concurrency_key = None if self.slot_keys is None else self.slot_keys.key(input)
+        rate_key = None if self.rate_limit is None else self.rate_limit.format(
+            input, tenant_id=self.tenant_id, job=self.definition.name)
         input_json = encode_json(input if type(input) is dict else dict(input),
                                  what=f"input of {self.definition.name}",
                                  limit=self.payload_limit)
@@ -132,7 +136,7 @@ class _Template:
             input_json=input_json, idempotency_key=self.key, max_attempts=self.max_attempts,
             priority=self.priority, run_at=self.run_at, delay_ms=self.delay_ms,
             tenant_id=self.tenant_id, traceparent=self.traceparent,
-            enqueued_by=self.enqueued_by, concurrency_key=concurrency_key,
+            enqueued_by=self.enqueued_by, concurrency_key=concurrency_key, rate_key=rate_key,
         )
 
 
@@ -199,6 +203,7 @@ def _template(definition: registry.JobDefinition[..., Any],
         payload_limit=settings.max_payload_bytes,
         slot_keys=slots.enqueue_keys(definition, options.get("concurrency_key"), tenant_id,
                                      settings),
+        rate_limit=rate_limit_of(definition),
     )
 
 

@@ -106,6 +106,11 @@ class XJobsSettings:
     queues_given: bool = False
     # Per-queue cap on the runs one worker holds at once (unset: only the worker's total).
     queue_concurrency: Mapping[str, int] = field(default_factory=dict)
+    # Queues shared between tenants by weight (XJOBS["QUEUES"][q]["fair_by"] = "tenant"), and
+    # the weights (XJOBS["QUEUES"][q]["weights"]; a tenant not named weighs 1, the NULL tenant
+    # is ""). docs/flow-control.md, "Fair share between tenants".
+    fair_queues: frozenset[str] = frozenset()
+    queue_weights: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     concurrency: int = 10
     # Claimed-but-not-started jobs a worker may hold beyond its running ones. A claim asks for
     # up to concurrency + prefetch minus what is in flight: bigger batches are fewer round trips.
@@ -237,10 +242,14 @@ def _database(raw: Mapping[str, Any], key: str, default: str) -> str:
     return database
 
 
-def _queues(
-    raw: Mapping[str, Any], key: str, default: tuple[tuple[str, ...], Mapping[str, int]]
-) -> tuple[tuple[str, ...], Mapping[str, int]]:
-    """``XJOBS["QUEUES"]``: the queue names, and the per-queue concurrency of the dict form."""
+QueueOptions = tuple[tuple[str, ...], Mapping[str, int], frozenset[str],
+                     Mapping[str, Mapping[str, int]]]
+_QUEUE_KEYS = {"concurrency", "fair_by", "weights"}
+
+
+def _queues(raw: Mapping[str, Any], key: str, default: QueueOptions) -> QueueOptions:
+    """``XJOBS["QUEUES"]``: the queue names, and for the dict form each queue's concurrency,
+    whether it is shared fairly between tenants, and their weights."""
     queues_raw = raw.get(key, list(default[0]))
     if isinstance(queues_raw, str) or not isinstance(queues_raw, list | tuple | Mapping):
         raise ConfigurationError(
@@ -251,22 +260,48 @@ def _queues(
     if not queues:
         raise ConfigurationError('XJOBS["QUEUES"] must name at least one queue')
     queue_concurrency: dict[str, int] = {}
+    fair: set[str] = set()
+    weights: dict[str, dict[str, int]] = {}
     for q in queues:
         if not isinstance(q, str) or not NAME_RE.match(q):
             raise ConfigurationError(
                 f'XJOBS["QUEUES"]: {q!r} is not a valid queue name ([A-Za-z0-9_.:-]{{1,200}})'
             )
-        if isinstance(queues_raw, Mapping):
-            options = queues_raw[q] or {}
-            if not isinstance(options, Mapping) or set(options) - {"concurrency"}:
-                raise ConfigurationError(
-                    f'XJOBS["QUEUES"]["{q}"] must be a dict with an optional "concurrency" key'
-                )
-            if "concurrency" in options:
-                queue_concurrency[q] = _positive_int(
-                    options, "concurrency", 1, where=f'XJOBS["QUEUES"]["{q}"]["concurrency"]'
-                )
-    return queues, queue_concurrency
+        if not isinstance(queues_raw, Mapping):
+            continue
+        options = queues_raw[q] or {}
+        where = f'XJOBS["QUEUES"]["{q}"]'
+        if not isinstance(options, Mapping) or set(options) - _QUEUE_KEYS:
+            raise ConfigurationError(
+                f'{where} must be a dict with optional keys "concurrency", "fair_by" '
+                f'("tenant") and "weights" ({{tenant: weight}})'
+            )
+        if "concurrency" in options:
+            queue_concurrency[q] = _positive_int(options, "concurrency", 1,
+                                                 where=f'{where}["concurrency"]')
+        fair_by = options.get("fair_by")
+        if fair_by not in (None, "tenant"):
+            raise ConfigurationError(f'{where}["fair_by"] must be "tenant" or None, got '
+                                     f'{fair_by!r:.40}')
+        if fair_by == "tenant":
+            fair.add(q)
+        given = options.get("weights")
+        if given is not None:
+            if fair_by != "tenant":
+                raise ConfigurationError(f'{where}["weights"] needs {where}["fair_by"] = '
+                                         '"tenant"')
+            if not isinstance(given, Mapping):
+                raise ConfigurationError(f'{where}["weights"] must be a dict of tenant -> '
+                                         f'weight, got {given!r:.60}')
+            for tenant, weight in given.items():
+                if not isinstance(tenant, str) or isinstance(weight, bool) or not isinstance(
+                        weight, int) or not 1 <= weight <= 1000:
+                    raise ConfigurationError(
+                        f'{where}["weights"]: {tenant!r:.40}: {weight!r:.20} must be a tenant '
+                        'id (a string; "" for jobs without a tenant) with a whole weight from 1 '
+                        'to 1000')
+            weights[q] = dict(given)
+    return queues, queue_concurrency, frozenset(fair), weights
 
 
 def _retention(
@@ -351,7 +386,8 @@ def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[st
     unknown = sorted(set(raw) - _KNOWN_KEYS)
     if unknown:
         problems.refuse(f"XJOBS has unknown key(s) {unknown}; known keys: {sorted(_KNOWN_KEYS)}")
-    queues, queue_concurrency = take(_queues, raw, "QUEUES", (("default",), {}))
+    queues, queue_concurrency, fair_queues, queue_weights = take(
+        _queues, raw, "QUEUES", (("default",), {}, frozenset(), {}))
     lease = take(_duration, raw, "LEASE", 30.0)
     heartbeat = take(_duration, raw, "HEARTBEAT", default_heartbeat(lease))
     if problems.read("LEASE", "HEARTBEAT") and lease < 3 * heartbeat:
@@ -372,6 +408,8 @@ def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[st
         queues=queues,
         queues_given="QUEUES" in raw,
         queue_concurrency=queue_concurrency,
+        fair_queues=fair_queues,
+        queue_weights=queue_weights,
         concurrency=take(_positive_int, raw, "CONCURRENCY", 10),
         prefetch=take(_prefetch, raw, "PREFETCH", None),
         lease=lease,

@@ -278,3 +278,9 @@ class ListenerLost(Exception):
 
 class SessionLost(Exception):
     """The advisory session's connection dropped; the server released its lock with it."""
+
+
+class InvalidRateKey(InvalidJobInput):
+    """A job's rate-limit key cannot be built: a field of the ``RateLimit`` key template is
+    missing from the input or not a string or an integer, or the key is empty or too long.
+    Raised at enqueue, before anything is written."""

@@ -125,7 +125,7 @@ class Job(models.Model):
                 name="x_jobs_lapsed_idx",
             ),
             # The fair claim's walk over a queue's tenants, and each tenant's jobs in claim
-            # order (docs/flow-control.md, "Fair share").
+            # order (docs/flow-control.md, "Fair share between tenants").
             models.Index(
                 F("queue"), Coalesce(F("tenant_id"), Value("")), F("priority").desc(),
                 F("run_at"), condition=Q(state__in=("ready", "delayed", "suspended")),
@@ -350,7 +350,7 @@ class Backfill(models.Model):
 class FlowPause(models.Model):
     """A pause: of a queue (``kind="queue"``, nothing of it is claimed) or of a key (``kind=
     "key"``, no job whose concurrency or rate-limit key it is), until ``until`` or until
-    resumed (docs/flow-control.md, "Pause")."""
+    resumed (docs/flow-control.md, "Pause and circuit breakers")."""
 
     id = models.BigAutoField(primary_key=True)
     kind = models.TextField(choices=[("queue", "queue"), ("key", "key")])

@@ -538,7 +538,7 @@ def queue_rows(tenants: TenantScope = None) -> list[QueueRow]:
         s = stats.get(q) or QueueStats(queue=q)
         rows.append(QueueRow(
             queue=q, ready=s.ready, delayed=s.delayed, running=s.running, suspended=s.suspended,
-            dead=s.dead, done=s.done, cancelled=s.cancelled,
+            dead=s.dead, done=s.done, cancelled=s.cancelled, blocked=s.blocked,
             done_last_hour=recent.get((q, "done"), 0),
             cancelled_last_hour=recent.get((q, "cancelled"), 0),
             dead_last_hour=recent.get((q, "dead"), 0),

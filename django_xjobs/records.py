@@ -109,6 +109,7 @@ class JobSpec:
     traceparent: str | None = None
     enqueued_by: str | None = None
     concurrency_key: str | None = None
+    rate_key: str | None = None  # ratelimits.py
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,10 +220,41 @@ class ClaimedJob:
     # back must not give one back either.
     resumed: bool
     input_error: str | None = None
+    # The concurrency slot the claim took for this run (its key is concurrency_key), and the
+    # limit it was taken under; None for a job without a key.
+    slot: int | None = None
+    slot_limit: int | None = None
 
     @property
     def claim(self) -> Claim:
         return Claim(job_id=self.id, lease_token=self.lease_token)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimFlow:
+    """What a worker tells the claim about flow control (docs/flow-control.md), as parallel
+    arrays: built once per worker from its job definitions and settings (worker/flow.py)."""
+
+    slot_ttl_ms: int
+    limit_names: tuple[str, ...] = ()  # job name -> its Concurrency(limit=...)
+    limit_values: tuple[int, ...] = ()
+    prefixes: tuple[str, ...] = ()  # XJOBS["CONCURRENCY_LIMITS"], any order
+    prefix_limits: tuple[int, ...] = ()
+    rate_names: tuple[str, ...] = ()  # job name -> its RateLimit
+    rate_limits: tuple[int, ...] = ()
+    rate_periods_ms: tuple[int, ...] = ()
+    rate_costs: tuple[int, ...] = ()
+    fair_queues: frozenset[str] = frozenset()  # queues shared between tenants
+    weight_queues: tuple[str, ...] = ()  # (queue, tenant) -> weight; '' is the NULL tenant
+    weight_tenants: tuple[str, ...] = ()
+    weight_values: tuple[int, ...] = ()
+
+
+class ClaimBatch(list[ClaimedJob]):
+    """The jobs a claim took, and ``retry_at``: the earliest time a job it held back for its
+    rate budget is due again (None when none was)."""
+
+    retry_at: datetime | None = None
 
 
 # ------------------------------------------------------------------------ fenced writes --
@@ -354,7 +386,7 @@ class EventRecord:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QueueStats:
-    """Five exclusive buckets (a live row is in exactly one) plus finished counts."""
+    """Six exclusive buckets (a live row is in exactly one) plus finished counts."""
 
     queue: str
     ready: int = 0
@@ -364,10 +396,11 @@ class QueueStats:
     dead: int = 0
     done: int = 0
     cancelled: int = 0
+    blocked: int = 0  # held back by flow control (docs/flow-control.md)
 
     @property
     def live(self) -> int:
-        return self.ready + self.delayed + self.running + self.suspended
+        return self.ready + self.delayed + self.running + self.suspended + self.blocked
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -441,6 +474,19 @@ class OutboxStatus:
     input: Any = None  # the job's input as staged
 
 
+# ------------------------------------------------------------------------------ rate limits --
+
+
+@dataclass(frozen=True, slots=True)
+class RateRequest:
+    """One spending of a budget: ``cost`` units of ``key`` under ``limit`` per ``period_ms``."""
+
+    key: str
+    limit: int
+    period_ms: int
+    cost: int
+
+
 # ------------------------------------------------------------------------ concurrency slots --
 
 
@@ -459,11 +505,13 @@ class SlotRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SlotHold:
-    """A slot a run was granted: what its renewals and its release are fenced on."""
+    """A slot a run was granted: what its renewals and its release are fenced on, and the
+    limit it was granted under (its release wakes that many blocked jobs at most)."""
 
     slot_key: str
     slot: int
     holder: str
+    limit: int = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -80,16 +80,15 @@ those runs end (renewal does not look at the limit, acquisition does).
 
 from __future__ import annotations
 
-import inspect
 import logging
-import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .conf import MAX_SLOT_KEY
+from . import keys
 from .exceptions import SLOT_LOST, ConfigurationError, InvalidConcurrencyKey
-from .values import INT32, is_utf8
+from .keys import KeyTemplate
+from .values import INT32
 
 if TYPE_CHECKING:
     from .conf import XJobsSettings
@@ -99,8 +98,6 @@ if TYPE_CHECKING:
 __all__ = ["SLOT_LOST", "Concurrency"]
 
 log = logging.getLogger("django_xjobs.slots")
-
-TENANT_FIELD = "tenant_id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,14 +115,11 @@ class Concurrency:
 
     key: str
     limit: int | None = None
-    _parts: tuple[tuple[str, str | None], ...] = field(init=False, repr=False, compare=False)
+    _template: KeyTemplate = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.key, str) or not self.key or "\x00" in self.key:
-            raise ConfigurationError(
-                f"Concurrency(key=...) must be a non-empty key template without NUL, got "
-                f"{self.key!r:.80}"
-            )
+        template = KeyTemplate(self.key, what="concurrency key", owner="Concurrency",
+                               error=InvalidConcurrencyKey)
         if self.limit is not None and (
             isinstance(self.limit, bool) or not isinstance(self.limit, int)
             or not 1 <= self.limit <= INT32
@@ -134,87 +128,27 @@ class Concurrency:
                 f"Concurrency(limit=...) must be an integer from 1 to {INT32} (or None to take "
                 f'it from XJOBS["CONCURRENCY_LIMITS"]), got {self.limit!r}'
             )
-        try:
-            parsed = list(string.Formatter().parse(self.key))
-        except ValueError as exc:
-            raise ConfigurationError(
-                f"Concurrency key template {self.key!r} is not valid: {exc} (write a literal "
-                "brace as {{ or }})"
-            ) from None
-        parts: list[tuple[str, str | None]] = []
-        for literal, name, spec, conversion in parsed:
-            if name is not None and (not name.isidentifier() or spec or conversion):
-                raise ConfigurationError(
-                    f"Concurrency key template {self.key!r}: {{{name}"
-                    f"{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}} "
-                    "is not a plain field; use {name} with a name of the job's input or "
-                    "{tenant_id}"
-                )
-            parts.append((literal, name))
-        object.__setattr__(self, "_parts", tuple(parts))
+        object.__setattr__(self, "_template", template)
 
     @property
     def fields(self) -> tuple[str, ...]:
         """The field names of the template, in order."""
-        return tuple(name for _, name in self._parts if name is not None)
+        return self._template.fields
 
     @property
     def prefix(self) -> str:
         """The literal text before the first field: every key of this template starts with it."""
-        out = []
-        for literal, name in self._parts:
-            out.append(literal)
-            if name is not None:
-                break
-        return "".join(out)
+        return self._template.prefix
 
     def format(self, values: Mapping[str, Any], *, tenant_id: str | None = None,
                job: str = "job") -> str:
-        """The key for one input; :class:`InvalidConcurrencyKey` naming the field otherwise.
-
-        ``{tenant_id}`` is the job's tenant (``.using(tenant_id=...)``) when it has one, else an
-        input field of that name.
-        """
-        out: list[str] = []
-        for literal, name in self._parts:
-            out.append(literal)
-            if name is None:
-                continue
-            value = tenant_id if name == TENANT_FIELD and tenant_id is not None else (
-                values.get(name)
-            )
-            if value is None:
-                hint = (" (pass .using(tenant_id=...), or a tenant_id input field)"
-                        if name == TENANT_FIELD else "")
-                raise InvalidConcurrencyKey(
-                    f"{job}: the concurrency key {self.key!r} needs {{{name}}}, which this "
-                    f"enqueue does not give{hint}"
-                )
-            if isinstance(value, bool) or not isinstance(value, str | int):
-                raise InvalidConcurrencyKey(
-                    f"{job}: the concurrency key {self.key!r} needs {{{name}}} to be a string or"
-                    f" an integer, got {type(value).__name__} {value!r:.60}"
-                )
-            if value == "":
-                raise InvalidConcurrencyKey(
-                    f"{job}: the concurrency key {self.key!r} got an empty {{{name}}}"
-                )
-            out.append(str(value))
-        return validate_key("".join(out), job=job)
+        """The key for one input; :class:`InvalidConcurrencyKey` naming the field otherwise."""
+        return self._template.format(values, tenant_id=tenant_id, job=job)
 
 
 def validate_key(key: Any, *, job: str = "job") -> str:
-    """A concurrency key as stored: a non-empty string of at most 500 characters, valid UTF-8,
-    without NUL."""
-    if not isinstance(key, str) or not key or len(key) > MAX_SLOT_KEY or "\x00" in key:
-        raise InvalidConcurrencyKey(
-            f"{job}: a concurrency key must be a non-empty string of at most {MAX_SLOT_KEY} "
-            f"characters without NUL, got {key!r:.100}"
-        )
-    if not is_utf8(key):
-        raise InvalidConcurrencyKey(
-            f"{job}: the concurrency key contains a lone surrogate, which is not valid UTF-8")
-    return key
+    """A concurrency key as stored (keys.validate_key)."""
+    return keys.validate_key(key, job=job, what="concurrency key", error=InvalidConcurrencyKey)
 
 
 def concurrency_of(definition: JobDefinition | None) -> Concurrency | None:
@@ -315,18 +249,4 @@ def check_option(definition: JobDefinition) -> None:
             f"{definition.name}: concurrency= takes a Concurrency(key=..., limit=...), got "
             f"{value!r:.80}"
         )
-    try:
-        parameters = list(inspect.signature(definition.func).parameters.values())[1:]
-    except (TypeError, ValueError):  # a callable without a signature: nothing to check against
-        return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return
-    names = {p.name for p in parameters
-             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
-    for name in value.fields:
-        if name != TENANT_FIELD and name not in names:
-            raise ConfigurationError(
-                f"{definition.name}: the concurrency key {value.key!r} uses {{{name}}}, which is "
-                f"not a parameter of {definition.func.__qualname__} (nor {{tenant_id}})"
-            )
-
+    value._template.check_parameters(definition.func, definition.name)

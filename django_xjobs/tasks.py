@@ -51,6 +51,7 @@ ready / delayed, never attempted       READY         none
 ready / delayed after a failed try     READY         the failed attempt's error (retry pending)
 running                                RUNNING       an earlier attempt's error, if any
 suspended (a durable sleep)            RUNNING       as running: started, not finished
+blocked (held back by flow control)    READY         as ready / delayed
 done                                   SUCCESSFUL    an earlier attempt's error, if any
 dead                                   FAILED        the last attempt's error
 cancelled                              FAILED        ``django_xjobs.exceptions.JobCancelled``
@@ -459,6 +460,7 @@ _STATUS = {
     "delayed": TaskResultStatus.READY,
     "running": TaskResultStatus.RUNNING,
     "suspended": TaskResultStatus.RUNNING,
+    "blocked": TaskResultStatus.READY,
     "done": TaskResultStatus.SUCCESSFUL,
     "dead": TaskResultStatus.FAILED,
     "cancelled": TaskResultStatus.FAILED,

@@ -130,16 +130,17 @@ def undecodable(table: str, pk: Any, **columns: str) -> None:
 
 
 def slot_held_by_a_run(group: str = "g", queue: str = "slot-limit-q") -> Any:
-    """A slot of ``slot:<group>`` held as a worker holds it: by a claimed run of
+    """A slot of ``slot:<group>`` held as a worker holds it: taken by the claim of a run of
     ``testapp.slotted``, whose ``Concurrency(key="slot:{group}", limit=2)`` gives the limit."""
-    from django_xjobs import slots
-    from django_xjobs.records import SlotRequest
+    from django_xjobs import conf, registry, slots
+    from django_xjobs.records import SlotHold
+    from django_xjobs.worker.flow import claim_flow
 
     handle = testapp_jobs.slotted.using(queue=queue).enqueue(group=group)
     engine = get_engine()
-    (claimed,) = engine.jobs_claim(wants={queue: 1}, worker_id="w-limit", lease_ms=60_000)
-    assert claimed.id == str(handle.id)
-    (hold,) = engine.slots_acquire([SlotRequest(slot_key=f"slot:{group}", limit=2,
-                                                holder=slots.holder(claimed, "w-limit"))],
-                                   60_000)
-    return hold
+    flow = claim_flow(conf.get(), registry.all_jobs().values(), [queue])
+    (claimed,) = engine.jobs_claim(wants={queue: 1}, worker_id="w-limit", lease_ms=60_000,
+                                   flow=flow)
+    assert claimed.id == str(handle.id) and claimed.slot is not None
+    return SlotHold(slot_key=f"slot:{group}", slot=claimed.slot,
+                    holder=slots.holder(claimed, "w-limit"), limit=claimed.slot_limit or 1)

@@ -29,7 +29,9 @@ from ..records import (
     BackfillRecord,
     ChangeResult,
     Claim,
+    ClaimBatch,
     ClaimedJob,
+    ClaimFlow,
     Completion,
     EnqueueParams,
     EnqueueResult,
@@ -44,6 +46,7 @@ from ..records import (
     OutboxStatus,
     ParkedStep,
     QueueStats,
+    RateRequest,
     Requeue,
     RunOwner,
     SchedulerStateRecord,
@@ -148,9 +151,13 @@ class Engine(abc.ABC):
     # ------------------------------------------------------------------ worker side --
     @abc.abstractmethod
     def jobs_claim(
-        self, *, wants: Mapping[str, int], worker_id: str, lease_ms: int
-    ) -> list[ClaimedJob]:
-        """Lease up to ``wants[queue]`` due jobs of each queue, plus lapsed ``running`` jobs."""
+        self, *, wants: Mapping[str, int], worker_id: str, lease_ms: int,
+        flow: ClaimFlow | None = None, cursors: Mapping[str, str] | None = None,
+    ) -> ClaimBatch:
+        """Lease up to ``wants[queue]`` due jobs of each queue, plus lapsed ``running`` jobs,
+        under flow control (docs/flow-control.md): pauses, rate budgets (``flow``'s limits) and
+        concurrency slots are decided here, and what they hold back is not claimed. A fair
+        queue starts after ``cursors[queue]``, the last tenant this worker served there."""
 
     @abc.abstractmethod
     def jobs_complete_if_owned(self, batch: Sequence[Completion]) -> FenceReport: ...
@@ -363,7 +370,9 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def slots_release_if_held(self, holds: Sequence[SlotHold]) -> int:
-        """Free each slot its holder still has (lapsed or not); how many rows went."""
+        """Free each slot its holder still has (lapsed or not), and wake as many jobs blocked
+        on each key as it has free slots under the hold's limit (a NOTIFY of their queues);
+        how many slot rows went."""
 
     @abc.abstractmethod
     def slots_list(self, *, slot_key: str | None = None, limit: int = 1000) -> list[SlotRecord]:
@@ -372,6 +381,25 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def slots_usage(self, limit: int = 1000) -> list[SlotUsage]:
         """Live slots per key, busiest key first."""
+
+    @abc.abstractmethod
+    def worker_seen(self, worker_id: str, host: str, pid: int, queues: Sequence[str]) -> None:
+        """Record that this worker process is alive and serves ``queues`` (x_workers)."""
+
+    @abc.abstractmethod
+    def worker_gone(self, worker_id: str, stale_after: float = 86_400.0) -> None:
+        """Delete this worker's row (it stops), and rows not seen for ``stale_after`` s."""
+
+    # ---------------------------------------------------------------- flow control --
+    @abc.abstractmethod
+    def jobs_unblock(self, flow: ClaimFlow, batch: int = 1000) -> int:
+        """Wake the blocked jobs whose key has room again or whose key pause ended, although
+        no release woke them (a worker runs this once per poll interval); how many."""
+
+    @abc.abstractmethod
+    def rate_take(self, requests: Sequence[RateRequest]) -> list[datetime | None]:
+        """Spend each request's cost from its key's budget, in order: None where granted,
+        else the time its budget has room (ratelimits.py)."""
 
     @abc.abstractmethod
     def jobs_wake_refused(self, refused: Sequence[Claim]) -> int:

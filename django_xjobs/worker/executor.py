@@ -72,13 +72,6 @@ class GiveBack:
 
 
 @dataclass(frozen=True, slots=True)
-class SlotRefused(GiveBack):
-    """Not from running the job: the worker could not take its concurrency slot, so the run
-    never started (slots.py). Handed back like a ``GiveBack`` (due again after ``delay``, the
-    attempt its claim counted given back); the loop writes a batch of these in one statement."""
-
-
-@dataclass(frozen=True, slots=True)
 class Suspended:
     """A step parked the job (a sleep, an event wait): the database already says so, in the
     step's own fenced transaction; nothing is left to write."""

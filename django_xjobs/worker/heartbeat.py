@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from django.db import connections
 
@@ -39,44 +39,57 @@ from . import reachability
 
 log = logging.getLogger("django_xjobs.worker")
 
+# How often the worker's x_workers row is refreshed (seconds), busy or idle.
+SEEN_EVERY = 10.0
+
+
+class Renewer(Protocol):
+    """The worker, as its heartbeat sees it (worker/loop.py)."""
+
+    heartbeat_generation: int  # a heartbeat whose generation is older has been replaced
+
+    def unsettled(self) -> Sequence[Any]:
+        """The runs whose leases to renew (every run not yet settled)."""
+
+    def on_renewed(self, runs: Sequence[Any], renewed: frozenset[str], sent_at: float) -> None:
+        """The answer of a lease renewal: the lease tokens renewed."""
+
+    def on_slots_renewed(self, runs: Sequence[Any], renewed: frozenset[str],
+                         sent_at: float) -> None:
+        """The answer of a slot renewal: the holders renewed."""
+
+    def seen(self) -> None:
+        """Record in the database that the worker is alive (x_workers); may raise."""
+
 
 class Heartbeat(threading.Thread):
-    def __init__(
-        self,
-        *,
-        engine: Engine,
-        label: str,
-        interval: float,
-        lease_ms: int,
-        generation: int,
-        current_generation: Callable[[], int],
-        snapshot: Callable[[], Sequence[Any]],
-        on_renewed: Callable[[Sequence[Any], frozenset[str], float], None],
-        stop: threading.Event,
-        slot_ttl_ms: int = 0,
-        on_slots_renewed: Callable[[Sequence[Any], frozenset[str], float], None] | None = None,
-    ) -> None:
+    def __init__(self, *, worker: Renewer, engine: Engine, label: str, interval: float,
+                 lease_ms: int, slot_ttl_ms: int, generation: int,
+                 stop: threading.Event) -> None:
         super().__init__(name=f"xjobs-heartbeat-{generation}", daemon=True)
+        self.worker = worker
         self.engine = engine
         self.label = label
         self.interval = interval
         self.lease_ms = lease_ms
-        self.generation = generation
-        self._current_generation = current_generation
-        self._snapshot = snapshot
-        self._on_renewed = on_renewed
-        self._stop = stop
         self.slot_ttl_ms = slot_ttl_ms
-        self._on_slots_renewed = on_slots_renewed
+        self.generation = generation
+        self._stop_event = stop
         self.in_call_since: float | None = None
         self.rounds = 0
+        self._next_seen = clock.monotonic() + SEEN_EVERY
+
+    def _replaced(self) -> bool:
+        return self.generation != self.worker.heartbeat_generation
 
     def run(self) -> None:
         labelled = False
-        while not self._stop.wait(self.interval):
-            if self.generation != self._current_generation():
+        while not self._stop_event.wait(self.interval):
+            if self._replaced():
                 return
-            runs = self._snapshot()
+            if clock.monotonic() >= self._next_seen:
+                self._seen()
+            runs = self.worker.unsettled()
             if not runs:
                 continue
             sent_at = clock.monotonic()
@@ -101,17 +114,23 @@ class Heartbeat(threading.Thread):
                 continue
             finally:
                 self.in_call_since = None
-            if self.generation != self._current_generation():
+            if self._replaced():
                 return  # replaced while this call hung: its answer is stale
             self.rounds += 1
             reachability.database.reached()
-            self._on_renewed(runs, renewed, sent_at)
-            if self._on_slots_renewed is not None:
-                answer = self._renew_slots(runs)
-                if answer == "replaced":
-                    return  # replaced while the slot renewal hung
-                labelled = labelled and answer != "reconnect"
+            self.worker.on_renewed(runs, renewed, sent_at)
+            answer = self._renew_slots(runs)
+            if answer == "replaced":
+                return  # replaced while the slot renewal hung
+            labelled = labelled and answer != "reconnect"
         self._close()
+
+    def _seen(self) -> None:
+        self._next_seen = clock.monotonic() + SEEN_EVERY
+        try:
+            self.worker.seen()
+        except Exception as exc:  # the lease renewal that follows reports a lost database
+            log.debug("worker row not refreshed: %s", exc)
 
     def _renew_slots(self, runs: Sequence[Any]) -> str:
         """The slot half of a round: "ok", "reconnect" (the connection was reset) or
@@ -119,7 +138,6 @@ class Heartbeat(threading.Thread):
         held = [(r, r.slot) for r in runs if r.slot is not None]
         if not held:
             return "ok"
-        assert self._on_slots_renewed is not None
         sent_at = clock.monotonic()
         self.in_call_since = sent_at
         try:
@@ -133,9 +151,9 @@ class Heartbeat(threading.Thread):
             return "ok"
         finally:
             self.in_call_since = None
-        if self.generation != self._current_generation():
+        if self._replaced():
             return "replaced"
-        self._on_slots_renewed([r for r, _ in held], renewed, sent_at)
+        self.worker.on_slots_renewed([r for r, _ in held], renewed, sent_at)
         return "ok"
 
     def _close(self) -> None:

@@ -28,15 +28,14 @@ The loop, in the order one iteration runs it (``Worker._iterate``):
 4. **Wait** on the wake event: set by the LISTEN thread, by executors when the work queue runs
    low or enough results wait to be settled, and by the signal handler.
 
-Concurrency slots (``slots.py`` has the protocol): a claimed batch's slot-limited jobs take
-their slots in ONE ``slots_acquire`` before dispatch (step 3); a refused one never starts and
-goes back, due after one poll interval with its attempt given back, in ONE
-``jobs_requeue_if_owned`` at the next settle. Held slots are renewed with the heartbeat and
-released in ONE ``slots_release_if_held`` per settle (step 1), however the run ended; each slot
-released wakes one job this worker refused on its key (ONE ``jobs_wake_refused``). A run
-that cannot prove it still holds its slot (a refused renewal, or none for a whole SLOT_TTL) is
-stopped with ``X_JOB_SLOT_LOST`` and its job handed back; its result is never written. A batch
-without slot-limited jobs runs none of these statements.
+Flow control (``flow.py``; docs/flow-control.md) is decided by the claim itself: pauses, rate
+budgets and concurrency slots hold jobs back in the database, so every claimed run may start,
+and a slot-limited one arrives holding its slot. Held slots are renewed with the heartbeat and
+released in ONE ``slots_release_if_held`` per settle (step 1), however the run ended, which
+wakes the jobs blocked on their keys fleet-wide. A run that cannot prove it still holds its
+slot (a refused renewal, or none for a whole SLOT_TTL) is stopped with ``X_JOB_SLOT_LOST`` and
+its job handed back; its result is never written. Once per poll interval the loop also runs
+``jobs_unblock``, the safety net for blocked jobs no release woke.
 
 Burst mode (``--burst``, ``testing.drain``) runs until nothing is due: a sweep of every queue
 found nothing, nothing is in flight, and every background duty had finished its first pass
@@ -67,23 +66,15 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.db import connections, reset_queries
 
-from .. import clock, conf, faults, registry, slots
+from .. import clock, conf, faults, registry
 from ..context import JobContext
 from ..engines import get_engine
 from ..exceptions import SLOT_LOST, JobCancelled, SlotLost, XJobsError
-from ..records import (
-    Claim,
-    ClaimedJob,
-    Completion,
-    Fence,
-    Requeue,
-    RunOwner,
-    SlotHold,
-    SlotRequest,
-)
+from ..records import ClaimedJob, Completion, Fence, RunOwner, SlotHold
 from ..steps import AsyncSteps, Steps
 from . import duties, executor, reachability
-from .executor import Discard, Done, GiveBack, Outcome, Retry, SlotRefused
+from .executor import Discard, Done, GiveBack, Outcome, Retry
+from .flow import Flow
 from .heartbeat import Heartbeat
 from .listener import WakeListener
 from .settle import write_outcome
@@ -106,9 +97,6 @@ LEASE_MARGIN = 0.25
 # get almost none, so they are not hoarded by one worker while others idle.
 PREFETCH_WINDOW = 0.05
 PREFETCH_MAX = 1000
-# Refused jobs remembered per key for an early wake-up (slots), and keys remembered at most.
-WAITING_MAX = 10_000
-WAITING_KEYS_MAX = 10_000
 # An executor thread idle for this long cleans up its Django connections before its next job
 # too (they may have aged past CONN_MAX_AGE or been closed by the server meanwhile).
 IDLE_RECHECK = 1.0
@@ -269,7 +257,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._thread_serial = 0
         self._heartbeat: Heartbeat | None = None
-        self._heartbeat_generation = 0
+        self.heartbeat_generation = 0
         self._listener: WakeListener | None = None
         self._duties: list[tuple[duties.Duty, threading.Thread]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -279,15 +267,9 @@ class Worker:
         self._finished_since = 0.0  # when the oldest unsettled outcome was recorded
         self.started = threading.Event()  # test signal: threads up, first claim done
         self.idle = threading.Event()  # test signal: nothing in flight after a claim found none
-        # ---- concurrency slots (slots.py) ----
-        self._slot_ttl = self.settings.slot_ttl
-        self._slot_ttl_ms = round(self._slot_ttl * 1000)
-        self._holding = 0  # runs holding a slot not yet handed to a release
-        self._releases: list[SlotHold] = []  # slots of settled runs, released at the next try
-        self._limitless_keys: set[str] = set()  # keys already warned about (no limit known)
-        # Jobs this worker refused a slot, per key, until they are due again anyway: a slot of
-        # that key released here wakes them at once (jobs_wake_refused).
-        self._waiting: dict[str, deque[tuple[float, Claim]]] = {}
+        self.flow = Flow(engine=self.engine, settings=self.settings, worker_id=self.worker_id,
+                         queues=options.queues, poll_interval=options.poll_interval,
+                         stats=self.stats)
 
     # ------------------------------------------------------------------------ public --
     def run(self) -> None:
@@ -331,6 +313,10 @@ class Worker:
 
     # -------------------------------------------------------------------- threads --
     def _start_threads(self) -> None:
+        try:
+            self.seen()
+        except Exception as exc:  # the first claim reports a database that is not there
+            log.debug("worker row not written: %s", exc)
         for _ in range(self.options.concurrency):
             self._spawn_executor()
         self._start_heartbeat()
@@ -353,14 +339,12 @@ class Worker:
         t.start()
 
     def _start_heartbeat(self) -> None:
-        self._heartbeat_generation += 1
+        self.heartbeat_generation += 1
         self._heartbeat = Heartbeat(
-            engine=self.engine, label=f"xjobs:{self.worker_id}:heartbeat",
+            worker=self, engine=self.engine, label=f"xjobs:{self.worker_id}:heartbeat",
             interval=self.options.heartbeat, lease_ms=self.lease_ms,
-            generation=self._heartbeat_generation,
-            current_generation=lambda: self._heartbeat_generation,
-            snapshot=self._unsettled, on_renewed=self.on_renewed, stop=self._stop_threads,
-            slot_ttl_ms=self._slot_ttl_ms, on_slots_renewed=self.on_slots_renewed,
+            slot_ttl_ms=self.flow.params.slot_ttl_ms, generation=self.heartbeat_generation,
+            stop=self._stop_threads,
         )
         self._heartbeat.start()
 
@@ -389,7 +373,9 @@ class Worker:
         duties_ready = not self.options.burst or all(
             duty.started.is_set() for duty, _ in self._duties)
         due = self.options.burst or now - self._last_claim >= self.options.poll_interval
-        if self._more_likely or due or notified:
+        if due:
+            self._unblock(now)
+        if self._more_likely or due or notified or self.flow.claim_due(now):
             claimed = self._claim()
         if self.options.burst and claimed == 0 and self._dry and not self._runs:
             if not duties_ready:  # their first pass may enqueue work: claim again after it
@@ -415,7 +401,8 @@ class Worker:
         if self._finished:
             timeout = min(timeout, max(0.0, self._finished_since + self.settings.ack_interval
                                        - now))
-        return timeout
+        rate_due = self.flow.wait_limit(now)
+        return timeout if rate_due is None else min(timeout, rate_due)
 
     def prefetch(self) -> int:
         """Runs to hold claimed beyond the threads: fixed, or sized to PREFETCH_WINDOW of work."""
@@ -490,9 +477,7 @@ class Worker:
             if not self._labelled:
                 self.engine.session_label(f"xjobs:{self.worker_id}:loop")
                 self._labelled = True
-            claimed = self.engine.jobs_claim(
-                wants=wants, worker_id=self.worker_id, lease_ms=self.lease_ms
-            )
+            claimed = self.flow.claim(wants, self.lease_ms)
         except Exception as exc:
             self._claim_failed(exc)
             self._more_likely = False
@@ -502,8 +487,9 @@ class Worker:
         per_queue = Counter(job.queue for job in claimed)
         runs = [Run(job, registry.lookup(job.name), sent_at, budget=self._lease_budget,
                     on_unproven=self._unproven) for job in claimed]
-        if any(job.concurrency_key is not None for job in claimed):
-            runs = self._take_slots(runs)  # unlimited batches never get here
+        for run in runs:
+            if run.job.slot is not None:
+                self.flow.attach(run, sent_at)
         self._dispatch(runs)
         self._more_likely = any(per_queue[q] >= n for q, n in wants.items())
         self._swept(wants, len(claimed))
@@ -632,8 +618,8 @@ class Worker:
                 return False
             # Discard too: a step write the slot guard refused (Run._slot_guard) ends the run
             # with SlotLost, and the job must be handed back, not left to its lease.
-            lost = (run.slot is not None and isinstance(outcome, Done | Retry | Discard)
-                    and clock.monotonic() - run.slot_renewed_at >= self._slot_ttl)
+            lost = (isinstance(outcome, Done | Retry | Discard)
+                    and self.flow.slot_lapsed(run, clock.monotonic()))
             if lost:
                 # The run ended after its slot may have lapsed (a worker frozen past the TTL
                 # wakes up with its code finishing): it cannot prove it held the slot, so its
@@ -698,10 +684,6 @@ class Worker:
         done = [r for r in batch if isinstance(r.outcome, Done)]
         others = [r for r in batch if not isinstance(r.outcome, Done)]
         unsettled: list[Run] = []
-        if others and any(type(r.outcome) is SlotRefused for r in others):
-            refused = [r for r in others if type(r.outcome) is SlotRefused]
-            others = [r for r in others if type(r.outcome) is not SlotRefused]
-            self._requeue_refused(refused, unsettled)
         if done:
             try:
                 report = self.engine.jobs_complete_if_owned([
@@ -739,8 +721,11 @@ class Worker:
         if unsettled:
             with self._lock:
                 self._finished.extendleft(reversed(unsettled))
-        if self._holding or self._releases:
-            self._release_slots(batch)
+        if self.flow.holding:
+            try:
+                self.flow.release(r for r in batch if r.phase == SETTLED)
+            except Exception as exc:
+                self._db_error("slot release", exc)
 
     def _write_outcome(self, run: Run) -> tuple[Fence, str]:
         assert run.outcome is not None
@@ -807,12 +792,12 @@ class Worker:
                           f"({timeout:g}s); the run was stopped and its result will be discarded",
                     delay=executor.backoff_for(run.definition, run.job.attempt, self.settings),
                 ))
-            elif run.slot is not None and now - run.slot_renewed_at >= self._slot_ttl:
+            elif self.flow.slot_lapsed(run, now):
                 # The self-fence of a slot: a hung heartbeat cannot renew it, and past its TTL
                 # another worker may take it.
                 stopped = True
                 self._slot_lost(run, f"no slot renewal for {now - run.slot_renewed_at:.1f}s "
-                                     f"(SLOT_TTL {self._slot_ttl:g}s)")
+                                     f"(SLOT_TTL {self.flow.slot_ttl:g}s)")
             elif now - run.renewed_at >= lease:
                 stopped = True
                 self.stats["self_fenced"] += 1
@@ -833,7 +818,12 @@ class Worker:
             self._start_heartbeat()
         return stopped
 
-    def _unsettled(self) -> list[Run]:
+    def seen(self) -> None:
+        """This worker is alive and serves its queues (x_workers; the heartbeat calls it)."""
+        self.engine.worker_seen(self.worker_id, socket.gethostname(), os.getpid(),
+                                self.options.queues)
+
+    def unsettled(self) -> list[Run]:
         with self._lock:
             return [r for r in self._runs.values() if r.phase != SETTLED]
 
@@ -852,171 +842,27 @@ class Worker:
                 self._stop_run(run, "lease lost", Discard("lease lost at heartbeat"))
         self._wake.set()
 
-    # ------------------------------------------------------- concurrency slots --
-    # The protocol is in django_xjobs/slots.py; these are the worker's side of it.
-    def _slot_limit(self, run: Run) -> int:
-        key = run.job.concurrency_key
-        assert key is not None
-        limit = slots.limit_for(key, run.definition, self.settings)
-        if limit is not None:
-            return limit
-        # Enqueue refuses a key without a limit, so this is a job enqueued under other settings
-        # or code. 1 is the limit that cannot over-grant: the key's runs go one at a time.
-        if key not in self._limitless_keys:
-            self._limitless_keys.add(key)
-            log.warning("job %s (%s): no concurrency limit applies to key %r here (neither "
-                        "its job's Concurrency(limit=...) nor XJOBS['CONCURRENCY_LIMITS']); "
-                        "running its jobs one at a time", run.job.id, run.job.name, key)
-        return 1
-
-    def _take_slots(self, runs: list[Run]) -> list[Run]:
-        """Acquire the slots of a claimed batch in one statement; the runs that may start.
-
-        Refused runs are recorded as ``SlotRefused`` (settled in one statement by the next
-        ``_settle``). A run whose job is unknown here takes no slot: it is nacked unrun.
-        """
-        keyed = [r for r in runs if r.job.concurrency_key is not None and r.definition]
-        if not keyed:
-            return runs
-        requests = [
-            SlotRequest(slot_key=r.job.concurrency_key, limit=self._slot_limit(r),
-                        holder=slots.holder(r.job, self.worker_id))
-            for r in keyed if r.job.concurrency_key is not None
-        ]
-        sent_at = clock.monotonic()
+    # ------------------------------------------------------------- flow control --
+    def _unblock(self, now: float) -> None:
+        """The safety net of blocked jobs, once per poll interval (flow.py)."""
         try:
-            granted = {h.holder: h for h in self.engine.slots_acquire(requests,
-                                                                      self._slot_ttl_ms)}
+            self.flow.unblock_due(now)
         except Exception as exc:
-            # Nothing is known to be granted: hand every keyed run back. A slot the statement
-            # did grant before the connection died is held by nobody who renews it and frees
-            # itself at expiry.
-            self._db_error("slot acquire", exc)
-            granted = {}
-        refused: list[Run] = []
-        for run, request in zip(keyed, requests, strict=True):
-            hold = granted.get(request.holder)
-            if hold is None:
-                refused.append(run)
-            else:
-                run.slot = hold
-                run.slot_renewed_at = sent_at
-                run.slot_ttl = self._slot_ttl
-                self._holding += 1
-        if not refused:
-            return runs
-        delay = self.options.poll_interval
-        with self._lock:
-            for run in refused:
-                self._runs[run.job.lease_token] = run
-                self._record(run, SlotRefused(delay=delay))
-        self.stats["slot_refused"] += len(refused)
-        refused_ids = {id(r) for r in refused}
-        return [r for r in runs if id(r) not in refused_ids]
-
-    def _requeue_refused(self, refused: list[Run], unsettled: list[Run]) -> None:
-        """Hand refused claims back in one statement: due after their delay, attempt given
-        back. A failed write leaves them unsettled (retried with the next settle)."""
-        try:
-            report = self.engine.jobs_requeue_if_owned([
-                Requeue(claim=r.job.claim,
-                        delay_ms=round(r.outcome.delay * 1000),  # type: ignore[union-attr]
-                        spent_attempt=not r.job.resumed, resumed=r.job.resumed)
-                for r in refused
-            ])
-        except Exception as exc:
-            self._db_error("requeue refused", exc)
-            unsettled.extend(refused)
-            return
-        with self._lock:
-            for r in refused:
-                r.phase = SETTLED
-                self._runs.pop(r.job.lease_token, None)
-        due_at = clock.monotonic() + self.options.poll_interval
-        for r in refused:
-            if report.outcome(r.job.lease_token) is Fence.OWNED:
-                key = r.job.concurrency_key
-                assert key is not None
-                self._waiting.setdefault(key, deque(maxlen=WAITING_MAX)).append(
-                    (due_at, r.job.claim))
-        lost = [r for r in refused if report.outcome(r.job.lease_token) is Fence.LOST]
-        if lost:
-            self.stats["lost"] += len(lost)
-            for r in lost:
-                log.info("job %s (%s): refused a concurrency slot, and no longer owned by this "
-                         "run when handed back (cancelled meanwhile?)", r.job.id, r.job.name)
-        if log.isEnabledFor(logging.DEBUG):
-            for r in refused:
-                log.debug("job %s (%s): no free slot of %r; due again in %gs", r.job.id,
-                          r.job.name, r.job.concurrency_key, self.options.poll_interval)
-
-    def _release_slots(self, batch: list[Run]) -> None:
-        """Release the slots of the runs this settle finished (and any left from a failed
-        release) in one statement. A failed release is retried with the next settle; until
-        then, and at worst, the slots free themselves at expiry."""
-        for run in batch:
-            hold = run.slot
-            if hold is not None and run.phase == SETTLED:
-                run.slot = None
-                self._holding -= 1
-                self._releases.append(hold)
-        if not self._releases:
-            return
-        try:
-            self.engine.slots_release_if_held(self._releases)
-        except Exception as exc:
-            self._db_error("slot release", exc)
-            return
-        released, self._releases = self._releases, []
-        if self._waiting:
-            self._wake_waiting(Counter(h.slot_key for h in released))
-
-    def _wake_waiting(self, freed: Counter[str]) -> None:
-        """For each slot just released, make one job this worker refused on that key due now
-        (one statement), instead of letting it wait out its poll interval."""
-        now = clock.monotonic()
-        wake: list[Claim] = []
-        for key, n in freed.items():
-            waiting = self._waiting.get(key)
-            while waiting and n > 0:
-                due_at, ref = waiting.popleft()
-                if due_at > now:  # past it, the job is due again by itself
-                    wake.append(ref)
-                    n -= 1
-            if waiting is not None and not waiting:
-                del self._waiting[key]
-        if len(self._waiting) > WAITING_KEYS_MAX:  # keys nobody released for a while
-            self._waiting = {k: w for k, w in self._waiting.items() if w and w[-1][0] > now}
-        if not wake:
-            return
-        try:
-            woken = self.engine.jobs_wake_refused(wake)
-        except Exception as exc:
-            self._db_error("wake refused", exc)  # they are due after their poll interval
-            return
-        self.stats["slot_woken"] += woken
-        if woken:
-            self._more_likely = True  # claim them now, while their slots are free
+            self._db_error("unblock", exc)
 
     def on_slots_renewed(self, runs: Sequence[Run], renewed: frozenset[str],
                          sent_at: float) -> None:
         """Heartbeat answer for slots (renewed holders): a run whose slot was not renewed
         lost it (it lapsed, and may have been taken): stop it (X_JOB_SLOT_LOST)."""
-        for run in runs:
-            hold = run.slot
-            if hold is None:
-                continue
-            if hold.holder in renewed:
-                run.slot_renewed_at = sent_at
-            elif run.phase in (QUEUED, RUNNING) and not run.parking:
+        for run in self.flow.renewed(runs, renewed, sent_at):
+            if run.phase in (QUEUED, RUNNING) and not run.parking:
                 self._slot_lost(run, "the slot's renewal was refused: it lapsed (and may have "
                                      "been taken by another run)")
         self._wake.set()
 
     def _slot_lost_outcome(self, why: str) -> GiveBack:
         self.stats["slot_lost"] += 1
-        return GiveBack(delay=self.options.poll_interval,
-                        note=f"{SLOT_LOST}: run stopped and job re-queued: {why}")
+        return GiveBack(delay=self.options.poll_interval, note=self.flow.lost_note(why))
 
     def _log_slot_lost(self, run: Run, why: str) -> None:
         hold = run.slot
@@ -1065,6 +911,10 @@ class Worker:
     def _shutdown(self) -> None:
         self._settle()
         self._stop_threads.set()
+        try:
+            self.engine.worker_gone(self.worker_id)
+        except Exception as exc:  # the row ages out of every read
+            log.debug("worker row not deleted: %s", exc)
         for _, thread in self._duties:
             # A duty hands back what it holds when it stops (the scheduler resigns its lease,
             # so the next leader need not wait for it to lapse); a stuck one is left behind.

@@ -285,8 +285,8 @@ def test_slots_are_acquired_renewed_listed_and_released_as_by_the_engine(engine)
 
     holds = JobLease.objects.acquire([first, second, refused], ttl=60)
 
-    assert holds == [SlotHold(slot_key="k", slot=0, holder="a"),
-                     SlotHold(slot_key="k", slot=1, holder="b")]
+    assert holds == [SlotHold(slot_key="k", slot=0, holder="a", limit=2),
+                     SlotHold(slot_key="k", slot=1, holder="b", limit=2)]
     assert JobLease.objects.live(slot_key="k") == engine.slots_list(slot_key="k")
     assert [(u.slot_key, u.held) for u in JobLease.objects.usage()] == [("k", 2)]
     stranger = SlotHold(slot_key="k", slot=0, holder="z")

@@ -42,6 +42,8 @@ SCALARS.update({  # ---- backfills
     "checksum": "0" * 64, "app_version": "1.0", "processed": 100, "cursor": "100",
 })
 SCALARS.update({"shift_ms": 60_000})  # ---- test support (django_xjobs/testing)
+SCALARS.update({"rate_key": None, "slot_ttl_ms": 30_000, "host": "h", "pid": 1,
+                "queues": '["default"]', "stale_ms": 1000})  # ---- flow control, workers
 LISTS = {
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
     "names": "testapp.noop", "queues": "default", "inputs": "{}", "keys": "k",
@@ -51,6 +53,11 @@ LISTS = {
     "job_ids": uuid.uuid4(),  # outbox_mark_published
     "holders": "job/token/worker", "slots": 0, "spent": True, "resumed": False,  # slots
     "notes": None,
+    # ---- flow control
+    "fair": False, "cursors": "", "limit_names": "testapp.noop", "limit_values": 2,
+    "prefixes": "slot:", "prefix_limits": 2, "rate_names": "testapp.noop", "rate_limits": 10,
+    "rate_periods": 1000, "rate_costs": 1, "weight_queues": "default", "weight_tenants": "acme",
+    "weight_values": 2, "periods": 1000, "costs": 1,
 }
 TIMES = {"run_at", "wake_at", "before", "after_at", "at"}  # filled with the database clock
 
@@ -149,12 +156,20 @@ def test_the_claim_walks_the_claim_index(engine):
     with connection.cursor() as cursor:
         cursor.execute("analyze x_jobs")
         claim = engine.statements()["jobs_claim"]
-        cursor.execute(f"explain {claim.sql.strip()}", {
-            "queues": ["q1"], "limits": [10], "worker_id": "worker-1", "lease_ms": 30_000,
-        })
+        cursor.execute(f"explain {claim.sql.strip()}", claim_params(["q1"]))
         plan = "\n".join(row[0] for row in cursor.fetchall())
 
     assert "x_jobs_claim_idx" in plan, plan
+
+
+def claim_params(queues: list[str], *, fair: bool = False, cursor: str = "") -> dict:
+    """jobs_claim's parameters for up to 10 jobs of each queue, without flow-control limits."""
+    empty = ("limit_names", "limit_values", "prefixes", "prefix_limits", "rate_names",
+             "rate_limits", "rate_periods", "rate_costs", "weight_queues", "weight_tenants",
+             "weight_values")
+    return {"queues": queues, "limits": [10] * len(queues), "fair": [fair] * len(queues),
+            "cursors": [cursor] * len(queues), "worker_id": "worker-1", "lease_ms": 30_000,
+            "slot_ttl_ms": 30_000, **{name: [] for name in empty}}
 
 
 def _buffers(plan: dict) -> int:
@@ -222,8 +237,7 @@ def test_an_idle_claim_does_not_walk_the_jobs_that_are_not_due(engine):
     with connection.cursor() as cursor:
         cursor.execute("analyze x_jobs")
     claim = engine.statements()["jobs_claim"]
-    plan = _explain_analyze(claim.sql, {"queues": ["default"], "limits": [10],
-                                        "worker_id": "worker-1", "lease_ms": 30_000})
+    plan = _explain_analyze(claim.sql, claim_params(["default"]))
 
     assert _buffers(plan) < 60, f"{_buffers(plan)} pages read by a claim that found nothing"
 

@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_xjobs.models import Job
-from django_xjobs.records import ALL_STATES, QueueStats
+from django_xjobs.records import ALL_STATES, LIVE_STATES, QueueStats
 
 QUEUES = ("alpha", "beta", "gamma")
 WHEN = {"past": timedelta(hours=-1), "now": timedelta(0), "future": timedelta(hours=1)}
-BUCKETS = ("ready", "delayed", "running", "suspended", "dead", "done", "cancelled")
+BUCKETS = ("ready", "delayed", "running", "suspended", "blocked", "dead", "done", "cancelled")
 
 
 def bucket_of(state: str, when: str) -> str:
@@ -69,7 +69,7 @@ def test_every_row_lands_in_exactly_the_one_bucket_spec_names(engine, rows):
         assert got == {b: expected[queue][b] for b in BUCKETS}, (queue, rows)
         assert sum(got.values()) == sum(1 for r in rows if r[0] == queue)
         live = sum(1 for q, s, _w, _l in rows
-                   if q == queue and s in ("ready", "delayed", "running", "suspended"))
+                   if q == queue and s in LIVE_STATES)
         assert stats[queue].live == live
     assert len(engine.queue_stats()) == len({s.queue for s in engine.queue_stats()})
 
@@ -90,5 +90,5 @@ def test_stats_follow_rows_through_the_engine_operations(engine):
 
     (stats,) = engine.queue_stats()
     assert stats.queue == "q"
-    assert counts(stats) == {"ready": 1, "delayed": 1, "running": 1, "suspended": 0,
+    assert counts(stats) == {"ready": 1, "delayed": 1, "running": 1, "suspended": 0, "blocked": 0,
                              "dead": 0, "done": 0, "cancelled": 0}

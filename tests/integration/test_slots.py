@@ -10,7 +10,6 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from datetime import timedelta
 
 import pytest
 from django.core import checks
@@ -155,10 +154,11 @@ def test_a_slot_limited_job_runs_and_leaves_no_slot_held():
     stats = drain_until(*handles)
 
     assert {h.get().state for h in handles} == {"done"}
-    assert {h.get().attempt for h in handles} == {1}
-    assert stats["slot_refused"] >= 1  # 3 claimed together, limit 2
+    assert {h.get().attempt for h in handles} == {1}  # held back, never refused after a claim
+    assert stats["claimed"] == 3
     assert live() == []
     assert not JobLease.objects.exists()  # released, not left to expire
+    assert not Job.objects.filter(state="blocked").exists()
 
 
 @pytest.mark.parametrize(
@@ -176,64 +176,61 @@ def test_the_slot_is_released_however_the_run_ends(outcome, state):
     assert not JobLease.objects.exists()
 
 
-def test_a_refused_job_goes_back_due_after_a_poll_interval_without_spending_an_attempt():
-    engine = get_engine()
+def test_a_job_whose_key_is_full_is_not_claimed_and_waits_blocked_without_an_attempt():
     held = hold_slots("slot:busy", 2, 2)
     handle = jobs.slotted.enqueue(group="busy", seconds=0)
 
     stats = drain()
 
     row = handle.get()
-    assert stats["slot_refused"] == 1
-    assert (row.state, row.attempt, row.worker_ids) == ("delayed", 0, [])
-    # Due one poll interval later (tests/settings.py: 0.2 s), measured on the database clock.
-    assert timedelta(0) < row.run_at - row.updated_at <= timedelta(seconds=0.25)
+    assert stats["claimed"] == 0  # never handed to the worker
+    assert (row.state, row.attempt, row.worker_ids) == ("blocked", 0, [])
+    assert Job.objects.get(pk=handle.id).blocked_on == "slot:busy"
     assert effects(handle) == []
-
-    for _ in range(3):  # refused again each time it comes due
-        wait_until(lambda: engine.db_now() >= handle.get().run_at, message="the job to be due")
-        drain()
+    for _ in range(3):  # claims come and go; it is not even looked at
+        assert drain()["claimed"] == 0
     assert handle.get().attempt == 0
 
-    engine.slots_release_if_held(held[:1])
+    # The release of one slot wakes it in the same statement, wherever it was freed.
+    get_engine().slots_release_if_held(held[:1])
+    assert handle.get().state == "ready"
     drain_until(handle)
     row = handle.get()
     assert (row.state, row.attempt) == ("done", 1)
     assert [e.attempt for e in effects(handle, "start")] == [1]
 
 
-def test_a_slot_released_here_wakes_a_job_refused_here_instead_of_a_poll_interval_later():
-    # Poll interval far longer than the test: without the wake-up, one drain would leave the
-    # refused jobs delayed (drain leaves jobs that are not due).
+def test_a_freed_slot_wakes_the_next_job_at_once_not_a_poll_interval_later():
+    # Poll interval far longer than the test: without the wake-up by the release, one drain
+    # would stop with the blocked jobs left behind.
     handles = [jobs.slotted.enqueue(group="relay", seconds=0.05) for _ in range(6)]
 
     with override_settings(XJOBS={"POLL_INTERVAL": "60s",
                                   "CONCURRENCY_LIMITS": {"slot:relay": 1}}), \
-            counting("jobs_wake_refused") as counts:
-        stats = drain(concurrency=4, prefetch=0)
+            counting("slots_release_if_held", "jobs_unblock") as counts:
+        drain(concurrency=4, prefetch=0)
 
     assert {h.get().state for h in handles} == {"done"}
-    assert stats["slot_refused"] >= 5
-    assert stats["slot_woken"] >= 5
-    assert counts["jobs_wake_refused"] >= 1
+    assert counts["slots_release_if_held"] >= 5
+    assert counts["jobs_unblock"] == 0  # the release woke them, not the poll's safety net
     assert {h.get().attempt for h in handles} == {1}
     # One at a time all along: each run started after the previous one ended.
     marks = [e.kind for e in Effect.objects.filter(tag__startswith="relay|").order_by("at", "id")]
     assert marks == ["start", "end"] * 6
 
 
-def test_a_claimed_batch_takes_its_slots_and_hands_back_its_refusals_in_one_statement_each():
+def test_a_claim_takes_its_slots_and_blocks_what_it_cannot_run_in_its_one_statement():
     hold_slots("slot:full", 2, 2)
-    refused = [jobs.slotted.enqueue(group="full", seconds=0) for _ in range(6)]
+    blocked = [jobs.slotted.enqueue(group="full", seconds=0) for _ in range(6)]
 
-    with counting(*SLOT_STATEMENTS) as counts:  # one queue: the whole batch in one claim
+    with counting("jobs_claim", *SLOT_STATEMENTS) as counts:  # one queue: one claim
         stats = drain(["default"], concurrency=8, prefetch=0)
 
-    assert stats["slot_refused"] == 6
-    assert counts["slots_acquire"] == 1
-    assert counts["jobs_requeue_if_owned"] == 1
-    assert counts["job_requeue_if_owned"] == 0
-    assert {h.get().state for h in refused} == {"delayed"}
+    assert stats["claimed"] == 0
+    assert counts["slots_acquire"] == 0
+    assert counts["jobs_requeue_if_owned"] == 0
+    assert {h.get().state for h in blocked} == {"blocked"}
+    assert {h.get().attempt for h in blocked} == {0}
 
 
 def test_the_slots_of_a_batch_are_released_in_one_statement():
@@ -243,7 +240,7 @@ def test_the_slots_of_a_batch_are_released_in_one_statement():
         drain(["default"], concurrency=8, prefetch=0)
 
     assert {h.get().state for h in handles} == {"done"}
-    assert counts["slots_acquire"] == 1
+    assert counts["slots_acquire"] == 0  # the claim took them
     assert 1 <= counts["slots_release_if_held"] <= 6
     assert counts["jobs_requeue_if_owned"] == 0
 
@@ -258,43 +255,44 @@ def test_unlimited_jobs_run_no_slot_statement():
     assert sum(counts.values()) == 0
 
 
-def test_a_key_without_a_known_limit_runs_one_at_a_time(caplog):
+def test_a_key_without_a_known_limit_runs_one_at_a_time():
     with override_settings(XJOBS={"CONCURRENCY_LIMITS": {"fallback:": 5}}):
         handles = [jobs.record.using(concurrency_key="fallback:1").enqueue(tag=str(i))
                    for i in range(3)]
 
-    with caplog.at_level(logging.WARNING, logger="django_xjobs.worker"):
-        first = drain(concurrency=4, prefetch=0)
-    warnings = [r for r in caplog.records if "no concurrency limit applies" in r.getMessage()]
-    stats = first + drain_until(*handles)
+    # Enqueued under other settings: no limit applies here, so the claim allows one.
+    claimed = get_engine().jobs_claim(wants={"default": 4}, worker_id="w", lease_ms=30_000)
 
-    assert {h.get().state for h in handles} == {"done"}
-    assert first["slot_refused"] == 2  # claimed together, granted one at a time
-    assert stats["done"] == 3
-    assert len(warnings) == 1  # once per key and worker, not once per job
-    assert "'fallback:1'" in warnings[0].getMessage()
-    assert "one at a time" in warnings[0].getMessage()
+    assert len(claimed) == 1
+    assert claimed[0].slot_limit == 1
+    assert Job.objects.filter(state="blocked", blocked_on="fallback:1").count() == 2
+    assert [h.get().state for h in handles].count("blocked") == 2
 
 
 def test_a_settings_limit_overrides_the_jobs_own():
     handles = [jobs.slotted.enqueue(group="wide", seconds=0) for _ in range(4)]
 
     with override_settings(XJOBS={"CONCURRENCY_LIMITS": {"slot:wide": 4}}):
-        stats = drain(concurrency=4, prefetch=0)
+        from django_xjobs import conf
+        from django_xjobs.worker.flow import claim_flow
+        flow = claim_flow(conf.get(), registry.all_jobs().values(), ["default"])
+        claimed = get_engine().jobs_claim(wants={"default": 4}, worker_id="w",
+                                          lease_ms=30_000, flow=flow)
 
-    assert stats["slot_refused"] == 0
-    assert {h.get().state for h in handles} == {"done"}
+    assert len(claimed) == 4
+    assert {c.slot_limit for c in claimed} == {4}
+    assert sorted(c.slot for c in claimed) == [0, 1, 2, 3]
+    assert not any(h.get().state == "blocked" for h in handles)
 
 
-def test_a_job_unknown_here_takes_no_slot():
+def test_a_job_unknown_here_gives_its_slot_back():
     handle = jobs.slotted.enqueue(group="ghost", seconds=0)
     Job.objects.filter(pk=handle.id).update(name="testapp.gone")
 
-    with counting(*SLOT_STATEMENTS) as counts:
-        drain()
+    drain()
 
     assert "UnknownJob" in handle.get().last_error
-    assert counts["slots_acquire"] == 0
+    assert live() == []
 
 
 # ------------------------------------------------------------------------------ slot lost --
@@ -446,15 +444,18 @@ def test_a_durably_sleeping_job_releases_its_slot_and_takes_one_again_to_resume(
     drain_until(other)
     assert sleeper.get().state == "suspended"
 
-    # Due to resume, but its key's only slot is taken: it stays suspended and spends nothing.
+    # Due to resume, but its key's only slot is taken: it is blocked and spends nothing, and
+    # the release sends it back to suspended (its resume still counts no attempt).
     wait_until(lambda: get_engine().db_now() >= sleeper.get().run_at, message="wake time")
     held = hold_slots("nap:g", 1, 1)
     stats = drain()
-    assert stats["slot_refused"] == 1
+    assert stats["claimed"] == 0
     row = sleeper.get()
-    assert (row.state, row.attempt) == ("suspended", 1)
+    assert (row.state, row.attempt) == ("blocked", 1)
+    assert Job.objects.get(pk=sleeper.id).blocked_resume
 
     get_engine().slots_release_if_held(held)
+    assert sleeper.get().state == "suspended"
     drain_until(sleeper)
     assert sleeper.get().state == "done"
     assert sleeper.get().attempt == 1

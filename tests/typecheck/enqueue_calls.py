@@ -99,8 +99,8 @@ assert_type(handle.cancel(), bool)
 record = handle.wait(timeout=5)
 assert_type(record, JobRecord)
 assert_type(get_job(handle.id), JobRecord)
-assert_type(record.state, Literal["ready", "delayed", "running", "suspended", "done", "dead",
-                                  "cancelled"])
+assert_type(record.state, Literal["ready", "delayed", "running", "suspended", "blocked",
+                                  "done", "dead", "cancelled"])
 assert_type(record.attempt, int)
 assert_type(record.finished_at, datetime | None)
 assert_type(record.input, dict[str, Any])

@@ -58,6 +58,7 @@ def raised(exc: BaseException) -> BaseException:
 
 @pytest.mark.parametrize(("state", "status"), [
     ("ready", READY), ("delayed", READY), ("running", RUNNING), ("suspended", RUNNING),
+    ("blocked", READY),
     ("done", SUCCESSFUL), ("dead", FAILED), ("cancelled", FAILED),
 ])
 def test_every_state_maps_to_one_of_the_four_statuses(state, status):

@@ -34,7 +34,9 @@ from ...records import (
     BackfillRecord,
     ChangeResult,
     Claim,
+    ClaimBatch,
     ClaimedJob,
+    ClaimFlow,
     Completion,
     EnqueueParams,
     EnqueueResult,
@@ -49,6 +51,7 @@ from ...records import (
     OutboxStatus,
     ParkedStep,
     QueueStats,
+    RateRequest,
     Requeue,
     RunOwner,
     SchedulerStateRecord,
@@ -141,6 +144,7 @@ def _claimed_job(r: Sequence[Any]) -> ClaimedJob:
         id=r[0], lease_token=r[1], name=r[2], queue=r[3], input=decoded, run_id=r[5],
         attempt=r[6], max_attempts=r[7], tenant_id=r[8], traceparent=r[9],
         concurrency_key=r[10], resumed=r[11], input_error=problem,
+        slot=r[12] if len(r) > 12 else None, slot_limit=r[13] if len(r) > 13 else None,
     )
 
 
@@ -334,7 +338,8 @@ class PostgresEngine(Engine):
             "max_attempts": params.max_attempts, "priority": params.priority,
             "run_at": params.run_at, "delay_ms": params.delay_ms, "tenant_id": params.tenant_id,
             "traceparent": params.traceparent, "enqueued_by": params.enqueued_by,
-            "concurrency_key": params.concurrency_key, "notify": self.notify,
+            "concurrency_key": params.concurrency_key, "rate_key": params.rate_key,
+            "notify": self.notify,
         }
         if params.idempotency_key is None:
             id_, run_id, state, _notified = self._run(S.JOB_ENQUEUE_UNKEYED, args, fetch="one")
@@ -425,7 +430,7 @@ class PostgresEngine(Engine):
                         copy.write_row((
                             p.id, p.name, p.queue, p.input_json, str(p.id), p.run_id,
                             p.max_attempts, p.priority, p.tenant_id, p.traceparent,
-                            p.enqueued_by, p.concurrency_key,
+                            p.enqueued_by, p.concurrency_key, p.rate_key,
                         ))
             if conn.queries_logged:  # COPY bypasses Django's cursor: count it all the same
                 conn.queries_log.append({
@@ -443,7 +448,7 @@ class PostgresEngine(Engine):
         meta = json.dumps([
             [str(p.id), p.name, p.queue, p.idempotency_key, str(p.run_id), p.max_attempts,
              p.priority, p.run_at.isoformat() if p.run_at is not None else None, p.delay_ms,
-             p.tenant_id, p.traceparent, p.enqueued_by, p.concurrency_key]
+             p.tenant_id, p.traceparent, p.enqueued_by, p.concurrency_key, p.rate_key]
             for p in batch
         ])
         inputs = "[" + ",".join(p.input_json for p in batch) + "]"
@@ -463,18 +468,37 @@ class PostgresEngine(Engine):
 
     # ----------------------------------------------------------------------- worker side --
     def jobs_claim(
-        self, *, wants: Mapping[str, int], worker_id: str, lease_ms: int
-    ) -> list[ClaimedJob]:
+        self, *, wants: Mapping[str, int], worker_id: str, lease_ms: int,
+        flow: ClaimFlow | None = None, cursors: Mapping[str, str] | None = None,
+    ) -> ClaimBatch:
         queues = [q for q, n in wants.items() if n > 0]
+        batch = ClaimBatch()
         if not queues:
-            return []
+            return batch
+        flow = flow or ClaimFlow(slot_ttl_ms=lease_ms)
+        cursors = cursors or {}
         rows = self._run(S.JOBS_CLAIM, {
             "queues": queues,
             "limits": [wants[q] for q in queues],
+            "fair": [q in flow.fair_queues for q in queues],
+            "cursors": [cursors.get(q, "") for q in queues],
             "worker_id": worker_id,
             "lease_ms": lease_ms,
+            "slot_ttl_ms": flow.slot_ttl_ms,
+            "limit_names": list(flow.limit_names), "limit_values": list(flow.limit_values),
+            "prefixes": list(flow.prefixes), "prefix_limits": list(flow.prefix_limits),
+            "rate_names": list(flow.rate_names), "rate_limits": list(flow.rate_limits),
+            "rate_periods": list(flow.rate_periods_ms), "rate_costs": list(flow.rate_costs),
+            "weight_queues": list(flow.weight_queues),
+            "weight_tenants": list(flow.weight_tenants),
+            "weight_values": list(flow.weight_values),
         })
-        return [_claimed_job(r) for r in rows]
+        for r in rows:
+            if r[0] is None:
+                batch.retry_at = r[14]
+            else:
+                batch.append(_claimed_job(r))
+        return batch
 
     def _fence_check(self, kind: str, claims: Sequence[Claim]) -> FenceReport:
         rows = self._run(S.JOBS_FENCE_CHECK, {
@@ -727,7 +751,7 @@ class PostgresEngine(Engine):
     def queue_stats(self, *, tenant_ids: Iterable[str] | None = None) -> list[QueueStats]:
         return [
             QueueStats(queue=r[0], ready=r[1], delayed=r[2], running=r[3], suspended=r[4],
-                       dead=r[5], done=r[6], cancelled=r[7])
+                       dead=r[5], done=r[6], cancelled=r[7], blocked=r[8])
             for r in self._run(S.QUEUE_STATS, {"tenant_ids": _tenants(tenant_ids)})
         ]
 
@@ -804,7 +828,7 @@ class PostgresEngine(Engine):
             "run_at": row.run_at, "delay_ms": row.delay_ms, "priority": row.priority,
             "tenant_id": row.tenant_id, "traceparent": row.traceparent,
             "enqueued_by": row.enqueued_by, "concurrency_key": row.concurrency_key,
-            "notify": self.notify,
+            "rate_key": row.rate_key, "notify": self.notify,
         }, fetch="one")
 
     def outbox_claim(self, batch_size: int) -> list[OutboxRow]:
@@ -812,7 +836,7 @@ class PostgresEngine(Engine):
             OutboxRow(
                 id=r[0], name=r[1], queue=r[2], input_json=r[3], idempotency_key=r[4],
                 max_attempts=r[5], run_at=r[6], priority=r[7], tenant_id=r[8],
-                traceparent=r[9], enqueued_by=r[10], concurrency_key=r[11],
+                traceparent=r[9], enqueued_by=r[10], concurrency_key=r[11], rate_key=r[12],
             )
             for r in self._run(S.OUTBOX_CLAIM, {"batch": batch_size})
         ]
@@ -853,7 +877,9 @@ class PostgresEngine(Engine):
             "keys": [r.slot_key for r in requests], "limits": [r.limit for r in requests],
             "holders": [r.holder for r in requests], "ttl_ms": ttl_ms,
         })
-        return [SlotHold(slot_key=r[0], slot=r[1], holder=r[2]) for r in rows]
+        limits = {r.holder: r.limit for r in requests}
+        return [SlotHold(slot_key=r[0], slot=r[1], holder=r[2], limit=limits[r[2]])
+                for r in rows]
 
     @staticmethod
     def _holds(holds: Sequence[SlotHold]) -> dict[str, Any]:
@@ -872,7 +898,38 @@ class PostgresEngine(Engine):
     def slots_release_if_held(self, holds: Sequence[SlotHold]) -> int:
         if not holds:
             return 0
-        return int(self._run(S.SLOTS_RELEASE_IF_HELD, self._holds(holds), fetch="count"))
+        ordered = sorted(holds, key=lambda h: (h.slot_key, h.slot))
+        released, _woken = self._run(S.SLOTS_RELEASE_IF_HELD, {
+            **self._holds(ordered), "limits": [h.limit for h in ordered], "notify": self.notify,
+        }, fetch="one")
+        return int(released)
+
+    def worker_seen(self, worker_id: str, host: str, pid: int, queues: Sequence[str]) -> None:
+        self._run(S.WORKER_SEEN, {"worker_id": worker_id, "host": host, "pid": pid,
+                                  "queues": json.dumps(list(queues))}, fetch="count")
+
+    def worker_gone(self, worker_id: str, stale_after: float = 86_400.0) -> None:
+        self._run(S.WORKER_GONE, {"worker_id": worker_id,
+                                  "stale_ms": round(stale_after * 1000)}, fetch="count")
+
+    # ---------------------------------------------------------------- flow control --
+    def jobs_unblock(self, flow: ClaimFlow, batch: int = 1000) -> int:
+        woken, _notified = self._run(S.JOBS_UNBLOCK, {
+            "prefixes": list(flow.prefixes), "prefix_limits": list(flow.prefix_limits),
+            "limit_names": list(flow.limit_names), "limit_values": list(flow.limit_values),
+            "batch": batch, "notify": self.notify,
+        }, fetch="one")
+        return int(woken)
+
+    def rate_take(self, requests: Sequence[RateRequest]) -> list[datetime | None]:
+        if not requests:
+            return []
+        rows = self._run(S.RATE_TAKE, {
+            "keys": [r.key for r in requests], "limits": [r.limit for r in requests],
+            "periods": [r.period_ms for r in requests], "costs": [r.cost for r in requests],
+        })
+        found = {int(n): next_at for n, next_at in rows}
+        return [found.get(i + 1) for i in range(len(requests))]
 
     def slots_list(self, *, slot_key: str | None = None, limit: int = 1000) -> list[SlotRecord]:
         return [

@@ -29,7 +29,11 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
   refused concurrency slot, and the test kit's claim of one job and shift of due times.
 * ``steps``: x_job_steps and x_job_events: durable steps, sleeps, event waits and publishing.
 * ``outbox``: x_outbox: staging, the relay's claim and mark, its wake-up channel.
-* ``slots``: x_job_leases: concurrency slots, the purge of expired ones included.
+* ``slots``: x_job_leases: concurrency slots, the purge of expired ones included; the release
+  wakes the jobs the claim blocked on its key.
+* ``workers``: x_workers: the worker processes seen lately.
+* ``flow``: flow control beyond slots: the periodic wake-up of blocked jobs, rate budgets spent
+  from ordinary code.
 * ``scheduler``: x_scheduler_leader and x_scheduler_state: leader election, cron watermarks.
 * ``backfills``: x_backfills: the progress of resumable passes.
 * ``maintenance``: retention deletes (finished jobs, expired events, relayed outbox rows), the
@@ -58,6 +62,7 @@ from .connections import (
     LISTEN,
     SESSION_LABEL,
 )
+from .flow import JOBS_UNBLOCK, RATE_TAKE
 from .fragments import CHANNEL as CHANNEL
 from .fragments import JOB_COLUMNS as JOB_COLUMNS
 from .fragments import LIVE as LIVE
@@ -144,6 +149,7 @@ from .steps import (
     STEP_PARK_IF_OWNED,
     STEPS_OF_RUN,
 )
+from .workers import WORKER_GONE, WORKER_SEEN
 
 # Every statement by name, each listed once (tests/unit/test_statement_lint.py fails on a
 # statement of a family module that is missing here). The order is the one engine.statements()
@@ -165,5 +171,6 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     BACKFILL_COMPLETE_IF_OWNED, BACKFILL_FAIL_IF_OWNED, BACKFILL_CANCEL, BACKFILLS_LIST,
     SLOTS_ACQUIRE, SLOTS_RENEW_IF_HELD, SLOTS_RELEASE_IF_HELD, SLOTS_LIST, JOBS_DELETE_FINISHED,
     TABLES_HEALTH, XMIN_HORIZON, SLOTS_USAGE, JOBS_WAKE_REFUSED, JOBS_REQUEUE_IF_OWNED,
-    JOB_CLAIM_IF_DUE, JOBS_SHIFT_DUE, JOBS_LIST,
+    JOB_CLAIM_IF_DUE, JOBS_SHIFT_DUE, JOBS_LIST, JOBS_UNBLOCK, RATE_TAKE, WORKER_SEEN,
+    WORKER_GONE,
 )}

@@ -39,11 +39,11 @@ def insert_job_sql(key: str, *, indent: str = "") -> str:
     (the given time, or now() plus the delay) is in the future, else ``ready``."""
     return textwrap.indent(f"""insert into x_jobs
     (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
-     tenant_id, traceparent, enqueued_by, concurrency_key)
+     tenant_id, traceparent, enqueued_by, concurrency_key, rate_key)
 select %(id)s::uuid, %(name)s, %(queue)s, %(input)s::jsonb, {key},
        %(run_id)s::uuid, %(max_attempts)s::int, %(priority)s::int,
        case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
-       %(tenant_id)s, %(traceparent)s, %(enqueued_by)s, %(concurrency_key)s
+       %(tenant_id)s, %(traceparent)s, %(enqueued_by)s, %(concurrency_key)s, %(rate_key)s
   from (select coalesce(%(run_at)s::timestamptz,
                         now() + %(delay_ms)s * interval '1 millisecond') as run_at) t""", indent)
 
@@ -58,16 +58,16 @@ with rows as (
            m.e->>3 as key, (m.e->>4)::uuid as run_id, (m.e->>5)::int as max_attempts,
            (m.e->>6)::int as priority, (m.e->>7)::timestamptz as run_at,
            (m.e->>8)::bigint as delay_ms, m.e->>9 as tenant_id, m.e->>10 as traceparent,
-           m.e->>11 as enqueued_by, m.e->>12 as concurrency_key
+           m.e->>11 as enqueued_by, m.e->>12 as concurrency_key, m.e->>13 as rate_key
       from jsonb_array_elements(%(meta)s::jsonb) with ordinality as m(e, n)
       join jsonb_array_elements(%(inputs)s::jsonb) with ordinality as i(e, n) using (n)
 ), inserted as (
     insert into x_jobs
         (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
-         tenant_id, traceparent, enqueued_by, concurrency_key)
+         tenant_id, traceparent, enqueued_by, concurrency_key, rate_key)
     select r.id, r.name, r.queue, r.input, {key}, r.run_id, r.max_attempts,
            r.priority, case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
-           r.tenant_id, r.traceparent, r.enqueued_by, r.concurrency_key
+           r.tenant_id, r.traceparent, r.enqueued_by, r.concurrency_key, r.rate_key
       from rows r
       cross join lateral (
           select coalesce(r.run_at, now() + r.delay_ms * interval '1 millisecond') as run_at

@@ -110,7 +110,7 @@ same transaction, by jobs_notify_queues: COPY cannot send the NOTIFY itself.
 """,
     sql="""
 copy x_jobs (id, name, queue, input, idempotency_key, run_id, max_attempts, priority,
-             tenant_id, traceparent, enqueued_by, concurrency_key)
+             tenant_id, traceparent, enqueued_by, concurrency_key, rate_key)
 from stdin
 """,
 )
@@ -174,21 +174,44 @@ select k.ord, j.id, j.run_id, j.state
 JOBS_CLAIM = Statement(
     "jobs_claim",
     why="""
-Lease up to n jobs per queue in one statement. SKIP LOCKED is the whole design: without it a
-second worker blocks on the first one's row locks and throughput collapses to one worker
+Lease up to n jobs per queue in one statement, deciding flow control in the same statement
+(docs/flow-control.md): a worker never claims a job it may not run. SKIP LOCKED is the whole
+design: without it a second worker blocks on the first one's row locks and throughput collapses
+to one worker
 (tests/conformance/test_claim.py::test_a_row_locked_by_another_session_is_skipped_not_waited_for).
 
 Eligible: `ready`/`delayed`/`suspended` rows due now, or `running` rows whose lease lapsed
-(`visible_at <= now()`: the worker died or stopped renewing). `done`, `dead` and `cancelled`
-appear in no branch, so a finished or cancelled job is never handed out again. One lateral scan
-per queue walks that queue's claim index in (priority desc, run_at) order, which a single
-`queue = any(...)` scan cannot do.
+(`visible_at <= now()`: the worker died or stopped renewing). `done`, `dead`, `cancelled` and
+`blocked` appear in no branch, so a finished, cancelled or held-back job is never handed out. One
+lateral scan per queue walks that queue's claim index in (priority desc, run_at) order, which a
+single `queue = any(...)` scan cannot do. A queue paused (x_flow_pauses) is not scanned at all.
 
-Every claim writes a fresh lease_token: the fence for every later write of this run. `attempt`
-counts claims, except a resume from `suspended` (waking from a durable sleep is not a new
-attempt). A lapsed lease whose attempt was already the last one goes to `dead` instead of
-running again: a job that kills its worker must not loop forever. Its token is cleared, so the
-late writes of the run that lost it read as lost.
+A fair queue (`fair` true: XJOBS["QUEUES"][q]["fair_by"] = "tenant") is walked tenant by
+tenant instead: a loose index scan over the tenants that have claimable jobs, starting after
+the worker's cursor (the last tenant it served) and wrapping round, each tenant taking up to its
+weight of jobs in claim order. The recursive walk is lazy: it stops as soon as the queue's share
+is filled, so a claim reads a handful of tenants however many there are.
+
+Flow control, for the picked jobs that carry a concurrency or rate-limit key only (a batch
+without them skips all of it):
+- a job whose key is paused goes to `blocked` (blocked_on = that key);
+- rate budgets are spent in ONE call of xjobs_rate_take (migration 0003: a function, because it
+  must read a key's spending after taking its lock); a job over budget goes back to `delayed`
+  (or `suspended`) until its budget frees, and the claim answers that time so the worker claims
+  again then;
+- slots are taken here, in the same statement, as slots_acquire takes them (the unique index
+  serialises two workers on one slot; a live slot is never overwritten); a job whose key has no
+  free slot under its limit goes to `blocked` (blocked_on = its key), and the release of a slot
+  wakes it (slots_release_if_held). A job held back keeps its attempt, and a durable run's
+  resume goes back to `suspended` (blocked_resume) when it is woken.
+The limit of a key: the longest prefix of XJOBS["CONCURRENCY_LIMITS"], else its job's
+Concurrency(limit=...), else 1.
+
+Every claim writes a fresh lease_token: the fence for every later write of this run; a slot's
+holder is `<job id>/<lease token>/<worker id>`. `attempt` counts claims, except a resume from
+`suspended` (waking from a durable sleep is not a new attempt). A lapsed lease whose attempt was
+already the last one goes to `dead` instead of running again: a job that kills its worker must
+not loop forever. Its token is cleared, so the late writes of the run that lost it read as lost.
 
 The claim commits asynchronously (`synchronous_commit` off for its own transaction only; the
 claim never runs inside a caller's transaction). If PostgreSQL crashes before the claim's WAL
@@ -201,18 +224,28 @@ worker's enqueue-to-start latency.
 with async_commit as (
     select set_config('synchronous_commit', 'off', true)
 ), wants as (
-    select * from unnest(%(queues)s::text[], %(limits)s::int[]) as w(queue, n)
+    select w.queue, w.n, w.fair, w.cursor
+      from unnest(%(queues)s::text[], %(limits)s::int[], %(fair)s::boolean[],
+                  %(cursors)s::text[]) as w(queue, n, fair, cursor)
+     where not exists (select 1 from x_flow_pauses p
+                        where p.kind = 'queue' and p.key = w.queue
+                          and (p.until is null or p.until > now()))
 ), lapsed as (
-    select c.id, c.prev_state, c.exhausted, w.queue
+    select c.id, c.prev_state, c.exhausted, w.queue, c.name, c.concurrency_key, c.rate_key
       from wants w
       cross join lateral (
-          select id, state as prev_state, attempt >= max_attempts as exhausted
+          select id, state as prev_state, attempt >= max_attempts as exhausted, name,
+                 concurrency_key, rate_key
             from x_jobs
            where queue = w.queue and state = 'running' and visible_at <= now()
            order by visible_at
            limit w.n
              for update skip locked
       ) c
+), shares as (
+    select w.queue, w.fair, w.cursor,
+           greatest(w.n - (select count(*) from lapsed l where l.queue = w.queue), 0) as share
+      from wants w
 ), due as (
     -- Lapsed leases take their places first (they have waited a whole lease already), and the
     -- due scan fills what is left of each queue's share, in claim order, so a rescue never
@@ -223,13 +256,10 @@ with async_commit as (
     -- order cannot stop at the first row not yet due, since a lower priority follows it: with
     -- many delayed jobs and none due, an idle poll would read every one of them
     -- (docs/performance.md, "What the simpler forms cost").
-    select c.id, c.prev_state, false as exhausted, w.queue
-      from (select w.queue,
-                   greatest(w.n - (select count(*) from lapsed l where l.queue = w.queue), 0)
-                     as share
-              from wants w) w
+    select c.*, w.queue
+      from shares w
       cross join lateral (
-          select d.id, d.prev_state
+          select d.id, d.prev_state, false as exhausted, d.name, d.concurrency_key, d.rate_key
             from (with recursive prio(p) as (
                       (select priority from x_jobs
                         where queue = w.queue and state in ('ready', 'delayed', 'suspended')
@@ -243,7 +273,7 @@ with async_commit as (
                         from prio where prio.p is not null)
                   select p from prio where p is not null order by p desc) pr
             cross join lateral (
-                select id, state as prev_state
+                select id, state as prev_state, name, concurrency_key, rate_key
                   from x_jobs
                  where queue = w.queue and state in ('ready', 'delayed', 'suspended')
                    and priority = pr.p and run_at <= now()
@@ -253,10 +283,187 @@ with async_commit as (
             ) d
            limit w.share
       ) c
+     where not w.fair
+), fair_due as (
+    -- The tenants after the cursor, then from the first one up to the cursor (the wrap), each
+    -- in turn taking up to its weight (x_jobs_fair_idx).
+    select c.*, w.queue
+      from shares w
+      cross join lateral (
+          select d.id, d.prev_state, false as exhausted, d.name, d.concurrency_key, d.rate_key
+            from (with recursive after(t) as (
+                      (select coalesce(tenant_id, '') from x_jobs
+                        where queue = w.queue and state in ('ready', 'delayed', 'suspended')
+                          and coalesce(tenant_id, '') > w.cursor
+                        order by coalesce(tenant_id, '') limit 1)
+                      union all
+                      select (select coalesce(tenant_id, '') from x_jobs
+                               where queue = w.queue
+                                 and state in ('ready', 'delayed', 'suspended')
+                                 and coalesce(tenant_id, '') > after.t
+                               order by coalesce(tenant_id, '') limit 1)
+                        from after where after.t is not null
+                  ), wrap(t) as (
+                      (select coalesce(tenant_id, '') from x_jobs
+                        where queue = w.queue and state in ('ready', 'delayed', 'suspended')
+                        order by coalesce(tenant_id, '') limit 1)
+                      union all
+                      select (select coalesce(tenant_id, '') from x_jobs
+                               where queue = w.queue
+                                 and state in ('ready', 'delayed', 'suspended')
+                                 and coalesce(tenant_id, '') > wrap.t
+                               order by coalesce(tenant_id, '') limit 1)
+                        from wrap where wrap.t is not null and wrap.t < w.cursor
+                  )
+                  select t from after where t is not null
+                  union all
+                  select t from wrap where t is not null and t <= w.cursor) tn
+            cross join lateral (
+                select id, state as prev_state, name, concurrency_key, rate_key
+                  from x_jobs
+                 where queue = w.queue and coalesce(tenant_id, '') = tn.t
+                   and state in ('ready', 'delayed', 'suspended') and run_at <= now()
+                 order by priority desc, run_at
+                 limit coalesce((select x.weight
+                                   from unnest(%(weight_queues)s::text[],
+                                               %(weight_tenants)s::text[],
+                                               %(weight_values)s::int[]) as x(queue, tenant, weight)
+                                  where x.queue = w.queue and x.tenant = tn.t
+                                  limit 1), 1)
+                   for update skip locked
+            ) d
+           limit w.share
+      ) c
+     where w.fair
 ), picked as (
-    select id, prev_state, exhausted from lapsed
+    select id, prev_state, exhausted, name, concurrency_key, rate_key from lapsed
     union all
-    select id, prev_state, exhausted from due
+    select id, prev_state, exhausted, name, concurrency_key, rate_key from due
+    union all
+    select id, prev_state, exhausted, name, concurrency_key, rate_key from fair_due
+), tokens as materialized (
+    select id, gen_random_uuid() as token from picked where not exhausted
+), gated as (
+    -- The picked jobs flow control applies to, with their pause, limit and rate budget.
+    select p.id, p.prev_state, p.concurrency_key, p.rate_key,
+           (select k.key from x_flow_pauses k
+             where k.kind = 'key' and k.key in (p.concurrency_key, p.rate_key)
+               and (k.until is null or k.until > now())
+             limit 1) as paused_key,
+           coalesce((select x.lim
+                       from unnest(%(prefixes)s::text[], %(prefix_limits)s::int[]) as x(prefix, lim)
+                      where starts_with(p.concurrency_key, x.prefix)
+                      order by length(x.prefix) desc limit 1),
+                    (select x.lim
+                       from unnest(%(limit_names)s::text[], %(limit_values)s::int[]) as x(name, lim)
+                      where x.name = p.name limit 1),
+                    1) as slot_limit,
+           r.lim as rate_limit, r.period_ms, r.cost
+      from picked p
+      left join unnest(%(rate_names)s::text[], %(rate_limits)s::int[],
+                       %(rate_periods)s::bigint[], %(rate_costs)s::int[])
+                as r(name, lim, period_ms, cost)
+        on r.name = p.name and p.rate_key is not null
+     where not p.exhausted and (p.concurrency_key is not null or p.rate_key is not null)
+), spending as (
+    select array_agg(id order by id) as ids, array_agg(rate_key order by id) as keys,
+           array_agg(rate_limit order by id) as lims, array_agg(period_ms order by id) as pers,
+           array_agg(cost order by id) as costs
+      from gated
+     where paused_key is null and rate_limit is not null
+), rated as (
+    select s.ids[t.ord] as id, t.next_at
+      from spending s
+      cross join lateral (select * from xjobs_rate_take(s.keys, s.lims, s.pers, s.costs)
+                           where s.ids is not null) t
+), slot_req as (
+    -- The jobs that need a slot now: not paused, their rate budget (if any) spent.
+    select g.id, g.concurrency_key as lease_key, g.slot_limit as lim,
+           g.id::text || '/' || tk.token::text || '/' || %(worker_id)s as holder,
+           row_number() over (partition by g.concurrency_key order by g.slot_limit, g.id) - 1
+             as pos
+      from gated g
+      join tokens tk on tk.id = g.id
+      left join rated r on r.id = g.id
+     where g.concurrency_key is not null and g.paused_key is null
+       and (g.rate_limit is null or (r.id is not null and r.next_at is null))
+), wanted as (
+    select lease_key, max(lim) as lim, count(*) as n from slot_req group by lease_key
+), free as (
+    -- slots_acquire says why these four steps (free, counted, placed, granted) are as they are.
+    select w.lease_key, f.slot, f.rank
+      from wanted w
+      cross join lateral (
+          select s.slot, row_number() over (order by s.slot) - 1 as rank
+            from generate_series(0, w.lim - 1) as s(slot)
+           where not exists (select 1 from x_job_leases l
+                              where l.lease_key = w.lease_key and l.slot = s.slot
+                                and l.expires_at > now())
+           order by s.slot
+           limit w.n
+      ) f
+), counted as (
+    select q.id, q.lease_key, q.lim, q.holder, q.pos,
+           (select count(*) from free f
+             where f.lease_key = q.lease_key and f.slot < q.lim) as below
+      from slot_req q
+), placed as (
+    select c.id, c.lease_key, c.holder, c.below,
+           c.pos + least(0, coalesce(min(c.below - c.pos - 1) over (
+               partition by c.lease_key order by c.lim, c.id
+               rows between unbounded preceding and 1 preceding), 0)) as rank
+      from counted c
+), granted as (
+    insert into x_job_leases (lease_key, slot, holder, expires_at)
+    select p.lease_key, f.slot, p.holder,
+           now() + %(slot_ttl_ms)s::bigint * interval '1 millisecond'
+      from placed p
+      join free f on f.lease_key = p.lease_key and f.rank = p.rank
+     where p.rank < p.below
+     order by p.lease_key, f.slot
+    on conflict (lease_key, slot) do update
+       set holder = excluded.holder, expires_at = excluded.expires_at
+     where x_job_leases.expires_at <= now()
+    returning holder, slot
+), held as (
+    -- What flow control holds back: paused or without a slot -> blocked, over budget -> due
+    -- again when the budget frees.
+    select g.id, g.prev_state,
+           case when g.paused_key is not null then g.paused_key
+                when r.next_at is null then g.concurrency_key end as blocked_on,
+           r.next_at
+      from gated g
+      left join rated r on r.id = g.id
+      left join slot_req q on q.id = g.id
+      left join granted gr on gr.holder = q.holder
+     where g.paused_key is not null
+        or r.next_at is not null
+        or (g.rate_limit is not null and r.id is null)
+        or (q.id is not null and gr.holder is null)
+        or (g.concurrency_key is not null and q.id is null and r.next_at is null)
+), holding as (
+    update x_jobs j
+       set state          = case when h.blocked_on is not null then 'blocked'
+                                 when h.prev_state = 'suspended' then 'suspended'
+                                 else 'delayed' end,
+           blocked_on     = h.blocked_on,
+           blocked_resume = h.prev_state = 'suspended',
+           run_at         = coalesce(h.next_at, j.run_at),
+           lease_token    = case when h.prev_state = 'running' then null else j.lease_token end,
+           visible_at     = null,
+           updated_at     = now()
+      from held h
+     where j.id = h.id
+       and j.id = any(array(select id from held))
+    returning j.id
+), admitted as (
+    select p.id, p.prev_state, p.exhausted, tk.token, gr.slot,
+           case when q.id is not null then q.lim end as slot_limit
+      from picked p
+      left join tokens tk on tk.id = p.id
+      left join slot_req q on q.id = p.id
+      left join granted gr on gr.holder = q.holder
+     where p.id not in (select id from held)
 ), claimed as (
     update x_jobs j
        set state       = case when p.exhausted then 'dead' else 'running' end,
@@ -265,7 +472,7 @@ with async_commit as (
            rescues     = j.rescues + (p.prev_state = 'running')::int,
            visible_at  = case when p.exhausted then null
                               else now() + %(lease_ms)s * interval '1 millisecond' end,
-           lease_token = case when p.exhausted then null else gen_random_uuid() end,
+           lease_token = case when p.exhausted then null else p.token end,
            claimed_by  = case when p.exhausted then j.claimed_by else %(worker_id)s end,
            worker_ids  = case when p.exhausted or p.prev_state = 'suspended' then j.worker_ids
                               else j.worker_ids || jsonb_build_array(%(worker_id)s::text) end,
@@ -277,20 +484,27 @@ with async_commit as (
                                           j.rescues + 1, j.attempt, j.max_attempts, j.claimed_by)
                               else j.last_error end,
            updated_at  = now()
-      from picked p
+      from admitted p
      where j.id = p.id
        -- Redundant with the join, and the reason the update reaches its rows through the
        -- primary key: without it the planner, which cannot estimate the CTE, hashes the whole
        -- table: a sequential scan per claim, growing with history (docs/performance.md).
-       and j.id = any(array(select id from picked))
+       and j.id = any(array(select id from admitted))
  returning j.id, j.lease_token, j.name, j.queue, j.input, j.run_id, j.attempt, j.max_attempts,
            j.tenant_id, j.traceparent, j.concurrency_key, p.prev_state = 'suspended' as resumed,
-           j.state
+           j.state, p.slot, p.slot_limit
 )
 select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
-       tenant_id, traceparent, concurrency_key, resumed
+       tenant_id, traceparent, concurrency_key, resumed, slot, slot_limit, null::timestamptz
   from claimed
  where state = 'running' and (select count(*) from async_commit) = 1
+   and (select count(*) from holding) >= 0
+union all
+select null, null, null, null, null, null, null, null, null, null, null, null, null, null,
+       min(next_at)
+  from rated
+ where next_at is not null
+having count(*) > 0
 """,
 )
 
@@ -500,9 +714,9 @@ select {JOB_COLUMNS}, case when %(notify)s then pg_notify('{CHANNEL}', queue) en
 QUEUE_STATS = Statement(
     "queue_stats",
     why="""
-Per queue, five buckets a depth is SUMMED from, so a row must land in exactly one:
+Per queue, six buckets a depth is SUMMED from, so a row must land in exactly one:
 `ready` (ready and due), `delayed` (delayed, or ready but not yet due), `running`, `suspended`,
-`dead`; plus done and cancelled. A bare `run_at > now()` would count a sleeping `suspended` job,
+`blocked` (held back by flow control), `dead`; plus done and cancelled. A bare `run_at > now()` would count a sleeping `suspended` job,
 or a dead one with a future run_at, twice. Pinned by the property test
 tests/conformance/test_stats.py.
 Under a tenant scope (the console's ADMIN_TENANT_SCOPE) only those tenants' rows are counted.
@@ -516,7 +730,8 @@ select queue,
        count(*) filter (where state = 'suspended')                                 as suspended,
        count(*) filter (where state = 'dead')                                      as dead,
        count(*) filter (where state = 'done')                                      as done,
-       count(*) filter (where state = 'cancelled')                                 as cancelled
+       count(*) filter (where state = 'cancelled')                                 as cancelled,
+       count(*) filter (where state = 'blocked')                                   as blocked
   from x_jobs
  where (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
  group by queue

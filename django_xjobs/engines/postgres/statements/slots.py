@@ -5,13 +5,15 @@ row is free when it is missing OR lapsed (expires_at <= now()); every write is f
 holder. Only slots_purge_expired, which maintenance runs, deletes lapsed rows of other holders;
 it is here, not in maintenance.py, because its grace is part of the renewal's fence.
 
-The job-side statements of a refused slot (jobs_wake_refused, jobs_requeue_if_owned) are in
-jobs.py: they write x_jobs.
+The claim takes slots itself (jobs_claim, in jobs.py); slots_acquire is the same step on its
+own, for JobLease.objects.acquire. The release wakes the jobs the claim blocked on its key;
+jobs_unblock (flow.py) is the periodic safety net of those wake-ups.
 """
 
 from __future__ import annotations
 
 from ...base import Statement
+from .fragments import CHANNEL
 
 SLOTS_ACQUIRE = Statement(
     "slots_acquire",
@@ -105,16 +107,57 @@ returning l.holder
 SLOTS_RELEASE_IF_HELD = Statement(
     "slots_release_if_held",
     why="""
-Hand slots back when their runs ended, however they ended, one statement per settle. Fenced on
-the holder only: a run may delete its own row even after it lapsed (nobody else's row carries
-its holder, which contains its never-reused lease token), and never touches a row another run
-took over.
+Hand slots back when their runs ended, however they ended, one statement per settle, and wake
+in the same statement the jobs of those keys that the claim held back (`blocked`): as many per
+key as the key has free slots now under the limit the run held it under, in claim order
+(x_jobs_blocked_idx), back to `ready` (or `suspended`, a durable run's resume), with a NOTIFY
+of their queues, so a worker anywhere in the fleet claims them at once, not at its next poll.
+
+The delete is fenced on the holder only: a run may delete its own row even after it lapsed
+(nobody else's row carries its holder, which contains its never-reused lease token), and never
+touches a row another run took over. The free slots are counted without the rows this statement
+deletes (its own snapshot still sees them). A job the claim blocks while this runs can miss the
+wake-up (its block commits after this read); the next release of its key, or jobs_unblock at
+the next poll, wakes it (tests/acceptance/test_slots_fleet.py).
 """,
-    sql="""
-delete from x_job_leases l
- using unnest(%(keys)s::text[], %(slots)s::int[], %(holders)s::text[])
-       as v(lease_key, slot, holder)
- where l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
+    sql=f"""
+with gone as (
+    delete from x_job_leases l
+     using unnest(%(keys)s::text[], %(slots)s::int[], %(holders)s::text[])
+           as v(lease_key, slot, holder)
+     where l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
+    returning l.lease_key, l.slot
+), room as (
+    select k.lease_key,
+           k.lim - (select count(*) from x_job_leases l
+                     where l.lease_key = k.lease_key and l.expires_at > now()
+                       and not exists (select 1 from gone g
+                                        where g.lease_key = l.lease_key and g.slot = l.slot))
+             as n
+      from (select v.lease_key, max(v.lim) as lim
+              from unnest(%(keys)s::text[], %(limits)s::int[]) as v(lease_key, lim)
+             where v.lease_key in (select lease_key from gone)
+             group by v.lease_key) k
+), woken as (
+    update x_jobs j
+       set state = case when j.blocked_resume then 'suspended' else 'ready' end,
+           blocked_on = null, blocked_resume = false, updated_at = now()
+     where j.id = any(array(
+               select b.id
+                 from room r
+                 cross join lateral (
+                     select id from x_jobs
+                      where state = 'blocked' and blocked_on = r.lease_key
+                      order by priority desc, run_at
+                      limit greatest(r.n, 0)
+                        for update skip locked) b))
+       and j.state = 'blocked'
+    returning j.queue
+)
+select (select count(*) from gone),
+       (select count(pg_notify('{CHANNEL}', q.queue))
+          from (select distinct queue from woken) q
+         where %(notify)s)
 """,
 )
 

@@ -1,0 +1,96 @@
+"""Flow control beyond slots (docs/flow-control.md): the periodic wake-up of blocked jobs and the
+spending of rate-limit budgets. Pauses are in pauses.py; the claim, which applies all of it,
+is jobs_claim in jobs.py; slots are in slots.py.
+"""
+
+from __future__ import annotations
+
+from ...base import Statement
+from .fragments import CHANNEL
+
+JOBS_UNBLOCK = Statement(
+    "jobs_unblock",
+    why="""
+The safety net of blocked jobs, run by each worker once per poll interval (one statement):
+wake the jobs blocked on a key that has room again although no release woke them (its holders
+crashed and their slots lapsed; a block that raced a release; a limit raised), or whose key
+pause ended. Per blocked key (a loose index scan over x_jobs_blocked_idx, one probe per key):
+nothing while a pause of the key is in force; else as many as the key's free slots under its
+limit (the limit of its first blocked job, as the claim computes it), or up to `batch` when the
+key is no concurrency key (a rate-limit key whose pause ended). Woken jobs go back to `ready`
+(or `suspended`) and their queues are NOTIFYed. Over-waking is harmless (the claim blocks a job
+again if its key is full); under-waking would leave work idle.
+""",
+    sql=f"""
+with recursive keys(k) as (
+    (select blocked_on from x_jobs where state = 'blocked' order by blocked_on limit 1)
+    union all
+    select (select blocked_on from x_jobs
+             where state = 'blocked' and blocked_on > keys.k order by blocked_on limit 1)
+      from keys where keys.k is not null
+), room as (
+    select ks.k,
+           case when f.concurrency_key is distinct from ks.k then %(batch)s
+                else coalesce(
+                    (select x.lim
+                       from unnest(%(prefixes)s::text[], %(prefix_limits)s::int[])
+                            as x(prefix, lim)
+                      where starts_with(ks.k, x.prefix)
+                      order by length(x.prefix) desc limit 1),
+                    (select x.lim
+                       from unnest(%(limit_names)s::text[], %(limit_values)s::int[])
+                            as x(name, lim)
+                      where x.name = f.name limit 1),
+                    1)
+                   - (select count(*) from x_job_leases l
+                       where l.lease_key = ks.k and l.expires_at > now())
+           end as n
+      from keys ks
+      cross join lateral (
+          select name, concurrency_key from x_jobs
+           where state = 'blocked' and blocked_on = ks.k
+           order by priority desc, run_at limit 1) f
+     where ks.k is not null
+       and not exists (select 1 from x_flow_pauses p
+                        where p.kind = 'key' and p.key = ks.k
+                          and (p.until is null or p.until > now()))
+), woken as (
+    update x_jobs j
+       set state = case when j.blocked_resume then 'suspended' else 'ready' end,
+           blocked_on = null, blocked_resume = false, updated_at = now()
+     where j.id = any(array(
+               select b.id
+                 from room r
+                 cross join lateral (
+                     select id from x_jobs
+                      where state = 'blocked' and blocked_on = r.k
+                      order by priority desc, run_at
+                      limit greatest(r.n, 0)
+                        for update skip locked) b))
+       and j.state = 'blocked'
+    returning j.queue
+)
+select count(*),
+       (select count(pg_notify('{CHANNEL}', q.queue))
+          from (select distinct queue from woken) q
+         where %(notify)s)
+  from woken
+""",
+)
+
+RATE_TAKE = Statement(
+    "rate_take",
+    why="""
+Spend rate-limit budget from ordinary code (RateLimit.try_acquire / acquire): the same function
+the claim calls, xjobs_rate_take (migration 0003), so a view and the jobs share one budget.
+It runs in its own short transaction unless the caller is inside one, and then holds the key's
+lock until that transaction ends. One row per request: next_at NULL when granted, else when
+the budget has room.
+""",
+    sql="""
+select ord, next_at
+  from xjobs_rate_take(%(keys)s::text[], %(limits)s::int[], %(periods)s::bigint[],
+                       %(costs)s::int[])
+ order by ord
+""",
+)

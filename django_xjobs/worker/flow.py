@@ -1,0 +1,203 @@
+"""The worker's side of flow control (docs/flow-control.md): what it tells the claim, and the
+concurrency slots its runs hold from the claim to their release.
+
+The claim decides (``jobs_claim``): pauses, rate budgets and slots are applied in the statement
+that claims, so every run the worker gets may start, and a run of a slot-limited job arrives
+already holding its slot. What is left for the worker:
+
+* **tell the claim** its job definitions' limits and rate limits, the settings' limits, the
+  fair queues and their weights (a :class:`~django_xjobs.records.ClaimFlow`, built once), and
+  per fair queue the last tenant it served (the cursor the next claim starts after);
+* **claim again** when the budget of a rate-limited job it could not take frees (the claim
+  answers that time);
+* **renew** its runs' slots with the heartbeat (``slots_renew_if_held``, fenced on the holder
+  and on expiry: a lapsed slot is never revived) and report the runs whose slot was lost;
+* **release** the slots of settled runs in one statement per settle, which also wakes the jobs
+  blocked on those keys, anywhere in the fleet;
+* once per poll interval, **wake** blocked jobs that no release woke (``jobs_unblock``: their
+  holders crashed, or their key's pause ended).
+
+A run that cannot prove it still holds its slot (its renewal refused, or none for a whole
+SLOT_TTL: :meth:`Flow.slot_lapsed`) is stopped with ``X_JOB_SLOT_LOST`` and its job handed back
+(django_xjobs/slots.py has the protocol and its timeouts).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from .. import clock, registry, slots
+from ..conf import XJobsSettings
+from ..engines import Engine
+from ..exceptions import SLOT_LOST
+from ..ratelimits import rate_limit_of
+from ..records import ClaimBatch, ClaimedJob, ClaimFlow, SlotHold
+
+if TYPE_CHECKING:
+    from collections import Counter
+
+log = logging.getLogger("django_xjobs.worker")
+
+
+class SlotRun(Protocol):
+    """What this module needs of a run (worker/loop.py's ``Run``)."""
+
+    job: ClaimedJob
+    slot: SlotHold | None
+    slot_renewed_at: float
+    slot_ttl: float
+
+
+R = TypeVar("R", bound=SlotRun)
+
+
+def claim_flow(settings: XJobsSettings, definitions: Iterable[registry.JobDefinition],
+               queues: Sequence[str]) -> ClaimFlow:
+    """The flow-control arrays a worker's claims carry, from its job definitions and settings."""
+    limits: dict[str, int] = {}
+    rates: dict[str, tuple[int, int, int]] = {}
+    for definition in definitions:
+        concurrency = slots.concurrency_of(definition)
+        if concurrency is not None and concurrency.limit is not None:
+            limits[definition.name] = concurrency.limit
+        rate = rate_limit_of(definition)
+        if rate is not None:
+            rates[definition.name] = (rate.limit, rate.period_ms, rate.cost)
+    weights = [(q, tenant, w) for q in queues
+               for tenant, w in settings.queue_weights.get(q, {}).items()]
+    return ClaimFlow(
+        slot_ttl_ms=round(settings.slot_ttl * 1000),
+        limit_names=tuple(limits), limit_values=tuple(limits.values()),
+        prefixes=tuple(p for p, _ in settings.concurrency_limits),
+        prefix_limits=tuple(n for _, n in settings.concurrency_limits),
+        rate_names=tuple(rates), rate_limits=tuple(r[0] for r in rates.values()),
+        rate_periods_ms=tuple(r[1] for r in rates.values()),
+        rate_costs=tuple(r[2] for r in rates.values()),
+        fair_queues=frozenset(q for q in queues if q in settings.fair_queues),
+        weight_queues=tuple(w[0] for w in weights), weight_tenants=tuple(w[1] for w in weights),
+        weight_values=tuple(w[2] for w in weights),
+    )
+
+
+class Flow:
+    """Flow control for one worker: its claims' parameters, its slots, its wake-ups."""
+
+    def __init__(self, *, engine: Engine, settings: XJobsSettings, worker_id: str,
+                 queues: Sequence[str], poll_interval: float, stats: Counter[str]) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+        self.stats = stats
+        self.poll_interval = poll_interval
+        self.params = claim_flow(settings, registry.all_jobs().values(), queues)
+        self.slot_ttl = settings.slot_ttl
+        # Per fair queue, the tenant its last claim served last ('' = the NULL tenant).
+        self.cursors: dict[str, str] = {}
+        # When (monotonic) a job the claim held back for its rate budget is due again.
+        self.retry_at: float | None = None
+        self._holding = 0  # runs holding a slot not yet handed to a release
+        self._releases: list[SlotHold] = []  # slots of settled runs, released at the next try
+        self._next_unblock = clock.monotonic() + poll_interval
+
+    # ------------------------------------------------------------------ the claim --
+    def claim(self, wants: Mapping[str, int], lease_ms: int) -> ClaimBatch:
+        """Claim under flow control (one statement), and note what the answer says for the
+        next claim: the fair queues' cursors, when a rate-limited job is due again."""
+        batch = self.engine.jobs_claim(wants=wants, worker_id=self.worker_id, lease_ms=lease_ms,
+                                       flow=self.params, cursors=self.cursors)
+        if self.params.fair_queues:
+            self._advance_cursors(batch)
+        if batch.retry_at is not None:
+            wait = max(0.0, (batch.retry_at - clock.now()).total_seconds())
+            self.retry_at = clock.monotonic() + wait
+            self.stats["rate_held"] += 1
+        return batch
+
+    def _advance_cursors(self, batch: ClaimBatch) -> None:
+        """The next claim of a fair queue starts after the last tenant this one served: the
+        highest one after the cursor, or, when the walk wrapped round, the highest before it."""
+        served: dict[str, list[str]] = {}
+        for job in batch:
+            if job.queue in self.params.fair_queues:
+                served.setdefault(job.queue, []).append(job.tenant_id or "")
+        for queue, tenants in served.items():
+            cursor = self.cursors.get(queue, "")
+            wrapped = [t for t in tenants if t <= cursor]
+            self.cursors[queue] = max(wrapped) if wrapped else max(tenants)
+
+    def claim_due(self, now: float) -> bool:
+        """Whether a rate-limited job held back by an earlier claim is due again."""
+        if self.retry_at is not None and now >= self.retry_at:
+            self.retry_at = None
+            return True
+        return False
+
+    def wait_limit(self, now: float) -> float | None:
+        """Seconds until a held-back rate-limited job is due (None: none is)."""
+        return None if self.retry_at is None else max(0.0, self.retry_at - now)
+
+    # ---------------------------------------------------------------------- slots --
+    def attach(self, run: SlotRun, sent_at: float) -> None:
+        """A claimed run that took a slot in its claim holds it from ``sent_at``: the claim
+        was sent then, and the database set the slot's expiry at or after that moment."""
+        job = run.job
+        if job.slot is None or job.concurrency_key is None:
+            return
+        run.slot = SlotHold(slot_key=job.concurrency_key, slot=job.slot,
+                            holder=slots.holder(job, self.worker_id),
+                            limit=job.slot_limit or 1)
+        run.slot_renewed_at = sent_at
+        run.slot_ttl = self.slot_ttl
+        self._holding += 1
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._holding or self._releases)
+
+    def release(self, settled: Iterable[SlotRun]) -> None:
+        """Release the slots of settled runs (and any left from a failed release) in one
+        statement, which also wakes the jobs blocked on their keys. A failure raises, and the
+        release is retried with the next settle (at worst the slots free themselves at
+        expiry)."""
+        for run in settled:
+            hold = run.slot
+            if hold is not None:
+                run.slot = None
+                self._holding -= 1
+                self._releases.append(hold)
+        if self._releases:
+            self.engine.slots_release_if_held(self._releases)
+            self._releases = []
+
+    def slot_lapsed(self, run: SlotRun, now: float) -> bool:
+        """Whether ``run`` can no longer prove it holds its slot: no renewal for a SLOT_TTL."""
+        return run.slot is not None and now - run.slot_renewed_at >= self.slot_ttl
+
+    def renewed(self, runs: Sequence[R], renewed: frozenset[str], sent_at: float) -> list[R]:
+        """A heartbeat's slot answer (renewed holders): move the renewed runs' clocks; the
+        runs whose slot was not renewed lost it (it lapsed, and may have been taken)."""
+        lost = []
+        for run in runs:
+            hold = run.slot
+            if hold is None:
+                continue
+            if hold.holder in renewed:
+                run.slot_renewed_at = sent_at
+            else:
+                lost.append(run)
+        return lost
+
+    @staticmethod
+    def lost_note(why: str) -> str:
+        return f"{SLOT_LOST}: run stopped and job re-queued: {why}"
+
+    # -------------------------------------------------------------- the safety net --
+    def unblock_due(self, now: float) -> None:
+        """Once per poll interval: wake the blocked jobs no release woke (one statement)."""
+        if now < self._next_unblock:
+            return
+        self._next_unblock = now + self.poll_interval
+        woken = self.engine.jobs_unblock(self.params)
+        if woken:
+            self.stats["unblocked"] += woken
