@@ -766,7 +766,7 @@ def main() -> None:
                          + (f"; STOPPED after {W11_LIMIT:.0f} s with {r['unfinished']:,.0f} "
                             "jobs not done" if r["unfinished"] else "")))
         rows.append(("W11 fair / without fairness (steady)",
-                     f"{fair['steady'] / plain['steady']:.2f}"))
+                     f"{fair['steady'] / plain['steady']:.3g}"))
     if "W12" in chosen:
         r12 = bench.w12()
         rows.append((f"W12 drain of {r12['n']:,} jobs under RateLimit {r12['limit']:,}/s "
