@@ -4,6 +4,7 @@ The public API (everything else is internal)::
 
     from django_xjobs import job, enqueue, enqueue_many, JobHandle, PermanentError, Snooze
     from django_xjobs import backfill, Batch     # resumable data backfills (docs/backfills.md)
+    from django_xjobs import pause_queue, pause_key, PauseKey   # docs/flow-control.md
 
     @job(queue="emails", max_attempts=5)
     def send_welcome(ctx, user_id: int) -> dict: ...
@@ -22,6 +23,7 @@ __all__ = [
     "Concurrency",
     "JobContext",
     "JobHandle",
+    "PauseKey",
     "PermanentError",
     "RateLimit",
     "Snooze",
@@ -34,11 +36,16 @@ __all__ = [
     "enqueue_on_commit",
     "get_job",
     "job",
+    "pause_key",
+    "pause_queue",
+    "pauses",
     "publish_event",
+    "resume_key",
+    "resume_queue",
     "retry",
 ]
 
-from . import ratelimits, registry, slots
+from . import ratelimits, records, registry, slots, why
 from .api import (
     JobHandle,
     aenqueue,
@@ -52,8 +59,9 @@ from .api import (
 from .backfills import Batch, backfill
 from .base import job
 from .context import JobContext
-from .exceptions import PermanentError, Snooze
+from .exceptions import PauseKey, PermanentError, Snooze
 from .outbox import StagedJob
+from .pauses import pause_key, pause_queue, pauses, resume_key, resume_queue
 from .ratelimits import RateLimit
 from .scheduler import options as _cron_options
 from .slots import Concurrency
@@ -66,3 +74,7 @@ registry.register_option("concurrency", slots.check_option)
 registry.register_option("rate_limit", ratelimits.check_option)
 for _name, _check in _cron_options.CHECKS.items():
     registry.register_option(_name, _check)
+
+# JobRecord.blocked_by reads through django_xjobs.why, which records.py, below the engines,
+# cannot import (docs/flow-control.md, "Why is a job not running?").
+records.blocked_by_reader = why.read_blocked_by

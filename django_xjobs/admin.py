@@ -28,6 +28,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -40,7 +41,13 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast, Left, Now
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.functional import cached_property
@@ -48,11 +55,12 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
-from . import api, conf, reads, registry
+from . import api, conf, reads, registry, why
 from .api import acting_as
-from .exceptions import JobNotFound, LiveJobExists, XJobsError
+from .exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
 from .models import (
     Backfill,
+    FlowPause,
     Job,
     JobEvent,
     JobLease,
@@ -61,7 +69,9 @@ from .models import (
     SchedulerLeader,
     SchedulerState,
 )
-from .records import ALL_STATES, LIVE_STATES, TERMINAL_STATES
+from .pauses import MAX_REASON, check_target, pause, pauses, resume_key, resume_queue
+from .records import ALL_STATES, LIVE_STATES, TERMINAL_STATES, PauseRecord
+from .values import parse_duration
 
 # Counted exactly up to this many rows, estimated beyond; and no page past MAX_PAGES (an OFFSET
 # of a hundred thousand rows is already slow; narrow the list with a filter instead).
@@ -414,6 +424,32 @@ class CancelForm(forms.Form):
     )
 
 
+class PauseForm(forms.Form):
+    """The optional end and reason of a pause from the console (docs/console.md, "Pauses")."""
+
+    duration = forms.CharField(
+        required=False, max_length=40, widget=forms.TextInput(attrs={"size": 12}),
+        help_text="How long, e.g. 30m, 2h, 1d. Empty: until someone resumes it.",
+    )
+    reason = forms.CharField(
+        required=False, max_length=MAX_REASON - 200,
+        widget=forms.TextInput(attrs={"size": 60}),
+        help_text="Shown with the pause, with your username.",
+    )
+
+    def clean_duration(self) -> float | None:
+        text = self.cleaned_data["duration"].strip()
+        if not text:
+            return None
+        try:
+            seconds = parse_duration(text, what="duration")
+        except ConfigurationError as exc:
+            raise ValidationError(str(exc)) from None
+        if seconds <= 0:
+            raise ValidationError("duration: must be more than zero")
+        return seconds
+
+
 @dataclass(frozen=True)
 class ActionSpec:
     """One operator action: its permission, which states it applies to, and the words."""
@@ -638,6 +674,7 @@ class JobAdmin(ConsoleAdmin):
         return [
             path("dashboard/", view(self.dashboard_view), name="django_xjobs_dashboard"),
             path("health/", view(self.health_view), name="django_xjobs_health"),
+            path("pause/", view(self.pause_view), name="django_xjobs_pause"),
             *super().get_urls(),
         ]
 
@@ -656,8 +693,16 @@ class JobAdmin(ConsoleAdmin):
             raise PermissionDenied
         tenants = reads.tenant_scope(request)
         board = reads.dashboard(tenants)
+        in_force = pauses()
+        queue_pauses = {p.key: p for p in in_force if p.kind == "queue"}
         return self._page(request, "admin/django_xjobs/dashboard.html", "Jobs dashboard",
-                          board=board, now=board.now, tenants=tenants)
+                          board=board, now=board.now, tenants=tenants,
+                          queue_rows=[(q, queue_pauses.get(q.queue)) for q in board.queues],
+                          queue_pauses=list(queue_pauses.values()),
+                          # A key names anything (a partner, a tenant): unscoped operators only.
+                          key_pauses=[p for p in in_force if p.kind == "key"]
+                          if tenants is None else [],
+                          can_pause=self.has_pause_permission(request))
 
     def health_view(self, request: Any) -> HttpResponse:
         if not self.has_view_permission(request):
@@ -688,8 +733,13 @@ class JobAdmin(ConsoleAdmin):
             if spec.applies(job) and spec.name in self.get_actions(request)
             and (spec.name != "run_jobs_now" or job.state != "ready" or job.run_at > now)
         ]
+        try:
+            blocked_by = why.for_job(job.pk)
+        except JobNotFound:  # deleted since it was read: the page shows it as read
+            blocked_by = ()
         context = {
             "diagnosis": reads.diagnose(job, steps, now), "steps": steps, "db_now": now,
+            "blocked_by": blocked_by,
             "step_rows": list(zip(steps, step_outputs, strict=True)),
             "can_view_steps": can_view_steps,
             "action_buttons": buttons, "changelist_url":
@@ -697,6 +747,68 @@ class JobAdmin(ConsoleAdmin):
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME, **(extra_context or {}),
         }
         return super().change_view(request, object_id, form_url, context)
+
+    # --------------------------------------------------------------------------- pauses --
+    def has_pause_permission(self, request: Any) -> bool:
+        """Pausing and resuming queues and keys: the change permission of pauses, for an
+        unscoped operator only (a pause holds back every tenant's jobs)."""
+        return (self.has_view_permission(request) and reads.tenant_scope(request) is None
+                and request.user.has_perm("django_xjobs.change_flowpause"))
+
+    def pause_view(self, request: Any) -> HttpResponse:
+        """POST only. ``op=resume`` resumes at once; ``op=pause`` shows a form for the
+        optional duration and reason, and pauses once it is posted back with ``post=yes``."""
+        if not self.has_pause_permission(request):
+            raise PermissionDenied
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        op, kind, name = (request.POST.get(f) for f in ("op", "kind", "name"))
+        if op not in ("pause", "resume") or kind not in ("queue", "key") or not name:
+            messages.error(request, "Unknown pause action.")
+            return HttpResponseRedirect(reverse("admin:django_xjobs_dashboard"))
+        try:
+            check_target(kind, name)  # before any query names it (no NUL reaches the ORM)
+            if op == "resume":
+                return self._resume(request, kind, name)
+            form = PauseForm(request.POST if "post" in request.POST else None)
+            if "post" not in request.POST or not form.is_valid():
+                return TemplateResponse(request, "admin/django_xjobs/pause_confirm.html", {
+                    **self.admin_site.each_context(request), "opts": self.model._meta,
+                    "title": f"Pause {kind} {name}", "crumb": "Pause", "form": form,
+                    "kind": kind, "name": name,
+                })
+            seconds = form.cleaned_data["duration"]
+            reason = form.cleaned_data["reason"] or None
+            who = f"admin:{request.user.get_username()}"
+            record = pause(
+                kind, name, for_=timedelta(seconds=seconds) if seconds else None,
+                reason=f"{reason} ({who})" if reason else who)
+        except XJobsError as exc:
+            messages.error(request, str(exc))
+            return HttpResponseRedirect(reverse("admin:django_xjobs_dashboard"))
+        self._log_pause(request, record.kind, record.key, f"paused {_pause_text(record)}")
+        messages.success(request, f"Paused {kind} {name} {_pause_text(record)}.")
+        return HttpResponseRedirect(reverse("admin:django_xjobs_dashboard"))
+
+    def _resume(self, request: Any, kind: str, name: str) -> HttpResponse:
+        self._log_pause(request, kind, name, "resumed")
+        if kind == "queue":
+            was = resume_queue(name)
+            text = f"Resumed queue {name}." if was else f"Queue {name} was not paused."
+        else:
+            was, handed_back = resume_key(name)
+            text = (f"Resumed key {name}" if was else f"Key {name} was not paused") + (
+                f"; {handed_back} blocked job{'s' if handed_back != 1 else ''} handed back.")
+        messages.success(request, text)
+        return HttpResponseRedirect(reverse("admin:django_xjobs_dashboard"))
+
+    @staticmethod
+    def _log_pause(request: Any, kind: str, name: str, message: str) -> None:
+        """An entry in Django's admin log naming the user, like the job actions'."""
+        rows = FlowPause.objects.filter(kind=kind, key=name)
+        if rows.exists():
+            LogEntry.objects.log_actions(user_id=request.user.pk, queryset=rows,
+                                         action_flag=CHANGE, change_message=message)
 
     # -------------------------------------------------------------------------- actions --
     def has_cancel_permission(self, request: Any) -> bool:
@@ -857,6 +969,13 @@ class JobAdmin(ConsoleAdmin):
                                                    links), level)
         else:
             self.message_user(request, text, level)
+
+
+def _pause_text(record: PauseRecord) -> str:
+    """``until 2026-12-01 02:00:00 UTC (migration)``, ``until resumed``."""
+    until = (f"until {record.until:%Y-%m-%d %H:%M:%S %Z}".rstrip() if record.until
+             else "until resumed")
+    return until + (f" ({record.reason})" if record.reason else "")
 
 
 def run_id_match(queryset: Any, run_id: UUID) -> Q:

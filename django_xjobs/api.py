@@ -34,13 +34,22 @@ from asgiref.sync import sync_to_async
 from . import clock, conf, outbox, registry, slots, tracing
 from .engines import get_engine
 from .exceptions import (
+    ConfigurationError,
     InvalidJobInput,
     JobNotFound,
 )
 from .outbox import StagedJob
 from .ratelimits import RateLimit, rate_limit_of
 from .records import TERMINAL_STATES, ChangeResult, EnqueueParams, EnqueueResult, JobRecord, new_ids
-from .values import INT32, check_name, check_text, encode_json, keyword_input, seconds_of
+from .values import (
+    INT32,
+    check_name,
+    check_text,
+    encode_json,
+    keyword_input,
+    parse_duration,
+    seconds_of,
+)
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -65,6 +74,10 @@ class EnqueueOptions(TypedDict, total=False):
     enqueued_by: str | None
     traceparent: str | None  # W3C; default: the current OpenTelemetry span
     concurrency_key: str | None  # an explicit key (slots.py), over the job's own template
+    # with idempotency_key only: collapse a burst of enqueues of the key into one run
+    # (docs/flow-control.md, "Debounce"); seconds, a timedelta or a string such as "5s"
+    debounce: timedelta | float | str | None
+    debounce_max_wait: timedelta | float | str | None  # >= debounce; from the first enqueue
 
 
 ENQUEUE_OPTIONS = frozenset(EnqueueOptions.__optional_keys__)
@@ -104,6 +117,69 @@ def _delay_seconds(value: Any) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class _Debounce:
+    """The debounce of one enqueue (docs/flow-control.md, "Debounce"): the run is due
+    ``debounce_ms`` after the last enqueue of its key, and never later than ``max_wait_ms``
+    after the first (None: no cap)."""
+
+    debounce_ms: int
+    max_wait_ms: int | None
+    concurrency_key: str
+
+
+def _debounce_ms(value: Any, what: str) -> int:
+    """A debounce duration in milliseconds: a timedelta, seconds, or a string such as "5s"
+    (values.parse_duration); more than zero and at most 100 years."""
+    try:
+        seconds = parse_duration(value, what=what)
+    except ConfigurationError as exc:  # an enqueue's bad input, not a bad declaration
+        raise InvalidJobInput(str(exc)) from None
+    if seconds > MAX_DELAY_SECONDS:
+        raise InvalidJobInput(f"{what} {value!r} is more than 100 years")
+    ms = round(seconds * 1000)
+    if ms <= 0:
+        raise InvalidJobInput(f"{what} must be more than zero (at least 1ms), got {value!r}")
+    return ms
+
+
+def _debounce(definition: registry.JobDefinition[..., Any], options: Mapping[str, Any],
+              key: str | None, tenant_id: str | None) -> _Debounce | None:
+    """Validate ``debounce=`` / ``debounce_max_wait=``; None when the enqueue has neither."""
+    value, max_wait = options.get("debounce"), options.get("debounce_max_wait")
+    if value is None:
+        if max_wait is not None:
+            raise InvalidJobInput("debounce_max_wait needs debounce (e.g. debounce=5)")
+        return None
+    if key is None:
+        raise InvalidJobInput(
+            "debounce needs idempotency_key: the enqueues that collapse into one run are those "
+            "of one key (.using(idempotency_key=..., debounce=...))"
+        )
+    for other in ("delay", "run_at"):
+        if options.get(other) is not None:
+            raise InvalidJobInput(
+                f"give debounce or {other}, not both: a debounced job is due debounce after "
+                "its last enqueue"
+            )
+    if options.get("concurrency_key") is not None or slots.concurrency_of(definition):
+        raise InvalidJobInput(
+            f"{definition.name}: debounce cannot be combined with concurrency (the job's "
+            "@job(concurrency=...) or .using(concurrency_key=...)): a debounced job's "
+            "concurrency key is its debounce key, which runs one at a time"
+        )
+    debounce_ms = _debounce_ms(value, "debounce")
+    max_wait_ms = None
+    if max_wait is not None:
+        max_wait_ms = _debounce_ms(max_wait, "debounce_max_wait")
+        if max_wait_ms < debounce_ms:
+            raise InvalidJobInput(
+                f"debounce_max_wait ({max_wait!r}) must be at least debounce ({value!r})"
+            )
+    return _Debounce(debounce_ms=debounce_ms, max_wait_ms=max_wait_ms,
+                     concurrency_key=slots.debounce_key(definition.name, tenant_id, key))
+
+
+@dataclass(frozen=True, slots=True)
 class _Template:
     """Everything about an enqueue but its input and ids: validated once per call (per batch,
     for enqueue_many), applied to each input."""
@@ -121,11 +197,15 @@ class _Template:
     payload_limit: int
     slot_keys: slots.EnqueueKeys | None = None  # None: the job is not slot-limited
     rate_limit: RateLimit | None = None  # None: the job is not rate-limited
+    debounce: _Debounce | None = None  # None: a plain enqueue
 
     def params(self, input: Any, job_id: UUID, run_id: UUID) -> EnqueueParams:
         input = keyword_input(input, f"input of {self.definition.name}")
         self.definition.shape.check(self.definition.name, input)
-        concurrency_key = None if self.slot_keys is None else self.slot_keys.key(input)
+        concurrency_key = (
+            self.debounce.concurrency_key if self.debounce is not None
+            else None if self.slot_keys is None else self.slot_keys.key(input)
+        )
         rate_key = None if self.rate_limit is None else self.rate_limit.format(
             input, tenant_id=self.tenant_id, job=self.definition.name)
         input_json = encode_json(input if type(input) is dict else dict(input),
@@ -196,21 +276,39 @@ def _template(definition: registry.JobDefinition[..., Any],
             )
     else:
         traceparent = tracing.current_traceparent()
+    debounce = None
+    if "debounce" in options or "debounce_max_wait" in options:
+        debounce = _debounce(definition, options, key, tenant_id)
+    if debounce is not None:
+        delay_ms = debounce.debounce_ms  # a new job is due debounce after its enqueue
     return _Template(
         definition=definition, queue=queue, key=key, max_attempts=max_attempts,
         priority=priority, run_at=run_at, delay_ms=delay_ms, tenant_id=tenant_id,
         traceparent=traceparent, enqueued_by=enqueued_by,
         payload_limit=settings.max_payload_bytes,
-        slot_keys=slots.enqueue_keys(definition, options.get("concurrency_key"), tenant_id,
-                                     settings),
+        slot_keys=None if debounce is not None else slots.enqueue_keys(
+            definition, options.get("concurrency_key"), tenant_id, settings),
         rate_limit=rate_limit_of(definition),
+        debounce=debounce,
     )
 
 
+def _refuse_debounce(template: _Template, what: str) -> None:
+    if template.debounce is not None:
+        raise InvalidJobInput(
+            f"{what} does not take debounce: debounce one key at a time with "
+            f".using(idempotency_key=..., debounce=...).enqueue(...) (docs/flow-control.md, "
+            f'"Debounce")'
+        )
+
+
 def build_params(definition: registry.JobDefinition[..., Any], input: Any,
-                 options: Mapping[str, Any]) -> EnqueueParams:
-    """Validate one enqueue and turn it into engine params. Raises before anything is written."""
+                 options: Mapping[str, Any], *, what: str = "this enqueue") -> EnqueueParams:
+    """Validate one enqueue and turn it into engine params. Raises before anything is written.
+    A debounced enqueue is no single insert, so its options are refused here (enqueue_job
+    takes them)."""
     template = _template(definition, options)
+    _refuse_debounce(template, what)
     job_id, run_id = new_ids(2)
     return template.params(input, job_id, run_id)
 
@@ -265,7 +363,14 @@ def enqueue_job(definition: registry.JobDefinition[..., Any], input: Mapping[str
                 options: Mapping[str, Any]) -> JobHandle:
     """Enqueue one input of ``definition`` with ``options``: what every single enqueue runs
     (``my_job.enqueue``, ``.using(...).enqueue``, :func:`enqueue` by name)."""
-    return _handle(get_engine().job_enqueue(build_params(definition, input, options)))
+    template = _template(definition, options)
+    job_id, run_id = new_ids(2)
+    params = template.params(input, job_id, run_id)
+    debounce = template.debounce
+    if debounce is None:
+        return _handle(get_engine().job_enqueue(params))
+    return _handle(get_engine().job_enqueue_debounced(
+        params, debounce_ms=debounce.debounce_ms, max_wait_ms=debounce.max_wait_ms))
 
 
 def enqueue(name: str, input: Mapping[str, Any] | None = None,
@@ -306,6 +411,7 @@ def enqueue_many(
         template = templates.get((name, id(options)))
         if template is None:
             template = _template(registry.get(check_name("job name", name)), options)
+            _refuse_debounce(template, "enqueue_many (and bulk_enqueue)")
             templates[(name, id(options))] = template
         params.append(template.params(input, ids[2 * n], ids[2 * n + 1]))
     engine = get_engine()
@@ -337,7 +443,7 @@ def stage_job(definition: registry.JobDefinition[..., Any], input: Any,
               options: Mapping[str, Any], *, using: Any) -> StagedJob:
     """Stage one input of ``definition`` in the current transaction of ``using``: what every
     ``enqueue_on_commit`` runs."""
-    params = build_params(definition, input, options)
+    params = build_params(definition, input, options, what="enqueue_on_commit")
     aliases = conf.get().outbox.databases
     if using not in aliases:
         raise InvalidJobInput(

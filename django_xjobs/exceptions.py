@@ -135,6 +135,44 @@ class Snooze(Exception):
         self.seconds = seconds
 
 
+class PauseKey(Exception):
+    """Raise from a job to pause a key, a circuit breaker: ``raise PauseKey("partner:acme",
+    for_=timedelta(minutes=10), reason="429 from partner")``.
+
+    The worker gives the job back due now without spending an attempt, and pauses the key until
+    now + ``for_``, in one fenced write (a run that lost its job pauses nothing). Until then the
+    claim holds back every job whose concurrency or rate-limit key it is, this one included
+    (docs/flow-control.md, "Pause and circuit breakers"). A key paused already stays paused at
+    least as long.
+    """
+
+    def __init__(self, key: str, *, for_: timedelta | float | int,
+                 reason: str | None = None) -> None:
+        if not isinstance(key, str) or not key or len(key) > MAX_PAUSE_KEY or "\x00" in key:
+            raise TypeError(f"PauseKey key must be a non-empty string of at most "
+                            f"{MAX_PAUSE_KEY} characters without NUL, got {key!r:.100}")
+        if isinstance(for_, timedelta):
+            seconds = for_.total_seconds()
+        elif isinstance(for_, int | float) and not isinstance(for_, bool):
+            seconds = float(for_)
+        else:
+            raise TypeError(f"PauseKey for_ must be a timedelta or seconds, got {for_!r}")
+        if not seconds > 0 or seconds == float("inf"):
+            raise ValueError(f"PauseKey for_ must be a positive, finite duration, got {for_!r}")
+        if reason is not None and (not isinstance(reason, str) or "\x00" in reason):
+            raise TypeError(f"PauseKey reason must be a string without NUL, got {reason!r:.100}")
+        super().__init__(f"pause key {key!r} for {seconds:g}s"
+                         + (f": {reason}" if reason else ""))
+        self.key = key
+        self.seconds = seconds
+        self.reason = reason
+
+
+# The longest key a pause names: the longest concurrency key (conf.MAX_SLOT_KEY, not imported:
+# conf sits above this module).
+MAX_PAUSE_KEY = 500
+
+
 # The attribute fail_for_good sets on an exception (any exception has a __dict__).
 _FOR_GOOD = "_xjobs_fail_for_good"
 

@@ -8,7 +8,7 @@ statements.
 
 Where the numbers come from:
 
-* the per-queue buckets are the engine's ``queue_stats`` (ONE definition of the five
+* the per-queue buckets are the engine's ``queue_stats`` (ONE definition of the six
   exclusive buckets, pinned by tests/conformance/test_stats.py); the finished counts of the last
   hour are an ORM read over ``x_jobs_finished_idx`` (state, finished_at);
 * the health figures of the tables and of the server are the engine's monitoring statements
@@ -146,7 +146,7 @@ def steps_scoped(queryset: Any, tenants: TenantScope) -> Any:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QueueRow(QueueStats):
-    """One queue on the dashboard: the five exclusive buckets and the finished totals it keeps
+    """One queue on the dashboard: the six exclusive buckets and the finished totals it keeps
     (``queue_stats``), and what finished in the last hour."""
 
     done_last_hour: int = 0

@@ -10,7 +10,7 @@ import enum
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -133,8 +133,48 @@ class EnqueueResult:
 # ---------------------------------------------------------------------------- job rows --
 
 
+# What reads why a job is not running (django_xjobs/why.py sets it when it is imported, which
+# ``import django_xjobs`` does): this module is below the engines and cannot call them itself.
+blocked_by_reader: Callable[[JobRecord], tuple[BlockedBy, ...]] | None = None
+
+# States in which a job waits to run: only these can be held back by anything.
+WAITING_STATES: tuple[str, ...] = ("ready", "delayed", "suspended", "blocked")
+
+
+class _BlocksLazily:
+    """The ``blocked_by`` of a :class:`JobRecord`: read on first access, then kept.
+
+    A slot of this plain base class, not a dataclass field: it is not part of the record's
+    value (equality, ``dataclasses.fields``, JSON output), and reading a job
+    (``get_job``, polled by ``JobHandle.wait()``) costs no statement more for it.
+    """
+
+    __slots__ = ("_blocked_by",)
+    _blocked_by: tuple[BlockedBy, ...]
+
+    @property
+    def blocked_by(self) -> tuple[BlockedBy, ...]:
+        """Every reason the job is not running now, most binding first (docs/flow-control.md,
+        "Why is a job not running?"); empty for a running, finished or claimable job. Read on
+        first access, on the database's state at that moment."""
+        try:
+            return self._blocked_by
+        except AttributeError:
+            pass
+        record: JobRecord = self  # type: ignore[assignment]
+        if record.state not in WAITING_STATES:
+            value: tuple[BlockedBy, ...] = ()
+        elif blocked_by_reader is None:
+            raise RuntimeError("blocked_by needs django_xjobs.why, which `import django_xjobs` "
+                               "loads; import the package before reading it")
+        else:
+            value = blocked_by_reader(record)
+        object.__setattr__(self, "_blocked_by", value)
+        return value
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class JobRecord:
+class JobRecord(_BlocksLazily):
     """A whole ``x_jobs`` row, for inspection (CLI, admin actions, handles).
 
     ``input_error`` / ``result_error``: why Python's ``json`` module could not decode the stored
@@ -251,10 +291,12 @@ class ClaimFlow:
 
 
 class ClaimBatch(list[ClaimedJob]):
-    """The jobs a claim took, and ``retry_at``: the earliest time a job it held back for its
+    """The jobs a claim took; ``held``: how many it held back by flow control (blocked, or due
+    later for their rate budget); ``retry_at``: the earliest time a job it held back for its
     rate budget is due again (None when none was)."""
 
     retry_at: datetime | None = None
+    held: int = 0
 
 
 # ------------------------------------------------------------------------ fenced writes --
@@ -485,6 +527,91 @@ class RateRequest:
     limit: int
     period_ms: int
     cost: int
+# ------------------------------------------------------------- why a job is not running --
+
+# Every kind of BlockedBy, in the order two reasons with the same end are listed: an operator's
+# pause, then a missing worker, then a full key (django_xjobs/why.py sorts by the end first).
+BLOCKED_KINDS: tuple[str, ...] = ("queue_paused", "key_paused", "no_worker", "slot_full",
+                                  "rate_limit", "backoff", "delayed")
+
+BlockedKind = Literal["delayed", "backoff", "queue_paused", "key_paused", "slot_full",
+                      "rate_limit", "no_worker"]
+
+
+def _moment(value: datetime | None) -> str:
+    return value.isoformat(sep=" ", timespec="seconds") if value is not None else "?"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockedBy:
+    """One reason a job is not running now (django_xjobs/why.py), with its end where it has one.
+
+    ``until``: when the reason ends by itself (a delay, a backoff, a timed pause, the rate
+    budget's next room); None when it lasts until something happens (a resume, a slot freed,
+    a worker started). ``key`` is the concurrency or rate-limit key, ``queue`` the queue;
+    ``holders`` and ``limit`` describe a full concurrency key.
+    """
+
+    kind: BlockedKind
+    until: datetime | None = None
+    key: str | None = None
+    queue: str | None = None
+    reason: str | None = None
+    holders: tuple[str, ...] = ()
+    limit: int | None = None
+
+    @property
+    def text(self) -> str:
+        """The reason as a sentence for a person (the ``xjobs why`` line, the console)."""
+        if self.kind == "delayed":
+            return f"delayed until {_moment(self.until)}"
+        if self.kind == "backoff":
+            return f"retry backoff until {_moment(self.until)}"
+        if self.kind in ("queue_paused", "key_paused"):
+            what = f"queue {self.queue}" if self.kind == "queue_paused" else f"key {self.key}"
+            until = f"until {_moment(self.until)}" if self.until else "until resumed"
+            reason = f", {self.reason}" if self.reason else ""
+            return f"{what} paused ({until}{reason})"
+        if self.kind == "slot_full":
+            return (f"slot full: key {self.key} has all {self.limit} slot(s) held "
+                    f"({', '.join(self.holders)})")
+        if self.kind == "rate_limit":
+            if self.until is None:
+                return f"rate limit of key {self.key}: its cost exceeds the whole limit"
+            return f"rate limit of key {self.key} (next unit at {_moment(self.until)})"
+        return f"no worker serving queue {self.queue} in the last 5 minutes"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlowFacts:
+    """What holds one job back, read in one statement (``why_job``): the row's own fields as
+    they are now, and the flow-control rows that concern it, on the database clock ``now``."""
+
+    id: UUID
+    name: str
+    queue: str
+    state: JobStateName
+    run_at: datetime
+    attempt: int
+    last_error: str | None
+    concurrency_key: str | None
+    rate_key: str | None
+    blocked_on: str | None
+    now: datetime
+    pauses: tuple[PauseRecord, ...]  # in force for its queue, its concurrency or rate key
+    holders: tuple[str, ...]  # the live holders of its concurrency key's slots
+    worker_seen: bool  # an x_workers row names its queue, seen in the last 5 minutes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateWindow:
+    """A rate-limit key's spending over one period (``why_rate_window``): ``next_at`` is when
+    enough units leave the window for ``cost`` more to fit (None: it fits now, or never does
+    because the cost exceeds the limit)."""
+
+    key: str
+    spent: int
+    next_at: datetime | None
 
 
 # ------------------------------------------------------------------------ concurrency slots --
@@ -532,6 +659,38 @@ class SlotUsage:
     slot_key: str
     held: int
     next_expiry: datetime
+
+
+# ------------------------------------------------------------------------------- pauses --
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PauseRecord:
+    """A pause in force (``x_flow_pauses``): of a queue (``kind="queue"``) or of a key
+    (``kind="key"``), until ``until`` (None: until resumed). ``blocked``: how many jobs are
+    blocked on the key now (0 for a queue). The reads of ``xjobs why`` leave ``paused_at`` and
+    ``blocked`` out (None, 0)."""
+
+    kind: str  # "queue" | "key"
+    key: str
+    until: datetime | None
+    reason: str | None
+    paused_at: datetime | None = None
+    blocked: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyPauseRequeue:
+    """A run that raised ``PauseKey``: give the job back due now without spending an attempt
+    (as :class:`Requeue`) and pause ``key`` for ``for_ms``, in one fenced write."""
+
+    claim: Claim
+    key: str
+    for_ms: int
+    reason: str | None
+    spent_attempt: bool
+    resumed: bool
+    note: str | None = None
 
 
 # ----------------------------------------------------------------------------- scheduler --

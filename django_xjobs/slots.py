@@ -21,31 +21,31 @@ States of one slot ``(key, n)``, ``0 <= n < limit``::
 
 * **free**: no row, or a row whose ``expires_at`` has passed (a lapsed row is free, whoever
   it names; maintenance deletes such rows later, this module never does).
-* **acquire** (``slots_acquire``, once per claimed batch): the lowest free slot under the
-  limit, in ONE statement for every keyed job of the batch. The unique index serialises two
-  workers that picked the same slot; the loser's ``on conflict do update`` only fires on an
-  expired row, so a live slot is never granted twice. Under contention a free slot can be
-  refused; a refusal costs one poll interval, an over-grant would cost the guarantee.
+* **acquire** (in ``jobs_claim`` itself; ``slots_acquire`` is the same step on its own): the
+  lowest free slot under the limit, in the claim's ONE statement for every keyed job of the
+  batch. The unique index serialises two workers that picked the same slot; the loser's ``on
+  conflict do update`` only fires on an expired row, so a live slot is never granted twice. A
+  job that gets no slot is not claimed: it becomes ``blocked`` on its key (no attempt spent).
 * **renew** (``slots_renew_if_held``, one statement per heartbeat round, only when the worker
   holds slots): fenced on the holder AND ``expires_at > now()``. A lapsed slot is NOT revived:
   from the moment it lapsed any worker may have taken it, so the run is stopped instead
   (``X_JOB_SLOT_LOST``: :class:`~django_xjobs.exceptions.SlotLost`).
 * **release** (``slots_release_if_held``, with the settle of the run, batched): however the
   run ended (done, failed, snoozed, suspended by a step, timed out, handed back at shutdown,
-  lost). A crashed worker releases nothing: its slots free themselves at expiry. Each slot a
-  worker releases wakes one job that same worker refused on that key (``jobs_wake_refused``:
-  due now instead of at the end of its poll interval), fenced on the token of the refused
-  claim, so a job claimed again since is left alone.
+  lost). The same statement wakes the jobs blocked on each released key, as many as it has
+  free slots, and NOTIFYs their queues: any worker claims them at once. A crashed worker
+  releases nothing: its slots free themselves at expiry, and ``jobs_unblock`` (each worker,
+  once per poll interval) wakes the jobs blocked on a key that has room again.
 
-A run's life with a slot (worker/loop.py)::
+A run's life with a slot (worker/loop.py, worker/flow.py)::
 
-    claim ─▶ acquire ─granted─▶ execute ─▶ settle (fenced write) ─▶ release
-                 │                  │
-                 │                  └─ renewal refused, or no renewal for a whole SLOT_TTL
-                 │                     ─▶ X_JOB_SLOT_LOST: run stopped, result discarded,
-                 │                        job re-queued (its attempt given back)
-                 └─refused─▶ re-queued due after one POLL_INTERVAL, its attempt given back
-                             (or due at once when this worker releases a slot of its key)
+    claim + acquire ─granted─▶ execute ─▶ settle (fenced write) ─▶ release + wake blocked
+           │                      │
+           │                      └─ renewal refused, or no renewal for a whole SLOT_TTL
+           │                         ─▶ X_JOB_SLOT_LOST: run stopped, result discarded,
+           │                            job re-queued (its attempt given back)
+           └─no free slot─▶ not claimed: blocked on its key until a release (or
+                            jobs_unblock) wakes it; no attempt spent
 
 Timeouts, and which bounds which:
 
@@ -58,10 +58,8 @@ Timeouts, and which bounds which:
   run is stopped (the self-fence, for a hung connection) and an outcome it reports is replaced
   by ``X_JOB_SLOT_LOST`` (for a worker that was frozen and woke up after its slot was taken):
   a run that could not prove it still held its slot never writes its result.
-* ``POLL_INTERVAL`` is the longest a refused job waits before it is due again; a refused job
-  is re-queued with a later ``run_at``, so the worker does not claim it again in a tight loop,
-  and the queue's other keys are claimed in between (the saturated key does not starve them).
-  It is woken earlier only by a release of its key in the worker that refused it.
+* ``POLL_INTERVAL`` is how often each worker runs ``jobs_unblock``: the longest a blocked job
+  waits when its key has room that no release announced (a crashed holder's slot lapsed).
 * The job's own lease (``LEASE``) is independent: a slot lost does not lose the job, and a job
   lease lost stops the run as always (its slot is then released with its settle).
 
@@ -80,12 +78,14 @@ those runs end (renewal does not look at the limit, acquisition does).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import keys
+from .conf import MAX_SLOT_KEY
 from .exceptions import SLOT_LOST, ConfigurationError, InvalidConcurrencyKey
 from .keys import KeyTemplate
 from .values import INT32
@@ -168,7 +168,11 @@ def settings_limit(key: str, settings: XJobsSettings) -> int | None:
 
 def limit_for(key: str, definition: JobDefinition | None,
               settings: XJobsSettings) -> int | None:
-    """The limit a run of ``definition`` asks under: settings first, then the job's own."""
+    """The limit a run of ``definition`` asks under: settings first, then the job's own. A
+    debounce key (:func:`debounce_key`) is always 1, whatever the settings say: it exists to
+    keep a follow-up run from starting before the run it follows ended."""
+    if key.startswith(DEBOUNCE_PREFIX):
+        return 1
     limit = settings_limit(key, settings)
     if limit is not None:
         return limit
@@ -232,6 +236,26 @@ def _no_limit(job: str, key: str) -> InvalidConcurrencyKey:
         f'@job(concurrency=Concurrency(key=..., limit=N)), or add a prefix of the key to '
         f'XJOBS["CONCURRENCY_LIMITS"]'
     )
+
+
+# -------------------------------------------------------------------------------- debounce --
+
+DEBOUNCE_PREFIX = "debounce:"
+
+
+def debounce_key(name: str, tenant_id: str | None, idempotency_key: str) -> str:
+    """The concurrency key every debounced job of ``(name, tenant, key)`` carries
+    (docs/flow-control.md, "Debounce"): ``debounce:<name>:<tenant or ''>:<key>``, limit 1, so a
+    follow-up enqueued while a run is under way starts only once that run released the slot.
+
+    A key that would pass the 500 characters a concurrency key may have ends in the SHA-256 of
+    the idempotency key instead (a name is at most 200 characters, a tenant 200).
+    """
+    key = f"{DEBOUNCE_PREFIX}{name}:{tenant_id or ''}:{idempotency_key}"
+    if len(key) > MAX_SLOT_KEY:
+        digest = hashlib.sha256(idempotency_key.encode("utf-8")).hexdigest()
+        key = f"{DEBOUNCE_PREFIX}{name}:{tenant_id or ''}:sha256:{digest}"
+    return key
 
 
 # ------------------------------------------------------------------------- @job(concurrency=) --

@@ -38,15 +38,19 @@ from ..records import (
     EventRecord,
     Failure,
     FenceReport,
+    FlowFacts,
     JobRecord,
+    KeyPauseRequeue,
     LeaderFence,
     LeaderRecord,
     LockedStates,
     OutboxRow,
     OutboxStatus,
     ParkedStep,
+    PauseRecord,
     QueueStats,
     RateRequest,
+    RateWindow,
     Requeue,
     RunOwner,
     SchedulerStateRecord,
@@ -147,6 +151,18 @@ class Engine(abc.ABC):
     def job_find_live_by_key(
         self, name: str, tenant_id: str | None, idempotency_key: str
     ) -> EnqueueResult | None: ...
+
+    @abc.abstractmethod
+    def job_enqueue_debounced(self, params: EnqueueParams, *, debounce_ms: int,
+                              max_wait_ms: int | None) -> EnqueueResult:
+        """Debounce on the live key ``(name, tenant, params.idempotency_key)``
+        (docs/flow-control.md, "Debounce"), in one transaction (the caller's, or its own).
+
+        A pending live job takes ``params``' input and is due ``debounce_ms`` from now, but no
+        later than ``max_wait_ms`` after its creation (``created`` False). A live job already
+        under way keeps its input and leaves the key; ``params`` is inserted as its follow-up,
+        due after ``debounce_ms``, as it is when no job is live (``created`` True).
+        """
 
     # ------------------------------------------------------------------ worker side --
     @abc.abstractmethod
@@ -280,6 +296,18 @@ class Engine(abc.ABC):
     ) -> tuple[int, float | None]:
         """Staged outbox rows not yet relayed, and the age in seconds of the oldest."""
 
+    # -------------------------------------------------------- why a job is not running --
+    # Reads only (django_xjobs/why.py decides from them; docs/flow-control.md, "Why is a job
+    # not running?").
+    @abc.abstractmethod
+    def why_job(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> FlowFacts | None:
+        """The job's row now and the pauses, slot holders and workers that concern it; None
+        when there is no such job (or it is another tenant's)."""
+
+    @abc.abstractmethod
+    def why_rate_window(self, key: str, *, limit: int, period_ms: int, cost: int) -> RateWindow:
+        """``key``'s spending over the last ``period_ms`` and when ``cost`` more fits."""
+
     # ------------------------------------------------------------------ backfills --
     # A pass's progress row (``x_backfills``), keyed by its job's run_id. Worker writes are
     # fenced on the job's ownership (``_if_owned``: None/False = the run lost its job, nothing
@@ -409,6 +437,35 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def jobs_requeue_if_owned(self, batch: Sequence[Requeue]) -> FenceReport:
         """:meth:`job_requeue_if_owned` for many runs in one statement (refused slots)."""
+
+    # ---------------------------------------------------------------------- pauses --
+    # docs/flow-control.md, "Pause and circuit breakers". A pause is in force while its end is
+    # unset or later than the database's now(); the claim reads them, these write them.
+    @abc.abstractmethod
+    def pause_upsert(self, kind: str, key: str, *, until: datetime | None, for_ms: int | None,
+                     reason: str | None) -> PauseRecord | None:
+        """Pause a queue or key until ``until``, for ``for_ms``, or (both None) until resumed,
+        or change its pause; the pause, or None (nothing written) when ``until`` is not in the
+        future on the database clock."""
+
+    @abc.abstractmethod
+    def pause_resume_queue(self, queue: str) -> bool:
+        """End a queue's pause and wake its workers; whether a pause was in force."""
+
+    @abc.abstractmethod
+    def pause_resume_key(self, key: str) -> tuple[bool, int]:
+        """End a key's pause and hand back the jobs blocked on it, in one statement; whether a
+        pause was in force, and how many jobs were handed back."""
+
+    @abc.abstractmethod
+    def pauses_list(self, *, kind: str | None = None, limit: int = 1000) -> list[PauseRecord]:
+        """The pauses in force (of one kind), by kind then key."""
+
+    @abc.abstractmethod
+    def job_pause_key_if_owned(self, requeue: KeyPauseRequeue) -> tuple[FenceReport,
+                                                                         datetime | None]:
+        """Give a run's job back (no attempt spent) and pause its key, fenced: a lost run
+        pauses nothing. The report, and the end of the key's pause when this call wrote it."""
 
     # ------------------------------------------------------------------ scheduler --
     # Leader election and the cron watermark (django_xjobs/scheduler/, docs/scheduling.md).

@@ -10,7 +10,8 @@ the admin pages render, so the two never disagree.
     manage.py xjobs jobs [--state S] [--queue Q] [--name N] [--tenant T]
                          [--created-after T] [--created-before T] [--run-after T]
                          [--run-before T] [--limit N]
-    manage.py xjobs why ID                 why a job is where it is, and what to do
+    manage.py xjobs why ID                 what holds a job back now (every reason, most
+                                           binding first), why it is where it is, what to do
     manage.py xjobs steps [--run-id ID] [--status S] [--limit N]
     manage.py xjobs outbox [--pending | --published] [--limit N]
     manage.py xjobs slots                  concurrency slots
@@ -31,9 +32,9 @@ from uuid import UUID
 from django.core.management.base import CommandError
 from django.utils.dateparse import parse_datetime
 
-from .. import api, reads
+from .. import api, reads, why
 from ..models import JobStep
-from ..records import ALL_STATES
+from ..records import ALL_STATES, BlockedBy
 
 # `xjobs slots` and `xjobs schedule` (the slots' and the scheduler's own commands) show the
 # console's slot and scheduler pages.
@@ -63,8 +64,9 @@ def add_parsers(sub: Any) -> list[Any]:
     for flag in ("--created-after", "--created-before", "--run-after", "--run-before"):
         jobs.add_argument(flag, type=_when, help="ISO date-time with a time zone")
     jobs.add_argument("--limit", type=int, default=50)
-    why = sub.add_parser("why", help="why a job is where it is, and what to do about it")
-    why.add_argument("job_id")
+    why_cmd = sub.add_parser("why", help="what holds a job back now, why it is where it is, and "
+                                         "what to do about it")
+    why_cmd.add_argument("job_id")
     steps = sub.add_parser("steps", help="durable step records, newest first")
     steps.add_argument("--run-id")
     steps.add_argument("--status", choices=("completed", "failed", "sleeping", "waiting",
@@ -77,7 +79,7 @@ def add_parsers(sub: Any) -> list[Any]:
     outbox.add_argument("--limit", type=int, default=50)
     delete = sub.add_parser("delete", help="delete finished jobs by id (live ones are kept)")
     delete.add_argument("job_ids", nargs="+")
-    parsers += [jobs, why, steps, outbox, delete,
+    parsers += [jobs, why_cmd, steps, outbox, delete,
                 sub.add_parser("backfills", help="backfill passes and their progress")]
     return parsers
 
@@ -108,10 +110,7 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
             [(j.id, j.state, j.name, j.queue, f"{j.attempt}/{j.max_attempts}", j.run_at,
               j.updated_at, j.tenant_id, j.enqueued_by) for j in jobs], empty="(no jobs)"))
     elif action == "why":
-        job = reads.job_row(options["job_id"], limit=None)
-        steps = reads.run_steps(job.run_id, limit=None)
-        lines = reads.diagnose(job, steps, reads.db_now())
-        out.emit({"job": job, "diagnosis": lines}, lambda: out.lines(lines))
+        _why(out, options["job_id"])
     elif action == "steps":
         qs = reads.with_json_text(JobStep.objects.order_by("-id"), limit=None)
         if options["run_id"]:
@@ -148,6 +147,28 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
         out.emit({"deleted": deleted, "asked": len(ids)},
                  lambda: out.line(f"deleted {deleted} of {len(ids)} job(s); live jobs, and "
                                   "ids that match no job, are left alone"))
+
+
+def _why(out: _Out, job_id: str) -> None:
+    """``xjobs why ID``: what the job does now, one line per reason that holds it back (most
+    binding first), then the console's reading of the row. ``--json``: ``{id, state,
+    blocked_by, summary, job, diagnosis}``."""
+    job = reads.job_row(job_id, limit=None)
+    reasons = why.for_job(job.id)
+    now = reads.db_now()
+    steps = reads.run_steps(job.run_id, limit=None)
+    lines = reads.diagnose(job, steps, now)
+    doing = why.summary(job, reasons, now)
+    head = f"job {job.id} ({job.name}): {doing}"
+    out.emit({"id": job.id, "state": job.state,
+              "blocked_by": [reason_json(r) for r in reasons],
+              "summary": doing, "job": job, "diagnosis": lines},
+             lambda: out.lines([head, *(f"  {r.text}" for r in reasons), "", *lines]))
+
+
+def reason_json(reason: BlockedBy) -> dict[str, Any]:
+    """One reason for ``--json``: its fields and its sentence."""
+    return {**reads.as_json(reason), "text": reason.text}
 
 
 def _uuid(value: str) -> Any:

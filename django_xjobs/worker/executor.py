@@ -11,6 +11,8 @@ or more than ``MAX_PAYLOAD_BYTES``
 raises ``PermanentError``              ``Retry(permanent=True)``: straight to ``dead`` (also an
                                        exception marked by ``exceptions.fail_for_good``)
 raises ``Snooze(delay)``               ``GiveBack``: later, without spending an attempt
+raises ``PauseKey(key, for_=...)``     ``KeyPaused``: due now without spending an attempt,
+                                       and the key paused (docs/flow-control.md)
 raises anything else                   ``Retry`` with a full-jitter backoff delay
 its name is not registered here        ``Retry``: a rolling deploy may bring the code
 its stored input cannot be decoded     ``Retry(permanent=True)``: the code never runs
@@ -42,6 +44,7 @@ from ..context import JobContext
 from ..exceptions import (
     InvalidJobInput,
     JobCancelled,
+    PauseKey,
     PermanentError,
     Snooze,
     is_permanent,
@@ -72,6 +75,17 @@ class GiveBack:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyPaused:
+    """The job raised ``PauseKey``: give it back due now without spending an attempt and pause
+    ``key`` for ``seconds``, in one fenced write (worker/settle.py). The claim then holds the
+    job back (``blocked``) until the pause ends."""
+
+    key: str
+    seconds: float
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class Suspended:
     """A step parked the job (a sleep, an event wait): the database already says so, in the
     step's own fenced transaction; nothing is left to write."""
@@ -84,7 +98,7 @@ class Discard:
     reason: str
 
 
-Outcome = Done | Retry | GiveBack | Suspended | Discard
+Outcome = Done | Retry | GiveBack | KeyPaused | Suspended | Discard
 
 
 def backoff_for(definition: JobDefinition | None, attempt: int, settings: XJobsSettings) -> float:
@@ -153,6 +167,8 @@ def _outcome_of_exception(
         return Retry(error=record_error(exc), delay=0, permanent=True)
     if isinstance(exc, Snooze):
         return GiveBack(delay=exc.seconds, note=None)
+    if isinstance(exc, PauseKey):
+        return KeyPaused(key=exc.key, seconds=exc.seconds, reason=exc.reason)
     return Retry(error=record_error(exc), delay=backoff_for(definition, claimed.attempt, settings))
 
 

@@ -25,8 +25,9 @@ SLOT_TTL: :meth:`Flow.slot_lapsed`) is stopped with ``X_JOB_SLOT_LOST`` and its 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from .. import clock, registry, slots
 from ..conf import XJobsSettings
@@ -34,9 +35,7 @@ from ..engines import Engine
 from ..exceptions import SLOT_LOST
 from ..ratelimits import rate_limit_of
 from ..records import ClaimBatch, ClaimedJob, ClaimFlow, SlotHold
-
-if TYPE_CHECKING:
-    from collections import Counter
+from .executor import GiveBack
 
 log = logging.getLogger("django_xjobs.worker")
 
@@ -98,7 +97,9 @@ class Flow:
         self.retry_at: float | None = None
         self._holding = 0  # runs holding a slot not yet handed to a release
         self._releases: list[SlotHold] = []  # slots of settled runs, released at the next try
-        self._next_unblock = clock.monotonic() + poll_interval
+        # The first claim's round runs it: a worker starting (a burst run, a restart after a
+        # crash) wakes at once what waits on keys with room.
+        self._next_unblock = clock.monotonic()
 
     # ------------------------------------------------------------------ the claim --
     def claim(self, wants: Mapping[str, int], lease_ms: int) -> ClaimBatch:
@@ -115,16 +116,29 @@ class Flow:
         return batch
 
     def _advance_cursors(self, batch: ClaimBatch) -> None:
-        """The next claim of a fair queue starts after the last tenant this one served: the
-        highest one after the cursor, or, when the walk wrapped round, the highest before it."""
-        served: dict[str, list[str]] = {}
+        """The next claim of a fair queue starts after the tenant this one served last.
+
+        The claim visits the tenants after the cursor, then wraps round to those up to it, and
+        gives each up to its weight per round (jobs_claim); the last job of the batch is in the
+        latest round, at the last tenant of the visit that reached that round.
+        """
+        served: dict[str, Counter[str]] = {}
         for job in batch:
             if job.queue in self.params.fair_queues:
-                served.setdefault(job.queue, []).append(job.tenant_id or "")
-        for queue, tenants in served.items():
+                served.setdefault(job.queue, Counter())[job.tenant_id or ""] += 1
+        for queue, counts in served.items():
             cursor = self.cursors.get(queue, "")
-            wrapped = [t for t in tenants if t <= cursor]
-            self.cursors[queue] = max(wrapped) if wrapped else max(tenants)
+            rounds = {t: (n - 1) // self._weight(queue, t) for t, n in counts.items()}
+            last = max(rounds.values())
+            self.cursors[queue] = max((t for t, r in rounds.items() if r == last),
+                                      key=lambda t: (t <= cursor, t))
+
+    def _weight(self, queue: str, tenant: str) -> int:
+        p = self.params
+        for q, t, w in zip(p.weight_queues, p.weight_tenants, p.weight_values, strict=True):
+            if q == queue and t == tenant:
+                return w
+        return 1
 
     def claim_due(self, now: float) -> bool:
         """Whether a rate-limited job held back by an earlier claim is due again."""
@@ -188,9 +202,17 @@ class Flow:
                 lost.append(run)
         return lost
 
-    @staticmethod
-    def lost_note(why: str) -> str:
-        return f"{SLOT_LOST}: run stopped and job re-queued: {why}"
+    def lost(self, run: SlotRun, why: str) -> GiveBack:
+        """A run that lost its slot (``why``): logged, and its outcome: handed back after a
+        poll interval with its attempt given back, its result discarded."""
+        self.stats["slot_lost"] += 1
+        hold = run.slot
+        where = f"slot {hold.slot_key!r}#{hold.slot}" if hold is not None else "its slot"
+        log.error("job %s (%s) attempt %d: %s: lost %s: %s; the run is stopped, its result "
+                  "discarded, and the job re-queued", run.job.id, run.job.name, run.job.attempt,
+                  SLOT_LOST, where, why)
+        return GiveBack(delay=self.poll_interval,
+                        note=f"{SLOT_LOST}: run stopped and job re-queued: {why}")
 
     # -------------------------------------------------------------- the safety net --
     def unblock_due(self, now: float) -> None:

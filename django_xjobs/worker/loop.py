@@ -18,7 +18,8 @@ The loop, in the order one iteration runs it (``Worker._iterate``):
    the queues, in ONE ``jobs_claim``; claimed runs go to the executor threads (sync jobs) or the
    event loop (async jobs). The split starts at the next queue each time (a rotation), so every
    queue makes progress even with fewer free slots than queues. The loop claims again at once
-   if the last claim was full, or if it found nothing and some queue has not been asked since
+   if the last claim was full or held jobs back by flow control (they left the scan, and what
+   was behind them may be claimable), or if it found nothing and some queue has not been asked since
    the sweep began (a sweep asks every queue once: one statement when the free slots cover the
    queues, ``ceil(queues / free)`` otherwise); then it waits for a NOTIFY, a freed slot after
    a full claim, or the poll interval. Burst mode ends only after a whole sweep found nothing.
@@ -491,8 +492,9 @@ class Worker:
             if run.job.slot is not None:
                 self.flow.attach(run, sent_at)
         self._dispatch(runs)
-        self._more_likely = any(per_queue[q] >= n for q, n in wants.items())
-        self._swept(wants, len(claimed))
+        # Jobs held back by flow control left the scan: what was behind them may be claimable.
+        self._more_likely = claimed.held > 0 or any(per_queue[q] >= n for q, n in wants.items())
+        self._swept(wants, len(claimed) + claimed.held)
         self._low_water = max(1, (self.options.concurrency + self.prefetch()) // 2)
         self.stats["claimed"] += len(claimed)
         if not claimed and self._dry and not self._runs:
@@ -550,6 +552,7 @@ class Worker:
     def _executor_main(self) -> None:
         last_job_end = 0.0
         while True:
+            held_slot = False
             run = self._work.get()
             if run is None:
                 return
@@ -588,15 +591,18 @@ class Worker:
                 self._avg_run = ended - started if avg is None else (
                     0.9 * avg + 0.1 * (ended - started)
                 )
+                held_slot = run.slot is not None
                 self._finish(run, outcome, from_phase=RUNNING)
                 if run.abandoned:
                     return  # a replacement took this thread's place while the code ran on
             else:
                 ended = clock.monotonic()
             # Wake the loop only when it has something worth a round trip: runs to claim for
-            # (the queue ran low), a full ack batch, or an outcome that waited ack_interval.
+            # (the queue ran low), a full ack batch, an outcome that waited ack_interval, or a
+            # run that holds a slot (its release lets the key's next job start, fleet-wide).
             finished = len(self._finished)
-            if (self._queued <= self._low_water or finished >= self.settings.ack_batch
+            if (held_slot or self._queued <= self._low_water
+                    or finished >= self.settings.ack_batch
                     or (finished and ended - self._finished_since >= self.settings.ack_interval)):
                 self._wake.set()
 
@@ -624,10 +630,8 @@ class Worker:
                 # The run ended after its slot may have lapsed (a worker frozen past the TTL
                 # wakes up with its code finishing): it cannot prove it held the slot, so its
                 # result is not written (slots.py).
-                outcome = self._slot_lost_outcome("the run ended after its slot lapsed")
+                outcome = self.flow.lost(run, "the run ended after its slot lapsed")
             self._record(run, outcome)
-        if lost:
-            self._log_slot_lost(run, "the run ended after its slot lapsed")
         return True
 
     def _record(self, run: Run, outcome: Outcome) -> None:
@@ -726,6 +730,8 @@ class Worker:
                 self.flow.release(r for r in batch if r.phase == SETTLED)
             except Exception as exc:
                 self._db_error("slot release", exc)
+            else:
+                self._more_likely = True  # the release woke the jobs of its keys: claim them
 
     def _write_outcome(self, run: Run) -> tuple[Fence, str]:
         assert run.outcome is not None
@@ -860,22 +866,9 @@ class Worker:
                                      "been taken by another run)")
         self._wake.set()
 
-    def _slot_lost_outcome(self, why: str) -> GiveBack:
-        self.stats["slot_lost"] += 1
-        return GiveBack(delay=self.options.poll_interval, note=self.flow.lost_note(why))
-
-    def _log_slot_lost(self, run: Run, why: str) -> None:
-        hold = run.slot
-        where = f"slot {hold.slot_key!r}#{hold.slot}" if hold is not None else "its slot"
-        log.error("job %s (%s) attempt %d: %s: lost %s: %s; the run is stopped, its result "
-                  "discarded, and the job re-queued", run.job.id, run.job.name, run.job.attempt,
-                  SLOT_LOST, where, why)
-
     def _slot_lost(self, run: Run, why: str) -> None:
-        if run.phase not in (QUEUED, RUNNING):
-            return
-        self._log_slot_lost(run, why)
-        self._stop_run(run, f"{SLOT_LOST}: {why}", self._slot_lost_outcome(why), SlotLost)
+        if run.phase in (QUEUED, RUNNING):
+            self._stop_run(run, f"{SLOT_LOST}: {why}", self.flow.lost(run, why), SlotLost)
 
     # --------------------------------------------------------------- shutdown --
     def _drain_step(self) -> bool:

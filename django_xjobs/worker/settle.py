@@ -7,8 +7,9 @@ test mode (django_xjobs/testing/inline.py), so a test sees the statements a work
 from __future__ import annotations
 
 from ..engines import Engine
-from ..records import ClaimedJob, Failure, Fence, Requeue
-from .executor import Discard, GiveBack, Outcome, Retry, Suspended
+from ..pauses import MAX_REASON
+from ..records import ClaimedJob, Failure, Fence, KeyPauseRequeue, Requeue
+from .executor import Discard, GiveBack, KeyPaused, Outcome, Retry, Suspended
 
 
 def write_outcome(engine: Engine, job: ClaimedJob, outcome: Outcome) -> tuple[Fence, str]:
@@ -27,7 +28,22 @@ def write_outcome(engine: Engine, job: ClaimedJob, outcome: Outcome) -> tuple[Fe
             spent_attempt=not job.resumed, resumed=job.resumed, note=outcome.note,
         ))
         return report.outcome(job.lease_token), "requeued"
+    if isinstance(outcome, KeyPaused):
+        report, _until = engine.job_pause_key_if_owned(KeyPauseRequeue(
+            claim=job.claim, key=outcome.key, for_ms=max(1, round(outcome.seconds * 1000)),
+            reason=_cut(outcome.reason), spent_attempt=not job.resumed, resumed=job.resumed,
+            note=f"PauseKey: paused key {outcome.key!r} for {outcome.seconds:g}s"
+                 + (f" ({_cut(outcome.reason)})" if outcome.reason else ""),
+        ))
+        return report.outcome(job.lease_token), "requeued"
     if isinstance(outcome, Suspended):
         return Fence.OWNED, "suspended"
     assert isinstance(outcome, Discard)
     return Fence.LOST, "discarded"
+
+
+def _cut(reason: str | None) -> str | None:
+    """A PauseKey reason as stored: at most as long as an operator's (pauses.MAX_REASON)."""
+    if reason is None or len(reason) <= MAX_REASON:
+        return reason
+    return reason[:MAX_REASON - 3] + "..."

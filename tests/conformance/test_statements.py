@@ -44,6 +44,9 @@ SCALARS.update({  # ---- backfills
 SCALARS.update({"shift_ms": 60_000})  # ---- test support (django_xjobs/testing)
 SCALARS.update({"rate_key": None, "slot_ttl_ms": 30_000, "host": "h", "pid": 1,
                 "queues": '["default"]', "stale_ms": 1000})  # ---- flow control, workers
+SCALARS.update({"period_ms": 60_000, "cost": 1})  # ---- why a job is not running
+SCALARS.update({"debounce_ms": 5_000, "max_wait_ms": 60_000})  # ---- debounce
+SCALARS.update({"kind": "key", "until": None, "for_ms": 60_000})  # ---- pauses
 LISTS = {
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
     "names": "testapp.noop", "queues": "default", "inputs": "{}", "keys": "k",
@@ -239,7 +242,9 @@ def test_an_idle_claim_does_not_walk_the_jobs_that_are_not_due(engine):
     claim = engine.statements()["jobs_claim"]
     plan = _explain_analyze(claim.sql, claim_params(["default"]))
 
-    assert _buffers(plan) < 60, f"{_buffers(plan)} pages read by a claim that found nothing"
+    # A walk of the 20,000 delayed rows reads hundreds of pages; the probes of the priorities,
+    # the lapsed branch and the queue's pause read a few dozen.
+    assert _buffers(plan) < 80, f"{_buffers(plan)} pages read by a claim that found nothing"
 
 
 @pytest.mark.django_db

@@ -4,14 +4,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_xjobs import api, enqueue_many
+from django_xjobs import RateLimit, api, conf, enqueue_many, job, registry
 from django_xjobs.engines import get_engine
 from django_xjobs.models import Job
-from django_xjobs.records import Completion
+from django_xjobs.records import Completion, SlotHold
+from django_xjobs.worker.flow import claim_flow
 from tests.testapp import jobs as testapp_jobs
 
 pytestmark = pytest.mark.django_db
@@ -107,3 +110,42 @@ def test_a_single_enqueue_is_one_statement():
     handle, sql = statements_run(lambda: testapp_jobs.record.enqueue(tag="one"))
     assert handle.created
     assert len(sql) == 1
+
+
+# ------------------------------------------------------------------------- flow control --
+
+@job(name="tests.hot.rated", queue="hot",
+     rate_limit=RateLimit(key="hot-partner", limit=5, period=timedelta(seconds=30)))
+def rated(ctx, tag):
+    return tag
+
+
+def test_a_claim_under_flow_control_is_one_statement_whatever_the_mix():
+    """Unlimited, slot-limited (some keys full) and rate-limited (budget short) jobs in one
+    batch: still one claim statement, one ack, one release of every slot of the settle."""
+    unlimited = due_jobs(10)
+    slotted = {str(testapp_jobs.slotted.using(queue="hot").enqueue(group=str(i % 3)).id)
+               for i in range(12)}
+    limited = {str(rated.enqueue(tag=i).id) for i in range(10)}
+    flow = claim_flow(conf.get(), registry.all_jobs().values(), ["hot"])
+
+    claimed, sql = statements_run(lambda: get_engine().jobs_claim(
+        wants={"hot": 40}, worker_id="tests:hot", lease_ms=LEASE_MS, flow=flow))
+
+    assert len(sql) == 1
+    ids = {c.id for c in claimed}
+    assert unlimited <= ids
+    assert len(ids & slotted) == 6  # 2 slots x 3 keys; the other 6 are blocked
+    assert len(ids & limited) == 5  # the budget; the other 5 are due when it frees
+    assert Job.objects.filter(state="blocked").count() == 6
+    assert claimed.retry_at is not None
+
+    batch = [Completion(claim=c.claim, result_json="null") for c in claimed]
+    _report, sql = statements_run(lambda: get_engine().jobs_complete_if_owned(batch))
+    assert len(sql) == 1
+    holds = [SlotHold(slot_key=c.concurrency_key, slot=c.slot, holder=f"{c.id}/{c.lease_token}"
+                      "/tests:hot", limit=2)
+             for c in claimed if c.slot is not None and c.concurrency_key is not None]
+    _released, sql = statements_run(lambda: get_engine().slots_release_if_held(holds))
+    assert len(sql) == 1
+    assert Job.objects.filter(state="blocked").count() == 0  # each freed slot woke one

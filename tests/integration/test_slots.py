@@ -212,7 +212,7 @@ def test_a_freed_slot_wakes_the_next_job_at_once_not_a_poll_interval_later():
 
     assert {h.get().state for h in handles} == {"done"}
     assert counts["slots_release_if_held"] >= 5
-    assert counts["jobs_unblock"] == 0  # the release woke them, not the poll's safety net
+    assert counts["jobs_unblock"] <= 1  # its pass at start-up: the releases woke them
     assert {h.get().attempt for h in handles} == {1}
     # One at a time all along: each run started after the previous one ended.
     marks = [e.kind for e in Effect.objects.filter(tag__startswith="relay|").order_by("at", "id")]

@@ -4,10 +4,11 @@ import asyncio
 import os
 import time
 import uuid
+from datetime import timedelta
 
 from django.db.models import F
 
-from django_xjobs import Batch, Concurrency, PermanentError, Snooze, backfill, job
+from django_xjobs import Batch, Concurrency, PauseKey, PermanentError, Snooze, backfill, job
 
 from .models import Counted, Effect
 
@@ -365,6 +366,21 @@ def stage_child(ctx, tag=""):
     """Stages a `record` job with enqueue_on_commit: relayed once this run's work commits."""
     _effect(ctx, "start", tag)
     return {"staged": str(record.enqueue_on_commit(tag=f"child of {tag}").id)}
+
+
+# ---------------------------------------------------------------------------------- pauses --
+
+
+@job(concurrency=Concurrency(key="partner:{partner}", limit=5))
+def partner_call(ctx, partner, trip=False, pause_seconds=60.0):
+    """Calls a partner: with ``trip``, its first run answers as if the partner returned 429 and
+    pauses the partner's key (a circuit breaker); every other run returns."""
+    _effect(ctx, "start", partner)
+    first = Effect.objects.filter(job_id=ctx.job_id, kind="start").count() == 1
+    if trip and first:
+        raise PauseKey(f"partner:{partner}", for_=timedelta(seconds=pause_seconds),
+                       reason="429 from partner")
+    return {"partner": partner, "attempt": ctx.attempt}
 
 
 # ------------------------------------------------------------------------ concurrency slots --

@@ -78,6 +78,10 @@ bound = send.using(
 assert_type(bound, BoundJob[[int, str], None])  # type: ignore[assert-type]
 assert_type(bound.enqueue(user_id=42), JobHandle)
 assert_type(bound.using(run_at=datetime(2030, 1, 1, tzinfo=UTC)).enqueue(user_id=1), JobHandle)
+assert_type(send.using(idempotency_key="k", debounce=timedelta(seconds=5),
+                       debounce_max_wait="1m").enqueue(user_id=42), JobHandle)
+assert_type(enqueue("emails.send", {"user_id": 42}, idempotency_key="k", debounce=2.5),
+            JobHandle)
 assert_type(send.using(delay=2.5).enqueue_on_commit(user_id=42), StagedJob)
 assert_type(send.enqueue_on_commit(user_id=42), StagedJob)
 assert_type(add.bulk_enqueue([{"a": 1}, {"a": 2, "b": 3}], priority=1), list[JobHandle])
@@ -115,6 +119,8 @@ send.using(tenant_id="acme").enqueue(user=42)  # type: ignore[call-arg]
 send.using(dealy=5)  # type: ignore[call-arg]
 send.using(delay="5s")  # type: ignore[arg-type]
 send.using(priority=None)  # type: ignore[arg-type]
+send.using(idempotency_key="k", debounce=[5])  # type: ignore[arg-type]
+send.using(idempotency_key="k", debounce_max_wiat=60)  # type: ignore[call-arg]
 send.enqueue_on_commit(template="reset")  # type: ignore[call-arg]
 export.enqueue(account_id="7")  # type: ignore[arg-type]
 enqueue("emails.send", {"user_id": 42}, dealy=5)  # type: ignore[call-arg]

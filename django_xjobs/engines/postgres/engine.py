@@ -43,15 +43,19 @@ from ...records import (
     EventRecord,
     Failure,
     FenceReport,
+    FlowFacts,
     JobRecord,
+    KeyPauseRequeue,
     LeaderFence,
     LeaderRecord,
     LockedStates,
     OutboxRow,
     OutboxStatus,
     ParkedStep,
+    PauseRecord,
     QueueStats,
     RateRequest,
+    RateWindow,
     Requeue,
     RunOwner,
     SchedulerStateRecord,
@@ -146,6 +150,12 @@ def _claimed_job(r: Sequence[Any]) -> ClaimedJob:
         concurrency_key=r[10], resumed=r[11], input_error=problem,
         slot=r[12] if len(r) > 12 else None, slot_limit=r[13] if len(r) > 13 else None,
     )
+
+
+def _pause_record(row: Sequence[Any]) -> PauseRecord:
+    kind, key, until, reason, paused_at = row[:5]
+    return PauseRecord(kind=kind, key=key, until=until, reason=reason, paused_at=paused_at,
+                       blocked=int(row[5]) if len(row) > 5 else 0)
 
 
 def _backfill_record(row: Sequence[Any]) -> BackfillRecord:
@@ -331,8 +341,9 @@ class PostgresEngine(Engine):
                 return total
 
     # -------------------------------------------------------------------------- enqueue --
-    def job_enqueue(self, params: EnqueueParams) -> EnqueueResult:
-        args = {
+    def _enqueue_args(self, params: EnqueueParams) -> dict[str, Any]:
+        """The parameters of job_enqueue / job_enqueue_unkeyed for one job."""
+        return {
             "id": params.id, "name": params.name, "queue": params.queue,
             "input": params.input_json, "key": params.idempotency_key, "run_id": params.run_id,
             "max_attempts": params.max_attempts, "priority": params.priority,
@@ -341,6 +352,9 @@ class PostgresEngine(Engine):
             "concurrency_key": params.concurrency_key, "rate_key": params.rate_key,
             "notify": self.notify,
         }
+
+    def job_enqueue(self, params: EnqueueParams) -> EnqueueResult:
+        args = self._enqueue_args(params)
         if params.idempotency_key is None:
             id_, run_id, state, _notified = self._run(S.JOB_ENQUEUE_UNKEYED, args, fetch="one")
             return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
@@ -466,6 +480,34 @@ class PostgresEngine(Engine):
             return None
         return EnqueueResult(id=row[0], run_id=row[1], created=False, state=row[2])
 
+    def job_enqueue_debounced(self, params: EnqueueParams, *, debounce_ms: int,
+                              max_wait_ms: int | None) -> EnqueueResult:
+        key = params.idempotency_key
+        assert key is not None, "api.py refuses debounce without an idempotency key"
+        insert = {**self._enqueue_args(params), "run_at": None, "delay_ms": debounce_ms}
+        live = {
+            "name": params.name, "tenant_id": params.tenant_id, "key": key,
+            "input": params.input_json, "debounce_ms": debounce_ms, "max_wait_ms": max_wait_ms,
+            "concurrency_key": params.concurrency_key, "traceparent": params.traceparent,
+            "enqueued_by": params.enqueued_by, "notify": self.notify,
+        }
+        # One transaction: a run set aside from the key and its follow-up commit together, or
+        # neither does. Inside the caller's transaction this joins it (no savepoint).
+        with db_transaction.atomic(using=self.alias, savepoint=False):
+            # Another enqueue can take the key between the two statements (a first insert that
+            # won the race, a follow-up): the next round finds and moves it.
+            for _ in range(20):
+                row = self._run(S.JOB_DEBOUNCE_LIVE, live, fetch="one")
+                if row is not None and row[0] == "moved":
+                    return EnqueueResult(id=row[1], run_id=row[2], created=False, state=row[3])
+                rows = self._run(S.JOB_ENQUEUE, insert)
+                if rows:
+                    id_, run_id, state, _notified = rows[0]
+                    return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
+        raise DatabaseError(  # pragma: no cover - needs the key to change hands 20 times
+            f"debounced enqueue of {params.name!r} kept losing its key to other enqueues"
+        )
+
     # ----------------------------------------------------------------------- worker side --
     def jobs_claim(
         self, *, wants: Mapping[str, int], worker_id: str, lease_ms: int,
@@ -495,7 +537,7 @@ class PostgresEngine(Engine):
         })
         for r in rows:
             if r[0] is None:
-                batch.retry_at = r[14]
+                batch.retry_at, batch.held = r[14], int(r[15])
             else:
                 batch.append(_claimed_job(r))
         return batch
@@ -762,6 +804,33 @@ class PostgresEngine(Engine):
                                fetch="one")
         return int(count), age
 
+    # ---------------------------------------------------------- why a job is not running --
+    def why_job(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> FlowFacts | None:
+        job_uuid = _as_uuid(job_id)
+        if job_uuid is None:
+            return None
+        r = self._run(S.WHY_JOB, {"id": job_uuid, "tenant_ids": _tenants(tenant_ids)},
+                      fetch="one")
+        if r is None:
+            return None
+        pauses = tuple(
+            PauseRecord(kind=kind, key=key,
+                        until=datetime.fromisoformat(until) if until is not None else None,
+                        reason=reason)
+            for kind, key, until, reason in json.loads(r[11])
+        )
+        return FlowFacts(
+            id=r[0], name=r[1], queue=r[2], state=r[3], run_at=r[4], attempt=r[5],
+            last_error=r[6], concurrency_key=r[7], rate_key=r[8], blocked_on=r[9], now=r[10],
+            pauses=pauses, holders=tuple(r[12]), worker_seen=r[13],
+        )
+
+    def why_rate_window(self, key: str, *, limit: int, period_ms: int, cost: int) -> RateWindow:
+        spent, next_at = self._run(S.WHY_RATE_WINDOW, {
+            "key": key, "limit": limit, "period_ms": period_ms, "cost": cost,
+        }, fetch="one")
+        return RateWindow(key=key, spent=int(spent), next_at=next_at)
+
     # ------------------------------------------------------------------------- backfills --
     def backfill_create(self, *, run_id: str, name: str, job_id: str, checksum: str,
                         app_version: str) -> bool:
@@ -964,6 +1033,41 @@ class PostgresEngine(Engine):
         })
         return self._batch_report("requeue", [r.claim for r in batch],
                                   frozenset(r[0] for r in rows))
+
+    # ---------------------------------------------------------------------------- pauses --
+    def pause_upsert(self, kind: str, key: str, *, until: datetime | None, for_ms: int | None,
+                     reason: str | None) -> PauseRecord | None:
+        row = self._run(S.PAUSE_UPSERT, {
+            "kind": kind, "key": key, "until": until, "for_ms": for_ms, "reason": reason,
+        }, fetch="one")
+        return None if row is None else _pause_record(row)
+
+    def pause_resume_queue(self, queue: str) -> bool:
+        in_force, _notified = self._run(S.PAUSE_RESUME_QUEUE, {
+            "queue": queue, "notify": self.notify,
+        }, fetch="one")
+        return bool(in_force)
+
+    def pause_resume_key(self, key: str) -> tuple[bool, int]:
+        in_force, unblocked, _notified = self._run(S.PAUSE_RESUME_KEY, {
+            "key": key, "notify": self.notify,
+        }, fetch="one")
+        return bool(in_force), int(unblocked)
+
+    def pauses_list(self, *, kind: str | None = None, limit: int = 1000) -> list[PauseRecord]:
+        return [_pause_record(r) for r in self._run(S.PAUSES_LIST, {"kind": kind,
+                                                                     "limit": limit})]
+
+    def job_pause_key_if_owned(self, requeue: KeyPauseRequeue) -> tuple[FenceReport,
+                                                                         datetime | None]:
+        row = self._run(S.JOB_PAUSE_KEY_IF_OWNED, {
+            **_fence(requeue.claim), "key": requeue.key, "for_ms": requeue.for_ms,
+            "reason": requeue.reason, "spent": requeue.spent_attempt,
+            "resumed": requeue.resumed, "note": requeue.note,
+        }, fetch="one")
+        if row is not None:
+            return FenceReport(owned=frozenset({requeue.claim.lease_token})), row[1]
+        return self._fence_check("requeue", [requeue.claim]), None
 
     # ------------------------------------------------------------------------- scheduler --
     def leader_attempt_elect(self, lock_key: str, holder: str, lease_ms: int) -> datetime | None:

@@ -9,6 +9,11 @@
     manage.py xjobs purge --older-than 7d [--state done ...]
     manage.py xjobs slots [--key K]       concurrency slots held now: holder, expiry
     manage.py xjobs schedule [pause|resume|trigger NAME]   cron tasks and the leader
+    manage.py xjobs pause QUEUE [--for 30m | --until ISO] [--reason R]   stop claiming a queue
+    manage.py xjobs resume QUEUE
+    manage.py xjobs pause-key KEY (--for 10m | --until ISO) [--reason R]
+    manage.py xjobs resume-key KEY        and hand back the jobs blocked on KEY
+    manage.py xjobs pauses                the pauses in force
     manage.py xjobs maintenance           run the retention deletes once
 
 and the operations console's views (``management/console_cli.py``): dashboard, health,
@@ -33,7 +38,7 @@ from ...records import (
     SlotUsage,
 )
 from ...values import parse_duration
-from .. import cli, console_cli, schedule_cli
+from .. import cli, console_cli, pauses_cli, schedule_cli
 
 
 def _age(seconds: float | None) -> str:
@@ -75,7 +80,7 @@ class Command(BaseCommand):
         console_parsers = console_cli.add_parsers(sub)
         # ---- end console ----
         for p in (show, cancel, retry, run_now, events, purge, slots_cmd, *console_parsers,
-                  *schedule_cli.add_arguments(sub)):
+                  *schedule_cli.add_arguments(sub), *pauses_cli.add_arguments(sub)):
             cli.add_json_flag(p)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -106,6 +111,8 @@ class Command(BaseCommand):
                                                     limit=options["limit"]), as_json)
             elif action in schedule_cli.ACTIONS:  # ---- scheduler ----
                 schedule_cli.handle(self, options, as_json)
+            elif action in pauses_cli.ACTIONS:  # ---- pauses ----
+                pauses_cli.handle(self, action, options, as_json)
             # ---- console ----
             elif action in console_cli.ACTIONS:
                 console_cli.run(self, action, options, as_json)

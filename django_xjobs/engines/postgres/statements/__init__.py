@@ -27,6 +27,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 * ``jobs``: x_jobs from enqueue to the fenced settlement: enqueue, claim, the fenced writes and
   the heartbeat, the fence check, an operator's actions, the queue counts, the job side of a
   refused concurrency slot, and the test kit's claim of one job and shift of due times.
+* ``debounce``: x_jobs: a debounced enqueue's move of the pending job of its key, or the setting
+  aside of the run under way for a follow-up.
 * ``steps``: x_job_steps and x_job_events: durable steps, sleeps, event waits and publishing.
 * ``outbox``: x_outbox: staging, the relay's claim and mark, its wake-up channel.
 * ``slots``: x_job_leases: concurrency slots, the purge of expired ones included; the release
@@ -34,11 +36,15 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 * ``workers``: x_workers: the worker processes seen lately.
 * ``flow``: flow control beyond slots: the periodic wake-up of blocked jobs, rate budgets spent
   from ordinary code.
+* ``pauses``: x_flow_pauses: pauses of queues and keys, the resume of a key with the unblock of
+  its jobs, and the settle of a run that raised PauseKey.
 * ``scheduler``: x_scheduler_leader and x_scheduler_state: leader election, cron watermarks.
 * ``backfills``: x_backfills: the progress of resumable passes.
 * ``maintenance``: retention deletes (finished jobs, expired events, relayed outbox rows), the
   console's delete of finished jobs, the health of the tables and what holds VACUUM back.
 * ``reads``: whole job rows for people: one by id (job_get), a filtered listing (jobs_list).
+* ``why``: what holds a waiting job back (why_job) and a rate-limit key's window
+  (why_rate_window), for ``manage.py xjobs why``.
 * ``connections``: no table: a connection's label, LISTEN on the job channel, the clock.
 * ``fragments``: SQL text several statements share (``CHANNEL``, ``LIVE``, ``JOB_COLUMNS``, the
   enqueue's insert); it declares no statement.
@@ -62,6 +68,7 @@ from .connections import (
     LISTEN,
     SESSION_LABEL,
 )
+from .debounce import JOB_DEBOUNCE_LIVE
 from .flow import JOBS_UNBLOCK, RATE_TAKE
 from .fragments import CHANNEL as CHANNEL
 from .fragments import JOB_COLUMNS as JOB_COLUMNS
@@ -109,6 +116,13 @@ from .outbox import (
     OUTBOX_STATUS,
 )
 from .outbox import OUTBOX_CHANNEL as OUTBOX_CHANNEL
+from .pauses import (
+    JOB_PAUSE_KEY_IF_OWNED,
+    PAUSE_RESUME_KEY,
+    PAUSE_RESUME_QUEUE,
+    PAUSE_UPSERT,
+    PAUSES_LIST,
+)
 from .reads import (
     JOB_GET,
     JOBS_LIST,
@@ -149,6 +163,10 @@ from .steps import (
     STEP_PARK_IF_OWNED,
     STEPS_OF_RUN,
 )
+from .why import (
+    WHY_JOB,
+    WHY_RATE_WINDOW,
+)
 from .workers import WORKER_GONE, WORKER_SEEN
 
 # Every statement by name, each listed once (tests/unit/test_statement_lint.py fails on a
@@ -172,5 +190,6 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     SLOTS_ACQUIRE, SLOTS_RENEW_IF_HELD, SLOTS_RELEASE_IF_HELD, SLOTS_LIST, JOBS_DELETE_FINISHED,
     TABLES_HEALTH, XMIN_HORIZON, SLOTS_USAGE, JOBS_WAKE_REFUSED, JOBS_REQUEUE_IF_OWNED,
     JOB_CLAIM_IF_DUE, JOBS_SHIFT_DUE, JOBS_LIST, JOBS_UNBLOCK, RATE_TAKE, WORKER_SEEN,
-    WORKER_GONE,
+    WORKER_GONE, WHY_JOB, WHY_RATE_WINDOW, JOB_DEBOUNCE_LIVE, PAUSE_UPSERT, PAUSE_RESUME_QUEUE,
+    PAUSE_RESUME_KEY, PAUSES_LIST, JOB_PAUSE_KEY_IF_OWNED,
 )}

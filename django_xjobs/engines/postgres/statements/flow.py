@@ -31,6 +31,9 @@ with recursive keys(k) as (
 ), room as (
     select ks.k,
            case when f.concurrency_key is distinct from ks.k then %(batch)s
+                when starts_with(ks.k, 'debounce:') then 1
+                     - (select count(*) from x_job_leases l
+                         where l.lease_key = ks.k and l.expires_at > now())
                 else coalesce(
                     (select x.lim
                        from unnest(%(prefixes)s::text[], %(prefix_limits)s::int[])

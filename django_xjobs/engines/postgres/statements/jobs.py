@@ -188,9 +188,10 @@ single `queue = any(...)` scan cannot do. A queue paused (x_flow_pauses) is not 
 
 A fair queue (`fair` true: XJOBS["QUEUES"][q]["fair_by"] = "tenant") is walked tenant by
 tenant instead: a loose index scan over the tenants that have claimable jobs, starting after
-the worker's cursor (the last tenant it served) and wrapping round, each tenant taking up to its
-weight of jobs in claim order. The recursive walk is lazy: it stops as soon as the queue's share
-is filled, so a claim reads a handful of tenants however many there are.
+the worker's cursor (the last tenant it served) and wrapping round, visiting at most `share`
+tenants (the recursive walk is lazy and stops there, so a claim reads a handful of tenants
+however many there are). Each tenant takes up to its weight per round, in claim order, for as
+many rounds as the share needs: one backlogged tenant alone fills the whole share.
 
 Flow control, for the picked jobs that carry a concurrency or rate-limit key only (a batch
 without them skips all of it):
@@ -204,8 +205,11 @@ without them skips all of it):
   free slot under its limit goes to `blocked` (blocked_on = its key), and the release of a slot
   wakes it (slots_release_if_held). A job held back keeps its attempt, and a durable run's
   resume goes back to `suspended` (blocked_resume) when it is woken.
+The answer ends with one row without a job when flow control held jobs back: how many, and
+when the earliest of those held for their rate budget is due. The worker then claims again at
+once (the held jobs left the scan, and what was behind them may be claimable) and at that time.
 The limit of a key: the longest prefix of XJOBS["CONCURRENCY_LIMITS"], else its job's
-Concurrency(limit=...), else 1.
+Concurrency(limit=...), else 1; a debounce key (`debounce:...`, slots.debounce_key) is always 1.
 
 Every claim writes a fresh lease_token: the fence for every later write of this run; a slot's
 holder is `<job id>/<lease token>/<worker id>`. `attempt` counts claims, except a resume from
@@ -284,13 +288,20 @@ with async_commit as (
            limit w.share
       ) c
      where not w.fair
-), fair_due as (
-    -- The tenants after the cursor, then from the first one up to the cursor (the wrap), each
-    -- in turn taking up to its weight (x_jobs_fair_idx).
-    select c.*, w.queue
+), fair_tenants as materialized (
+    -- The tenants of each fair queue after the cursor, then from the first one up to the
+    -- cursor (the wrap): at most `share` of them, each visited once (x_jobs_fair_idx: the walk
+    -- is lazy and stops there). `pos` is the order of the visit.
+    select w.queue, w.share, tn.t, tn.pos,
+           count(*) over (partition by w.queue) as visited,
+           coalesce((select x.weight
+                       from unnest(%(weight_queues)s::text[], %(weight_tenants)s::text[],
+                                   %(weight_values)s::int[]) as x(queue, tenant, weight)
+                      where x.queue = w.queue and x.tenant = tn.t
+                      limit 1), 1) as weight
       from shares w
       cross join lateral (
-          select d.id, d.prev_state, false as exhausted, d.name, d.concurrency_key, d.rate_key
+          select v.t, row_number() over () as pos
             from (with recursive after(t) as (
                       (select coalesce(tenant_id, '') from x_jobs
                         where queue = w.queue and state in ('ready', 'delayed', 'suspended')
@@ -317,24 +328,31 @@ with async_commit as (
                   )
                   select t from after where t is not null
                   union all
-                  select t from wrap where t is not null and t <= w.cursor) tn
-            cross join lateral (
-                select id, state as prev_state, name, concurrency_key, rate_key
-                  from x_jobs
-                 where queue = w.queue and coalesce(tenant_id, '') = tn.t
-                   and state in ('ready', 'delayed', 'suspended') and run_at <= now()
-                 order by priority desc, run_at
-                 limit coalesce((select x.weight
-                                   from unnest(%(weight_queues)s::text[],
-                                               %(weight_tenants)s::text[],
-                                               %(weight_values)s::int[]) as x(queue, tenant, weight)
-                                  where x.queue = w.queue and x.tenant = tn.t
-                                  limit 1), 1)
-                   for update skip locked
-            ) d
-           limit w.share
-      ) c
-     where w.fair
+                  select t from wrap where t is not null and t <= w.cursor
+                  limit w.share) v
+      ) tn
+     where w.fair and w.share > 0
+), fair_due as (
+    -- Round-robin: each visited tenant takes up to its weight per round, and as many rounds
+    -- as the share needs when few tenants have work (one backlogged tenant fills the whole
+    -- share). A tenant's jobs in claim order, the rounds in visit order.
+    select f.id, f.prev_state, false as exhausted, f.name, f.concurrency_key, f.rate_key,
+           f.queue
+      from (select d.*, ft.queue, ft.share,
+                   row_number() over (partition by ft.queue
+                                      order by (d.n - 1) / ft.weight, ft.pos, d.n) as k
+              from fair_tenants ft
+              cross join lateral (
+                  select j.*, row_number() over () as n
+                    from (select id, state as prev_state, name, concurrency_key, rate_key
+                            from x_jobs
+                           where queue = ft.queue and coalesce(tenant_id, '') = ft.t
+                             and state in ('ready', 'delayed', 'suspended') and run_at <= now()
+                           order by priority desc, run_at
+                           limit ft.weight * ((ft.share + ft.visited - 1) / ft.visited)
+                             for update skip locked) j
+              ) d) f
+     where f.k <= f.share
 ), picked as (
     select id, prev_state, exhausted, name, concurrency_key, rate_key from lapsed
     union all
@@ -350,14 +368,18 @@ with async_commit as (
              where k.kind = 'key' and k.key in (p.concurrency_key, p.rate_key)
                and (k.until is null or k.until > now())
              limit 1) as paused_key,
-           coalesce((select x.lim
-                       from unnest(%(prefixes)s::text[], %(prefix_limits)s::int[]) as x(prefix, lim)
+           case when starts_with(p.concurrency_key, 'debounce:') then 1
+                else coalesce(
+                    (select x.lim
+                       from unnest(%(prefixes)s::text[], %(prefix_limits)s::int[])
+                            as x(prefix, lim)
                       where starts_with(p.concurrency_key, x.prefix)
                       order by length(x.prefix) desc limit 1),
                     (select x.lim
-                       from unnest(%(limit_names)s::text[], %(limit_values)s::int[]) as x(name, lim)
+                       from unnest(%(limit_names)s::text[], %(limit_values)s::int[])
+                            as x(name, lim)
                       where x.name = p.name limit 1),
-                    1) as slot_limit,
+                    1) end as slot_limit,
            r.lim as rate_limit, r.period_ms, r.cost
       from picked p
       left join unnest(%(rate_names)s::text[], %(rate_limits)s::int[],
@@ -495,16 +517,15 @@ with async_commit as (
            j.state, p.slot, p.slot_limit
 )
 select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
-       tenant_id, traceparent, concurrency_key, resumed, slot, slot_limit, null::timestamptz
+       tenant_id, traceparent, concurrency_key, resumed, slot, slot_limit, null::timestamptz,
+       0::bigint
   from claimed
  where state = 'running' and (select count(*) from async_commit) = 1
-   and (select count(*) from holding) >= 0
 union all
 select null, null, null, null, null, null, null, null, null, null, null, null, null, null,
-       min(next_at)
-  from rated
- where next_at is not null
-having count(*) > 0
+       (select min(next_at) from rated where next_at is not null), h.n
+  from (select count(*) as n from holding) h
+ where h.n > 0
 """,
 )
 
@@ -716,8 +737,9 @@ QUEUE_STATS = Statement(
     why="""
 Per queue, six buckets a depth is SUMMED from, so a row must land in exactly one:
 `ready` (ready and due), `delayed` (delayed, or ready but not yet due), `running`, `suspended`,
-`blocked` (held back by flow control), `dead`; plus done and cancelled. A bare `run_at > now()` would count a sleeping `suspended` job,
-or a dead one with a future run_at, twice. Pinned by the property test
+`blocked` (held back by flow control), `dead`; plus done and cancelled. A bare
+`run_at > now()` would count a sleeping `suspended` job, or a dead one with a future run_at,
+twice. Pinned by the property test
 tests/conformance/test_stats.py.
 Under a tenant scope (the console's ADMIN_TENANT_SCOPE) only those tenants' rows are counted.
 """,

@@ -138,6 +138,10 @@ with gone as (
               from unnest(%(keys)s::text[], %(limits)s::int[]) as v(lease_key, lim)
              where v.lease_key in (select lease_key from gone)
              group by v.lease_key) k
+     -- A paused key's jobs stay blocked: they wait for the resume, not for a slot.
+     where not exists (select 1 from x_flow_pauses p
+                        where p.kind = 'key' and p.key = k.lease_key
+                          and (p.until is null or p.until > now()))
 ), woken as (
     update x_jobs j
        set state = case when j.blocked_resume then 'suspended' else 'ready' end,

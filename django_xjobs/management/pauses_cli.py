@@ -1,0 +1,147 @@
+"""``manage.py xjobs pause|resume|pause-key|resume-key|pauses``: the pauses' part of the
+``xjobs`` command (docs/flow-control.md, "Pause and circuit breakers").
+
+    manage.py xjobs pause QUEUE [--for 30m | --until ISO] [--reason R]
+    manage.py xjobs resume QUEUE
+    manage.py xjobs pause-key KEY (--for 10m | --until ISO) [--reason R]
+    manage.py xjobs resume-key KEY       also hands back the jobs blocked on KEY
+    manage.py xjobs pauses               the pauses in force
+
+Every argument is checked before anything is written; a bad one ends the command with its
+message and exit code 1.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.management.base import CommandError
+from django.utils.dateparse import parse_datetime
+
+from ..exceptions import ConfigurationError
+from ..pauses import pause, pauses, resume_key, resume_queue
+from ..records import PauseRecord
+from ..values import parse_duration
+from . import cli
+
+ACTIONS = ("pause", "resume", "pause-key", "resume-key", "pauses")
+
+
+def add_arguments(sub: Any) -> list[Any]:
+    """Add the subcommands; return the parsers that take ``--json``."""
+    pause = sub.add_parser("pause", help="stop claiming from a queue (running jobs finish)")
+    pause.add_argument("queue")
+    pause_key = sub.add_parser("pause-key", help="hold back the jobs of a concurrency or "
+                                                 "rate-limit key")
+    pause_key.add_argument("key")
+    for p, required in ((pause, False), (pause_key, True)):
+        when = p.add_mutually_exclusive_group(required=required)
+        when.add_argument("--for", dest="for_", metavar="DURATION",
+                          help="how long, e.g. 30m, 2h (default for a queue: until resumed)")
+        when.add_argument("--until", metavar="ISO",
+                          help="until this ISO date-time with a time zone")
+        p.add_argument("--reason", help="shown with the pause")
+    resume = sub.add_parser("resume", help="claim from a paused queue again")
+    resume.add_argument("queue")
+    resume_key = sub.add_parser("resume-key", help="end a key's pause and hand back its "
+                                                   "blocked jobs")
+    resume_key.add_argument("key")
+    listing = sub.add_parser("pauses", help="the pauses in force")
+    listing.add_argument("--limit", type=int, default=1000)
+    return [pause, pause_key, resume, resume_key, listing]
+
+
+def handle(command: Any, action: str, options: dict[str, Any], as_json: bool) -> None:
+    if action == "pauses":
+        if options["limit"] < 1:
+            raise CommandError("--limit must be at least 1")
+        _list(command, pauses(limit=options["limit"]), as_json)
+    elif action == "pause":
+        record = pause("queue", options["queue"], until=_until(options),
+                              for_=_for(options), reason=options["reason"])
+        _paused(command, record, as_json)
+    elif action == "pause-key":
+        record = pause("key", options["key"], until=_until(options),
+                              for_=_for(options), reason=options["reason"])
+        _paused(command, record, as_json)
+    elif action == "resume":
+        was = resume_queue(options["queue"])
+        if as_json:
+            cli.emit(command, {"action": "resume", "queue": options["queue"], "was_paused": was})
+        else:
+            command.stdout.write(f"resume: queue {options['queue']} "
+                                 + ("resumed" if was else "was not paused"))
+    elif action == "resume-key":
+        was, handed_back = resume_key(options["key"])
+        if as_json:
+            cli.emit(command, {"action": "resume-key", "key": options["key"], "was_paused": was,
+                               "unblocked": handed_back})
+        else:
+            command.stdout.write(f"resume-key: key {options['key']} "
+                                 + ("resumed" if was else "was not paused")
+                                 + f"; {handed_back} blocked job(s) handed back")
+
+
+def _for(options: dict[str, Any]) -> timedelta | None:
+    """``--for`` as a duration (like ``purge --older-than``); more than zero."""
+    if options.get("for_") is None:
+        return None
+    try:
+        seconds = parse_duration(options["for_"], what="--for")
+    except ConfigurationError as exc:
+        raise CommandError(str(exc)) from None
+    if seconds <= 0:
+        raise CommandError(f"--for: must be more than zero, got {options['for_']!r}")
+    return timedelta(seconds=seconds)
+
+
+def _until(options: dict[str, Any]) -> datetime | None:
+    """``--until`` as an aware datetime."""
+    if options.get("until") is None:
+        return None
+    parsed = parse_datetime(options["until"])
+    if parsed is None or parsed.tzinfo is None:
+        raise CommandError(f"--until: {options['until']!r} is not an ISO date-time with a "
+                           "time zone (e.g. 2026-12-01T02:00:00Z)")
+    return parsed
+
+
+def pause_json(record: PauseRecord) -> dict[str, Any]:
+    return cli.record_dict(record)
+
+
+def _paused(command: Any, record: PauseRecord, as_json: bool) -> None:
+    if as_json:
+        cli.emit(command, {"action": "pause" if record.kind == "queue" else "pause-key",
+                           "pause": pause_json(record)})
+        return
+    command.stdout.write(f"{'pause' if record.kind == 'queue' else 'pause-key'}: "
+                         f"{record.kind} {record.key} is paused {describe(record)}")
+
+
+def describe(record: PauseRecord) -> str:
+    """``until 2026-12-01T02:00:00+00:00 (migration)``, ``until resumed``."""
+    until = f"until {record.until.isoformat()}" if record.until else "until resumed"
+    return until + (f" ({record.reason})" if record.reason else "")
+
+
+def _list(command: Any, records: list[PauseRecord], as_json: bool) -> None:
+    if as_json:
+        cli.emit(command, [pause_json(r) for r in records])
+        return
+    if not records:
+        command.stdout.write("(no pauses in force)")
+        return
+    table = [("kind", "queue or key", "until", "blocked jobs", "paused at", "reason")] + [
+        (r.kind, r.key, r.until.isoformat(timespec="seconds") if r.until else "resumed",
+         str(r.blocked) if r.kind == "key" else "-",
+         r.paused_at.isoformat(timespec="seconds") if r.paused_at else "-", r.reason or "-")
+        for r in records
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for n, row in enumerate(table):
+        command.stdout.write("  ".join(c.ljust(w) for c, w in zip(row, widths,
+                                                                  strict=True)).rstrip())
+        if n == 0:
+            command.stdout.write("  ".join("-" * w for w in widths))

@@ -1,0 +1,170 @@
+"""The flow-control statements stay index walks at scale: a claim of a fair queue, a plain
+claim and the wake-up of blocked jobs read a bounded number of pages with a million jobs queued,
+never the table (docs/flow-control.md; docs/performance.md).
+
+Like test_statements.py this file speaks SQL: the million rows go in with one
+``INSERT ... SELECT generate_series`` (the ORM would take minutes), once for the module, and are
+deleted after it. Each statement runs under EXPLAIN (ANALYZE, BUFFERS) in a transaction that is
+rolled back, so every test sees the same rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection, transaction
+
+from tests.conformance.test_statements import claim_params
+
+pytestmark = pytest.mark.django_db
+
+JOBS = 1_000_000
+TENANTS = 1_000
+BLOCKED = 10_000
+BLOCKED_KEYS = 1_000
+# Pages a claim of 10 may read: the index probes of a dozen tenants and the 10 rows it takes
+# (their heap pages and the index entries of their new versions). A walk of the table or of
+# its claim index reads tens of thousands (asserted below, so the bound means something).
+CLAIM_PAGES = 400
+
+
+@pytest.fixture(scope="module")
+def million(django_db_setup, django_db_blocker) -> Iterator[dict]:
+    """A million due jobs of queue ``fair`` over 1,000 tenants (with a job without tenant every
+    1,001st), and 10,000 jobs blocked on 1,000 concurrency keys that are all full (each key's
+    only slot held): committed once, deleted after the module."""
+    started = time.monotonic()
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("select count(*) from x_jobs")
+        assert cursor.fetchone()[0] == 0, "x_jobs must start empty: the teardown deletes it all"
+        cursor.execute("""
+            insert into x_jobs (id, idempotency_key, name, queue, state, tenant_id, priority,
+                                run_at)
+            select u, u::text, 'testapp.noop', 'fair', 'ready',
+                   case when g %% 1001 = 0 then null else 't' || lpad((g %% %(t)s)::text, 4, '0')
+                   end,
+                   g %% 3, now() - interval '1 hour' + g * interval '1 millisecond'
+              from (select gen_random_uuid() as u, g from generate_series(1, %(n)s) g) s
+        """, {"n": JOBS, "t": TENANTS})
+        cursor.execute("""
+            insert into x_jobs (id, idempotency_key, name, queue, state, concurrency_key,
+                                blocked_on, run_at)
+            select u, u::text, 'testapp.noop', 'blocked', 'blocked', k, k,
+                   now() - interval '1 hour' + g * interval '1 millisecond'
+              from (select gen_random_uuid() as u, g, 'key:' || (g %% %(k)s)::text as k
+                      from generate_series(1, %(n)s) g) s
+        """, {"n": BLOCKED, "k": BLOCKED_KEYS})
+        cursor.execute("""
+            insert into x_job_leases (lease_key, slot, holder, expires_at)
+            select 'key:' || k::text, 0, 'outsider-' || k::text, now() + interval '1 hour'
+              from generate_series(0, %(k)s - 1) k
+        """, {"k": BLOCKED_KEYS})
+        cursor.execute("analyze x_jobs")
+        cursor.execute("analyze x_job_leases")
+        cursor.execute("select pg_relation_size('x_jobs') / current_setting('block_size')::int")
+        table_pages = cursor.fetchone()[0]
+    setup = time.monotonic() - started
+    print(f"\nflow plans: {JOBS:,} jobs + {BLOCKED:,} blocked inserted and analysed in "
+          f"{setup:.1f}s ({table_pages:,} pages)")
+    yield {"table_pages": table_pages}
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("truncate x_jobs, x_job_leases, x_rate_units")
+    connection.close()
+
+
+def explain(sql: str, params: dict) -> dict:
+    """The executed plan of ``sql``, its writes rolled back, on a session set up as a worker's
+    is (session_label: ``jit`` off, or compiling the plan would cost seconds here)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("set local jit = off")
+        cursor.execute(f"explain (analyze, buffers, format json) {sql.strip()}", params)
+        [[[plan]]] = cursor.fetchall()
+        transaction.set_rollback(True)
+    return plan["Plan"]
+
+
+def nodes(plan: dict) -> Iterator[dict]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from nodes(child)
+
+
+def buffers(plan: dict) -> int:
+    return plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)
+
+
+def seq_scans(plan: dict, relation: str) -> list[dict]:
+    return [n for n in nodes(plan)
+            if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == relation]
+
+
+def indexes(plan: dict) -> set[str]:
+    return {n["Index Name"] for n in nodes(plan) if "Index Name" in n}
+
+
+def returned(plan: dict) -> int:
+    """Rows of the statement's answer (the top node)."""
+    return plan["Actual Rows"]
+
+
+def test_the_bound_would_fail_for_a_walk_of_the_table(million):
+    assert million["table_pages"] > 20 * CLAIM_PAGES, million
+
+
+@pytest.mark.parametrize("cursor", ["", "t0500", "t0999"])
+def test_a_fair_claim_walks_a_few_tenants_of_a_million_jobs(engine, million, cursor):
+    claim = engine.statements()["jobs_claim"]
+    plan = explain(claim.sql, claim_params(["fair"], fair=True, cursor=cursor))
+
+    assert returned(plan) == 10
+    assert "x_jobs_fair_idx" in indexes(plan), indexes(plan)
+    assert seq_scans(plan, "x_jobs") == []
+    assert buffers(plan) < CLAIM_PAGES, f"{buffers(plan)} pages read by a fair claim of 10"
+
+
+def test_a_plain_claim_reads_its_batch_of_a_million_jobs(engine, million):
+    claim = engine.statements()["jobs_claim"]
+    plan = explain(claim.sql, claim_params(["fair"]))
+
+    assert returned(plan) == 10
+    assert "x_jobs_claim_idx" in indexes(plan), indexes(plan)
+    assert seq_scans(plan, "x_jobs") == []
+    assert buffers(plan) < CLAIM_PAGES, f"{buffers(plan)} pages read by a plain claim of 10"
+
+
+def unblock_params(**overrides) -> dict:
+    params = {name: [] for name in ("prefixes", "prefix_limits", "limit_names", "limit_values")}
+    params.update({"batch": 1000, "notify": False})
+    params.update(overrides)
+    return params
+
+
+def test_the_unblock_safety_net_probes_each_blocked_key_once(engine, million):
+    """All 1,000 keys are full: nothing to wake, and the statement reads a few pages per key
+    (one probe of the blocked index, one of the key's slots), not the blocked jobs one by one
+    nor the table."""
+    unblock = engine.statements()["jobs_unblock"]
+    plan = explain(unblock.sql, unblock_params())
+
+    assert "x_jobs_blocked_idx" in indexes(plan), indexes(plan)
+    assert seq_scans(plan, "x_jobs") == []
+    pages = buffers(plan)
+    assert pages < 12 * BLOCKED_KEYS, f"{pages} pages read to look at {BLOCKED_KEYS} keys"
+    assert million["table_pages"] > 12 * BLOCKED_KEYS
+
+
+def test_the_unblock_wakes_what_has_room_reading_only_that(engine, million):
+    """Ten keys' slots lapsed: the statement wakes one job of each, the first in line."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("update x_job_leases set expires_at = now() - interval '1 second'"
+                       " where lease_key = any(%s)", [[f"key:{k}" for k in range(10)]])
+        unblock = engine.statements()["jobs_unblock"]
+        cursor.execute(unblock.sql, unblock_params())
+        woken = cursor.fetchone()[0]
+        cursor.execute("select count(*) from x_jobs where queue = 'blocked' and state = 'ready'")
+        ready = cursor.fetchone()[0]
+        transaction.set_rollback(True)
+
+    assert (woken, ready) == (10, 10)
