@@ -2,7 +2,8 @@
 #
 #   make demo                 migrate the example project, enqueue real work, run a worker, show it
 #   make test                 the whole suite against a real PostgreSQL
-#   make bench                our own benchmark table (bench/)
+#   make bench                our own benchmark table (bench/; BENCH_ARGS="--workloads W3,W8")
+#   make bench-flow           flow control: W8, W11-W13 (slots, fair share, rate limit, hand-over)
 #   make bench-scale          claim latency and drain rate at 10k/100k/1M queued, 1M in history
 #   make bench-peers          the shared harness: the peers and django-xjobs in one run
 #   make lint                 ruff + import-linter (the layer contract) + mypy (pyproject.toml)
@@ -22,7 +23,7 @@ DJANGO_REQ := $(if $(DJANGO),Django==$(DJANGO).*,)
 STAMP := $(VENV)/.installed-django$(if $(DJANGO),$(DJANGO),-latest)
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench bench-scale bench-peers bench-admin lint install clean-db browser screenshots
+.PHONY: demo test bench bench-flow bench-scale bench-peers bench-admin lint install clean-db browser screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -65,7 +66,10 @@ demo: install
 	cd example_project && ../$(PY) manage.py demo
 
 bench: install
-	$(PY) bench/run.py
+	$(PY) bench/run.py $(BENCH_ARGS)
+
+bench-flow: install
+	$(PY) bench/run.py --workloads W8,W11,W12,W13 $(BENCH_ARGS)
 
 bench-scale: install
 	$(PY) bench/scale.py $(BENCH_ARGS)

@@ -1,6 +1,7 @@
 """django-xjobs benchmark (``make bench``): the peers' harness workloads, for us alone.
 
-    python bench/run.py [--quick] [--workloads W1,...,W10] [--concurrency 10] [--prefetch auto]
+    python bench/run.py [--quick] [--workloads W1,...,W13] [--concurrency 10] [--prefetch auto]
+                        [--rate-limit 2000]
 
 W1 enqueue-single   5,000 no-op jobs, one enqueue = one transaction, one process      jobs/s x3
 W2 enqueue-bulk     50,000 no-op jobs through enqueue_many, 1,000 per call               jobs/s
@@ -21,6 +22,16 @@ W9 backfill         one pass over a real 100,000-row table, keyset batches of 1,
 W10 scheduler       in-process: one round over 100 due cron tasks; a catch-up of 1,000
                     missed occurrences (misfire "all"); maintenance deleting 100,000 finished
                     jobs with a step each, 1,000 rows per statement               ms, rows/s
+W11 fair share     20,000 no-op jobs of 1,000 tenants, one tenant half of them (enqueued
+                    first), the rest a long tail; 2 workers; a queue with fair_by="tenant"
+                    and one without; steady rate, their ratio, and when each tenant's first
+                    job started, as a share of the drain (p50, last)   jobs/s, ratio, %
+W12 rate limit      20,000 no-op jobs under RateLimit(limit=2,000, period=1 s) (10 s of
+                    budget), 2 workers; starts/s as a share of the limit, and the most starts
+                    in any 1 s window of started_at (at most the limit)    starts/s, count
+W13 slot hand-over  Concurrency(limit=1) on one key, 20 ms jobs, 2 workers: finished_at of
+                    one run -> started_at of the next on the other worker, ~200    p50/p95
+W8 and W11-W13 print beside them one unlimited no-op drain of the same run.
 
 The database is a fresh ``xjobs_bench`` (``XJOBS_BENCH_DB`` names another) on the server
 ``devdb.py`` picks (the one the tests use). Figures depend on the machine: compare
@@ -31,6 +42,7 @@ Nothing here is a test; nothing asserts a time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
@@ -53,6 +65,29 @@ def percentile(values: list[float], p: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+W11_TENANTS = 1000
+# A W11 drain still running after this long (the unfair one takes seconds) is stopped and
+# measured over the jobs it finished, with the count it left: a fair queue that slows to a
+# crawl is a result to print, not a reason to lose the rest of the table.
+W11_LIMIT = 120.0
+
+
+def tenant_backlog(n: int, tenants: int) -> list[int]:
+    """Jobs per tenant for W11: tenant 0 has half of the ``n`` jobs; every other tenant has
+    one, and what is left goes to them by 1 / rank (a long tail: of 20,000 jobs, tenant 1 has
+    1,204, tenant 100 has 14, half the tenants three or fewer)."""
+    big = n // 2
+    spare = n - big - (tenants - 1)
+    if spare < 0:
+        raise ValueError(f"{n} jobs cannot give {tenants} tenants one each")
+    weights = [1 / rank for rank in range(1, tenants)]
+    total = sum(weights)
+    extra = [int(spare * w / total) for w in weights]
+    for rank in range(spare - sum(extra)):  # what rounding down left, one each from the top
+        extra[rank] += 1
+    return [big, *(1 + e for e in extra)]
 
 
 def setup_database() -> str:
@@ -89,6 +124,7 @@ class Bench:
             "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
             "XJOBS_BENCH_CONCURRENCY": str(args.concurrency),
             "XJOBS_BENCH_PREFETCH": str(args.prefetch),
+            "XJOBS_BENCH_RATE_LIMIT": str(args.rate_limit),
         })
         os.environ.update(self.env)
         import django
@@ -102,6 +138,7 @@ class Bench:
 
         self.jobs = jobs
         self.connection = connection
+        self._unlimited: dict[str, float] | None = None
 
     # ------------------------------------------------------------------------ helpers --
     def sql(self, statement: str) -> list[tuple]:
@@ -125,6 +162,18 @@ class Bench:
             )
             for i in range(n)
         ]
+
+    @staticmethod
+    def check_alive(procs, what: str) -> None:
+        """A worker that exits (a setting it refuses, a job it cannot import) fails the
+        workload at once instead of leaving it to wait out its deadline."""
+        for p in procs:
+            if p.poll() is not None:
+                err = p.stderr.read().decode(errors="replace")[-2000:]
+                for q in procs:
+                    if q.poll() is None:
+                        q.kill()
+                raise RuntimeError(f"{what}: a worker exited with {p.returncode}:\n{err}")
 
     @staticmethod
     def stop_workers(procs) -> int:
@@ -242,27 +291,49 @@ class Bench:
         assert steps == 3 * n, f"{steps} steps for {n} jobs"
         return {"rate": n / (float(last) - t0), "steady": n / (float(last) - float(first))}
 
-    # ---- W8: concurrency slots (slots.py) ----
-    def _drain(self, items: list[tuple[str, dict]], what: str) -> dict[str, float]:
+    # ---- W8, W11-W13: flow control (docs/flow-control.md) ----
+    def _drain(self, items: list[tuple], what: str, *, args: tuple[str, ...] = (),
+               extra_env: dict[str, str] | None = None, limit: float = 900,
+               partial: bool = False) -> dict[str, float]:
+        """Enqueue ``items`` into an empty system, spawn 2 workers, wait until every job is
+        done. The rows stay in x_jobs for the caller to read. With ``partial``, a drain still
+        running after ``limit`` seconds is stopped and measured over the jobs done
+        (``unfinished`` says how many were not)."""
         from django_xjobs import enqueue_many
 
         self.reset()
-        self.sql("truncate x_job_leases")
+        self.sql("truncate x_job_leases, x_rate_units")
         for start in range(0, len(items), 1000):
             enqueue_many(items[start:start + 1000])
         self.sql("analyze x_jobs")
         t0 = time.time()
-        procs = self.spawn_workers()
-        deadline = time.monotonic() + 900
-        while self.sql("select count(*) from x_jobs where state <> 'done'")[0][0]:
+        procs = self.spawn_workers(extra_env=extra_env, args=args)
+        deadline = time.monotonic() + limit
+        while left := self.sql("select count(*) from x_jobs where state <> 'done'")[0][0]:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"W8 {what} did not finish in 900 s")
+                self.stop_workers(procs)
+                if partial:
+                    break
+                raise RuntimeError(f"{what} did not finish in {limit:.0f} s")
+            self.check_alive(procs, what)
             time.sleep(0.1)
-        self.stop_workers(procs)
-        first, last = self.sql("select extract(epoch from min(started_at)),"
-                               " extract(epoch from max(finished_at)) from x_jobs")[0]
-        n = len(items)
-        return {"rate": n / (float(last) - t0), "steady": n / (float(last) - float(first))}
+        else:
+            self.stop_workers(procs)
+        first, last, n = self.sql("select extract(epoch from min(started_at)),"
+                                  " extract(epoch from max(finished_at)), count(*) from x_jobs"
+                                  " where state = 'done'")[0]
+        return {"rate": n / (float(last) - t0), "steady": n / (float(last) - float(first)),
+                "unfinished": left}
+
+    def unlimited(self) -> dict[str, float]:
+        """The baseline the flow-control workloads are read against: a no-op drain without
+        any limit, once per run (the same figure beside W8 and W11-W13)."""
+        if self._unlimited is None:
+            n = max(500, self.sizes["w3"] // 4)
+            self._unlimited = self._drain([("bench.noop", {"i": i}) for i in range(n)],
+                                          "the unlimited drain")
+            self._unlimited["n"] = n
+        return self._unlimited
 
     def w8(self) -> dict[str, dict[str, float]]:
         """The cost of slots: the same no-op drain unlimited, then under Concurrency(limit=2)
@@ -271,12 +342,120 @@ class Bench:
         and waits a poll interval)."""
         n = max(500, self.sizes["w3"] // 4)
         return {
-            "unlimited": self._drain([("bench.noop", {"i": i}) for i in range(n)], "unlimited"),
+            "unlimited": self.unlimited(),
             "interleaved": self._drain([("bench.keyed", {"i": i, "k": i % 20})
-                                        for i in range(n)], "interleaved"),
+                                        for i in range(n)], "W8 interleaved"),
             "clustered": self._drain([("bench.keyed", {"i": i, "k": i * 20 // n})
-                                      for i in range(n)], "clustered"),
+                                      for i in range(n)], "W8 clustered"),
         }
+
+    def w11(self) -> dict[str, dict[str, float]]:
+        """Fair share: a skewed backlog of 1,000 tenants (tenant_backlog) drained by 2 workers
+        from a queue with fair_by="tenant" and from one without; the big tenant's jobs are
+        enqueued first, then the others tenant by tenant, so a queue taken in order serves the
+        tail only after them. Medians over the reps (3; 1 in --quick). Besides the steady
+        rate: when each tenant's first job started, as a share of the drain (first start ->
+        last finish; p50 and the last tenant): late in the drain for the median tenant when
+        the queue goes in order, near 0 when tenants take turns."""
+        n = max(4 * W11_TENANTS, self.sizes["w3"])
+        counts = tenant_backlog(n, W11_TENANTS)
+        runs: dict[str, list[dict[str, float]]] = {"plain": [], "fair": []}
+        for _ in range(self.sizes["reps"]):  # alternated, so drift hits both alike
+            for queue in runs:
+                options = [{"tenant_id": f"t{t:04d}", "queue": queue}
+                           for t in range(len(counts))]
+                items = [("bench.noop", {"i": i}, options[t]) for i, t in
+                         enumerate(t for t, c in enumerate(counts) for _ in range(c))]
+                r = self._drain(items, f"W11 {queue}", args=("--queue", queue),
+                                extra_env={"XJOBS_BENCH_FAIR": "1"}, limit=W11_LIMIT,
+                                partial=True)
+                firsts = sorted(float(t) for (t,) in self.sql(
+                    "select extract(epoch from min(started_at)) from x_jobs"
+                    " where started_at is not null group by tenant_id"))
+                last = float(self.sql("select extract(epoch from max(finished_at)) from x_jobs"
+                                      " where state = 'done'")[0][0])
+                waits = [(t - firsts[0]) / (last - firsts[0]) for t in firsts]
+                r.update(first_p50=percentile(waits, 50), first_max=waits[-1])
+                runs[queue].append(r)
+        return {queue: {"n": n, **{k: statistics.median(r[k] for r in rs) for k in rs[0]}}
+                for queue, rs in runs.items()}
+
+    def w12(self) -> dict[str, float]:
+        """A rate-limited drain: RateLimit(key="partner", limit=L, period=1 s) on a no-op job,
+        L x 10 jobs (3 s of budget in --quick), 2 workers. Achieved starts per second are
+        n / (last start - first start + 1 s): a claim that spent every budget the moment it
+        freed starts L jobs in each second of that span, so this is L at full use. The max
+        starts in any 1 s window (t - 1 s, t] of the jobs' started_at must not exceed L."""
+        if not hasattr(self.jobs, "rated"):
+            raise RuntimeError("W12 needs RateLimit (from django_xjobs import RateLimit): this "
+                               "checkout has no rate limits")
+        limit = self.args.rate_limit
+        n = limit * (3 if self.args.quick else 10)
+        r = self._drain([("bench.rated", {"i": i}) for i in range(n)], "W12")
+        starts = [int(t) for (t,) in self.sql(
+            "select (extract(epoch from started_at) * 1000000)::bigint from x_jobs"
+            " order by started_at")]
+        attempts = self.sql("select max(attempt) from x_jobs")[0][0]
+        span = (starts[-1] - starts[0]) / 1e6
+        achieved = n / (span + 1.0)
+        peak, lo = 0, 0
+        for hi, t in enumerate(starts):
+            while t - starts[lo] >= 1_000_000:
+                lo += 1
+            peak = max(peak, hi - lo + 1)
+        r.update(n=n, limit=limit, achieved=achieved, utilisation=achieved / limit,
+                 max_window=peak, max_attempt=attempts)
+        return r
+
+    def w13(self) -> dict[str, float]:
+        """Slot hand-over: Concurrency(limit=1) on one key, jobs of about 20 ms, 2 workers.
+        Jobs go in batches (the workers go idle between them); within a batch, in started_at
+        order, job n+1 waits for job n's release. The hand-over is finished_at of job n (its
+        settle, which frees the slot) -> started_at of job n+1 (its claim), both on the
+        database clock, counted when the two ran on different workers, until ~200 of them."""
+        from django_xjobs import enqueue_many
+
+        target = 50 if self.args.quick else 200
+        batch = 2 * target
+        self.reset()
+        self.sql("truncate x_job_leases, x_rate_units")
+        procs = self.spawn_workers()
+        try:
+            time.sleep(3)  # start-up is not a hand-over
+            crossed = 0
+            for b in range(10):
+                enqueue_many([("bench.handover", {"i": b * batch + k}) for k in range(batch)])
+                deadline = time.monotonic() + 300
+                while self.sql("select count(*) from x_jobs where state <> 'done'")[0][0]:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("W13 batch did not finish in 300 s")
+                    self.check_alive(procs, "W13")
+                    time.sleep(0.1)
+                rows = self._w13_rows(batch)
+                crossed = sum(1 for other, _ in rows if other)
+                if crossed >= target:
+                    break
+        finally:
+            self.stop_workers(procs)
+        cross = [ms for other, ms in rows if other]
+        same = [ms for other, ms in rows if not other]
+        if not cross:
+            raise RuntimeError("W13: no hand-over between the two workers")
+        return {"p50": percentile(cross, 50), "p95": percentile(cross, 95), "n": len(cross),
+                "same_p50": percentile(same, 50) if same else float("nan"),
+                "same_n": len(same), "overlaps": sum(1 for _, ms in rows if ms < 0)}
+
+    def _w13_rows(self, batch: int) -> list[tuple[bool, float]]:
+        """(to the other worker?, finished_at of n -> started_at of n + 1 in ms) per pair of
+        consecutive runs of one batch."""
+        runs = self.sql(
+            "select (input->>'i')::int, claimed_by,"
+            " (extract(epoch from started_at) * 1000000)::bigint,"
+            " (extract(epoch from finished_at) * 1000000)::bigint"
+            " from x_jobs order by started_at")
+        return [(a[1] != b[1], (b[2] - a[3]) / 1000)
+                for a, b in itertools.pairwise(runs) if a[0] // batch == b[0] // batch]
+
     def w10(self) -> dict[str, float]:
         """The scheduler's round and catch-up, and the maintenance purge (in this process)."""
         from datetime import timedelta
@@ -507,10 +686,14 @@ class Bench:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6,W7,W8,W9,W10")
+    p.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6,W7,W8,W9,W10,W11,W12,W13")
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--prefetch", default="auto")
+    p.add_argument("--rate-limit", type=int, default=2000,
+                   help="W12's limit, starts per second (high enough to bind)")
     args = p.parse_args()
+    if args.rate_limit < 1:
+        p.error("--rate-limit must be a positive number of starts per second")
     bench = Bench(setup_database(), args)
     chosen = {w.strip().upper() for w in args.workloads.split(",")}
     reps = bench.sizes["reps"]
@@ -563,6 +746,40 @@ def main() -> None:
             rows.append((f"W8 drain, {label} (steady)",
                          f"{r['rate']:,.0f} jobs/s ({r['steady']:,.0f}; "
                          f"{r['steady'] / base:.0%} of unlimited)"))
+    if chosen & {"W11", "W12", "W13"}:
+        base_run = bench.unlimited()
+        base = base_run["steady"]
+        if "W8" not in chosen:  # W8 prints it already
+            rows.append((f"W11-W13 baseline: drain of {base_run['n']:,} no-op jobs, no limit "
+                         "(steady)", f"{base_run['rate']:,.0f} jobs/s ({base:,.0f})"))
+    if "W11" in chosen:
+        r11 = bench.w11()
+        plain, fair = r11["plain"], r11["fair"]
+        for queue, label in (("plain", "a queue without fairness"),
+                             ("fair", 'fair_by="tenant"')):
+            r = r11[queue]
+            rows.append((f"W11 drain of {r['n']:,} jobs, {W11_TENANTS:,} tenants skewed, "
+                         f"{label} (steady)",
+                         f"{r['rate']:,.0f} jobs/s ({r['steady']:,.0f}; "
+                         f"{r['steady'] / base:.0%} of unlimited); a tenant's first start "
+                         f"at p50 {r['first_p50']:.0%} of the drain, last {r['first_max']:.0%}"
+                         + (f"; STOPPED after {W11_LIMIT:.0f} s with {r['unfinished']:,.0f} "
+                            "jobs not done" if r["unfinished"] else "")))
+        rows.append(("W11 fair / without fairness (steady)",
+                     f"{fair['steady'] / plain['steady']:.3g}"))
+    if "W12" in chosen:
+        r12 = bench.w12()
+        rows.append((f"W12 drain of {r12['n']:,} jobs under RateLimit {r12['limit']:,}/s "
+                     "(starts/s)",
+                     f"{r12['achieved']:,.0f} starts/s ({r12['utilisation']:.0%} of the limit; "
+                     f"unlimited {base:,.0f} jobs/s); max in any 1 s {r12['max_window']:,} "
+                     f"(limit {r12['limit']:,}); max attempt {r12['max_attempt']}"))
+    if "W13" in chosen:
+        r13 = bench.w13()
+        rows.append(("W13 slot hand-over to the other worker, limit 1, 20 ms jobs, p50 / p95",
+                     f"{r13['p50']:.1f} / {r13['p95']:.1f} ms ({r13['n']} hand-overs; same "
+                     f"worker p50 {r13['same_p50']:.1f} ms over {r13['same_n']}; "
+                     f"{r13['overlaps']} overlaps)"))
     if "W10" in chosen:
         r10 = bench.w10()
         rows.append(("W10 scheduler round, 100 due cron tasks", f"{r10['round_ms']:.0f} ms"))

@@ -24,6 +24,10 @@ XJOBS = {
     "NOTIFY": os.environ.get("XJOBS_BENCH_NOTIFY", "1") == "1",
     "POLL_INTERVAL": os.environ.get("XJOBS_BENCH_POLL", "1s"),
 }
+if os.environ.get("XJOBS_BENCH_FAIR") == "1":
+    # W11's workers only (bench/run.py sets the variable): the same jobs in a queue that shares
+    # its claims between tenants and in one that takes them in order.
+    XJOBS["QUEUES"] = {"default": {}, "fair": {"fair_by": "tenant"}, "plain": {}}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

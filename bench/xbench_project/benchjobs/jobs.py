@@ -1,9 +1,16 @@
-"""The two benchmark jobs: ``noop(i)`` does nothing; ``lat(i, t)`` records its start time."""
+"""The benchmark jobs: ``noop(i)`` does nothing; ``lat(i, t)`` records its start time; the
+others serve one workload each (bench/run.py)."""
 
 import os
 import time
+from datetime import timedelta
 
 from django_xjobs import Batch, Concurrency, backfill, job
+
+try:
+    from django_xjobs import RateLimit
+except ImportError:  # a checkout without flow control: W12 says so, the rest runs
+    RateLimit = None
 
 try:  # inside the peers' harness (make bench-peers): its recorder and file layout
     from common import record_start
@@ -67,7 +74,32 @@ def touch_rows(ctx, cursor):
         )
         count, last = cur.fetchone()
     return Batch(last if count == ctx.batch_size else None, count)
+
+
+# ------------------------------------------------------------------------------ flow control --
+
+
 @job(concurrency=Concurrency(key="bench:{k}", limit=2))
 def keyed(ctx, i, k):
     """W8: a no-op under a concurrency slot (at most 2 runs per key ``k`` fleet-wide)."""
     return None
+
+
+# W11 (fair share) drains ``noop`` with .using(tenant_id=..., queue="fair" or "plain"): the
+# queues' settings are in settings.py, so the same job runs with and without fairness.
+
+# W12: the budget, in starts per second; bench/run.py passes its --rate-limit to the workers.
+RATE_LIMIT = int(os.environ.get("XJOBS_BENCH_RATE_LIMIT", "2000"))
+
+if RateLimit is not None:
+
+    @job(rate_limit=RateLimit(key="partner", limit=RATE_LIMIT, period=timedelta(seconds=1)))
+    def rated(ctx, i):
+        """W12: a no-op under one shared rate limit (RATE_LIMIT starts per second)."""
+        return None
+
+
+@job(concurrency=Concurrency(key="bench:handover", limit=1))
+def handover(ctx, i):
+    """W13: one slot for every run, held for about 20 ms: each start waits for a release."""
+    time.sleep(0.02)
