@@ -338,8 +338,8 @@ class Bench:
     def w8(self) -> dict[str, dict[str, float]]:
         """The cost of slots: the same no-op drain unlimited, then under Concurrency(limit=2)
         on 20 keys, with the keys interleaved (i % 20: a claimed batch spans every key) and
-        clustered (i // (n / 20): a claimed batch is mostly one key, so most of it is refused
-        and waits a poll interval)."""
+        clustered (i // (n / 20): a claimed batch is mostly one key, so the claim blocks most
+        of it until the key's releases wake it)."""
         n = max(500, self.sizes["w3"] // 4)
         return {
             "unlimited": self.unlimited(),

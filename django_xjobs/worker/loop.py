@@ -493,7 +493,11 @@ class Worker:
                 self.flow.attach(run, sent_at)
         self._dispatch(runs)
         # Jobs held back by flow control left the scan: what was behind them may be claimable.
-        self._more_likely = claimed.held > 0 or any(per_queue[q] >= n for q, n in wants.items())
+        # A fair queue's claim caps each tenant's take, so a short answer there is not the
+        # queue running dry: ask it again until it answers nothing.
+        fair = self.flow.params.fair_queues
+        self._more_likely = claimed.held > 0 or any(
+            per_queue[q] >= n or (q in fair and per_queue[q] > 0) for q, n in wants.items())
         self._swept(wants, len(claimed) + claimed.held)
         self._low_water = max(1, (self.options.concurrency + self.prefetch()) // 2)
         self.stats["claimed"] += len(claimed)
