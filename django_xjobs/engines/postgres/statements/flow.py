@@ -6,7 +6,7 @@ is jobs_claim in jobs.py; slots are in slots.py.
 from __future__ import annotations
 
 from ...base import Statement
-from .fragments import CHANNEL
+from .fragments import key_limit_sql, notify_queues_sql, wake_blocked_sql
 
 JOBS_UNBLOCK = Statement(
     "jobs_unblock",
@@ -31,22 +31,9 @@ with recursive keys(k) as (
 ), room as (
     select ks.k,
            case when f.concurrency_key is distinct from ks.k then %(batch)s
-                when starts_with(ks.k, 'debounce:') then 1
+                else {key_limit_sql("ks.k", "f.name")}
                      - (select count(*) from x_job_leases l
                          where l.lease_key = ks.k and l.expires_at > now())
-                else coalesce(
-                    (select x.lim
-                       from unnest(%(prefixes)s::text[], %(prefix_limits)s::int[])
-                            as x(prefix, lim)
-                      where starts_with(ks.k, x.prefix)
-                      order by length(x.prefix) desc limit 1),
-                    (select x.lim
-                       from unnest(%(limit_names)s::text[], %(limit_values)s::int[])
-                            as x(name, lim)
-                      where x.name = f.name limit 1),
-                    1)
-                   - (select count(*) from x_job_leases l
-                       where l.lease_key = ks.k and l.expires_at > now())
            end as n
       from keys ks
       cross join lateral (
@@ -58,25 +45,9 @@ with recursive keys(k) as (
                         where p.kind = 'key' and p.key = ks.k
                           and (p.until is null or p.until > now()))
 ), woken as (
-    update x_jobs j
-       set state = case when j.blocked_resume then 'suspended' else 'ready' end,
-           blocked_on = null, blocked_resume = false, updated_at = now()
-     where j.id = any(array(
-               select b.id
-                 from room r
-                 cross join lateral (
-                     select id from x_jobs
-                      where state = 'blocked' and blocked_on = r.k
-                      order by priority desc, run_at
-                      limit greatest(r.n, 0)
-                        for update skip locked) b))
-       and j.state = 'blocked'
-    returning j.queue
+    {wake_blocked_sql("room", "k", "n")}
 )
-select count(*),
-       (select count(pg_notify('{CHANNEL}', q.queue))
-          from (select distinct queue from woken) q
-         where %(notify)s)
+select count(*), {notify_queues_sql("woken")}
   from woken
 """,
 )

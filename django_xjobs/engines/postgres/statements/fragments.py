@@ -80,3 +80,103 @@ with rows as (
 )
 select id, state from inserted where (select count(*) from notified) >= 0
 """
+
+
+# ----------------------------------------------------------------------------- flow control --
+# docs/flow-control.md; jobs_claim, slots_acquire, slots_release_if_held, jobs_unblock and
+# pause_resume_key say why each of these is written as it is.
+
+# The state a blocked job goes back to when woken: `suspended` for a durable run's resume.
+WAKE_SET = """set state          = case when blocked_resume then 'suspended' else 'ready' end,
+           blocked_on     = null,
+           blocked_resume = false,
+           updated_at     = now()"""
+
+
+def wake_blocked_sql(room: str, key: str, count: str) -> str:
+    """The update that wakes, for each row of the CTE ``room``, up to its ``count`` jobs
+    blocked on its ``key``, in claim order (x_jobs_blocked_idx), skipping rows another
+    transaction holds; it returns their queues (for the NOTIFY)."""
+    return f"""update x_jobs j
+       {WAKE_SET}
+     where j.id = any(array(
+               select b.id
+                 from {room} r
+                 cross join lateral (
+                     select id from x_jobs
+                      where state = 'blocked' and blocked_on = r.{key}
+                      order by priority desc, run_at
+                      limit greatest(r.{count}, 0)
+                        for update skip locked) b))
+       and j.state = 'blocked'
+    returning j.queue"""
+
+
+def notify_queues_sql(rows: str) -> str:
+    """One NOTIFY per distinct queue of the CTE ``rows`` (when %(notify)s), as a count."""
+    return f"""(select count(pg_notify('{CHANNEL}', q.queue))
+          from (select distinct queue from {rows}) q
+         where %(notify)s)"""
+
+
+def key_limit_sql(key: str, name: str) -> str:
+    """The concurrency limit of the key ``key`` for a job named ``name``: 1 for a debounce
+    key, else the longest matching prefix of %(prefixes)s (XJOBS["CONCURRENCY_LIMITS"]), else
+    the job's own (%(limit_names)s), else 1."""
+    return f"""case when starts_with({key}, 'debounce:') then 1
+                else coalesce(
+                    (select x.lim
+                       from unnest(%(prefixes)s::text[], %(prefix_limits)s::int[])
+                            as x(prefix, lim)
+                      where starts_with({key}, x.prefix)
+                      order by length(x.prefix) desc limit 1),
+                    (select x.lim
+                       from unnest(%(limit_names)s::text[], %(limit_values)s::int[])
+                            as x(name, lim)
+                      where x.name = {name} limit 1),
+                    1) end"""
+
+
+def grant_slots_sql(req: str, ttl: str) -> str:
+    """The CTEs ``wanted``, ``free``, ``counted``, ``placed`` and ``granted`` that take the
+    lowest free slot under its own limit for each row of the CTE ``req`` (lease_key, lim,
+    holder, pos, ord: its rank among the requests of its key, lowest limit first), with
+    the expiry now() + ``ttl`` ms; ``granted`` returns (lease_key, slot, holder)."""
+    return f"""wanted as (
+    select lease_key, max(lim) as lim, count(*) as n from {req} group by lease_key
+), free as (
+    select w.lease_key, f.slot, f.rank
+      from wanted w
+      cross join lateral (
+          select s.slot, row_number() over (order by s.slot) - 1 as rank
+            from generate_series(0, w.lim - 1) as s(slot)
+           where not exists (select 1 from x_job_leases l
+                              where l.lease_key = w.lease_key and l.slot = s.slot
+                                and l.expires_at > now())
+           order by s.slot
+           limit w.n
+      ) f
+), counted as (
+    select q.lease_key, q.lim, q.holder, q.ord, q.pos,
+           (select count(*) from free f
+             where f.lease_key = q.lease_key and f.slot < q.lim) as below
+      from {req} q
+), placed as (
+    select c.lease_key, c.holder, c.below,
+           c.pos + least(0, coalesce(min(c.below - c.pos - 1) over (
+               partition by c.lease_key order by c.lim, c.ord
+               rows between unbounded preceding and 1 preceding), 0)) as rank
+      from counted c
+), granted as (
+    insert into x_job_leases (lease_key, slot, holder, expires_at)
+    select p.lease_key, f.slot, p.holder,
+           now() + {ttl}::bigint * interval '1 millisecond'
+      from placed p
+      join free f on f.lease_key = p.lease_key and f.rank = p.rank
+     where p.rank < p.below
+     order by p.lease_key, f.slot
+    on conflict (lease_key, slot) do update
+       set holder = excluded.holder, expires_at = excluded.expires_at
+     where x_job_leases.expires_at <= now()
+    returning lease_key, slot, holder
+)"""

@@ -16,7 +16,9 @@ from .fragments import (
     LIVE,
     ON_LIVE_KEY_CONFLICT,
     enqueue_batch_sql,
+    grant_slots_sql,
     insert_job_sql,
+    key_limit_sql,
 )
 
 # --------------------------------------------------------------------------------- enqueue --
@@ -224,7 +226,7 @@ it is fenced out by its token. That is at-least-once execution, which a crash af
 claim gives as well; what it saves is a disk flush on every claim, the largest part of an idle
 worker's enqueue-to-start latency.
 """,
-    sql="""
+    sql=f"""
 with async_commit as (
     select set_config('synchronous_commit', 'off', true)
 ), wants as (
@@ -368,18 +370,7 @@ with async_commit as (
              where k.kind = 'key' and k.key in (p.concurrency_key, p.rate_key)
                and (k.until is null or k.until > now())
              limit 1) as paused_key,
-           case when starts_with(p.concurrency_key, 'debounce:') then 1
-                else coalesce(
-                    (select x.lim
-                       from unnest(%(prefixes)s::text[], %(prefix_limits)s::int[])
-                            as x(prefix, lim)
-                      where starts_with(p.concurrency_key, x.prefix)
-                      order by length(x.prefix) desc limit 1),
-                    (select x.lim
-                       from unnest(%(limit_names)s::text[], %(limit_values)s::int[])
-                            as x(name, lim)
-                      where x.name = p.name limit 1),
-                    1) end as slot_limit,
+           {key_limit_sql("p.concurrency_key", "p.name")} as slot_limit,
            r.lim as rate_limit, r.period_ms, r.cost
       from picked p
       left join unnest(%(rate_names)s::text[], %(rate_limits)s::int[],
@@ -402,6 +393,7 @@ with async_commit as (
     -- The jobs that need a slot now: not paused, their rate budget (if any) spent.
     select g.id, g.concurrency_key as lease_key, g.slot_limit as lim,
            g.id::text || '/' || tk.token::text || '/' || %(worker_id)s as holder,
+           g.id as ord,
            row_number() over (partition by g.concurrency_key order by g.slot_limit, g.id) - 1
              as pos
       from gated g
@@ -409,45 +401,7 @@ with async_commit as (
       left join rated r on r.id = g.id
      where g.concurrency_key is not null and g.paused_key is null
        and (g.rate_limit is null or (r.id is not null and r.next_at is null))
-), wanted as (
-    select lease_key, max(lim) as lim, count(*) as n from slot_req group by lease_key
-), free as (
-    -- slots_acquire says why these four steps (free, counted, placed, granted) are as they are.
-    select w.lease_key, f.slot, f.rank
-      from wanted w
-      cross join lateral (
-          select s.slot, row_number() over (order by s.slot) - 1 as rank
-            from generate_series(0, w.lim - 1) as s(slot)
-           where not exists (select 1 from x_job_leases l
-                              where l.lease_key = w.lease_key and l.slot = s.slot
-                                and l.expires_at > now())
-           order by s.slot
-           limit w.n
-      ) f
-), counted as (
-    select q.id, q.lease_key, q.lim, q.holder, q.pos,
-           (select count(*) from free f
-             where f.lease_key = q.lease_key and f.slot < q.lim) as below
-      from slot_req q
-), placed as (
-    select c.id, c.lease_key, c.holder, c.below,
-           c.pos + least(0, coalesce(min(c.below - c.pos - 1) over (
-               partition by c.lease_key order by c.lim, c.id
-               rows between unbounded preceding and 1 preceding), 0)) as rank
-      from counted c
-), granted as (
-    insert into x_job_leases (lease_key, slot, holder, expires_at)
-    select p.lease_key, f.slot, p.holder,
-           now() + %(slot_ttl_ms)s::bigint * interval '1 millisecond'
-      from placed p
-      join free f on f.lease_key = p.lease_key and f.rank = p.rank
-     where p.rank < p.below
-     order by p.lease_key, f.slot
-    on conflict (lease_key, slot) do update
-       set holder = excluded.holder, expires_at = excluded.expires_at
-     where x_job_leases.expires_at <= now()
-    returning holder, slot
-), held as (
+), {grant_slots_sql("slot_req", "%(slot_ttl_ms)s")}, held as (
     -- What flow control holds back: paused or without a slot -> blocked, over budget -> due
     -- again when the budget frees.
     select g.id, g.prev_state,

@@ -13,7 +13,7 @@ jobs_unblock (flow.py) is the periodic safety net of those wake-ups.
 from __future__ import annotations
 
 from ...base import Statement
-from .fragments import CHANNEL
+from .fragments import grant_slots_sql, notify_queues_sql, wake_blocked_sql
 
 SLOTS_ACQUIRE = Statement(
     "slots_acquire",
@@ -37,48 +37,14 @@ there are as many as the key has requests. Rows are written in (lease_key, slot)
 workers acquiring overlapping slots wait for each other in one order and cannot deadlock. The
 answer names the holders that got a slot.
 """,
-    sql="""
+    sql=f"""
 with req as (
     select r.lease_key, r.lim, r.holder, r.ord,
            row_number() over (partition by r.lease_key order by r.lim, r.ord) - 1 as pos
       from unnest(%(keys)s::text[], %(limits)s::int[], %(holders)s::text[])
            with ordinality as r(lease_key, lim, holder, ord)
-), wanted as (
-    select lease_key, max(lim) as lim, count(*) as n from req group by lease_key
-), free as (
-    select w.lease_key, f.slot, f.rank
-      from wanted w
-      cross join lateral (
-          select s.slot, row_number() over (order by s.slot) - 1 as rank
-            from generate_series(0, w.lim - 1) as s(slot)
-           where not exists (select 1 from x_job_leases l
-                              where l.lease_key = w.lease_key and l.slot = s.slot
-                                and l.expires_at > now())
-           order by s.slot
-           limit w.n
-      ) f
-), counted as (
-    select q.lease_key, q.lim, q.holder, q.ord, q.pos,
-           (select count(*) from free f
-             where f.lease_key = q.lease_key and f.slot < q.lim) as below
-      from req q
-), placed as (
-    select c.lease_key, c.holder, c.below,
-           c.pos + least(0, coalesce(min(c.below - c.pos - 1) over (
-               partition by c.lease_key order by c.lim, c.ord
-               rows between unbounded preceding and 1 preceding), 0)) as rank
-      from counted c
-)
-insert into x_job_leases (lease_key, slot, holder, expires_at)
-select p.lease_key, f.slot, p.holder, now() + %(ttl_ms)s::bigint * interval '1 millisecond'
-  from placed p
-  join free f on f.lease_key = p.lease_key and f.rank = p.rank
- where p.rank < p.below
- order by p.lease_key, f.slot
-on conflict (lease_key, slot) do update
-   set holder = excluded.holder, expires_at = excluded.expires_at
- where x_job_leases.expires_at <= now()
-returning lease_key, slot, holder
+), {grant_slots_sql("req", "%(ttl_ms)s")}
+select lease_key, slot, holder from granted
 """,
 )
 
@@ -143,25 +109,10 @@ with gone as (
                         where p.kind = 'key' and p.key = k.lease_key
                           and (p.until is null or p.until > now()))
 ), woken as (
-    update x_jobs j
-       set state = case when j.blocked_resume then 'suspended' else 'ready' end,
-           blocked_on = null, blocked_resume = false, updated_at = now()
-     where j.id = any(array(
-               select b.id
-                 from room r
-                 cross join lateral (
-                     select id from x_jobs
-                      where state = 'blocked' and blocked_on = r.lease_key
-                      order by priority desc, run_at
-                      limit greatest(r.n, 0)
-                        for update skip locked) b))
-       and j.state = 'blocked'
-    returning j.queue
+    {wake_blocked_sql("room", "lease_key", "n")}
 )
 select (select count(*) from gone),
-       (select count(pg_notify('{CHANNEL}', q.queue))
-          from (select distinct queue from woken) q
-         where %(notify)s)
+       {notify_queues_sql("woken")}
 """,
 )
 
