@@ -33,7 +33,7 @@ from django.db import transaction
 
 from tests.conftest import wait_until
 
-from .conftest import effects, job_row, wait_effect, wait_exit
+from .conftest import SETTLE, effects, job_row, wait_effect, wait_exit, wait_state
 
 pytestmark = pytest.mark.acceptance
 
@@ -390,3 +390,37 @@ def test_a_killed_slot_holders_jobs_are_rescued_and_its_keys_blocked_jobs_run(st
     spans = kept_runs(rows, "crash")
     assert len(spans) == 6 and max_overlap(spans) <= 2
     wait_until(lambda: _live_slots("fleetslot:crash") == [], message="every slot released")
+
+
+# ------------------------------------------------------------------- known failure --
+
+
+def test_a_lapsed_lease_held_back_by_its_slot_still_counts_as_a_rescue(start_worker):
+    """docs/design.md: ``rescues`` is how many times a lapsed lease was taken over. When the
+    claim that takes over a lapsed lease cannot give the job its slot (the dead worker's slot
+    outlives its lease), the job goes to ``blocked`` and later runs from ``ready``: the
+    take-over must still be counted.
+
+    FAILS on main (rescues == 0): jobs_claim counts a rescue only in the update of the jobs it
+    admits (``rescues + (prev_state = 'running')``); a lapsed job it holds back (blocked, or
+    delayed over its rate budget) loses ``prev_state = 'running'`` on the way, so its lapse is
+    never counted, and the dead-letter message "lease lost N times" undercounts too.
+    """
+    from tests.testapp.jobs import fleet_slotted
+
+    # The slot outlives the lease: the claim that takes the lapsed job over finds no free slot.
+    timing = {"LEASE": "2s", "HEARTBEAT": "0.5s", "SLOT_TTL": "6s",
+              "CONCURRENCY_LIMITS": {"fleetslot:held": 1}}
+    a = start_worker("a", "--concurrency", "2", settings=timing)
+    hung = fleet_slotted.enqueue(group="held", seconds=60, later=0.1)
+    wait_effect(hung.id, "start")
+
+    a.signal(signal.SIGKILL)
+    assert wait_exit(a) == -signal.SIGKILL
+    b = start_worker("b", "--concurrency", "2", settings=timing)
+
+    # Taken over while its old slot is still live: held back, blocked on its key.
+    assert wait_state(hung.id, "blocked", "done", timeout=SETTLE).state == "blocked"
+    row = wait_state(hung.id, "done", "dead")
+    assert (row.state, row.claimed_by, row.attempt) == ("done", b.id, 2)
+    assert row.rescues == 1, f"the lapsed lease was taken over, but rescues is {row.rescues}"
