@@ -163,6 +163,7 @@ def test_slot_holders_killed_and_stopped_never_let_a_key_run_more_than_its_limit
     sampler = Sampler(sample, 0.05)
     sampler.start()
     workers = [start_worker(f"w{i}", "--concurrency", "3", settings=timing) for i in range(3)]
+    everyone = list(workers)
     ids = [h.id for h in handles]
 
     def holders() -> set[str]:
@@ -187,6 +188,7 @@ def test_slot_holders_killed_and_stopped_never_let_a_key_run_more_than_its_limit
                 workers.remove(victim)
                 workers.append(start_worker(f"r{len(faults)}", "--concurrency", "3",
                                             settings=timing))
+                everyone.append(workers[-1])
                 faults.append(f"SIGKILL {victim.id}")
             else:
                 os.kill(victim.pid, signal.SIGSTOP)
@@ -199,7 +201,8 @@ def test_slot_holders_killed_and_stopped_never_let_a_key_run_more_than_its_limit
         rows = all_done(handles)
     finally:
         sampler.finish()
-    print("faults:", faults)
+    print("faults:", faults, "; runs stopped for a lost slot:",
+          sum(w.log().count("X_JOB_SLOT_LOST") for w in everyone))
 
     assert faults, "no fault was injected: the workers ran no job while the test looked"
     assert sampler.rounds > 50
@@ -323,6 +326,7 @@ def test_four_workers_and_try_acquire_share_one_rate_budget_exactly_and_use_it(s
 
     # The budget was used: over the busy period, at least 90 % of 50 units a second.
     busy = (end - spent[0]).total_seconds()
+    print(f"busy {busy:.2f} s: {len(spent) / (50 * busy):.1%} of the budget spent")
     assert busy > 9
     assert len(spent) >= 0.9 * 50 * busy, (
         f"{len(spent)} units over {busy:.1f} s: less than 90 % of the budget")
@@ -424,3 +428,4 @@ def test_a_lapsed_lease_held_back_by_its_slot_still_counts_as_a_rescue(start_wor
     row = wait_state(hung.id, "done", "dead")
     assert (row.state, row.claimed_by, row.attempt) == ("done", b.id, 2)
     assert row.rescues == 1, f"the lapsed lease was taken over, but rescues is {row.rescues}"
+
