@@ -429,3 +429,69 @@ def test_a_lapsed_lease_held_back_by_its_slot_still_counts_as_a_rescue(start_wor
     assert (row.state, row.claimed_by, row.attempt) == ("done", b.id, 2)
     assert row.rescues == 1, f"the lapsed lease was taken over, but rescues is {row.rescues}"
 
+
+def test_a_unit_deleted_by_a_later_clock_is_still_counted_by_an_earlier_one(transactional_db):
+    """The rate budget must hold over every window of one period, whatever the order in which
+    transactions with different ``now()`` take the key's lock.
+
+    FAILS on main: xjobs_rate_take (migration 0003) deletes the units at or before ITS
+    ``now() - period`` before counting. A transaction whose ``now()`` is later deletes units
+    that a transaction with an earlier ``now()``, waiting for the lock (or still working on
+    its claim), must count: that one then grants a unit at its own earlier ``now()``, inside a
+    window that already holds ``limit`` units. In a fleet this is a claim waiting behind other
+    claims on the key's lock; test_four_workers_and_try_acquire_share_one_rate_budget_exactly
+    _and_use_it saw 51 starts in one second of a 50-a-second budget that way. Here the
+    interleaving is made deterministic with two connections, on a budget of 2 per second.
+    """
+    from django.db import connection
+
+    from django_xjobs import RateLimit
+
+    budget = RateLimit(key="skew", limit=2, period=timedelta(seconds=1))
+
+    def units() -> list[datetime]:
+        with connection.cursor() as cur:
+            cur.execute("select at from x_rate_units where key = 'skew' order by at")
+            return [row[0] for row in cur.fetchall()]
+
+    assert budget.try_acquire()
+    first = units()[0]
+    time.sleep(0.3)
+    assert budget.try_acquire()  # two units in [first, first + 1 s): the budget is spent
+    granted: list[datetime] = list(units())
+    assert len(granted) == 2
+
+    outcome: dict[str, object] = {}
+    ready, go = threading.Event(), threading.Event()
+
+    def earlier_clock() -> None:
+        """A transaction whose now() is first + ~0.5 s, taking the lock only later."""
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cur:
+                    cur.execute("select now()")
+                    outcome["now"] = cur.fetchone()[0]
+                ready.set()
+                go.wait(10)
+                outcome["granted"] = budget.try_acquire()
+        finally:
+            connection.close()
+
+    time.sleep(0.2)
+    late = threading.Thread(target=earlier_clock)
+    late.start()
+    assert ready.wait(10)
+    assert outcome["now"] < first + timedelta(seconds=1)
+    # Once the first unit is a period old, a take on the key with a later now(): it deletes
+    # the first unit and is refused (cost 2, and the second unit is still in its window).
+    wait_until(lambda: db_now() > first + timedelta(seconds=1, milliseconds=20),
+               message="the first unit to be a period old")
+    assert not budget.try_acquire(cost=2)
+    go.set()
+    late.join(10)
+
+    if outcome["granted"]:
+        granted.append(outcome["now"])
+    in_window = [at for at in granted if first <= at < first + timedelta(seconds=1)]
+    assert len(in_window) <= 2, (
+        f"{len(in_window)} units granted in [{first}, {first} + 1 s) on a budget of 2: {in_window}")
