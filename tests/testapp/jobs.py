@@ -453,3 +453,47 @@ def slotted_step(ctx, group, seconds=1.0):
         return {"worked": True}
 
     return ctx.step.run("work", work)
+
+
+# ------------------------------------------------------------ flow control under faults --
+# tests/acceptance/test_flow_fleet.py: every run records its start and end (tag
+# "<group>|<run nonce>") and returns its nonce, so the stored result says which run was kept.
+
+from datetime import timedelta  # noqa: E402 - this section's own needs, kept with it
+
+from django_xjobs import RateLimit  # noqa: E402
+
+
+def _timed_run(ctx, group, seconds, later):
+    run = uuid.uuid4().hex
+    _effect(ctx, "start", f"{group}|{run}")
+    first = Effect.objects.filter(job_id=ctx.job_id, kind="start").count() == 1
+    time.sleep(seconds if later is None or first else later)
+    _effect(ctx, "end", f"{group}|{run}")
+    return {"run": run, "attempt": ctx.attempt}
+
+
+@job(concurrency=Concurrency(key="fleetslot:{group}", limit=2), max_attempts=20)
+def fleet_slotted(ctx, group, seconds=0.2, later=None):
+    """Like ``slotted``, with attempts to spare for the crashes the fleet tests inflict."""
+    return _timed_run(ctx, group, seconds, later)
+
+
+@job(concurrency=Concurrency(key="handover:{group}", limit=1))
+def fleet_handover(ctx, group, seconds=0.05):
+    """One at a time per group: each run's end hands the key's only slot to the next job."""
+    time.sleep(seconds)
+    return {"group": group}
+
+
+@job(rate_limit=RateLimit(key="partner", limit=50, period=timedelta(seconds=1)))
+def fleet_rated(ctx, n=0):
+    """Does nothing: only when it starts matters (at most 50 a second, fleet-wide)."""
+    return None
+
+
+@job(rate_limit=RateLimit(key="slowpartner", limit=2, period=timedelta(seconds=1)),
+     max_attempts=5)
+def fleet_rated_slow(ctx, group, seconds=0.1, later=None):
+    """A rate-limited run that can be made to hang on its first run (``later``)."""
+    return _timed_run(ctx, group, seconds, later)
