@@ -459,7 +459,6 @@ def slotted_step(ctx, group, seconds=1.0):
 # tests/acceptance/test_flow_fleet.py: every run records its start and end (tag
 # "<group>|<run nonce>") and returns its nonce, so the stored result says which run was kept.
 
-from datetime import timedelta  # noqa: E402 - this section's own needs, kept with it
 
 from django_xjobs import RateLimit  # noqa: E402
 

@@ -180,3 +180,31 @@ def grant_slots_sql(req: str, ttl: str) -> str:
      where x_job_leases.expires_at <= now()
     returning lease_key, slot, holder
 )"""
+
+
+def _tenants_after(name: str, first: str, stop: str) -> str:
+    """A loose index scan (x_jobs_fair_idx) over the tenants of queue w.queue with claimable
+    jobs, ascending from the first one ``first`` admits, while ``stop`` holds."""
+    claimable = "queue = w.queue and state in ('ready', 'delayed', 'suspended')"
+    return f"""{name}(t) as (
+                      (select coalesce(tenant_id, '') from x_jobs
+                        where {claimable}{first}
+                        order by coalesce(tenant_id, '') limit 1)
+                      union all
+                      select (select coalesce(tenant_id, '') from x_jobs
+                               where {claimable}
+                                 and coalesce(tenant_id, '') > {name}.t
+                               order by coalesce(tenant_id, '') limit 1)
+                        from {name} where {name}.t is not null{stop}
+                  )"""
+
+
+def tenant_walk_sql() -> str:
+    """The tenants of a fair queue in the order a claim visits them (jobs_claim): those after
+    the cursor w.cursor, then from the first one up to the cursor (the wrap)."""
+    after = _tenants_after("after", " and coalesce(tenant_id, '') > w.cursor", "")
+    wrap = _tenants_after("wrap", "", " and wrap.t < w.cursor")
+    return f"""with recursive {after}, {wrap}
+                  select t from after where t is not null
+                  union all
+                  select t from wrap where t is not null and t <= w.cursor"""

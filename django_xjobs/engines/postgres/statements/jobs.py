@@ -19,6 +19,8 @@ from .fragments import (
     grant_slots_sql,
     insert_job_sql,
     key_limit_sql,
+    notify_queues_sql,
+    tenant_walk_sql,
 )
 
 # --------------------------------------------------------------------------------- enqueue --
@@ -304,33 +306,7 @@ with async_commit as (
       from shares w
       cross join lateral (
           select v.t, row_number() over () as pos
-            from (with recursive after(t) as (
-                      (select coalesce(tenant_id, '') from x_jobs
-                        where queue = w.queue and state in ('ready', 'delayed', 'suspended')
-                          and coalesce(tenant_id, '') > w.cursor
-                        order by coalesce(tenant_id, '') limit 1)
-                      union all
-                      select (select coalesce(tenant_id, '') from x_jobs
-                               where queue = w.queue
-                                 and state in ('ready', 'delayed', 'suspended')
-                                 and coalesce(tenant_id, '') > after.t
-                               order by coalesce(tenant_id, '') limit 1)
-                        from after where after.t is not null
-                  ), wrap(t) as (
-                      (select coalesce(tenant_id, '') from x_jobs
-                        where queue = w.queue and state in ('ready', 'delayed', 'suspended')
-                        order by coalesce(tenant_id, '') limit 1)
-                      union all
-                      select (select coalesce(tenant_id, '') from x_jobs
-                               where queue = w.queue
-                                 and state in ('ready', 'delayed', 'suspended')
-                                 and coalesce(tenant_id, '') > wrap.t
-                               order by coalesce(tenant_id, '') limit 1)
-                        from wrap where wrap.t is not null and wrap.t < w.cursor
-                  )
-                  select t from after where t is not null
-                  union all
-                  select t from wrap where t is not null and t <= w.cursor
+            from ({tenant_walk_sql()}
                   limit w.share) v
       ) tn
      where w.fair and w.share > 0
@@ -741,9 +717,7 @@ with woken as (
     returning j.queue
 )
 select (select count(*) from woken),
-       (select count(pg_notify('{CHANNEL}', d.queue))
-          from (select distinct queue from woken) d
-         where %(notify)s)
+       {notify_queues_sql("woken")}
 """,
 )
 

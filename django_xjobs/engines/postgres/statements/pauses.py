@@ -10,7 +10,7 @@ claim blocked on it.
 from __future__ import annotations
 
 from ...base import Statement
-from .fragments import CHANNEL
+from .fragments import CHANNEL, WAKE_SET, notify_queues_sql
 
 # The columns of a pause row, decoded by engine._pause_record in this order.
 PAUSE_COLUMNS = "kind, key, until, reason, paused_at"
@@ -77,18 +77,13 @@ with gone as (
     returning until
 ), unblocked as (
     update x_jobs
-       set state          = case when blocked_resume then 'suspended' else 'ready' end,
-           blocked_on     = null,
-           blocked_resume = false,
-           updated_at     = now()
+       {WAKE_SET}
      where state = 'blocked' and blocked_on = %(key)s
     returning queue
 )
 select (select count(*) from gone where until is null or until > now()),
        (select count(*) from unblocked),
-       (select count(pg_notify('{CHANNEL}', d.queue))
-          from (select distinct queue from unblocked) d
-         where %(notify)s)
+       {notify_queues_sql("unblocked")}
 """,
 )
 
