@@ -811,6 +811,14 @@ def diagnose(job: Any, steps: Sequence[Any], now: datetime) -> list[str]:
             lines.append(f"Suspended until {ago(job.run_at, now)}.")
         lines.append("Run now resumes it at once and ends its open wait (a wait ended so "
                      "returns None to the job).")
+    elif state == "blocked":
+        key = getattr(job, "blocked_on", None) or job.concurrency_key
+        lines.append(
+            f"Held back by flow control on key '{key}' before it could run (waiting spends no "
+            f"attempt; {attempts} so far). A slot of that key freed anywhere, or the end or "
+            "resume of the key's pause, sends it back to its queue at once; the reasons are "
+            "listed under \"Why it is not running\". Cancel it to stop it for good."
+        )
     elif state == "dead":
         if job.last_error and job.last_error.startswith("lease lost"):
             lines.append("Dead: its worker died (or stopped renewing the lease) while running it "
