@@ -69,9 +69,17 @@ from .models import (
     SchedulerLeader,
     SchedulerState,
 )
-from .pauses import MAX_REASON, check_target, pause, pauses, resume_key, resume_queue
-from .records import ALL_STATES, LIVE_STATES, TERMINAL_STATES, PauseRecord
-from .values import parse_duration
+from .pauses import (
+    MAX_REASON,
+    check_target,
+    describe,
+    parse_length,
+    pause,
+    pauses,
+    resume_key,
+    resume_queue,
+)
+from .records import ALL_STATES, LIVE_STATES, TERMINAL_STATES
 
 # Counted exactly up to this many rows, estimated beyond; and no page past MAX_PAGES (an OFFSET
 # of a hundred thousand rows is already slow; narrow the list with a filter instead).
@@ -424,6 +432,10 @@ class CancelForm(forms.Form):
     )
 
 
+# How the console writes a pause's end (its messages and the admin log).
+PAUSE_TIME = "%Y-%m-%d %H:%M:%S %Z"
+
+
 class PauseForm(forms.Form):
     """The optional end and reason of a pause from the console (docs/console.md, "Pauses")."""
 
@@ -442,12 +454,9 @@ class PauseForm(forms.Form):
         if not text:
             return None
         try:
-            seconds = parse_duration(text, what="duration")
+            return parse_length(text, what="duration")
         except ConfigurationError as exc:
             raise ValidationError(str(exc)) from None
-        if seconds <= 0:
-            raise ValidationError("duration: must be more than zero")
-        return seconds
 
 
 @dataclass(frozen=True)
@@ -786,8 +795,9 @@ class JobAdmin(ConsoleAdmin):
         except XJobsError as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(reverse("admin:django_xjobs_dashboard"))
-        self._log_pause(request, record.kind, record.key, f"paused {_pause_text(record)}")
-        messages.success(request, f"Paused {kind} {name} {_pause_text(record)}.")
+        said = describe(record, when=PAUSE_TIME)
+        self._log_pause(request, record.kind, record.key, f"paused {said}")
+        messages.success(request, f"Paused {kind} {name} {said}.")
         return HttpResponseRedirect(reverse("admin:django_xjobs_dashboard"))
 
     def _resume(self, request: Any, kind: str, name: str) -> HttpResponse:
@@ -969,13 +979,6 @@ class JobAdmin(ConsoleAdmin):
                                                    links), level)
         else:
             self.message_user(request, text, level)
-
-
-def _pause_text(record: PauseRecord) -> str:
-    """``until 2026-12-01 02:00:00 UTC (migration)``, ``until resumed``."""
-    until = (f"until {record.until:%Y-%m-%d %H:%M:%S %Z}".rstrip() if record.until
-             else "until resumed")
-    return until + (f" ({record.reason})" if record.reason else "")
 
 
 def run_id_match(queryset: Any, run_id: UUID) -> Q:

@@ -157,7 +157,7 @@ class JobManager(EngineManager):
         return self.engine().job_fail_if_owned(_one(failure, Failure, method="fail"))
 
     def requeue(self, requeues: Requeue | Iterable[Requeue]) -> FenceReport:
-        """Give jobs back without spending an attempt (a snooze, a shutdown, a refused slot).
+        """Give jobs back without spending an attempt (a snooze, a shutdown, a lost slot).
         One ``Requeue`` runs ``Engine.job_requeue_if_owned``; an iterable of them
         ``Engine.jobs_requeue_if_owned``, one statement for the batch."""
         if isinstance(requeues, Requeue):

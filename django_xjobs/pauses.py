@@ -21,9 +21,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .engines import get_engine
-from .exceptions import MAX_PAUSE_KEY, InvalidJobInput
+from .exceptions import MAX_PAUSE_KEY, ConfigurationError, InvalidJobInput
 from .records import PauseRecord
-from .values import check_name, check_text, milliseconds_of
+from .values import check_name, check_text, milliseconds_of, parse_duration
 
 # The longest reason stored with a pause (what an operator reads on the console, not a log).
 MAX_REASON = 1000
@@ -110,3 +110,18 @@ def pause(kind: str, name: str, *, until: datetime | None = None,
         raise InvalidJobInput(f"until {until.isoformat() if until else until} is not in the "
                               "future (on the database clock): nothing was paused")
     return record
+
+
+def parse_length(value: Any, *, what: str) -> float:
+    """A pause's length typed by a person (``30m``, ``2h``): seconds, more than zero;
+    :class:`ConfigurationError` naming ``what`` otherwise (the command and the console)."""
+    seconds = parse_duration(value, what=what)
+    if seconds <= 0:
+        raise ConfigurationError(f"{what}: must be more than zero, got {value!r}")
+    return seconds
+
+
+def describe(record: PauseRecord, *, when: str = "%Y-%m-%dT%H:%M:%S%z") -> str:
+    """``until <when> (migration)``, ``until resumed``: a pause for people."""
+    until = f"until {record.until.strftime(when).rstrip()}" if record.until else "until resumed"
+    return until + (f" ({record.reason})" if record.reason else "")

@@ -228,7 +228,7 @@ class Claim:
 
     Every write a run makes is fenced on this pair (docs/design.md, "Fencing"), and it is how the
     pair travels: in the fenced writes below, the heartbeat's renewals, a step's owner and the
-    wake-up of a refused job. The token alone names the run (a claim writes a fresh one, never
+    wake-up of a job handed back. The token alone names the run (a claim writes a fresh one, never
     reused); the job id is what the statements' primary-key lookups need.
     """
 
@@ -331,7 +331,7 @@ class Failure:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Requeue:
-    """Give the job back without spending an attempt: snooze, graceful shutdown, refused slot.
+    """Give the job back without spending an attempt: snooze, graceful shutdown, lost slot.
 
     ``spent_attempt`` is whether the claim counted one (not when it resumed a suspended job), so
     the attempt counter returns to where it was before the claim.

@@ -436,7 +436,7 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def jobs_requeue_if_owned(self, batch: Sequence[Requeue]) -> FenceReport:
-        """:meth:`job_requeue_if_owned` for many runs in one statement (refused slots)."""
+        """:meth:`job_requeue_if_owned` for many runs in one statement."""
 
     # ---------------------------------------------------------------------- pauses --
     # docs/flow-control.md, "Pause and circuit breakers". A pause is in force while its end is

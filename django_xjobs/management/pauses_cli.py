@@ -20,9 +20,8 @@ from django.core.management.base import CommandError
 from django.utils.dateparse import parse_datetime
 
 from ..exceptions import ConfigurationError
-from ..pauses import pause, pauses, resume_key, resume_queue
+from ..pauses import describe, parse_length, pause, pauses, resume_key, resume_queue
 from ..records import PauseRecord
-from ..values import parse_duration
 from . import cli
 
 ACTIONS = ("pause", "resume", "pause-key", "resume-key", "pauses")
@@ -88,12 +87,9 @@ def _for(options: dict[str, Any]) -> timedelta | None:
     if options.get("for_") is None:
         return None
     try:
-        seconds = parse_duration(options["for_"], what="--for")
+        return timedelta(seconds=parse_length(options["for_"], what="--for"))
     except ConfigurationError as exc:
         raise CommandError(str(exc)) from None
-    if seconds <= 0:
-        raise CommandError(f"--for: must be more than zero, got {options['for_']!r}")
-    return timedelta(seconds=seconds)
 
 
 def _until(options: dict[str, Any]) -> datetime | None:
@@ -118,12 +114,6 @@ def _paused(command: Any, record: PauseRecord, as_json: bool) -> None:
         return
     command.stdout.write(f"{'pause' if record.kind == 'queue' else 'pause-key'}: "
                          f"{record.kind} {record.key} is paused {describe(record)}")
-
-
-def describe(record: PauseRecord) -> str:
-    """``until 2026-12-01T02:00:00+00:00 (migration)``, ``until resumed``."""
-    until = f"until {record.until.isoformat()}" if record.until else "until resumed"
-    return until + (f" ({record.reason})" if record.reason else "")
 
 
 def _list(command: Any, records: list[PauseRecord], as_json: bool) -> None:

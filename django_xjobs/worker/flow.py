@@ -91,6 +91,7 @@ class Flow:
         self.poll_interval = poll_interval
         self.params = claim_flow(settings, registry.all_jobs().values(), queues)
         self.slot_ttl = settings.slot_ttl
+        self._weights = settings.queue_weights
         # Per fair queue, the tenant its last claim served last ('' = the NULL tenant).
         self.cursors: dict[str, str] = {}
         # When (monotonic) a job the claim held back for its rate budget is due again.
@@ -134,11 +135,7 @@ class Flow:
                                       key=lambda t: (t <= cursor, t))
 
     def _weight(self, queue: str, tenant: str) -> int:
-        p = self.params
-        for q, t, w in zip(p.weight_queues, p.weight_tenants, p.weight_values, strict=True):
-            if q == queue and t == tenant:
-                return w
-        return 1
+        return self._weights.get(queue, {}).get(tenant, 1)
 
     def claim_due(self, now: float) -> bool:
         """Whether a rate-limited job held back by an earlier claim is due again."""
@@ -202,17 +199,20 @@ class Flow:
                 lost.append(run)
         return lost
 
-    def lost(self, run: SlotRun, why: str) -> GiveBack:
-        """A run that lost its slot (``why``): logged, and its outcome: handed back after a
-        poll interval with its attempt given back, its result discarded."""
+    def lost(self, why: str) -> GiveBack:
+        """The outcome of a run that lost its slot (``why``): handed back after a poll
+        interval with its attempt given back, its result discarded."""
         self.stats["slot_lost"] += 1
+        return GiveBack(delay=self.poll_interval,
+                        note=f"{SLOT_LOST}: run stopped and job re-queued: {why}")
+
+    @staticmethod
+    def log_lost(run: SlotRun, why: str) -> None:
         hold = run.slot
         where = f"slot {hold.slot_key!r}#{hold.slot}" if hold is not None else "its slot"
         log.error("job %s (%s) attempt %d: %s: lost %s: %s; the run is stopped, its result "
                   "discarded, and the job re-queued", run.job.id, run.job.name, run.job.attempt,
                   SLOT_LOST, where, why)
-        return GiveBack(delay=self.poll_interval,
-                        note=f"{SLOT_LOST}: run stopped and job re-queued: {why}")
 
     # -------------------------------------------------------------- the safety net --
     def unblock_due(self, now: float) -> None:

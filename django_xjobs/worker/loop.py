@@ -374,8 +374,7 @@ class Worker:
         duties_ready = not self.options.burst or all(
             duty.started.is_set() for duty, _ in self._duties)
         due = self.options.burst or now - self._last_claim >= self.options.poll_interval
-        if due:
-            self._unblock(now)
+        self._unblock(now)  # once per poll interval, by its own clock: a busy loop claims often
         if self._more_likely or due or notified or self.flow.claim_due(now):
             claimed = self._claim()
         if self.options.burst and claimed == 0 and self._dry and not self._runs:
@@ -634,8 +633,10 @@ class Worker:
                 # The run ended after its slot may have lapsed (a worker frozen past the TTL
                 # wakes up with its code finishing): it cannot prove it held the slot, so its
                 # result is not written (slots.py).
-                outcome = self.flow.lost(run, "the run ended after its slot lapsed")
+                outcome = self.flow.lost("the run ended after its slot lapsed")
             self._record(run, outcome)
+        if lost:
+            self.flow.log_lost(run, "the run ended after its slot lapsed")
         return True
 
     def _record(self, run: Run, outcome: Outcome) -> None:
@@ -872,7 +873,8 @@ class Worker:
 
     def _slot_lost(self, run: Run, why: str) -> None:
         if run.phase in (QUEUED, RUNNING):
-            self._stop_run(run, f"{SLOT_LOST}: {why}", self.flow.lost(run, why), SlotLost)
+            self.flow.log_lost(run, why)
+            self._stop_run(run, f"{SLOT_LOST}: {why}", self.flow.lost(why), SlotLost)
 
     # --------------------------------------------------------------- shutdown --
     def _drain_step(self) -> bool:

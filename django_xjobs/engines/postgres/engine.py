@@ -1062,7 +1062,7 @@ class PostgresEngine(Engine):
                                                                          datetime | None]:
         row = self._run(S.JOB_PAUSE_KEY_IF_OWNED, {
             **_fence(requeue.claim), "key": requeue.key, "for_ms": requeue.for_ms,
-            "reason": requeue.reason, "spent": requeue.spent_attempt,
+            "reason": requeue.reason, "delay_ms": 0, "spent": requeue.spent_attempt,
             "resumed": requeue.resumed, "note": requeue.note,
         }, fetch="one")
         if row is not None:

@@ -25,8 +25,8 @@ family opens; this package re-exports every constant (``from django_xjobs.engine
 statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 
 * ``jobs``: x_jobs from enqueue to the fenced settlement: enqueue, claim, the fenced writes and
-  the heartbeat, the fence check, an operator's actions, the queue counts, the job side of a
-  refused concurrency slot, and the test kit's claim of one job and shift of due times.
+  the heartbeat, the fence check, an operator's actions, the queue counts, the early wake-up
+  of jobs handed back, and the test kit's claim of one job and shift of due times.
 * ``debounce``: x_jobs: a debounced enqueue's move of the pending job of its key, or the setting
   aside of the run under way for a follow-up.
 * ``steps``: x_job_steps and x_job_events: durable steps, sleeps, event waits and publishing.

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import textwrap
 
+from ....slots import DEBOUNCE_PREFIX
+
 # The channel of enqueue wake-ups: every job NOTIFY names it (its payload is the queue), and a
 # worker's listener LISTENs on it. The outbox has a channel of its own (outbox.OUTBOX_CHANNEL).
 CHANNEL = "xjobs"
@@ -82,6 +84,22 @@ select id, state from inserted where (select count(*) from notified) >= 0
 """
 
 
+# ------------------------------------------------------------------------------ give back --
+
+# A run gives its job back without spending an attempt (job_requeue_if_owned says why):
+# the attempt the claim counted and its worker_ids entry are taken back, unless the claim was a
+# resume; due after %(delay_ms)s. Fenced by the caller's WHERE on (id, token, running).
+REQUEUE_SET = """set state      = case when %(resumed)s::boolean then 'suspended'
+                         when %(delay_ms)s > 0 then 'delayed' else 'ready' end,
+       attempt    = attempt - %(spent)s::boolean::int,
+       worker_ids = case when %(spent)s::boolean
+                         then worker_ids - (jsonb_array_length(worker_ids) - 1)
+                         else worker_ids end,
+       run_at     = now() + %(delay_ms)s * interval '1 millisecond',
+       visible_at = null,
+       last_error = coalesce(%(note)s, last_error),
+       updated_at = now()"""
+
 # ----------------------------------------------------------------------------- flow control --
 # docs/flow-control.md; jobs_claim, slots_acquire, slots_release_if_held, jobs_unblock and
 # pause_resume_key say why each of these is written as it is.
@@ -123,7 +141,7 @@ def key_limit_sql(key: str, name: str) -> str:
     """The concurrency limit of the key ``key`` for a job named ``name``: 1 for a debounce
     key, else the longest matching prefix of %(prefixes)s (XJOBS["CONCURRENCY_LIMITS"]), else
     the job's own (%(limit_names)s), else 1."""
-    return f"""case when starts_with({key}, 'debounce:') then 1
+    return f"""case when starts_with({key}, '{DEBOUNCE_PREFIX}') then 1
                 else coalesce(
                     (select x.lim
                        from unnest(%(prefixes)s::text[], %(prefix_limits)s::int[])

@@ -1,9 +1,10 @@
 """x_jobs: a job's life from enqueue to its fenced settlement (docs/architecture.md).
 
-In the order a job meets them: enqueue (one and many, keyed and unkeyed, COPY), the claim, the
-fenced writes of a run, its heartbeat and the fence check; then an operator's actions and the
-queue counts, the job side of a refused concurrency slot, and the test kit's claim of one job
-and shift of due times. The deletion of finished jobs is in maintenance.py, the reads of whole
+In the order a job meets them: enqueue (one and many, keyed and unkeyed, COPY), the claim (and
+the flow control it decides), the fenced writes of a run, its heartbeat and the fence check;
+then an operator's actions and the queue counts, the early wake-up of jobs handed back
+(jobs_wake_refused, Job.objects.wake_refused), and the test kit's claim of one job and shift of
+due times. The deletion of finished jobs is in maintenance.py, the reads of whole
 job rows in reads.py.
 """
 
@@ -15,6 +16,7 @@ from .fragments import (
     JOB_COLUMNS,
     LIVE,
     ON_LIVE_KEY_CONFLICT,
+    REQUEUE_SET,
     enqueue_batch_sql,
     grant_slots_sql,
     insert_job_sql,
@@ -390,9 +392,7 @@ with async_commit as (
       left join granted gr on gr.holder = q.holder
      where g.paused_key is not null
         or r.next_at is not null
-        or (g.rate_limit is not null and r.id is null)
         or (q.id is not null and gr.holder is null)
-        or (g.concurrency_key is not null and q.id is null and r.next_at is null)
 ), holding as (
     update x_jobs j
        set state          = case when h.blocked_on is not null then 'blocked'
@@ -517,23 +517,14 @@ returning state
 JOB_REQUEUE_IF_OWNED = Statement(
     "job_requeue_if_owned",
     why="""
-Give a job back without spending an attempt (Snooze, graceful shutdown, a refused concurrency
+Give a job back without spending an attempt (Snooze, graceful shutdown, a lost concurrency
 slot): the attempt the claim counted is taken back, and so is its worker_ids entry, so attempts
 count runs that really ran. A claim that resumed a suspended job counted nothing, so it returns
 to `suspended` (its next claim will not count one either). Fenced like every worker write.
 """,
-    sql="""
+    sql=f"""
 update x_jobs
-   set state      = case when %(resumed)s::boolean then 'suspended'
-                         when %(delay_ms)s > 0 then 'delayed' else 'ready' end,
-       attempt    = attempt - %(spent)s::boolean::int,
-       worker_ids = case when %(spent)s::boolean
-                         then worker_ids - (jsonb_array_length(worker_ids) - 1)
-                         else worker_ids end,
-       run_at     = now() + %(delay_ms)s * interval '1 millisecond',
-       visible_at = null,
-       last_error = coalesce(%(note)s, last_error),
-       updated_at = now()
+   {REQUEUE_SET}
  where id = %(id)s and lease_token = %(token)s and state = 'running'
 returning state
 """,
@@ -692,17 +683,17 @@ select queue,
 """,
 )
 
-# --------------------------------------------------------------------------- refused slots --
-# The batch forms a worker uses when a claimed job is refused its concurrency slot
-# (slots.py has the slot statements themselves).
+# ------------------------------------------------------------------------ handed-back jobs --
+# Batch forms for code that hands claimed jobs back itself (Job.objects.requeue /
+# wake_refused, docs/managers.md). The worker no longer needs them: the claim does not take a
+# job it may not run (docs/flow-control.md).
 
 JOBS_WAKE_REFUSED = Statement(
     "jobs_wake_refused",
     why="""
-Make jobs that were refused a slot due now, because the worker that refused them has just
-released a slot of their key: without it, a refused job waits its whole poll interval even when
-a slot frees a millisecond later, and a saturated key of short jobs runs `limit` jobs per poll
-interval. The worker names each job with the token of the claim it refused: the refusal leaves
+Make jobs that a claim handed back (due later) due now, for code that hands claimed jobs back
+itself and knows when they may run: Job.objects.wake_refused. The caller names each job
+with the token of the claim it handed back: the hand-back leaves
 that token on the row, and any later claim replaces it, so a job that was claimed again since
 (and perhaps failed into a backoff, or snoozed) is not touched. Only rows still waiting
 (`run_at > now()`) move. NOTIFY wakes the other workers of the queues, at most once per queue.
@@ -724,11 +715,10 @@ select (select count(*) from woken),
 JOBS_REQUEUE_IF_OWNED = Statement(
     "jobs_requeue_if_owned",
     why="""
-job_requeue_if_owned for many runs in one statement: the claims of a batch whose concurrency
-slot was refused go back together, so a batch of N refused jobs costs one round trip, not N.
-Same rule per run: the attempt the claim counted is taken back (and its worker_ids entry), a
-resumed suspended job returns to `suspended`, and the job is due again after its delay (one
-poll interval for a refusal, so this worker does not claim it again in a tight loop). Fenced per
+job_requeue_if_owned for many runs in one statement (Job.objects.requeue of a batch): N jobs
+handed back cost one round trip, not N. Same rule per run: the attempt the claim counted is
+taken back (and its worker_ids entry), a resumed suspended job returns to `suspended`, and the
+job is due again after its delay. Fenced per
 run on (id, running, token). The answer is the tokens that landed.
 """,
     sql="""

@@ -10,7 +10,7 @@ claim blocked on it.
 from __future__ import annotations
 
 from ...base import Statement
-from .fragments import CHANNEL, WAKE_SET, notify_queues_sql
+from .fragments import CHANNEL, REQUEUE_SET, WAKE_SET, notify_queues_sql
 
 # The columns of a pause row, decoded by engine._pause_record in this order.
 PAUSE_COLUMNS = "kind, key, until, reason, paused_at"
@@ -119,18 +119,10 @@ fenced update returned: a run that lost its job (cancelled, re-claimed after a l
 nothing. The pause only grows: a key already paused until resumed stays so, and a later end
 stays; the reason is the latest.
 """,
-    sql="""
+    sql=f"""
 with requeued as (
     update x_jobs
-       set state      = case when %(resumed)s::boolean then 'suspended' else 'ready' end,
-           attempt    = attempt - %(spent)s::boolean::int,
-           worker_ids = case when %(spent)s::boolean
-                             then worker_ids - (jsonb_array_length(worker_ids) - 1)
-                             else worker_ids end,
-           run_at     = now(),
-           visible_at = null,
-           last_error = coalesce(%(note)s, last_error),
-           updated_at = now()
+       {REQUEUE_SET}
      where id = %(id)s and lease_token = %(token)s and state = 'running'
     returning state
 ), paused as (

@@ -18,13 +18,14 @@ from .fragments import grant_slots_sql, notify_queues_sql, wake_blocked_sql
 SLOTS_ACQUIRE = Statement(
     "slots_acquire",
     why="""
-Take the lowest free slot under its limit for each request of a claimed batch, in one
-statement. Race-safe without an advisory lock: the (lease_key, slot) unique index serialises two
-workers that picked the same slot, and the loser's `do update` is guarded on the row having
-expired, so a live slot returns no row and is never granted twice. Under contention this can
-refuse a slot that is genuinely free (both picked slot 0, slot 1 was free): a refusal costs one
-poll interval, an over-grant would cost the guarantee (tests/conformance/test_slots.py races 16
-threads for the last slot).
+Take the lowest free slot under its limit for each request, in one statement: the step
+jobs_claim takes for the keyed jobs it claims, on its own for JobLease.objects.acquire. Race-safe
+without an advisory lock: the (lease_key, slot) unique index serialises two workers that picked
+the same slot, and the loser's `do update` is guarded on the row having expired, so a live slot
+returns no row and is never granted twice. Under contention this can miss a slot that is
+genuinely free (both picked slot 0, slot 1 was free): in the claim the job is then blocked and
+woken by the next release of its key or jobs_unblock; an over-grant would cost the guarantee
+(tests/conformance/test_slots.py races 16 threads for the last slot).
 
 Several requests for one key in a batch share that key's free slots, lowest limit first, then
 in request order: a request's `rank` is how many requests before it were granted (its
