@@ -6,6 +6,8 @@ test mode (django_xjobs/testing/inline.py), so a test sees the statements a work
 
 from __future__ import annotations
 
+import math
+
 from ..engines import Engine
 from ..pauses import MAX_REASON
 from ..records import ClaimedJob, Failure, Fence, KeyPauseRequeue, Requeue
@@ -19,7 +21,9 @@ def write_outcome(engine: Engine, job: ClaimedJob, outcome: Outcome) -> tuple[Fe
     if isinstance(outcome, Retry):
         report, state = engine.job_fail_if_owned(Failure(
             claim=job.claim, error=outcome.error,
-            retry_delay_ms=round(outcome.delay * 1000), permanent=outcome.permanent,
+            # Rounded up: a backoff drawn under half a millisecond still makes the retry wait
+            # (`delayed`), instead of reading as no backoff at all.
+            retry_delay_ms=math.ceil(outcome.delay * 1000), permanent=outcome.permanent,
         ))
         return report.outcome(job.lease_token), state or "lost"
     if isinstance(outcome, GiveBack):
