@@ -1,4 +1,4 @@
-"""The eight tables, as Django models: the schema source for migrations and the admin's reads.
+"""The tables, as Django models: the schema source for migrations and the admin's reads.
 
 Queue state is never written through these models: every write goes through the engine's
 fenced statements (``engines/postgres/statements/``). The models exist so that migrations,
@@ -97,6 +97,12 @@ class Job(models.Model):
     # whether it goes back to ``suspended`` (a durable run's resume) rather than ``ready``.
     blocked_on = models.TextField(null=True, blank=True)
     blocked_resume = models.BooleanField(default=False, db_default=False)
+    # ---- observability (docs/observability.md) ----
+    # One entry per run that ended (attempt, worker, started_at, finished_at, outcome, error),
+    # appended by the statement that settled it: the first and the newest 20 are kept.
+    attempts = models.JSONField(default=list, db_default=Value([], models.JSONField()))
+    # The run's last ctx.progress(): {"done", "total", "message", "at"}.
+    progress = models.JSONField(null=True, blank=True)
 
     objects = JobManager()
 
@@ -398,6 +404,15 @@ class WorkerRow(models.Model):
     queues = models.JSONField(default=list)
     started_at = models.DateTimeField(db_default=Now())
     seen_at = models.DateTimeField(db_default=Now())
+    # What its heartbeat reports (docs/observability.md, "Workers"): the package version, how
+    # many runs it may hold and holds, how many it finished, when it last claimed a job, and
+    # when its loop last went round (a loop wedged while the heartbeat thread runs shows here).
+    version = models.TextField(default="", db_default="")
+    concurrency = models.IntegerField(default=0, db_default=0)
+    running = models.IntegerField(default=0, db_default=0)
+    finished = models.BigIntegerField(default=0, db_default=0)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    loop_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "x_workers"
@@ -405,3 +420,74 @@ class WorkerRow(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class BigIntArray(models.Field):
+    """A ``bigint[]`` column, read and written as a list of ints by psycopg: the counters'
+    histograms and durations, without asking projects to install django.contrib.postgres for
+    ArrayField."""
+
+    description = "PostgreSQL bigint[]"
+
+    def db_type(self, connection: object) -> str:
+        return "bigint[]"
+
+
+# Upper bounds (milliseconds) of the wait and run time histograms; a value v falls in the first
+# bucket whose bound is >= v, the last bucket is unbounded (docs/observability.md, "Counters").
+HISTOGRAM_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000,
+                       60_000, 300_000, 900_000, 3_600_000)
+
+
+class StatDelta(models.Model):
+    """What one statement changed, per queue and job name: written in the same statement as the
+    state change (an insert, so concurrent writers never wait on one counter row), and folded
+    into ``x_stats`` by the rollup (docs/observability.md, "Counters")."""
+
+    id = models.BigAutoField(primary_key=True)
+    at = models.DateTimeField(db_default=Now())
+    queue = models.TextField()
+    name = models.TextField()
+    enqueued = models.IntegerField(default=0, db_default=0)
+    started = models.IntegerField(default=0, db_default=0)
+    done = models.IntegerField(default=0, db_default=0)
+    failed = models.IntegerField(default=0, db_default=0)
+    dead = models.IntegerField(default=0, db_default=0)
+    cancelled = models.IntegerField(default=0, db_default=0)
+    # The wait (due -> start) of each start and the run time of each finished run, in ms.
+    wait_ms = BigIntArray(null=True, blank=True)
+    run_ms = BigIntArray(null=True, blank=True)
+
+    class Meta:
+        db_table = "x_stat_deltas"
+        verbose_name = "counter delta"
+
+
+class Stat(models.Model):
+    """Counters per queue, job name and time bucket: ``grain`` is minute, hour or day, or
+    ``total`` (``at`` the epoch: since the table began, what Prometheus counters read)."""
+
+    id = models.BigAutoField(primary_key=True)
+    grain = models.TextField(choices=[(g, g) for g in ("minute", "hour", "day", "total")])
+    at = models.DateTimeField()
+    queue = models.TextField()
+    name = models.TextField()
+    enqueued = models.BigIntegerField(default=0, db_default=0)
+    started = models.BigIntegerField(default=0, db_default=0)
+    done = models.BigIntegerField(default=0, db_default=0)
+    failed = models.BigIntegerField(default=0, db_default=0)
+    dead = models.BigIntegerField(default=0, db_default=0)
+    cancelled = models.BigIntegerField(default=0, db_default=0)
+    wait_ms_sum = models.BigIntegerField(default=0, db_default=0)
+    run_ms_sum = models.BigIntegerField(default=0, db_default=0)
+    # Counts per bucket of HISTOGRAM_BOUNDS_MS (one more than the bounds), not cumulative.
+    wait_hist = BigIntArray(null=True, blank=True)
+    run_hist = BigIntArray(null=True, blank=True)
+
+    class Meta:
+        db_table = "x_stats"
+        verbose_name = "counter"
+        constraints = [
+            models.UniqueConstraint(fields=["grain", "at", "queue", "name"],
+                                    name="x_stats_bucket_uniq"),
+        ]

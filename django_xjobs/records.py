@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 from uuid import UUID
 
@@ -141,6 +141,96 @@ blocked_by_reader: Callable[[JobRecord], tuple[BlockedBy, ...]] | None = None
 WAITING_STATES: tuple[str, ...] = ("ready", "delayed", "suspended", "blocked")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptRecord:
+    """One run of a job, as its attempt history keeps it (docs/observability.md, "Attempt
+    history"): written by the statement that ended the run. ``outcome`` is one of
+    ATTEMPT_OUTCOMES; ``error`` the recorded error (class line, message, traceback) or the note
+    of a run handed back, else None."""
+
+    attempt: int
+    worker: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    outcome: str
+    error: str | None = None
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from start to end, when both are known."""
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+# How a run can end, in the attempt history: the job finished, or failed (retried or dead), or
+# ran past its timeout; its lease lapsed (`lost`), it was cancelled, lost its concurrency slot,
+# snoozed, parked by a durable step, or was handed back without spending an attempt.
+ATTEMPT_OUTCOMES: tuple[str, ...] = (
+    "done", "failed", "timeout", "lost", "cancelled", "slot_lost", "snoozed", "suspended",
+    "handed_back",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgressRecord:
+    """A run's last ``ctx.progress(done, total, message)`` and when it reached the database."""
+
+    done: float
+    total: float | None
+    message: str | None
+    at: datetime
+
+    def eta(self, started_at: datetime | None) -> datetime | None:
+        """When the run will be done at its pace since ``started_at``: None without a total,
+        without progress yet, or without a start."""
+        if self.total is None or started_at is None or self.done <= 0:
+            return None
+        elapsed = (self.at - started_at).total_seconds()
+        if elapsed <= 0:
+            return None
+        left = max(self.total - self.done, 0) * elapsed / self.done
+        return self.at + timedelta(seconds=left)
+
+    @property
+    def fraction(self) -> float | None:
+        """Done as a share of the total, 0 to 1; None without a total."""
+        if not self.total:
+            return None
+        return min(max(self.done / self.total, 0.0), 1.0)
+
+
+def _parse_moment(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else None
+
+
+def attempts_from_json(entries: Any) -> list[AttemptRecord]:
+    """The ``attempts`` column (a JSON list of entries) as records; entries that are not
+    objects (a hand-edited row) are skipped rather than failing the read."""
+    if not isinstance(entries, list):
+        return []
+    return [
+        AttemptRecord(
+            attempt=int(e.get("attempt") or 0), worker=e.get("worker"),
+            started_at=_parse_moment(e.get("started_at")),
+            finished_at=_parse_moment(e.get("finished_at")),
+            outcome=str(e.get("outcome") or "?"), error=e.get("error"),
+        )
+        for e in entries if isinstance(e, dict)
+    ]
+
+
+def progress_from_json(value: Any) -> ProgressRecord | None:
+    """The ``progress`` column as a record (None when the run never reported any)."""
+    at = _parse_moment(value.get("at")) if isinstance(value, dict) else None
+    if not isinstance(value, dict) or at is None:
+        return None
+    total = value.get("total")
+    return ProgressRecord(done=float(value.get("done") or 0),
+                          total=float(total) if total is not None else None,
+                          message=value.get("message"), at=at)
+
+
 class _BlocksLazily:
     """The ``blocked_by`` of a :class:`JobRecord`: read on first access, then kept.
 
@@ -212,6 +302,9 @@ class JobRecord(_BlocksLazily):
     worker_ids: list[str] = field(default_factory=list)
     input_error: str | None = None
     result_error: str | None = None
+    # Every run that ended, oldest first: the first and the newest 20 (docs/observability.md).
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    progress: ProgressRecord | None = None
 
     @property
     def is_live(self) -> bool:
@@ -327,6 +420,7 @@ class Failure:
     error: str
     retry_delay_ms: int
     permanent: bool = False
+    outcome: str = "failed"  # the attempt history's: `failed` or `timeout`
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -342,6 +436,7 @@ class Requeue:
     spent_attempt: bool
     resumed: bool
     note: str | None = None
+    outcome: str = "handed_back"  # the attempt history's: also `snoozed`, `slot_lost`
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -443,6 +538,54 @@ class QueueStats:
     @property
     def live(self) -> int:
         return self.ready + self.delayed + self.running + self.suspended + self.blocked
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueDepth:
+    """A queue's live buckets (exclusive, as in :class:`QueueStats`) and how long its oldest
+    due job has waited, in seconds (None when none is due): read through the live rows' indexes,
+    never the history (docs/observability.md)."""
+
+    queue: str
+    ready: int = 0
+    delayed: int = 0
+    running: int = 0
+    suspended: int = 0
+    blocked: int = 0
+    oldest_ready_age: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Counters:
+    """The counters of one queue (and job name, for all-time totals) over one time bucket
+    (``at``; the epoch for all-time): docs/observability.md, "Counters". The histograms count
+    the waits (due to start) and run times per bucket of ``models.HISTOGRAM_BOUNDS_MS``, the
+    last bucket unbounded; not cumulative."""
+
+    queue: str
+    name: str | None = None
+    at: datetime | None = None
+    enqueued: int = 0
+    started: int = 0
+    done: int = 0
+    failed: int = 0
+    dead: int = 0
+    cancelled: int = 0
+    wait_ms_sum: int = 0
+    run_ms_sum: int = 0
+    wait_hist: tuple[int, ...] = ()
+    run_hist: tuple[int, ...] = ()
+
+    @property
+    def mean_wait(self) -> float | None:
+        """Mean wait from due to start, in seconds (None without starts)."""
+        return self.wait_ms_sum / self.started / 1000 if self.started else None
+
+    @property
+    def mean_run(self) -> float | None:
+        """Mean run time of the finished runs, in seconds (None without any)."""
+        ended = self.done + self.failed
+        return self.run_ms_sum / ended / 1000 if ended else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

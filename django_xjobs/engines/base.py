@@ -33,6 +33,7 @@ from ..records import (
     ClaimedJob,
     ClaimFlow,
     Completion,
+    Counters,
     EnqueueParams,
     EnqueueResult,
     EventRecord,
@@ -48,6 +49,7 @@ from ..records import (
     OutboxStatus,
     ParkedStep,
     PauseRecord,
+    QueueDepth,
     QueueStats,
     RateRequest,
     RateWindow,
@@ -295,6 +297,38 @@ class Engine(abc.ABC):
         self, *, tenant_ids: Iterable[str] | None = None
     ) -> tuple[int, float | None]:
         """Staged outbox rows not yet relayed, and the age in seconds of the oldest."""
+
+    # ------------------------------------------------------------------ observability --
+    # docs/observability.md: the counters and the live depth, each read costing the same
+    # whatever the size of the history.
+
+    @abc.abstractmethod
+    def queue_depth(self, *, tenant_ids: Iterable[str] | None = None) -> list[QueueDepth]:
+        """Per queue, the live buckets and the oldest due job's age, read from live rows only."""
+
+    @abc.abstractmethod
+    def job_progress_if_owned(self, claim: Claim, *, done: float, total: float | None,
+                              message: str | None) -> bool:
+        """Record a run's progress, fenced; False when the run no longer owns its job."""
+
+    @abc.abstractmethod
+    def stats_rollup(self, batch_size: int = 10_000) -> int:
+        """Fold up to ``batch_size`` counter deltas into their buckets; how many were folded
+        (0 also while another session's rollup runs)."""
+
+    @abc.abstractmethod
+    def stats_prune(self, *, minute_keep: float, hour_keep: float, day_keep: float,
+                    batch_size: int = 1000) -> int:
+        """Delete buckets older than their grain's retention (seconds), in bounded batches."""
+
+    @abc.abstractmethod
+    def stats_series(self, grain: str, since: datetime, *,
+                     queue: str | None = None) -> list[Counters]:
+        """The counters of each queue per ``grain`` bucket (minute, hour, day) from ``since``."""
+
+    @abc.abstractmethod
+    def stats_totals(self) -> list[Counters]:
+        """The all-time counters per queue and job name."""
 
     # -------------------------------------------------------- why a job is not running --
     # Reads only (django_xjobs/why.py decides from them; docs/flow-control.md, "Why is a job

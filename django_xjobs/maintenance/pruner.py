@@ -8,7 +8,8 @@ What goes, and after how long (docs/scheduling.md, "Maintenance and retention"):
 * relayed outbox rows published more than ``XJOBS["OUTBOX_RETENTION"]`` ago; pending rows are
   never touched (``outbox_purge_published``);
 * concurrency slot rows expired for more than ``XJOBS["SLOT_PURGE_GRACE"]``
-  (``slots_purge_expired``; why the grace: see that statement).
+  (``slots_purge_expired``; why the grace: see that statement);
+* the counters' minute, hour and day buckets past ``counters.RETENTION`` (``stats_prune``).
 
 Every delete runs in batches of ``XJOBS["MAINTENANCE_BATCH"]`` rows, each batch its own short
 transaction taken with SKIP LOCKED, so retention never holds long locks on a hot table nor waits
@@ -26,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from .. import conf
+from .. import conf, counters
 from ..engines import Engine, get_engine
 
 
@@ -38,16 +39,17 @@ class PruneReport:
     events: int = 0
     outbox: int = 0
     slots: int = 0
+    stats: int = 0
     stopped: bool = False
 
     @property
     def total(self) -> int:
-        return sum(self.jobs.values()) + self.events + self.outbox + self.slots
+        return sum(self.jobs.values()) + self.events + self.outbox + self.slots + self.stats
 
     def summary(self) -> str:
         jobs = ", ".join(f"{n} {state}" for state, n in sorted(self.jobs.items()) if n)
         parts = [f"jobs: {jobs or 0}", f"events: {self.events}", f"outbox: {self.outbox}",
-                 f"slots: {self.slots}"]
+                 f"slots: {self.slots}", f"counters: {self.stats}"]
         return "deleted " + "; ".join(parts) + (" (stopped early)" if self.stopped else "")
 
 
@@ -61,7 +63,7 @@ def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | Non
     batch = batch_size or settings.maintenance_batch
     now = engine.db_now()
     jobs: dict[str, int] = {}
-    counts = {"events": 0, "outbox": 0, "slots": 0}
+    counts = {"events": 0, "outbox": 0, "slots": 0, "stats": 0}
 
     def stopped() -> PruneReport:
         return PruneReport(jobs=jobs, stopped=True, **counts)
@@ -78,6 +80,7 @@ def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | Non
             batch_size=batch)),
         ("slots", lambda: engine.slots_purge_expired(
             grace_ms=round(settings.slot_purge_grace * 1000), batch_size=batch)),
+        ("stats", lambda: counters.prune(engine, batch_size=batch)),
     ]
     for name, purge in steps:
         if not keep_going():

@@ -41,6 +41,7 @@ log = logging.getLogger("django_xjobs.worker")
 AVAILABLE: dict[str, str] = {
     "relay": "worker.relay:Relay",  # the enqueue_on_commit outbox (outbox.py)
     "scheduler": "scheduler.runner:SchedulerDuty",  # cron, and maintenance while leading
+    "stats": "worker.stats:StatsDuty",  # the counters' rollup (counters.py)
 }
 
 

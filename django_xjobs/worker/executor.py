@@ -66,12 +66,16 @@ class Retry:
     error: str
     delay: float
     permanent: bool = False
+    # The run's entry in the attempt history: `failed`, or `timeout` (docs/observability.md).
+    outcome: str = "failed"
 
 
 @dataclass(frozen=True, slots=True)
 class GiveBack:
     delay: float
     note: str | None = None
+    # The run's entry in the attempt history: `handed_back`, `snoozed` or `slot_lost`.
+    outcome: str = "handed_back"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +170,7 @@ def _outcome_of_exception(
     if is_permanent(exc):
         return Retry(error=record_error(exc), delay=0, permanent=True)
     if isinstance(exc, Snooze):
-        return GiveBack(delay=exc.seconds, note=None)
+        return GiveBack(delay=exc.seconds, note=None, outcome="snoozed")
     if isinstance(exc, PauseKey):
         return KeyPaused(key=exc.key, seconds=exc.seconds, reason=exc.reason)
     return Retry(error=record_error(exc), delay=backoff_for(definition, claimed.attempt, settings))
@@ -242,7 +246,7 @@ async def execute_async(
         return Retry(
             error=f"TimeoutError: {definition.name} ran longer than its timeout "
                   f"({definition.timeout:g}s)\n{format_error(exc)}",
-            delay=backoff_for(definition, claimed.attempt, settings),
+            delay=backoff_for(definition, claimed.attempt, settings), outcome="timeout",
         )
     except asyncio.CancelledError:
         return Discard(ctx.stop_reason or "cancelled")

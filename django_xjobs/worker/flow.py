@@ -204,7 +204,8 @@ class Flow:
         interval with its attempt given back, its result discarded."""
         self.stats["slot_lost"] += 1
         return GiveBack(delay=self.poll_interval,
-                        note=f"{SLOT_LOST}: run stopped and job re-queued: {why}")
+                        note=f"{SLOT_LOST}: run stopped and job re-queued: {why}",
+                        outcome="slot_lost")
 
     @staticmethod
     def log_lost(run: SlotRun, why: str) -> None:

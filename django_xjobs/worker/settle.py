@@ -24,12 +24,14 @@ def write_outcome(engine: Engine, job: ClaimedJob, outcome: Outcome) -> tuple[Fe
             # Rounded up: a backoff drawn under half a millisecond still makes the retry wait
             # (`delayed`), instead of reading as no backoff at all.
             retry_delay_ms=math.ceil(outcome.delay * 1000), permanent=outcome.permanent,
+            outcome=outcome.outcome,
         ))
         return report.outcome(job.lease_token), state or "lost"
     if isinstance(outcome, GiveBack):
         report = engine.job_requeue_if_owned(Requeue(
             claim=job.claim, delay_ms=round(outcome.delay * 1000),
             spent_attempt=not job.resumed, resumed=job.resumed, note=outcome.note,
+            outcome=outcome.outcome,
         ))
         return report.outcome(job.lease_token), "requeued"
     if isinstance(outcome, KeyPaused):

@@ -47,6 +47,7 @@ SCALARS.update({"rate_key": None, "slot_ttl_ms": 30_000, "host": "h", "pid": 1,
 SCALARS.update({"period_ms": 60_000, "cost": 1})  # ---- why a job is not running
 SCALARS.update({"debounce_ms": 5_000, "max_wait_ms": 60_000})  # ---- debounce
 SCALARS.update({"kind": "key", "until": None, "for_ms": 60_000})  # ---- pauses
+SCALARS.update({"outcome": "failed"})  # ---- observability
 LISTS = {
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
     "names": "testapp.noop", "queues": "default", "inputs": "{}", "keys": "k",
@@ -55,7 +56,7 @@ LISTS = {
     "states": "done", "run_ats": None,
     "job_ids": uuid.uuid4(),  # outbox_mark_published
     "holders": "job/token/worker", "slots": 0, "spent": True, "resumed": False,  # slots
-    "notes": None,
+    "notes": None, "outcomes": "handed_back", "counts": 1,
     # ---- flow control
     "fair": False, "cursors": "", "limit_names": "testapp.noop", "limit_values": 2,
     "prefixes": "slot:", "prefix_limits": 2, "rate_names": "testapp.noop", "rate_limits": 10,

@@ -10,6 +10,7 @@ instrumentation.py: fault points, timing, the DEBUG log.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import time
@@ -38,6 +39,7 @@ from ...records import (
     ClaimedJob,
     ClaimFlow,
     Completion,
+    Counters,
     EnqueueParams,
     EnqueueResult,
     EventRecord,
@@ -53,6 +55,7 @@ from ...records import (
     OutboxStatus,
     ParkedStep,
     PauseRecord,
+    QueueDepth,
     QueueStats,
     RateRequest,
     RateWindow,
@@ -67,7 +70,9 @@ from ...records import (
     Suspension,
     TableHealth,
     XminHolder,
+    attempts_from_json,
     decode_stored_json,
+    progress_from_json,
 )
 from ..base import AdvisorySession, Engine, Features, Listener, Statement
 from . import statements as S
@@ -121,7 +126,7 @@ def _job_record(row: Sequence[Any]) -> JobRecord:
     (id_, name, queue, input_, key, run_id, attempt, max_attempts, state, run_at, visible_at,
      claimed_by, last_error, tenant_id, traceparent, enqueued_by, created_at, updated_at,
      priority, result, lease_token, concurrency_key, started_at, finished_at, rescues,
-     worker_ids) = row[:26]
+     worker_ids, attempts, progress) = row[:28]
     decoded_input, input_error = _try_decode_json(input_)
     decoded_result, result_error = _try_decode_json(result)
     return JobRecord(
@@ -134,6 +139,8 @@ def _job_record(row: Sequence[Any]) -> JobRecord:
         concurrency_key=concurrency_key, started_at=started_at, finished_at=finished_at,
         rescues=rescues, worker_ids=list(_decode_json(worker_ids) or []),
         input_error=input_error, result_error=result_error,
+        attempts=attempts_from_json(_decode_json(attempts)),
+        progress=progress_from_json(_decode_json(progress)),
     )
 
 
@@ -150,6 +157,18 @@ def _claimed_job(r: Sequence[Any]) -> ClaimedJob:
         concurrency_key=r[10], resumed=r[11], input_error=problem,
         slot=r[12] if len(r) > 12 else None, slot_limit=r[13] if len(r) > 13 else None,
     )
+
+
+def _counters(queue: str, name: str | None, at: datetime | None,
+              figures: Sequence[Any]) -> Counters:
+    """A row of stats_series / stats_totals: the six counts, the two sums, the two histograms."""
+    (enqueued, started, done, failed, dead, cancelled, wait_sum, run_sum, wait_hist,
+     run_hist) = figures
+    return Counters(queue=queue, name=name, at=at, enqueued=enqueued or 0,
+                    started=started or 0, done=done or 0, failed=failed or 0, dead=dead or 0,
+                    cancelled=cancelled or 0, wait_ms_sum=wait_sum or 0,
+                    run_ms_sum=run_sum or 0, wait_hist=tuple(wait_hist or ()),
+                    run_hist=tuple(run_hist or ()))
 
 
 def _pause_record(row: Sequence[Any]) -> PauseRecord:
@@ -451,9 +470,11 @@ class PostgresEngine(Engine):
                     "sql": f"{stmt.sql.strip()} -- {len(batch)} rows",
                     "time": f"{time.perf_counter() - started:.3f}",
                 })
-            if self.notify:
-                self._run(S.JOBS_NOTIFY_QUEUES, {"queues": sorted({p.queue for p in batch})},
-                          fetch="one")
+            counts = collections.Counter((p.queue, p.name) for p in batch)
+            self._run(S.JOBS_NOTIFY_QUEUES, {
+                "queues": [q for q, _ in counts], "names": [n for _, n in counts],
+                "counts": list(counts.values()), "notify": self.notify,
+            }, fetch="one")
         return len(batch)
 
     def _batch_args(self, batch: Sequence[EnqueueParams]) -> dict[str, Any]:
@@ -579,6 +600,7 @@ class PostgresEngine(Engine):
         row = self._run(S.JOB_FAIL_IF_OWNED, {
             **_fence(failure.claim), "error": failure.error,
             "delay_ms": failure.retry_delay_ms, "permanent": failure.permanent,
+            "outcome": failure.outcome,
         }, fetch="one")
         if row is not None:
             return FenceReport(owned=frozenset({failure.claim.lease_token})), row[0]
@@ -589,6 +611,7 @@ class PostgresEngine(Engine):
         row = self._run(S.JOB_REQUEUE_IF_OWNED, {
             **_fence(requeue.claim), "delay_ms": requeue.delay_ms,
             "spent": requeue.spent_attempt, "resumed": requeue.resumed, "note": requeue.note,
+            "outcome": requeue.outcome,
         }, fetch="one")
         if row is not None:
             return FenceReport(owned=frozenset({requeue.claim.lease_token}))
@@ -803,6 +826,42 @@ class PostgresEngine(Engine):
         count, age = self._run(S.OUTBOX_PENDING, {"tenant_ids": _tenants(tenant_ids)},
                                fetch="one")
         return int(count), age
+
+    # ---------------------------------------------------------------------- observability --
+    def queue_depth(self, *, tenant_ids: Iterable[str] | None = None) -> list[QueueDepth]:
+        return [
+            QueueDepth(queue=r[0], ready=r[1], delayed=r[2], running=r[3], suspended=r[4],
+                       blocked=r[5], oldest_ready_age=r[6])
+            for r in self._run(S.QUEUE_DEPTH, {"tenant_ids": _tenants(tenant_ids)})
+        ]
+
+    def job_progress_if_owned(self, claim: Claim, *, done: float, total: float | None,
+                              message: str | None) -> bool:
+        row = self._run(S.JOB_PROGRESS_IF_OWNED, {
+            **_fence(claim), "done": done, "total": total, "message": message,
+        }, fetch="one")
+        return row is not None
+
+    def stats_rollup(self, batch_size: int = 10_000) -> int:
+        folded, _stored = self._run(S.STATS_ROLLUP, {"batch": batch_size}, fetch="one")
+        return int(folded)
+
+    def stats_prune(self, *, minute_keep: float, hour_keep: float, day_keep: float,
+                    batch_size: int = 1000) -> int:
+        return self._purge(S.STATS_PRUNE, {
+            "minute_ms": round(minute_keep * 1000), "hour_ms": round(hour_keep * 1000),
+            "day_ms": round(day_keep * 1000),
+        }, batch_size)
+
+    def stats_series(self, grain: str, since: datetime, *,
+                     queue: str | None = None) -> list[Counters]:
+        if grain not in ("minute", "hour", "day"):
+            raise ValueError(f"grain must be minute, hour or day, not {grain!r}")
+        rows = self._run(S.STATS_SERIES, {"grain": grain, "since": since, "queue": queue})
+        return [_counters(r[1], None, r[0], r[2:]) for r in rows]
+
+    def stats_totals(self) -> list[Counters]:
+        return [_counters(r[0], r[1], None, r[2:]) for r in self._run(S.STATS_TOTALS, {})]
 
     # ---------------------------------------------------------- why a job is not running --
     def why_job(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> FlowFacts | None:
@@ -1030,6 +1089,7 @@ class PostgresEngine(Engine):
             "spent": [r.spent_attempt for r in batch],
             "resumed": [r.resumed for r in batch],
             "notes": [r.note for r in batch],
+            "outcomes": [r.outcome for r in batch],
         })
         return self._batch_report("requeue", [r.claim for r in batch],
                                   frozenset(r[0] for r in rows))
@@ -1063,7 +1123,7 @@ class PostgresEngine(Engine):
         row = self._run(S.JOB_PAUSE_KEY_IF_OWNED, {
             **_fence(requeue.claim), "key": requeue.key, "for_ms": requeue.for_ms,
             "reason": requeue.reason, "delay_ms": 0, "spent": requeue.spent_attempt,
-            "resumed": requeue.resumed, "note": requeue.note,
+            "resumed": requeue.resumed, "note": requeue.note, "outcome": "handed_back",
         }, fetch="one")
         if row is not None:
             return FenceReport(owned=frozenset({requeue.claim.lease_token})), row[1]

@@ -73,6 +73,9 @@ class Command(BaseCommand):
         parser.add_argument("--no-relay", action="store_true",
                             help="do not relay the enqueue_on_commit outbox here (run "
                                  "manage.py xjobs_relay, or leave it to other workers)")
+        parser.add_argument("--no-stats", action="store_true",
+                            help="do not fold the counters' deltas here (leave it to other "
+                                 "workers; docs/observability.md)")
         # Set by the supervisor on the processes it starts (worker/shutdown.py).
         parser.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)
         parser.add_argument("--processes", type=int, default=1,
@@ -135,7 +138,7 @@ def _child_args(options: dict[str, Any]) -> list[str]:
             args += [f"--{key.replace('_', '-')}", str(options[key])]
     if options["burst"]:
         args.append("--burst")
-    for flag in ("no_scheduler", "no_relay"):
+    for flag in ("no_scheduler", "no_relay", "no_stats"):
         if options[flag]:
             args.append(f"--{flag.replace('_', '-')}")
     args += ["--verbosity", str(options["verbosity"])]

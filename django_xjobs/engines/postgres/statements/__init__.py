@@ -34,6 +34,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 * ``slots``: x_job_leases: concurrency slots, the purge of expired ones included; the release
   wakes the jobs the claim blocked on its key.
 * ``workers``: x_workers: the worker processes seen lately.
+* ``stats``: x_stat_deltas and x_stats: the counters' rollup, retention and reads (the deltas
+  themselves are written by the statements that change job state).
 * ``flow``: flow control beyond slots: the periodic wake-up of blocked jobs, rate budgets spent
   from ordinary code.
 * ``pauses``: x_flow_pauses: pauses of queues and keys, the resume of a key with the unblock of
@@ -80,6 +82,7 @@ from .jobs import (
     JOB_ENQUEUE_UNKEYED,
     JOB_FAIL_IF_OWNED,
     JOB_FIND_LIVE_BY_KEY,
+    JOB_PROGRESS_IF_OWNED,
     JOB_REQUEUE_IF_OWNED,
     JOB_RETRY,
     JOB_RUN_NOW,
@@ -96,6 +99,7 @@ from .jobs import (
     JOBS_REQUEUE_IF_OWNED,
     JOBS_SHIFT_DUE,
     JOBS_WAKE_REFUSED,
+    QUEUE_DEPTH,
     QUEUE_STATS,
 )
 from .maintenance import (
@@ -150,6 +154,12 @@ from .slots import (
     SLOTS_RENEW_IF_HELD,
     SLOTS_USAGE,
 )
+from .stats import (
+    STATS_PRUNE,
+    STATS_ROLLUP,
+    STATS_SERIES,
+    STATS_TOTALS,
+)
 from .steps import (
     EVENT_LOCK,
     EVENT_NEXT,
@@ -191,5 +201,6 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     TABLES_HEALTH, XMIN_HORIZON, SLOTS_USAGE, JOBS_WAKE_REFUSED, JOBS_REQUEUE_IF_OWNED,
     JOB_CLAIM_IF_DUE, JOBS_SHIFT_DUE, JOBS_LIST, JOBS_UNBLOCK, RATE_TAKE, WORKER_SEEN,
     WORKER_GONE, WHY_JOB, WHY_RATE_WINDOW, JOB_DEBOUNCE_LIVE, PAUSE_UPSERT, PAUSE_RESUME_QUEUE,
-    PAUSE_RESUME_KEY, PAUSES_LIST, JOB_PAUSE_KEY_IF_OWNED,
+    PAUSE_RESUME_KEY, PAUSES_LIST, JOB_PAUSE_KEY_IF_OWNED, JOB_PROGRESS_IF_OWNED, STATS_ROLLUP,
+    STATS_PRUNE, STATS_SERIES, STATS_TOTALS, QUEUE_DEPTH,
 )}

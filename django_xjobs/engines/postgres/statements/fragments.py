@@ -21,7 +21,7 @@ JOB_COLUMNS = (
     "id, name, queue, input, idempotency_key, run_id, attempt, max_attempts, state, run_at,"
     " visible_at, claimed_by, last_error, tenant_id, traceparent, enqueued_by, created_at,"
     " updated_at, priority, result, lease_token, concurrency_key, started_at, finished_at,"
-    " rescues, worker_ids"
+    " rescues, worker_ids, attempts, progress"
 )
 
 # ---------------------------------------------------------------------------------- enqueue --
@@ -74,7 +74,9 @@ with rows as (
       cross join lateral (
           select coalesce(r.run_at, now() + r.delay_ms * interval '1 millisecond') as run_at
       ) t{conflict}
-    returning id, state, queue
+    returning id, state, queue, name
+), tallied as (
+    {count_sql("inserted", enqueued="count(*)")}
 ), notified as (
     select pg_notify('{CHANNEL}', q.queue)
       from (select distinct queue from inserted where state = 'ready') q
@@ -84,12 +86,48 @@ select id, state from inserted where (select count(*) from notified) >= 0
 """
 
 
+# ---------------------------------------------------------------------------- observability --
+# docs/observability.md: a run's entry in its job's attempt history, and the counters' deltas,
+# written by the statement that changes the job's state (no statement of their own).
+
+
+def attempt_entry_sql(outcome: str, *, alias: str = "", error: str = "null",
+                      finished: str = "now()") -> str:
+    """The job's ``attempts`` with the entry of the run that ends now appended (the SQL
+    function xjobs_attempt_push keeps the first and the newest 20). ``alias`` qualifies the
+    row's columns; in an UPDATE's SET they are the row as it was, so the entry reads the run's
+    own attempt, worker and start. An entry leaves out what it has no value for."""
+    a = f"{alias}." if alias else ""
+    return (f"xjobs_attempt_push({a}attempts, jsonb_strip_nulls(jsonb_build_object("
+            f"'attempt', {a}attempt, 'worker', {a}claimed_by, 'started_at', {a}started_at, "
+            f"'finished_at', {finished}, 'outcome', {outcome}, 'error', {error})))")
+
+
+def elapsed_ms_sql(since: str) -> str:
+    """Milliseconds from ``since`` to now(), rounded up, never negative: a wait or a run time."""
+    return f"greatest(0, ceil(extract(epoch from now() - {since}) * 1000))::bigint"
+
+
+def count_sql(rows: str, **counts: str) -> str:
+    """The insert of the counters' deltas for the CTE ``rows`` (which has ``queue`` and
+    ``name``): one x_stat_deltas row per queue and job name, each ``column=SQL aggregate``
+    given; groups whose counts are all zero are left out."""
+    columns = ", ".join(counts)
+    values = ", ".join(counts.values())
+    nonzero = " or ".join(f"{v} > 0" for k, v in counts.items() if not k.endswith("_ms"))
+    return f"""insert into x_stat_deltas (queue, name, {columns})
+    select queue, name, {values}
+      from {rows}
+     group by queue, name
+    having {nonzero}"""
+
+
 # ------------------------------------------------------------------------------ give back --
 
 # A run gives its job back without spending an attempt (job_requeue_if_owned says why):
 # the attempt the claim counted and its worker_ids entry are taken back, unless the claim was a
 # resume; due after %(delay_ms)s. Fenced by the caller's WHERE on (id, token, running).
-REQUEUE_SET = """set state      = case when %(resumed)s::boolean then 'suspended'
+REQUEUE_SET = f"""set state      = case when %(resumed)s::boolean then 'suspended'
                          when %(delay_ms)s > 0 then 'delayed' else 'ready' end,
        attempt    = attempt - %(spent)s::boolean::int,
        worker_ids = case when %(spent)s::boolean
@@ -98,6 +136,7 @@ REQUEUE_SET = """set state      = case when %(resumed)s::boolean then 'suspended
        run_at     = now() + %(delay_ms)s * interval '1 millisecond',
        visible_at = null,
        last_error = coalesce(%(note)s, last_error),
+       attempts   = {attempt_entry_sql("%(outcome)s::text", error="%(note)s::text")},
        updated_at = now()"""
 
 # ----------------------------------------------------------------------------- flow control --

@@ -17,6 +17,9 @@ from .fragments import (
     LIVE,
     ON_LIVE_KEY_CONFLICT,
     REQUEUE_SET,
+    attempt_entry_sql,
+    count_sql,
+    elapsed_ms_sql,
     enqueue_batch_sql,
     grant_slots_sql,
     insert_job_sql,
@@ -51,7 +54,9 @@ transaction into one, so an enqueue loop in one transaction wakes workers once.
 with inserted as (
 {insert_job_sql('%(key)s::text', indent='    ')}
 {ON_LIVE_KEY_CONFLICT}
-    returning id, run_id, state, queue
+    returning id, run_id, state, queue, name
+), tallied as (
+    {count_sql("inserted", enqueued="count(*)")}
 )
 select id, run_id, state,
        case when %(notify)s and state = 'ready' then pg_notify('{CHANNEL}', queue) end
@@ -70,9 +75,15 @@ these rows out (`not (idempotency_key = id::text)`), so their claims and acks do
 either. Same NOTIFY rule as job_enqueue.
 """,
     sql=f"""
-{insert_job_sql('%(id)s::uuid::text')}
-returning id, run_id, state,
-          case when %(notify)s and state = 'ready' then pg_notify('{CHANNEL}', queue) end
+with inserted as (
+{insert_job_sql('%(id)s::uuid::text', indent='    ')}
+    returning id, run_id, state, queue, name
+), tallied as (
+    {count_sql("inserted", enqueued="count(*)")}
+)
+select id, run_id, state,
+       case when %(notify)s and state = 'ready' then pg_notify('{CHANNEL}', queue) end
+  from inserted
 """,
 )
 
@@ -124,10 +135,21 @@ from stdin
 JOBS_NOTIFY_QUEUES = Statement(
     "jobs_notify_queues",
     why="""
-One NOTIFY per queue for the jobs a jobs_copy just added (delivered on commit, like the
-enqueue statements' own NOTIFY).
+What COPY cannot do for the jobs a jobs_copy just added, in the same transaction: count them
+(the counters' deltas, per queue and job name) and send one NOTIFY per queue (delivered on
+commit, like the enqueue statements' own NOTIFY).
 """,
-    sql=f"select count(pg_notify('{CHANNEL}', q)) from unnest(%(queues)s::text[]) as q",
+    sql=f"""
+with added as (
+    select queue, name, n
+      from unnest(%(queues)s::text[], %(names)s::text[], %(counts)s::int[]) as c(queue, name, n)
+), tallied as (
+    {count_sql("added", enqueued="sum(n)::int")}
+)
+select count(pg_notify('{CHANNEL}', q.queue))
+  from (select distinct queue from added) q
+ where %(notify)s
+""",
 )
 
 JOB_FIND_LIVE_BY_KEY = Statement(
@@ -176,6 +198,13 @@ select k.ord, j.id, j.run_id, j.state
 )
 
 # ----------------------------------------------------------------------------------- claim --
+
+# A lapsed lease ends its run in the attempt history: `lost`, when the lease ran out.
+LAPSED_ENTRY = attempt_entry_sql("'lost'", alias="j", finished="j.visible_at")
+# The waits, due to start, of the jobs a claim started (a rescued lease's job waited a whole
+# lease, not in the queue: left out).
+QUEUE_WAITS = (f"array_agg({elapsed_ms_sql('run_at')})"
+               " filter (where state = 'running' and prev_state <> 'running')")
 
 JOBS_CLAIM = Statement(
     "jobs_claim",
@@ -403,6 +432,9 @@ with async_commit as (
            rescues        = j.rescues + (h.prev_state = 'running')::int,
            run_at         = coalesce(h.next_at, j.run_at),
            lease_token    = case when h.prev_state = 'running' then null else j.lease_token end,
+           attempts       = case when h.prev_state = 'running'
+                                 then {LAPSED_ENTRY}
+                                 else j.attempts end,
            visible_at     = null,
            updated_at     = now()
       from held h
@@ -430,6 +462,9 @@ with async_commit as (
            worker_ids  = case when p.exhausted or p.prev_state = 'suspended' then j.worker_ids
                               else j.worker_ids || jsonb_build_array(%(worker_id)s::text) end,
            started_at  = case when p.exhausted then j.started_at else now() end,
+           attempts    = case when p.prev_state = 'running'
+                              then {LAPSED_ENTRY}
+                              else j.attempts end,
            finished_at = case when p.exhausted then now() end,
            last_error  = case when p.exhausted
                               then format('lease lost %%s times: the worker running attempt %%s'
@@ -445,7 +480,13 @@ with async_commit as (
        and j.id = any(array(select id from admitted))
  returning j.id, j.lease_token, j.name, j.queue, j.input, j.run_id, j.attempt, j.max_attempts,
            j.tenant_id, j.traceparent, j.concurrency_key, p.prev_state = 'suspended' as resumed,
-           j.state, p.slot, p.slot_limit
+           j.state, p.slot, p.slot_limit, p.prev_state, j.run_at
+), tallied as (
+    -- Starts (each with its wait from due to start; a rescued lease's job waited a whole lease,
+    -- not in the queue, and is left out of the waits) and jobs a lapsed last attempt killed.
+    {count_sql("claimed", started="count(*) filter (where state = 'running')",
+               dead="count(*) filter (where state = 'dead')",
+               wait_ms=QUEUE_WAITS)}
 )
 select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
        tenant_id, traceparent, concurrency_key, resumed, slot, slot_limit, null::timestamptz,
@@ -478,16 +519,22 @@ of the run that finished it. The answer is
 the TOKENS that landed, not the ids: one worker can hold two runs of the same job (a stale run
 still executing when the job is re-claimed), and only the token tells them apart.
 """,
-    sql="""
-update x_jobs j
-   set state = 'done', result = nullif(v.result, 'null'::jsonb), visible_at = null,
-       finished_at = now(), updated_at = now()
-  from (select i.id, i.token, r.result
-          from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) with ordinality as i(id, token, n)
-          join jsonb_array_elements(%(results)s::jsonb) with ordinality as r(result, n)
-         using (n)) as v
- where j.id = v.id and j.lease_token = v.token and j.state = 'running'
-returning j.lease_token::text
+    sql=f"""
+with settled as (
+    update x_jobs j
+       set state = 'done', result = nullif(v.result, 'null'::jsonb), visible_at = null,
+           finished_at = now(), updated_at = now(),
+           attempts = {attempt_entry_sql("'done'", alias="j")}
+      from (select i.id, i.token, r.result
+              from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) with ordinality as i(id, token, n)
+              join jsonb_array_elements(%(results)s::jsonb) with ordinality as r(result, n)
+             using (n)) as v
+     where j.id = v.id and j.lease_token = v.token and j.state = 'running'
+    returning j.lease_token, j.queue, j.name, {elapsed_ms_sql("j.started_at")} as run_ms
+), tallied as (
+    {count_sql("settled", done="count(*)", run_ms="array_agg(run_ms)")}
+)
+select lease_token::text from settled
 """,
 )
 
@@ -499,18 +546,25 @@ attempts are used up or the error is permanent. The choice is made here from the
 same fence as the ack, so a run that lost the job cannot bury or revive it. last_error always
 records this run's error.
 """,
-    sql="""
-update x_jobs
-   set state       = case when %(permanent)s or attempt >= max_attempts then 'dead'
-                          when %(delay_ms)s > 0 then 'delayed' else 'ready' end,
-       run_at      = case when %(permanent)s or attempt >= max_attempts then run_at
-                          else now() + %(delay_ms)s * interval '1 millisecond' end,
-       finished_at = case when %(permanent)s or attempt >= max_attempts then now() end,
-       visible_at  = null,
-       last_error  = %(error)s,
-       updated_at  = now()
- where id = %(id)s and lease_token = %(token)s and state = 'running'
-returning state
+    sql=f"""
+with settled as (
+    update x_jobs
+       set state       = case when %(permanent)s or attempt >= max_attempts then 'dead'
+                              when %(delay_ms)s > 0 then 'delayed' else 'ready' end,
+           run_at      = case when %(permanent)s or attempt >= max_attempts then run_at
+                              else now() + %(delay_ms)s * interval '1 millisecond' end,
+           finished_at = case when %(permanent)s or attempt >= max_attempts then now() end,
+           visible_at  = null,
+           last_error  = %(error)s,
+           attempts    = {attempt_entry_sql("%(outcome)s::text", error="%(error)s::text")},
+           updated_at  = now()
+     where id = %(id)s and lease_token = %(token)s and state = 'running'
+    returning state, queue, name, {elapsed_ms_sql("started_at")} as run_ms
+), tallied as (
+    {count_sql("settled", failed="count(*)", dead="count(*) filter (where state = 'dead')",
+               run_ms="array_agg(run_ms)")}
+)
+select state from settled
 """,
 )
 
@@ -537,9 +591,27 @@ Park a running job until wake_at (a durable sleep or an event wait). `suspended`
 claim index and become eligible at run_at; their resume does not count an attempt. Fenced: a run
 that lost the job cannot park it.
 """,
+    sql=f"""
+update x_jobs
+   set state = 'suspended', run_at = %(wake_at)s, visible_at = null, updated_at = now(),
+       attempts = {attempt_entry_sql("'suspended'")}
+ where id = %(id)s and lease_token = %(token)s and state = 'running'
+returning id::text
+""",
+)
+
+JOB_PROGRESS_IF_OWNED = Statement(
+    "job_progress_if_owned",
+    why="""
+A run's ctx.progress(), fenced like every write of a run: a run that lost its job cannot
+overwrite the progress of the run that has it. The worker sends at most one per second per run
+(docs/observability.md, "Progress"); the column is in no index, so the update can be HOT and
+leaves updated_at alone (progress is not a state change).
+""",
     sql="""
 update x_jobs
-   set state = 'suspended', run_at = %(wake_at)s, visible_at = null, updated_at = now()
+   set progress = jsonb_build_object('done', %(done)s::float8, 'total', %(total)s::float8,
+                                     'message', %(message)s::text, 'at', now())
  where id = %(id)s and lease_token = %(token)s and state = 'running'
 returning id::text
 """,
@@ -590,12 +662,21 @@ learns at its next heartbeat, which no longer matches: the token is cleared here
 ack or nack reads as lost and the cancel is never undone by the run it stopped.
 """,
     sql=f"""
-update x_jobs
-   set state = 'cancelled', visible_at = null, lease_token = null, finished_at = now(),
-       last_error = coalesce(%(reason)s, last_error), updated_at = now()
- where id = %(id)s and state not in ('done', 'cancelled')
-   and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
-returning {JOB_COLUMNS}
+with cancelled as (
+    update x_jobs
+       set state = 'cancelled', visible_at = null, lease_token = null, finished_at = now(),
+           last_error = coalesce(%(reason)s, last_error), updated_at = now(),
+           -- the run it stops (if running) ends `cancelled`
+           attempts = case when state = 'running'
+                           then {attempt_entry_sql("'cancelled'", error="%(reason)s::text")}
+                           else attempts end
+     where id = %(id)s and state not in ('done', 'cancelled')
+       and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+    returning {JOB_COLUMNS}
+), tallied as (
+    {count_sql("cancelled", cancelled="count(*)")}
+)
+select {JOB_COLUMNS} from cancelled
 """,
 )
 
@@ -683,6 +764,41 @@ select queue,
 """,
 )
 
+QUEUE_DEPTH = Statement(
+    "queue_depth",
+    why="""
+The live buckets of queue_stats (ready and due, delayed, running, suspended, blocked) and the
+age of each queue's oldest due job, read through the partial indexes that hold only live rows
+(one arm per index, whose predicate each arm repeats): its cost follows the backlog, never the
+history, unlike queue_stats, which counts finished rows too. The dashboard, `xjobs_queue_depth`
+and `xjobs_oldest_ready_age_seconds` read it (docs/observability.md).
+""",
+    sql="""
+select queue,
+       count(*) filter (where state = 'ready' and run_at <= now())                 as ready,
+       count(*) filter (where state = 'delayed'
+                           or (state = 'ready' and run_at > now()))                 as delayed,
+       count(*) filter (where state = 'running')                                   as running,
+       count(*) filter (where state = 'suspended')                                 as suspended,
+       count(*) filter (where state = 'blocked')                                   as blocked,
+       extract(epoch from now() - min(run_at) filter (where state = 'ready'
+                                                        and run_at <= now()))::float8
+  from (select queue, state, run_at from x_jobs
+         where state in ('ready', 'delayed', 'suspended')
+           and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+        union all
+        select queue, state, null from x_jobs
+         where state = 'running'
+           and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+        union all
+        select queue, state, null from x_jobs
+         where state = 'blocked'
+           and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))) l
+ group by queue
+ order by queue
+""",
+)
+
 # ------------------------------------------------------------------------ handed-back jobs --
 # Batch forms for code that hands claimed jobs back itself (Job.objects.requeue /
 # wake_refused, docs/managers.md). The worker no longer needs them: the claim does not take a
@@ -721,7 +837,7 @@ taken back (and its worker_ids entry), a resumed suspended job returns to `suspe
 job is due again after its delay. Fenced per
 run on (id, running, token). The answer is the tokens that landed.
 """,
-    sql="""
+    sql=f"""
 update x_jobs j
    set state      = case when v.resumed then 'suspended'
                          when v.delay_ms > 0 then 'delayed' else 'ready' end,
@@ -732,10 +848,12 @@ update x_jobs j
        run_at     = now() + v.delay_ms * interval '1 millisecond',
        visible_at = null,
        last_error = coalesce(v.note, j.last_error),
+       attempts   = {attempt_entry_sql("v.outcome", alias="j", error="v.note")},
        updated_at = now()
   from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(delays_ms)s::bigint[],
-              %(spent)s::boolean[], %(resumed)s::boolean[], %(notes)s::text[])
-       as v(id, token, delay_ms, spent, resumed, note)
+              %(spent)s::boolean[], %(resumed)s::boolean[], %(notes)s::text[],
+              %(outcomes)s::text[])
+       as v(id, token, delay_ms, spent, resumed, note, outcome)
  where j.id = v.id and j.lease_token = v.token and j.state = 'running'
 returning j.lease_token::text
 """,
@@ -757,28 +875,34 @@ is fenced and settled exactly as a worker's (tests/conformance/test_testing_supp
 the two rows). A job not due yet (a delay, a backoff, a durable sleep), one already running or
 finished, and one another session holds locked (SKIP LOCKED, as in jobs_claim) are not claimed.
 """,
-    sql="""
+    sql=f"""
 with picked as (
     select id, state as prev_state
       from x_jobs
      where id = %(id)s::uuid and state in ('ready', 'delayed', 'suspended') and run_at <= now()
        for update skip locked
+), claimed as (
+    update x_jobs j
+       set state       = 'running',
+           attempt     = case when p.prev_state = 'suspended' then j.attempt else j.attempt + 1 end,
+           visible_at  = now() + %(lease_ms)s::bigint * interval '1 millisecond',
+           lease_token = gen_random_uuid(),
+           claimed_by  = %(worker_id)s::text,
+           worker_ids  = case when p.prev_state = 'suspended' then j.worker_ids
+                              else j.worker_ids || jsonb_build_array(%(worker_id)s::text) end,
+           started_at  = now(),
+           updated_at  = now()
+      from picked p
+     where j.id = p.id
+    returning j.id::text, j.lease_token::text, j.name, j.queue, j.input, j.run_id::text, j.attempt,
+              j.max_attempts, j.tenant_id, j.traceparent, j.concurrency_key,
+              p.prev_state = 'suspended' as resumed, {elapsed_ms_sql("j.run_at")} as wait_ms
+), tallied as (
+    {count_sql("claimed", started="count(*)", wait_ms="array_agg(wait_ms)")}
 )
-update x_jobs j
-   set state       = 'running',
-       attempt     = case when p.prev_state = 'suspended' then j.attempt else j.attempt + 1 end,
-       visible_at  = now() + %(lease_ms)s::bigint * interval '1 millisecond',
-       lease_token = gen_random_uuid(),
-       claimed_by  = %(worker_id)s::text,
-       worker_ids  = case when p.prev_state = 'suspended' then j.worker_ids
-                          else j.worker_ids || jsonb_build_array(%(worker_id)s::text) end,
-       started_at  = now(),
-       updated_at  = now()
-  from picked p
- where j.id = p.id
-returning j.id::text, j.lease_token::text, j.name, j.queue, j.input, j.run_id::text, j.attempt,
-          j.max_attempts, j.tenant_id, j.traceparent, j.concurrency_key,
-          p.prev_state = 'suspended' as resumed
+select id, lease_token, name, queue, input, run_id, attempt, max_attempts, tenant_id,
+       traceparent, concurrency_key, resumed
+  from claimed
 """,
 )
 
