@@ -161,7 +161,7 @@ def test_a_snoozed_run_a_lapsed_lease_and_a_cancelled_run_are_named_in_the_histo
     lapse(lapsed)
     drain(queues=[QUEUE])
     entries = api.get_job(lapsed.id).attempts
-    assert [(a.outcome, a.worker) for a in entries][0] == ("lost", "doomed:1")
+    assert (entries[0].outcome, entries[0].worker) == ("lost", "doomed:1")
     assert entries[-1].outcome == "done"
 
     running = testapp_jobs.record.using(queue=QUEUE).enqueue(tag="y")
