@@ -18,7 +18,8 @@ signal             keyword arguments                            sent
 ``job_finished.connect(receiver, sender=send_welcome)`` hears one job only; the stored name
 (a ``str``) when no job of that name is registered in the sending process. ``job`` is the
 claimed row (``records.ClaimedJob``: ``id``, ``name``, ``queue``, ``tenant_id``, ...).
-``outcome`` is one word of :data:`OUTCOMES`.
+``outcome`` is the word the run's entry in the job's attempt history has
+(``records.ATTEMPT_OUTCOMES``).
 
 Every send goes through :func:`send` (or :func:`asend` on an event loop): ``send_robust``, so a
 receiver that raises is logged on ``django_xjobs.signals`` with its traceback and never breaks
@@ -40,21 +41,6 @@ job_enqueued = Signal()
 job_started = Signal()
 job_finished = Signal()
 job_dead = Signal()
-
-# How one claim of a job ended, as job_finished's `outcome` says it:
-#   done         the body returned; its result was recorded
-#   failed       the body raised (or its result could not be recorded): retried, or dead
-#   timeout      stopped past the job's timeout: retried, or dead
-#   cancelled    stopped because an operator cancelled the job
-#   slot_lost    stopped, and the job handed back, because its concurrency slot lapsed
-#   snoozed      the body raised Snooze or PauseKey: due again later, no attempt spent
-#   suspended    a durable sleep or event wait parked the job
-#   handed_back  given back unfinished without spending an attempt (shutdown, a lease the
-#                worker could not prove)
-#   lost         another run owns the job now (its lease lapsed and it was re-claimed): this
-#                run's result was discarded
-OUTCOMES = ("done", "failed", "timeout", "cancelled", "slot_lost", "snoozed", "suspended",
-            "handed_back", "lost")
 
 _NAMES = {id(job_enqueued): "job_enqueued", id(job_started): "job_started",
           id(job_finished): "job_finished", id(job_dead): "job_dead"}
