@@ -78,7 +78,7 @@ from .executor import Discard, Done, GiveBack, Outcome, Retry
 from .flow import Flow
 from .heartbeat import Heartbeat
 from .listener import WakeListener
-from .settle import write_outcome
+from .settle import announce, announcing, write_outcome
 from .shutdown import ShutdownSignals
 
 log = logging.getLogger("django_xjobs.worker")
@@ -704,7 +704,8 @@ class Worker:
                 self._db_error("acknowledge", exc)
                 unsettled.extend(done)
             else:
-                if len(report.owned) == len(done) and not log.isEnabledFor(logging.DEBUG):
+                if (len(report.owned) == len(done) and not log.isEnabledFor(logging.DEBUG)
+                        and not announcing()):
                     # The usual case: every run still owned its job. Settle them in one go.
                     with self._lock:
                         for r in done:
@@ -747,6 +748,9 @@ class Worker:
             run.phase = SETTLED
             self._runs.pop(run.job.lease_token, None)
         job = run.job
+        if announcing():
+            assert run.outcome is not None
+            announce(self.engine, job, run.definition or job.name, run.outcome, fence, state)
         if fence is Fence.LOST:
             self.stats["lost"] += 1
             reason = run.outcome.reason if isinstance(run.outcome, Discard) else (
