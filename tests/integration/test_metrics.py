@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
 from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -221,6 +222,8 @@ def test_without_prometheus_client_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client.core", None)
     with pytest.raises(ImproperlyConfigured, match=r"django-xjobs\[prometheus\]"):
         metrics.XJobsCollector()
+    with pytest.raises(CommandError, match=r"django-xjobs\[prometheus\]"):
+        call_command("xjobs_worker", "--metrics-port", "9", "--burst")
 
 
 def test_otel_instruments_carry_the_same_figures(client):
@@ -251,3 +254,19 @@ def test_otel_instruments_carry_the_same_figures(client):
         assert otel[key] == pytest.approx(prom[key], abs=slack), key
     # Every figure of the exposition but the histograms' buckets is an instrument.
     assert {k for k in prom if not k[0].endswith(("_bucket", "_created"))} == set(otel)
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "abc", "-1"])
+def test_metrics_port_must_be_a_port_number(port):
+    with pytest.raises(CommandError, match="must be a TCP port number, 1 to 65535"):
+        call_command("xjobs_worker", "--metrics-port", port, "--burst")
+
+
+def test_metrics_port_in_use_is_a_clear_error():
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"--metrics-port {port}: cannot listen there: "
+                                               "Address already in use"):
+            call_command("xjobs_worker", "--metrics-port", str(port), "--burst")
