@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,9 +12,20 @@ from typing import Any
 
 from django.db import connections
 
-from .exceptions import JobCancelled
+from . import clock, values
+from .exceptions import InvalidJobInput, JobCancelled
 
 _logger = logging.getLogger("django_xjobs.job")
+log = logging.getLogger("django_xjobs.worker")
+
+# ctx.progress(): at most one write per this many seconds per run reaches the database, plus the
+# run's last values when it ends (docs/observability.md, "Progress").
+PROGRESS_INTERVAL = 1.0
+# A progress message longer than this is cut (ending in "...").
+MAX_PROGRESS_MESSAGE = 200
+
+# What a run's progress writer receives: done, total (or None), message (or None).
+ProgressValues = tuple[float, float | None, str | None]
 
 
 class StopSignal:
@@ -81,8 +93,13 @@ class JobContext:
     # when the lease was last renewed). Called before the job's body and before every step's
     # body (docs/guarantees.md).
     lease_proof: Callable[[], None] | None = None
+    # Writes the run's progress, fenced, and says whether the run still owns its job (the worker
+    # and the inline test mode supply it: engine.job_progress_if_owned). Without one (a context
+    # of testing.make_context) ctx.progress only validates and keeps the values.
+    progress_writer: Callable[[float, float | None, str | None], bool] | None = None
     _logger: logging.LoggerAdapter[Any] | None = None
     _step: Any = None
+    _progress: _Progress | None = None
 
     @property
     def step(self) -> Any:
@@ -122,6 +139,81 @@ class JobContext:
         if self.cancelled.is_set():
             raise self.stop_error(self.stop_reason or "cancelled")
 
+    def progress(self, done: float, total: float | None = None,
+                 message: str | None = None) -> None:
+        """Report how far the run has got: ``done`` of ``total`` (units of your choosing),
+        ``message`` a short line (cut at :data:`MAX_PROGRESS_MESSAGE` characters). Cheap enough
+        for every item of a loop: at most one write per :data:`PROGRESS_INTERVAL` reaches the
+        database (the first call writes at once, later calls within the interval only keep the
+        newest values, which the next call after it writes), and the newest values are written
+        when the job's code returns or raises, before the run's outcome. The write is fenced
+        like the run's others: once it finds that the run no longer owns its job, progress stops
+        being written (the run itself is stopped by its worker). In an ``async def`` job the
+        write runs in a thread (``in_thread``) and is not waited for; the event loop never
+        blocks on it. Raises :class:`InvalidJobInput` for values it cannot record."""
+        reported = progress_values(done, total, message)
+        state = self._progress
+        if state is None:
+            state = self._progress = _Progress()
+        due = state.report(reported, clock.monotonic())
+        if due is None or self.progress_writer is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a sync job: its own thread, its own connection
+            self._write_progress(state, due)
+            return
+        state.writing = loop.create_task(self._write_progress_in_thread(state, due))
+
+    @property
+    def last_progress(self) -> ProgressValues | None:
+        """The newest ``(done, total, message)`` the run reported, written yet or not (None
+        before the first ``ctx.progress``)."""
+        return self._progress.last if self._progress is not None else None
+
+    def flush_progress(self) -> None:
+        """Write the progress still held back by the interval (the executor calls this when the
+        job's code ends, before its outcome is settled, so the last values are never lost). A
+        stopped run writes nothing: its outcome is already decided, its lease maybe lost. A
+        database error here is logged, never raised: it must not change the run's outcome."""
+        due = self._progress.pending_values() if self._progress is not None else None
+        if due is None or self.progress_writer is None or self.cancelled.is_set():
+            return
+        assert self._progress is not None
+        try:
+            self._write_progress(self._progress, due)
+        except Exception as exc:
+            log.warning("job %s (%s): its last progress could not be written (%s)",
+                        self.job_id, self.name, exc)
+
+    async def aflush_progress(self) -> None:
+        """:meth:`flush_progress` of an ``async def`` job: after the write in flight, off the
+        event loop."""
+        state = self._progress
+        if state is None or self.progress_writer is None or self.cancelled.is_set():
+            return
+        if state.writing is not None:
+            await asyncio.gather(state.writing, return_exceptions=True)
+        due = state.pending_values()
+        if due is not None and not self.cancelled.is_set():
+            await self._write_progress_in_thread(state, due)
+
+    def _write_progress(self, state: _Progress, due: ProgressValues) -> None:
+        assert self.progress_writer is not None
+        if not self.progress_writer(*due):
+            # The run lost its job (cancelled, or re-claimed after its lease lapsed): the
+            # heartbeat stops the run; its progress is no longer this run's to write.
+            state.lost = True
+            log.debug("job %s (%s) attempt %d: progress not recorded, this run no longer owns "
+                     "the job", self.job_id, self.name, self.attempt)
+
+    async def _write_progress_in_thread(self, state: _Progress, due: ProgressValues) -> None:
+        try:
+            await in_thread(self._write_progress, state, due)
+        except Exception as exc:  # nobody awaits this write: the job goes on without it
+            log.warning("job %s (%s): progress could not be written (%s)", self.job_id,
+                        self.name, exc)
+
     def prove_lease(self) -> None:
         """Before a body starts (the job's, a step's): raise :class:`JobCancelled` if the run was
         asked to stop or can no longer prove that its lease is still valid; in the latter case
@@ -129,6 +221,74 @@ class JobContext:
         if self.lease_proof is not None:
             self.lease_proof()
         self.check_cancelled()
+
+
+class _Progress:
+    """The rate limit and the held-back values of one run's ``ctx.progress``."""
+
+    __slots__ = ("last", "lock", "lost", "pending", "writing", "written_at")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # a job may report from threads of its own
+        self.last: ProgressValues | None = None
+        self.pending: ProgressValues | None = None  # held back by the interval
+        self.written_at: float | None = None  # monotonic, when the last write began
+        self.lost = False  # a write found the run no longer owns its job
+        self.writing: asyncio.Task[None] | None = None  # an async job's write in flight
+
+    def report(self, reported: ProgressValues, now: float) -> ProgressValues | None:
+        """Keep ``reported``; the values to write now, or None (held back, or no more
+        writes)."""
+        with self.lock:
+            self.last = reported
+            if self.lost:
+                return None
+            if ((self.written_at is not None and now - self.written_at < PROGRESS_INTERVAL)
+                    or (self.writing is not None and not self.writing.done())):
+                self.pending = reported
+                return None
+            self.written_at = now
+            self.pending = None
+            return reported
+
+    def pending_values(self) -> ProgressValues | None:
+        """The held-back values, taken (None when there are none or the run lost its job)."""
+        with self.lock:
+            due, self.pending = self.pending, None
+            return None if self.lost else due
+
+
+def progress_values(done: Any, total: Any = None, message: Any = None) -> ProgressValues:
+    """``ctx.progress``'s arguments as stored, or :class:`InvalidJobInput` saying what is
+    wrong: numbers (not bools) that are finite and >= 0, a total > 0 (done may exceed it: the
+    work grew), a message of text, cut at :data:`MAX_PROGRESS_MESSAGE` characters."""
+    done_f = _progress_number("done", done)
+    total_f = _progress_number("total", total) if total is not None else None
+    if total_f is not None and total_f <= 0:
+        raise InvalidJobInput(f"progress total must be > 0 (or None when unknown), got {total!r}")
+    if message is not None:
+        if not isinstance(message, str):
+            raise InvalidJobInput(
+                f"progress message must be a string or None, got {type(message).__name__}")
+        if "\x00" in message or not values.is_utf8(message):
+            raise InvalidJobInput("progress message contains NUL or a lone surrogate, which "
+                                  "stored text cannot hold")
+        if len(message) > MAX_PROGRESS_MESSAGE:
+            message = message[:MAX_PROGRESS_MESSAGE - 3] + "..."
+    return done_f, total_f, message or None
+
+
+def _progress_number(what: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidJobInput(f"progress {what} must be a number, got {values.safe_repr(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or number < 0:
+        raise InvalidJobInput(
+            f"progress {what} must be a finite number >= 0, got {values.safe_repr(value):.40}")
+    return number
 
 
 async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:

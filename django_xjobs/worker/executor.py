@@ -1,4 +1,7 @@
-"""Run one claimed job and map what happened to an :data:`Outcome`. No database writes here.
+"""Run one claimed job and map what happened to an :data:`Outcome`. No database writes here
+but the job's own: its code's, and its last ``ctx.progress`` held back by the rate limit, written
+when the code ends (``JobContext.flush_progress``), before the outcome goes to be settled, so
+while the run still holds its lease.
 
 The job's code is found by its stored name in the registry, never imported
 (``registry.lookup``). What the function does maps to:
@@ -225,6 +228,7 @@ def execute(
             return _exited(exc, definition, claimed, settings)
         return _outcome_of_exception(exc, definition, claimed, ctx, settings)
     finally:
+        ctx.flush_progress()
         if cleanup:
             close_old_connections()
     if ctx.cancelled.is_set():
@@ -239,6 +243,15 @@ async def execute_async(
     refused = undecodable_input(claimed)
     if refused is not None:
         return refused
+    try:
+        return await _execute_async(definition, claimed, ctx, settings)
+    finally:
+        await ctx.aflush_progress()
+
+
+async def _execute_async(
+    definition: JobDefinition, claimed: ClaimedJob, ctx: JobContext, settings: XJobsSettings
+) -> Outcome:
     try:
         ctx.prove_lease()
         if signals.job_started.receivers:

@@ -194,7 +194,7 @@ class Run:
             job_id=job.id, run_id=job.run_id, name=job.name, queue=job.queue,
             attempt=job.attempt, max_attempts=job.max_attempts, tenant_id=job.tenant_id,
             traceparent=job.traceparent, step_factory=self._steps, lease_token=job.lease_token,
-            lease_proof=self.prove_lease,
+            lease_proof=self.prove_lease, progress_writer=self._write_progress,
         )
 
     def prove_lease(self) -> None:
@@ -203,6 +203,11 @@ class Run:
         its job handed back (``JobContext.prove_lease`` then raises)."""
         if clock.monotonic() - self.renewed_at >= self.budget:
             self.on_unproven(self, "its code or its next step")
+
+    def _write_progress(self, done: float, total: float | None, message: str | None) -> bool:
+        """``ctx.progress``'s fenced write, on the calling thread's connection."""
+        return get_engine().job_progress_if_owned(self.job.claim, done=done, total=total,
+                                                  message=message)
 
     def _steps(self, ctx: JobContext) -> Any:
         def on_park() -> None:
