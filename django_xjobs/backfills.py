@@ -591,6 +591,10 @@ class _Pass:
         cursor = record.last_cursor
         rows = record.rows_processed
         batches = 0
+        # The job's progress (docs/observability.md, "Progress"): rows since the pass began, of
+        # the total hook's count, read once per attempt (a hook that fails, or counts nothing,
+        # leaves the progress without a total and so without an ETA).
+        total, _ = count_total(definition)
         while True:
             # Between batches: a lost lease, a cancel seen by the heartbeat, a shutdown past
             # its grace period. The next batch's fence would refuse it anyway; this saves the
@@ -598,6 +602,7 @@ class _Pass:
             ctx.check_cancelled()
             next_cursor, rows = self._batch(engine, owner, bctx, cursor)
             batches += 1
+            ctx.progress(rows, total or None, f"{rows:,} rows, {batches} batches this attempt")
             if next_cursor is None:
                 log.info("backfill %s run %s completed: %d rows (%d batches in this attempt)",
                          definition.name, ctx.run_id, rows, batches)
