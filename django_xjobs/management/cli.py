@@ -31,6 +31,18 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def duration(seconds: float) -> str:
+    """A span of time as an operator reads it: ``45s``, ``3m20s``, ``2h05m``."""
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
 def record_dict(record: Any) -> dict[str, Any]:
     """A record (a dataclass) as a JSON-ready dict of its fields."""
     return {name: jsonable(getattr(record, name)) for name in record.__dataclass_fields__}

@@ -1,7 +1,8 @@
 """``manage.py xjobs``: queue stats and operator actions, each with ``--json`` for scripts.
 
     manage.py xjobs                       stats per queue (five exclusive buckets + finished)
-    manage.py xjobs show ID               one job, its error and result
+    manage.py xjobs show ID               one job, its error and result, its progress (with
+                                          an ETA) and its attempt history
     manage.py xjobs cancel ID [--reason]  stop a job (a running one stops at its next heartbeat)
     manage.py xjobs retry ID              dead/cancelled -> a fresh set of attempts, due now
     manage.py xjobs run-now ID            delayed/suspended -> due now
@@ -23,19 +24,24 @@ workers, jobs, why, steps, outbox, slots, backfills, scheduler, delete.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
 from ... import api, outbox, reads, slots
 from ...engines import get_engine
 from ...exceptions import ConfigurationError
 from ...records import (
     TERMINAL_STATES,
+    AttemptRecord,
     ChangeResult,
+    ProgressRecord,
     SlotRecord,
     SlotUsage,
+    attempts_from_json,
+    progress_from_json,
 )
 from ...values import parse_duration
 from .. import cli, console_cli, pauses_cli, schedule_cli
@@ -172,10 +178,25 @@ class Command(BaseCommand):
 
     def _show(self, job: Any, as_json: bool) -> None:
         """One job, read like its console page (JSON columns as text: a value Python cannot
-        decode is printed as stored, with a note, instead of ending the command)."""
+        decode is printed as stored, with a note, instead of ending the command), then its
+        progress and its attempt history (docs/observability.md)."""
         steps = reads.run_steps(job.run_id, limit=None)
+        attempts = attempts_from_json(job.attempts)
+        progress = progress_from_json(job.progress)
+        now = get_engine().db_now()
+        # An ETA only for the run that is under way and reported since it started.
+        eta = progress.eta(_aware(job.started_at)) if (
+            progress is not None and job.state == "running") else None
         if as_json:
-            cli.emit(self, {**reads.as_json(job), "steps": reads.as_json(steps)})
+            cli.emit(self, {
+                **reads.as_json(job), "steps": reads.as_json(steps),
+                "attempts": [{**cli.record_dict(a), "duration": a.duration} for a in attempts],
+                "progress": None if progress is None else {
+                    **cli.record_dict(progress), "fraction": progress.fraction,
+                    "eta": cli.jsonable(eta),
+                    "eta_seconds": (eta - now).total_seconds() if eta is not None else None,
+                },
+            })
             return
         fields = ("id", "name", "queue", "state", "attempt", "max_attempts", "priority",
                   "run_at", "created_at", "updated_at", "started_at", "finished_at",
@@ -204,6 +225,15 @@ class Command(BaseCommand):
                     detail = step.error.strip().splitlines()[-1]
                 self.stdout.write(f"  {step.name:<24} {step.status:<10} attempts {step.attempts}"
                                   f"  {when}  {detail}")
+        if progress is not None:
+            self.stdout.write(f"\n{'progress':>16}: {_progress_text(progress)}")
+            if eta is not None:
+                left = (eta - now).total_seconds()
+                self.stdout.write(f"{'eta':>16}: {_moment(eta)} "
+                                  f"({'in ' + cli.duration(left) if left > 0 else 'due now'})")
+        if attempts:
+            self.stdout.write(f"\nattempts ({len(attempts)} kept):")
+            self.stdout.write("\n".join(_timeline(attempts)))
 
     def _change(self, action: str, result: ChangeResult, as_json: bool) -> None:
         job = result.job
@@ -276,6 +306,50 @@ class Command(BaseCommand):
 
 
 STATS_SLOT_KEYS = 20  # keys the stats list; `xjobs slots` lists them all
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    """A time of the ORM's (naive in TIME_ZONE with USE_TZ = False) comparable with the aware
+    times of the JSON columns."""
+    if moment is None or timezone.is_aware(moment):
+        return moment
+    return timezone.make_aware(moment, timezone.get_default_timezone())
+
+
+def _moment(moment: datetime | None) -> str:
+    return "-" if moment is None else moment.isoformat(sep=" ", timespec="seconds")
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if value == int(value) else f"{value:,.2f}"
+
+
+def _progress_text(progress: ProgressRecord) -> str:
+    """``40 of 100 (40.0%): copying rows, reported 2026-12-04 15:10:50+00:00``."""
+    text = _number(progress.done)
+    if progress.total is not None:
+        text += f" of {_number(progress.total)}"
+    if progress.fraction is not None:
+        text += f" ({progress.fraction:.1%})"
+    if progress.message:
+        text += f": {progress.message}"
+    return f"{text}, reported {_moment(progress.at)}"
+
+
+def _timeline(attempts: list[AttemptRecord]) -> list[str]:
+    """One line per kept run: attempt, outcome, worker, start, duration, and the line of its
+    error a person reads first (the console's). Only the first and the newest runs are kept:
+    a gap says which went."""
+    lines = []
+    for n, a in enumerate(attempts):
+        if n == 1 and a.attempt - attempts[0].attempt > 1:
+            lines.append(f"  ... attempts {attempts[0].attempt + 1}-{a.attempt - 1} not kept")
+        error = reads.error_summary(a.error, 120) or ""
+        took = "-" if a.duration is None else (
+            f"{a.duration:.2f}s" if a.duration < 10 else cli.duration(a.duration))
+        lines.append(f"  #{a.attempt:<3} {a.outcome:<11} {a.worker or '-'}  "
+                     f"{_moment(a.started_at)}  {took:>6}  {error}".rstrip())
+    return lines
 
 
 def _refuse_nul(options: dict[str, Any]) -> None:

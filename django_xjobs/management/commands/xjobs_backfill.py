@@ -38,17 +38,6 @@ def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
 
 
-def _duration(seconds: float) -> str:
-    seconds = round(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
-
-
 def _throttle(value: str) -> float:
     try:
         return backfills.parse_throttle("--throttle", value)
@@ -227,7 +216,7 @@ class Command(BaseCommand):
                                   "began)"))
         if progress.eta is not None:
             at = f" (about {_when(progress.eta_at)})" if progress.eta_at else ""
-            lines.append(("eta", f"{_duration(progress.eta)}{at}"))
+            lines.append(("eta", f"{cli.duration(progress.eta)}{at}"))
         lines += [
             ("last_cursor", json.dumps(record.last_cursor, default=str)),
             ("started_at", _when(record.started_at)),
