@@ -316,3 +316,24 @@ def test_inline_runs_are_in_the_attempt_history_as_inline(inline):
     assert (entry.attempt, entry.outcome, entry.worker, entry.error) == (
         1, "done", WORKER_ID, None)
     assert entry.duration is not None and entry.duration >= 0
+
+
+# -------------------------------------------------------------------------------- backfills --
+
+
+@transactional
+@pytest.mark.parametrize(("name", "total"), [
+    ("testapp.count_rows", 250),  # with a total hook: a total, so an ETA while it runs
+    ("testapp.count_rows_once", None),  # without one: rows only
+])
+def test_a_backfill_pass_reports_its_rows_as_the_jobs_progress(name, total):
+    from tests.testapp.models import Counted
+
+    Counted.objects.bulk_create([Counted() for _ in range(250)])
+    out = StringIO()
+    call_command("xjobs_backfill", "start", name, "--batch-size", "100", "--json", stdout=out)
+    started = json.loads(out.getvalue())
+    assert drain(queues=["backfills"])["done"] == 1
+    progress = stored(started["job_id"])
+    assert (progress.done, progress.total) == (250, total)
+    assert progress.message == "250 rows, 3 batches this attempt"

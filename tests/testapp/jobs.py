@@ -496,3 +496,15 @@ def fleet_rated(ctx, n=0):
 def fleet_rated_slow(ctx, group, seconds=0.1, later=None):
     """A rate-limited run that can be made to hang on its first run (``later``)."""
     return _timed_run(ctx, group, seconds, later)
+
+
+# -------------------------------------------------------------------------------- progress --
+
+
+@job
+def reports_progress(ctx, items=60, pause=0.1):
+    """Works through ``items`` items, ``pause`` seconds each, reporting after each one."""
+    for i in range(1, items + 1):
+        time.sleep(pause)
+        ctx.progress(i, items, f"item {i} of {items}")
+    return {"items": items}
