@@ -176,12 +176,14 @@ class JobContext:
         job's code ends, before its outcome is settled, so the last values are never lost). A
         stopped run writes nothing: its outcome is already decided, its lease maybe lost. A
         database error here is logged, never raised: it must not change the run's outcome."""
-        due = self._progress.pending_values() if self._progress is not None else None
-        if due is None or self.progress_writer is None or self.cancelled.is_set():
+        state = self._progress
+        if state is None or self.progress_writer is None or self.cancelled.is_set():
             return
-        assert self._progress is not None
+        due = state.pending_values()
+        if due is None:
+            return
         try:
-            self._write_progress(self._progress, due)
+            self._write_progress(state, due)
         except Exception as exc:
             log.warning("job %s (%s): its last progress could not be written (%s)",
                         self.job_id, self.name, exc)
