@@ -143,8 +143,13 @@ def test_drain_with_worker_threads_keeps_the_last_of_many_quick_reports(progress
 
 
 @transactional
-def test_an_async_job_reports_without_blocking_and_keeps_its_last_values(inline):
+@pytest.mark.parametrize("mode", ["inline", "worker"])
+def test_an_async_job_reports_without_blocking_and_keeps_its_last_values(settings, mode):
+    if mode == "inline":
+        settings.XJOBS = {**settings.XJOBS, "TEST_MODE": "inline"}
     handle = async_burst.enqueue(calls=200)
+    if mode == "worker":
+        assert drain()["done"] == 1  # on the worker's event loop
     record = api.get_job(handle.id)
     assert record.state == "done"
     assert (record.progress.done, record.progress.total) == (200, 200)
