@@ -18,6 +18,11 @@ more statement, ``slots_renew_if_held``, fenced on the holder and on the slot no
 (``Worker.on_slots_renewed``: ``X_JOB_SLOT_LOST``). Its ``sent_at`` is taken the same way. A
 round with no slot held sends nothing more.
 
+Every ``XJOBS["WORKER_SEEN_INTERVAL"]`` (at most once a round, busy or idle, with or without
+leases to renew) the round also refreshes the worker's x_workers row (``Worker.seen``): it is
+alive, and how its loop is doing (worker/liveness.py). A stopped process stops refreshing it,
+which is how ``xjobs health`` tells it is stalled.
+
 A hung connection (a stopped backend, a half-open socket) blocks this thread inside the
 statement. The worker does not wait for it: its watch thread stops every run that has gone a
 whole lease without renewal (the self-fence) and replaces this thread after a lease, bumping
