@@ -50,6 +50,9 @@ SCALARS.update({"kind": "key", "until": None, "for_ms": 60_000})  # ---- pauses
 SCALARS.update({"outcome": "failed", "done": 1.0, "total": 10.0, "message": None,
                 "grain": "minute", "since": None, "minute_ms": 1000, "hour_ms": 1000,
                 "day_ms": 1000})  # ---- observability
+SCALARS.update({"version": "1.0", "concurrency": 4, "running": 1, "finished": 10,
+                "claimed_age_ms": 1000, "loop_age_ms": 100,
+                "stall_ms": 300_000})  # ---- workers and health probes
 LISTS = {
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
     "names": "testapp.noop", "queues": "default", "inputs": "{}", "keys": "k",
