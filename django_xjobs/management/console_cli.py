@@ -56,13 +56,14 @@ def _when(value: str) -> datetime:
 
 
 def add_parsers(sub: Any) -> list[Any]:
+    dashboard = sub.add_parser("dashboard", help="the console's dashboard")
     health = sub.add_parser("health", help="exit 0 when the workers make progress, 1 with the "
                                            "reasons when not; then the console's health panel")
     workers_cli.add_health_arguments(health)
     workers = sub.add_parser("workers", help="the worker processes and whether they are "
                                              "stalled")
     workers_cli.add_workers_arguments(workers)
-    parsers = [sub.add_parser("dashboard", help="the console's dashboard"), health, workers]
+    parsers = [dashboard, health, workers]
     jobs = sub.add_parser("jobs", help="list jobs, newest first")
     jobs.add_argument("--state", choices=ALL_STATES)
     jobs.add_argument("--queue")
