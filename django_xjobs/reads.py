@@ -8,9 +8,11 @@ statements.
 
 Where the numbers come from:
 
-* the per-queue buckets are the engine's ``queue_stats`` (ONE definition of the six
-  exclusive buckets, pinned by tests/conformance/test_stats.py); the finished counts of the last
-  hour are an ORM read over ``x_jobs_finished_idx`` (state, finished_at);
+* the dashboard's per-queue live buckets are the engine's ``queue_depth`` (the live rows'
+  partial indexes only, never the history); what each queue finished in the last 24 hours and
+  the charts are the counters (:mod:`counters`), whose cost does not grow with the jobs table.
+  The counters count every tenant's jobs, so under a tenant scope the finished counts are read
+  from the rows instead (``x_jobs_finished_idx``, per state) and the charts are not shown;
 * the health figures of the tables and of the server are the engine's monitoring statements
   (``tables_health``, ``xmin_horizon``); the rest are read-only ORM reads of the models;
 * time is the database's: "expired", "due" and "recently" compare with ``now()`` of the server,
@@ -50,17 +52,18 @@ from django.db.models.functions import Cast, Left, Length, Now
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import conf, registry, scheduler, slots
+from . import conf, counters, registry, scheduler, slots
 from .engines import get_engine
 from .exceptions import ConfigurationError, JobNotFound
 from .models import Backfill, Job, JobEvent, JobLease, JobStep, OutboxEntry, SchedulerLeader
-from .records import TERMINAL_STATES, QueueStats, TableHealth, XminHolder, decode_stored_json
+from .records import TERMINAL_STATES, QueueDepth, TableHealth, XminHolder, decode_stored_json
 
 TenantScope = frozenset[str] | None
 
 # How far back "recently" reaches for workers and rescues, and how many rows a panel lists.
 WORKER_WINDOW = timedelta(minutes=5)
-FINISHED_WINDOW = timedelta(hours=1)
+# The dashboard's finished counts: the counters' "day" window (24 hourly buckets).
+FINISHED_WINDOW = timedelta(hours=24)
 RESCUE_WINDOW = timedelta(hours=1)
 PANEL_ROWS = 10
 LAPSED_ROWS = 50
@@ -145,13 +148,21 @@ def steps_scoped(queryset: Any, tenants: TenantScope) -> Any:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class QueueRow(QueueStats):
-    """One queue on the dashboard: the six exclusive buckets and the finished totals it keeps
-    (``queue_stats``), and what finished in the last hour."""
+class QueueRow(QueueDepth):
+    """One queue on the dashboard: its live buckets and the age of its oldest due job
+    (``queue_depth``), and what it finished in the last 24 hours: the counters' day window, or
+    under a tenant scope the finished rows of that window (the counters count every tenant's
+    jobs). ``failed_24h`` counts failed runs (retried, or the one a job died of), which only
+    the counters know: None under a tenant scope."""
 
-    done_last_hour: int = 0
-    cancelled_last_hour: int = 0
-    dead_last_hour: int = 0
+    done_24h: int = 0
+    failed_24h: int | None = 0
+    dead_24h: int = 0
+    cancelled_24h: int = 0
+
+    @property
+    def live(self) -> int:
+        return self.ready + self.delayed + self.running + self.suspended + self.blocked
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,9 +247,15 @@ class Dashboard:
 
     @property
     def totals(self) -> QueueRow:
-        sums = {f.name: sum(getattr(q, f.name) for q in self.queues)
-                for f in dataclasses.fields(QueueRow) if f.name != "queue"}
-        return QueueRow(queue="all queues", **sums)
+        sums: dict[str, Any] = {
+            f.name: sum(getattr(q, f.name) or 0 for q in self.queues)
+            for f in dataclasses.fields(QueueRow)
+            if f.name not in ("queue", "oldest_ready_age", "failed_24h")}
+        ages = [q.oldest_ready_age for q in self.queues if q.oldest_ready_age is not None]
+        failed = [q.failed_24h for q in self.queues]
+        return QueueRow(queue="all queues", oldest_ready_age=max(ages, default=None),
+                        failed_24h=None if None in failed else sum(f or 0 for f in failed),
+                        **sums)
 
     @property
     def outbox_verdict(self) -> str:
@@ -522,28 +539,42 @@ def _finished_since(window: timedelta, tenants: TenantScope) -> list[tuple[str, 
 
 
 def queue_rows(tenants: TenantScope = None) -> list[QueueRow]:
+    """The dashboard's queues: live buckets from ``queue_depth``, finished counts of the last
+    24 hours from the counters (from the rows under a tenant scope: see :class:`QueueRow`).
+    No read here scans ``x_jobs`` (tests/integration/test_console_site.py checks the plans)."""
 
-
-    stats: dict[str, QueueStats] = {
-        s.queue: s for s in get_engine().queue_stats(tenant_ids=tenants)
+    depth: dict[str, QueueDepth] = {
+        d.queue: d for d in get_engine().queue_depth(tenant_ids=tenants)
     }
-    recent: dict[tuple[str, str], int] = {}
-    for state, finished in _finished_since(FINISHED_WINDOW, tenants):
-        for row in finished.order_by().values("queue").annotate(n=Count("id")):
-            recent[(row["queue"], state)] = row["n"]
-    queues = sorted(set(stats) | {q for q, _ in recent} | set(
+    finished: dict[str, dict[str, Any]] = {}
+    if tenants is None:
+        day = counters.chart("day")
+        for q in day.series:
+            t = day.total(q)
+            finished[q] = {"done_24h": t.done, "failed_24h": t.failed, "dead_24h": t.dead,
+                           "cancelled_24h": t.cancelled}
+    else:
+        for state, rows in _finished_since(FINISHED_WINDOW, tenants):
+            for row in rows.order_by().values("queue").annotate(n=Count("id")):
+                counts = finished.setdefault(row["queue"], {"failed_24h": None})
+                counts[f"{state}_24h"] = row["n"]
+    queues = sorted(set(depth) | set(finished) | set(
         registry.worked_queues() if tenants is None else ()))
     rows = []
     for q in queues:
-        s = stats.get(q) or QueueStats(queue=q)
+        d = depth.get(q) or QueueDepth(queue=q)
         rows.append(QueueRow(
-            queue=q, ready=s.ready, delayed=s.delayed, running=s.running, suspended=s.suspended,
-            dead=s.dead, done=s.done, cancelled=s.cancelled, blocked=s.blocked,
-            done_last_hour=recent.get((q, "done"), 0),
-            cancelled_last_hour=recent.get((q, "cancelled"), 0),
-            dead_last_hour=recent.get((q, "dead"), 0),
+            queue=q, ready=d.ready, delayed=d.delayed, running=d.running,
+            suspended=d.suspended, blocked=d.blocked, oldest_ready_age=d.oldest_ready_age,
+            **finished.get(q, {"failed_24h": None if tenants is not None else 0}),
         ))
     return rows
+
+
+def queue_chart(window: str, queue: str | None = None) -> counters.Chart:
+    """The counters of ``window`` (``hour``, ``day``, ``week``) for the console's charts, of
+    one queue or all. Never under a tenant scope: the counters count every tenant's jobs."""
+    return counters.chart(window, queue=queue)
 
 
 def scheduler_leaders(now: datetime) -> list[LeaderRow]:

@@ -254,10 +254,11 @@ def _cell(value: Any) -> str:
 def _print_dashboard(out: _Out, board: reads.Dashboard) -> None:
     now = board.now
     out.line(f"as of {_cell(now)} (database clock)\n")
-    out.table(("queue", "ready", "delayed", "running", "suspended", "dead", "done 1h",
-               "cancelled 1h", "died 1h"),
-              [(q.queue, q.ready, q.delayed, q.running, q.suspended, q.dead, q.done_last_hour,
-                q.cancelled_last_hour, q.dead_last_hour) for q in board.queues],
+    out.table(("queue", "ready", "delayed", "running", "suspended", "blocked", "oldest due",
+               "done 24h", "failed 24h", "died 24h", "cancelled 24h"),
+              [(q.queue, q.ready, q.delayed, q.running, q.suspended, q.blocked,
+                reads.humanize_seconds(q.oldest_ready_age), q.done_24h, q.failed_24h,
+                q.dead_24h, q.cancelled_24h) for q in board.queues],
               empty="(no jobs)")
     age = board.outbox_oldest_seconds
     out.line(f"\noutbox: {board.outbox_pending} pending"
