@@ -41,9 +41,9 @@ def one_of_each():
 def test_dashboard_json_has_every_panel_of_the_console(one_of_each):
     data = run_json("dashboard")
     (q,) = [r for r in data["queues"] if r["queue"] == "cli-q"]
-    assert {k: q[k] for k in ("ready", "delayed", "running", "suspended", "dead")} == {
-        "ready": 1, "delayed": 1, "running": 2, "suspended": 1, "dead": 1}
-    assert (q["done_last_hour"], q["cancelled_last_hour"], q["dead_last_hour"]) == (1, 1, 1)
+    assert {k: q[k] for k in ("ready", "delayed", "running", "suspended", "blocked")} == {
+        "ready": 1, "delayed": 1, "running": 2, "suspended": 1, "blocked": 0}
+    assert (q["done_24h"], q["failed_24h"], q["dead_24h"], q["cancelled_24h"]) == (1, 1, 1, 1)
     assert q["live"] == 5
     assert data["outbox_pending"] == 1
     assert [leader["holder"] for leader in data["leaders"]] == ["w1:1"]
