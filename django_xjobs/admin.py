@@ -827,8 +827,8 @@ class JobAdmin(ConsoleAdmin):
     @staticmethod
     def _attempt_rows(job: Job) -> list[dict[str, Any]]:
         """The attempt history (``Job.attempts``), oldest first, as the job page shows it: the
-        times in the page's zone, the duration, the error's first line (its class and message)
-        and the whole error."""
+        times in the page's zone, the duration, the line of the error a person reads first (the
+        exception and its message, the last line of a traceback) and the whole error."""
         rows = []
         for a in attempts_from_json(job.attempts):
             error = (a.error or "").strip()
@@ -836,7 +836,7 @@ class JobAdmin(ConsoleAdmin):
                          "started": reads.clock_text(a.started_at),
                          "finished": reads.clock_text(a.finished_at),
                          "duration": reads.duration_text(a.duration),
-                         "error_line": error.splitlines()[0] if error else "",
+                         "error_line": reads.error_summary(error) or "",
                          "error": error})
         return rows
 

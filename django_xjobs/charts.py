@@ -116,10 +116,11 @@ def line_chart(*, title: str, desc: str, labels: Sequence[str], series: Sequence
             f'fill="{COLOURS[k % len(COLOURS)]}"/>'
             f'<text x="{lx + 16:.1f}" y="{ly + 5}">{escape(_clip(s.name, 28))}</text>')
     parts.append("</g>")
-    # The grid and the y axis: 0, a quarter, half, three quarters and the top.
+    # The grid and the y axis: round steps from 0 to the top (quarters of a 2, else fifths).
     parts.append('<g class="xjobs-axis" font-size="10" fill="currentColor" stroke="none">')
-    for q in range(5):
-        tick = top * q / 4
+    divisions = 4 if round(top / 10 ** math.floor(math.log10(top)), 6) == 2 else 5
+    for q in range(divisions + 1):
+        tick = top * q / divisions
         gy = y(tick)
         parts.append(
             f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{gy:.1f}" y2="{gy:.1f}" '

@@ -290,3 +290,68 @@ def test_on_call_sees_why_a_job_waits_and_pauses_and_resumes_a_queue_in_the_brow
     row.locator("input[type=submit][value='Resume']").click()
     page.wait_for_selector("#xjobs-queues")
     wait_state(paused.id, "done")
+
+
+# Each point of a chart, as the browser has it: its series and the value its title gives.
+CHART_POINTS = """(chart) => [...document.querySelectorAll(`svg#${chart} g.xjobs-series`)].map(
+  g => [g.dataset.series, [...g.querySelectorAll('circle')].map(
+    c => parseFloat(c.querySelector('title').textContent.split(': ').pop()))])"""
+
+
+def test_the_console_at_x_charts_a_real_workers_runs_and_shows_each_attempt(
+        live_server, spawn_worker, page, shots, django_user_model):
+    django_user_model.objects.create_superuser("charts", "charts@example.com", PASSWORD)
+    for i in range(8):
+        testapp_jobs.record.using(queue="default").enqueue(tag=f"order {i}")
+    for i in range(3):
+        testapp_jobs.record.using(queue="mail").enqueue(tag=f"mail {i}")
+    flaky = testapp_jobs.flaky.enqueue(fail_times=2)
+    dead = testapp_jobs.always_fails.enqueue()
+    # Retries a fraction of a second apart: the test does not wait out the default backoff.
+    worker = spawn_worker("--concurrency", "2", "--queue", "default", "--queue", "mail",
+                          settings={**FAST, "RETRY_BASE": "0.1s", "RETRY_CAP": "0.5s"})
+    wait_started(worker)
+    wait_state(flaky.id, "done")
+    wait_state(dead.id, "dead")
+
+    # Log in to the console's own site: its index is the dashboard.
+    page.goto(f"{live_server.url}/_x/")
+    page.fill("#id_username", "charts")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_selector("#xjobs-charts svg.xjobs-chart")
+    assert page.url == f"{live_server.url}/_x/"
+    charts = {c: dict(page.evaluate(CHART_POINTS, f"xjobs-chart-{c}"))
+              for c in ("throughput", "failures", "wait")}
+    assert len(charts["throughput"]["default"]) == 60
+    assert sum(charts["throughput"]["default"]) == 9  # eight records and the flaky job
+    assert sum(charts["throughput"]["mail"]) == 3
+    assert sum(charts["failures"]["default"]) == 4  # two failed runs each
+    assert charts["wait"]["default"]  # minutes in which jobs started
+    # Drawn, not just present: the lines have a size on the page.
+    box = page.locator("#xjobs-chart-throughput polyline").first.bounding_box()
+    assert box is not None and box["width"] > 100
+    page.screenshot(path=str(shots / "dashboard_charts.png"), full_page=True)
+
+    # The queue table links to the queue's page, with its own charts.
+    page.click("#xjobs-queues a:text-is('mail')")
+    page.wait_for_selector("#xjobs-queue")
+    assert page.url.endswith("/_x/django_xjobs/job/queue/mail/")
+    assert list(dict(page.evaluate(CHART_POINTS, "xjobs-chart-throughput"))) == ["mail"]
+
+    # The job that failed twice, then succeeded: three attempts, each with its worker.
+    page.goto(f"{live_server.url}/_x/django_xjobs/job/{flaky.id}/change/")
+    rows = page.locator("#xjobs-attempts tr.xjobs-attempt")
+    assert rows.count() == 3
+    outcomes = [rows.nth(i).get_attribute("data-outcome") for i in range(3)]
+    assert outcomes == ["failed", "failed", "done"]
+    history = job_row(flaky.id).attempts
+    for i in range(3):
+        assert history[i]["worker"] in rows.nth(i).inner_text()
+    assert "RuntimeError: flaky failure on attempt 1" in rows.nth(0).inner_text()
+    assert "RuntimeError: flaky failure on attempt 2" in rows.nth(1).inner_text()
+    whole = rows.nth(0).locator("details pre")
+    assert not whole.is_visible()
+    rows.nth(0).locator("summary").click()
+    assert "Traceback" in whole.inner_text()
+    page.screenshot(path=str(shots / "job_attempts.png"))  # the top: the why and attempts

@@ -232,7 +232,7 @@ def test_the_job_page_shows_each_attempt_with_its_worker_and_error(admin_client,
     for n, (_outcome, row) in enumerate(rows, start=1):
         assert f'<td class="num">{n}</td>' in row
         assert f"<td>{history[n - 1]['worker']}</td>" in row  # the worker that ran it
-    assert "RuntimeError: flaky failure on attempt 1" in rows[0][1]
+    assert "<summary><code>RuntimeError: flaky failure on attempt 1</code>" in rows[0][1]
     assert "<details" in rows[0][1] and "Traceback" in rows[0][1]
     assert "<details" not in rows[2][1]
 
