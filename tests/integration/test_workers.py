@@ -1,14 +1,16 @@
 """x_workers as ``xjobs workers`` and ``xjobs health`` read it: what ``worker_seen`` records,
 and each rule of ``workers_list``'s ``stalled`` (docs/observability.md, "Workers and health
-probes"), with rows written directly. Every test runs in one transaction, so ``now()`` is one
-moment and the ages below are exact."""
+probes"), with rows written directly; then the commands' refusals of bad input. Every test
+runs in one transaction, so ``now()`` is one moment and the ages below are exact."""
 
 from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection
 
 from django_xjobs.engines import get_engine
@@ -198,3 +200,28 @@ def test_the_first_rule_that_holds_is_the_reason():
     assert stalled(everything) == "no heartbeat for 6m"
     loop_and_claim = worker(queue, loop_at=now - 20 * M, running=0, claimed_at=now - 20 * M)
     assert stalled(loop_and_claim) == "loop has not gone round for 20m"
+
+
+# ------------------------------------------------------------------------- bad input --
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["health", "--max-stall", "abc"], "'abc' is not a duration"),
+    (["health", "--max-stall", "0s"], "must be greater than zero"),
+    (["workers", "--max-stall", "-5m"], "argument --max-stall"),
+    (["health", "--queue", "no spaces"], "'no spaces' is not a queue name"),
+])
+def test_bad_input_is_refused_before_any_read(args, error):
+    with pytest.raises(CommandError, match=error):
+        call_command("xjobs", *args, stdout=StringIO())
+
+
+def test_the_health_file_needs_an_existing_directory_and_one_worker_process(tmp_path):
+    with pytest.raises(CommandError, match="does not exist"):
+        call_command("xjobs_worker", "--health-file", str(tmp_path / "missing" / "alive"))
+    with pytest.raises(CommandError, match="is a directory"):
+        call_command("xjobs_worker", "--health-file", str(tmp_path))
+    with pytest.raises(CommandError, match="watches one worker loop"):
+        call_command("xjobs_worker", "--processes", "2", "--health-file",
+                     str(tmp_path / "alive"))
+    assert not (tmp_path / "alive").exists()
