@@ -8,6 +8,7 @@
 #   make bench-peers          the shared harness: the peers and django-xjobs in one run
 #   make lint                 ruff + import-linter (the layer contract) + mypy (pyproject.toml)
 #   make bench-admin          the console's page render times at 1,000,000 jobs
+#   make bench-ab BASELINE=REV  this checkout against git revision REV, alternating, one run
 #   make screenshots          the console's screenshots in docs/img (the browser test)
 #
 # PYTHON picks the interpreter, DJANGO the Django series (e.g. DJANGO=5.2 or DJANGO=6.1; empty =
@@ -23,7 +24,7 @@ DJANGO_REQ := $(if $(DJANGO),Django==$(DJANGO).*,)
 STAMP := $(VENV)/.installed-django$(if $(DJANGO),$(DJANGO),-latest)
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench bench-flow bench-scale bench-peers bench-admin lint install clean-db browser screenshots
+.PHONY: demo test bench bench-flow bench-scale bench-peers bench-admin bench-ab lint install clean-db browser screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +77,11 @@ bench-scale: install
 
 bench-admin: install
 	$(PY) bench/admin_pages.py $(BENCH_ARGS)
+
+# A/B in one run: this checkout against BASELINE (a git revision), same workloads, alternating.
+bench-ab: install
+	@test -n "$(BASELINE)" || { echo "make bench-ab needs BASELINE=<git revision>"; exit 2; }
+	$(PY) bench/ab.py --baseline $(BASELINE) $(BENCH_ARGS)
 
 # The harness runs its workers with PYTHONDONTWRITEBYTECODE=1 and installs this checkout in
 # editable mode, so without this step every worker would compile django_xjobs from source at

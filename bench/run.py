@@ -53,7 +53,18 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:0] = [str(HERE), str(ROOT)]
+
+
+def _source() -> Path:
+    """``--source DIR``: measure the django_xjobs package of another checkout (an A/B run of
+    bench/ab.py); read before anything imports the package."""
+    if "--source" in sys.argv[:-1]:
+        return Path(sys.argv[sys.argv.index("--source") + 1]).resolve()
+    return ROOT
+
+
+SOURCE = _source()
+sys.path[:0] = [str(HERE), str(SOURCE), str(ROOT)]
 
 FULL = {"w1": 5000, "w2": 50000, "w3": 20000, "w4": 500, "reps": 3, "w9": 100_000}
 QUICK = {"w1": 500, "w2": 5000, "w3": 2000, "w4": 50, "reps": 1, "w9": 10_000}
@@ -121,7 +132,7 @@ class Bench:
         self.env.update({
             "XJOBS_BENCH_DATABASE_URL": url,
             "DJANGO_SETTINGS_MODULE": "xbench_project.settings",
-            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(SOURCE), str(ROOT)]),
             "XJOBS_BENCH_CONCURRENCY": str(args.concurrency),
             "XJOBS_BENCH_PREFETCH": str(args.prefetch),
             "XJOBS_BENCH_RATE_LIMIT": str(args.rate_limit),
@@ -147,7 +158,12 @@ class Bench:
             return cur.fetchall() if cur.description else []
 
     def reset(self) -> None:
-        self.sql("truncate x_jobs, x_job_steps, x_job_events")
+        # The counters' tables too where the measured checkout has them (bench/ab.py may
+        # measure one from before them).
+        tables = [t for (t,) in self.sql(
+            "select relname::text from pg_class where relkind = 'r' and relname = any("
+            "array['x_jobs', 'x_job_steps', 'x_job_events', 'x_stat_deltas', 'x_stats'])")]
+        self.sql(f"truncate {', '.join(sorted(tables))}")
         self.sql("analyze x_jobs")
         self.sql("checkpoint")
 
@@ -689,6 +705,8 @@ def main() -> None:
     p.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6,W7,W8,W9,W10,W11,W12,W13")
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--prefetch", default="auto")
+    p.add_argument("--source", default=str(ROOT),
+                   help="the checkout whose django_xjobs is measured (default: this one)")
     p.add_argument("--rate-limit", type=int, default=2000,
                    help="W12's limit, starts per second (high enough to bind)")
     args = p.parse_args()

@@ -31,7 +31,7 @@ from uuid import UUID
 
 from asgiref.sync import sync_to_async
 
-from . import clock, conf, outbox, registry, slots, tracing
+from . import clock, conf, outbox, registry, signals, slots, tracing
 from .engines import get_engine
 from .exceptions import (
     ConfigurationError,
@@ -353,10 +353,16 @@ class JobHandle:
 inline_runner: Callable[[UUID, str | None], None] | None = None
 
 
-def _handle(result: EnqueueResult) -> JobHandle:
-    if inline_runner is not None and result.created:
-        inline_runner(result.id, None)
-    return JobHandle(id=result.id, run_id=result.run_id, created=result.created)
+def _handle(result: EnqueueResult, definition: registry.JobDefinition[..., Any]) -> JobHandle:
+    handle = JobHandle(id=result.id, run_id=result.run_id, created=result.created)
+    if result.created:
+        # Right after the insert, so inside the caller's transaction like the row, and before
+        # an inline run (docs/observability.md, "Signals"); a live job found sends nothing.
+        if signals.job_enqueued.receivers:
+            signals.send(signals.job_enqueued, definition, handle=handle)
+        if inline_runner is not None:
+            inline_runner(result.id, None)
+    return handle
 
 
 def enqueue_job(definition: registry.JobDefinition[..., Any], input: Mapping[str, Any] | None,
@@ -368,9 +374,9 @@ def enqueue_job(definition: registry.JobDefinition[..., Any], input: Mapping[str
     params = template.params(input, job_id, run_id)
     debounce = template.debounce
     if debounce is None:
-        return _handle(get_engine().job_enqueue(params))
+        return _handle(get_engine().job_enqueue(params), definition)
     return _handle(get_engine().job_enqueue_debounced(
-        params, debounce_ms=debounce.debounce_ms, max_wait_ms=debounce.max_wait_ms))
+        params, debounce_ms=debounce.debounce_ms, max_wait_ms=debounce.max_wait_ms), definition)
 
 
 def enqueue(name: str, input: Mapping[str, Any] | None = None,
@@ -405,6 +411,7 @@ def enqueue_many(
     ids = new_ids(2 * len(items))  # one read of the system's randomness for the whole call
     templates: dict[tuple[str, int], _Template] = {}
     params: list[EnqueueParams] = []
+    definitions: list[registry.JobDefinition[..., Any]] = []
     for n, item in enumerate(items):
         name, input, *rest = item
         options = rest[0] if rest else _NO_OPTIONS
@@ -414,10 +421,13 @@ def enqueue_many(
             _refuse_debounce(template, "enqueue_many (and bulk_enqueue)")
             templates[(name, id(options))] = template
         params.append(template.params(input, ids[2 * n], ids[2 * n + 1]))
+        definitions.append(template.definition)
     engine = get_engine()
     handles: list[JobHandle] = []
     for start in range(0, len(params), batch_size):
-        handles.extend(_handle(r) for r in engine.jobs_enqueue(params[start:start + batch_size]))
+        results = engine.jobs_enqueue(params[start:start + batch_size])
+        handles.extend(_handle(r, d) for r, d in zip(
+            results, definitions[start:start + batch_size], strict=True))
     return handles
 
 

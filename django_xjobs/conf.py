@@ -118,6 +118,10 @@ class XJobsSettings:
     prefetch: int | None = None
     lease: float = 30.0
     heartbeat: float = 10.0
+    # How often a worker refreshes its x_workers row, from its heartbeat thread (so at most
+    # once per HEARTBEAT): a stopped worker reads as stalled after `xjobs health --max-stall`,
+    # which must be longer (docs/observability.md, "Workers and health probes").
+    worker_seen_interval: float = 10.0
     poll_interval: float = 1.0
     notify: bool = True
     # Server-side binding with statements prepared once per connection. Turn off behind a
@@ -166,7 +170,7 @@ _KNOWN_KEYS = {
     "DATABASE", "QUEUES", "CONCURRENCY", "PREFETCH", "LEASE", "HEARTBEAT", "POLL_INTERVAL",
     "NOTIFY", "MAX_PAYLOAD_BYTES", "MAX_ATTEMPTS", "RETRY_BASE", "RETRY_CAP", "SHUTDOWN_GRACE",
     "ACK_BATCH", "ACK_INTERVAL", "RETENTION", "SCHEDULE", "APP_VERSION", "ADMIN_TENANT_SCOPE",
-    "PREPARED_STATEMENTS",
+    "PREPARED_STATEMENTS", "WORKER_SEEN_INTERVAL",
     "BACKFILL_THROTTLE",  # ---- backfills
     "OUTBOX",
     "CONCURRENCY_LIMITS", "SLOT_TTL",  # concurrency slots
@@ -415,6 +419,7 @@ def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[st
         lease=lease,
         heartbeat=heartbeat,
         poll_interval=poll_interval,
+        worker_seen_interval=take(_duration, raw, "WORKER_SEEN_INTERVAL", 10.0),
         notify=take(_bool, raw, "NOTIFY", True),
         prepared_statements=take(_bool, raw, "PREPARED_STATEMENTS", True),
         max_payload_bytes=take(_positive_int, raw, "MAX_PAYLOAD_BYTES", 1024 * 1024),

@@ -404,7 +404,7 @@ class WorkerRow(models.Model):
     queues = models.JSONField(default=list)
     started_at = models.DateTimeField(db_default=Now())
     seen_at = models.DateTimeField(db_default=Now())
-    # What its heartbeat reports (docs/observability.md, "Workers"): the package version, how
+    # What its heartbeat reports (docs/observability.md, "Workers and health probes"): the package version, how
     # many runs it may hold and holds, how many it finished, when it last claimed a job, and
     # when its loop last went round (a loop wedged while the heartbeat thread runs shows here).
     version = models.TextField(default="", db_default="")

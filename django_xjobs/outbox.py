@@ -47,7 +47,7 @@ from uuid import UUID
 
 from django.db import transaction
 
-from . import conf
+from . import conf, registry, signals
 from .engines import Engine, get_engine
 from .records import EnqueueParams, EnqueueResult, OutboxRow, OutboxStatus, new_ids
 
@@ -165,7 +165,21 @@ def relay_batch(outbox: Engine, jobs: Engine | None = None, *,
             # pending and the next relay finds their jobs by id (tests/acceptance/
             # test_outbox_two_databases.py).
         published = {row.id: result.id for row, result in zip(rows, results, strict=True)}
-        return outbox.outbox_mark_published(published)
+        marked = outbox.outbox_mark_published(published)
+        if signals.job_enqueued.receivers:
+            made = [row for row, result in zip(rows, results, strict=True) if result.created]
+            alias = outbox.alias
+            # Once both sides committed (on A, the last): never for a round that rolled back.
+            transaction.on_commit(lambda: _announce(made, alias), using=alias)
+        return marked
+
+
+def _announce(made: list[OutboxRow], alias: str) -> None:
+    """``job_enqueued`` for each job a relay round made, in the relay's process; the handle is
+    the :class:`StagedJob` ``enqueue_on_commit`` returned (docs/observability.md, "Signals")."""
+    for row in made:
+        sender = registry.lookup(row.name) or row.name
+        signals.send(signals.job_enqueued, sender, handle=StagedJob(id=row.id, using=alias))
 
 
 def _publish_elsewhere(jobs: Engine, params: list[EnqueueParams]) -> list[EnqueueResult]:

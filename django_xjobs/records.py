@@ -804,6 +804,31 @@ class SlotUsage:
     next_expiry: datetime
 
 
+# ------------------------------------------------------------------------------ workers --
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerRecord:
+    """An ``x_workers`` row: a worker process seen in the last day and what its heartbeat
+    reported (``manage.py xjobs workers``, docs/observability.md, "Workers and health probes").
+    The times are the database's. ``stalled`` says why the worker is stalled (no heartbeat, a
+    wedged loop, no claim although its queues had due jobs), None when it is not."""
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    version: str
+    concurrency: int
+    running: int  # runs in flight at its last heartbeat
+    finished: int  # runs it finished since it started
+    started_at: datetime
+    seen_at: datetime  # its last heartbeat
+    claimed_at: datetime | None  # when its loop last claimed a job (None: never)
+    loop_at: datetime | None  # when its loop last went round
+    stalled: str | None
+
+
 # ------------------------------------------------------------------------------- pauses --
 
 

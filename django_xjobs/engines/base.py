@@ -63,6 +63,7 @@ from ..records import (
     StepRecord,
     Suspension,
     TableHealth,
+    WorkerRecord,
     XminHolder,
 )
 
@@ -445,8 +446,22 @@ class Engine(abc.ABC):
         """Live slots per key, busiest key first."""
 
     @abc.abstractmethod
-    def worker_seen(self, worker_id: str, host: str, pid: int, queues: Sequence[str]) -> None:
-        """Record that this worker process is alive and serves ``queues`` (x_workers)."""
+    def worker_seen(self, worker_id: str, host: str, pid: int, queues: Sequence[str], *,
+                    version: str, concurrency: int, running: int, finished: int,
+                    claimed_age: float | None, loop_age: float | None) -> None:
+        """Record that this worker process is alive and serves ``queues`` (x_workers), with
+        what it reports: its package version, its concurrency, the runs in flight and
+        finished, and how long ago (seconds, its monotonic clock; None: never) its loop last
+        claimed a job and last went round. The engine turns those ages into times on the
+        database clock."""
+
+    @abc.abstractmethod
+    def workers_list(self, *, max_stall: float) -> list[WorkerRecord]:
+        """The workers seen in the last day, each with ``stalled`` (the reason, see
+        :func:`stall_reason`) when, for ``max_stall`` seconds on the database clock, it sent no
+        heartbeat, or its loop did not go round, or it claimed nothing although it had room
+        and one of its queues had a job due (docs/observability.md, "Workers and health
+        probes")."""
 
     @abc.abstractmethod
     def worker_gone(self, worker_id: str, stale_after: float = 86_400.0) -> None:
@@ -620,3 +635,26 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def is_connection_error(self, exc: BaseException) -> bool:
         """Whether ``exc`` means the connection is gone (the outcome of the call is unknown)."""
+
+
+def stall_reason(kind: str, age: float, queue: str | None = None,
+                 due_since: datetime | None = None) -> str:
+    """The sentence of a stalled worker (``WorkerRecord.stalled``): ``kind`` is "heartbeat",
+    "loop" or "claim", ``age`` the seconds since the heartbeat, the loop's last round or the
+    last claim; a "claim" names the queue whose job has been due since ``due_since``."""
+    if kind == "heartbeat":
+        return f"no heartbeat for {span(age)}"
+    if kind == "loop":
+        return f"loop has not gone round for {span(age)}"
+    since = due_since.isoformat(sep=" ", timespec="seconds") if due_since else "?"
+    return (f"has not claimed for {span(age)} although queue {queue!r} has had a job due "
+            f"since {since}")
+
+
+def span(seconds: float) -> str:
+    """A duration in one short unit: ``42s``, ``5m``, ``1.5h``."""
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"

@@ -5,6 +5,7 @@ until they are stopped (worker, relay, scheduler)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from collections.abc import Iterator
@@ -19,11 +20,14 @@ from ..exceptions import LiveJobExists, XJobsError
 
 
 def jsonable(value: Any) -> Any:
-    """A datetime or UUID as JSON text; any other value as it is."""
+    """A datetime or UUID as JSON text, a record (a dataclass: an attempt, the progress) as
+    the dict of its fields; any other value as it is."""
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, UUID):
         return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return record_dict(value)
     return value
 
 

@@ -4,9 +4,13 @@ the admin pages render, so the two never disagree.
 
     manage.py xjobs dashboard              queues (buckets + last hour), outbox, scheduler,
                                            workers, latest failures
-    manage.py xjobs health                 lapsed leases, rescues, table bloat and xid age,
-                                           what holds VACUUM back
-    manage.py xjobs workers                workers seen in the job rows
+    manage.py xjobs health [--queue Q ...] [--max-stall 5m]
+                                           whether the workers make progress (exit status 1
+                                           when not, management/workers_cli.py), then lapsed
+                                           leases, rescues, table bloat and xid age, what
+                                           holds VACUUM back
+    manage.py xjobs workers [--max-stall 5m]
+                                           the worker processes (x_workers), stalled or not
     manage.py xjobs jobs [--state S] [--queue Q] [--name N] [--tenant T]
                          [--created-after T] [--created-before T] [--run-after T]
                          [--run-before T] [--limit N]
@@ -35,6 +39,7 @@ from django.utils.dateparse import parse_datetime
 from .. import api, reads, why
 from ..models import JobStep
 from ..records import ALL_STATES, BlockedBy
+from . import workers_cli
 
 # `xjobs slots` and `xjobs schedule` (the slots' and the scheduler's own commands) show the
 # console's slot and scheduler pages.
@@ -51,11 +56,13 @@ def _when(value: str) -> datetime:
 
 
 def add_parsers(sub: Any) -> list[Any]:
-    parsers = [
-        sub.add_parser("dashboard", help="the console's dashboard"),
-        sub.add_parser("health", help="the console's health panel"),
-        sub.add_parser("workers", help="workers seen in the job rows"),
-    ]
+    health = sub.add_parser("health", help="exit 0 when the workers make progress, 1 with the "
+                                           "reasons when not; then the console's health panel")
+    workers_cli.add_health_arguments(health)
+    workers = sub.add_parser("workers", help="the worker processes and whether they are "
+                                             "stalled")
+    workers_cli.add_workers_arguments(workers)
+    parsers = [sub.add_parser("dashboard", help="the console's dashboard"), health, workers]
     jobs = sub.add_parser("jobs", help="list jobs, newest first")
     jobs.add_argument("--state", choices=ALL_STATES)
     jobs.add_argument("--queue")
@@ -90,12 +97,9 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
         board = reads.dashboard()
         out.emit(board, lambda: _print_dashboard(out, board))
     elif action == "health":
-        health = reads.health()
-        out.emit(health, lambda: _print_health(out, health))
+        _health(out, options)
     elif action == "workers":
-        workers = reads.workers()
-        now = reads.db_now()
-        out.emit(workers, lambda: _print_workers(out, workers, now))
+        workers_cli.workers(out, options)
     elif action == "jobs":
         if options["limit"] < 1:
             raise CommandError("--limit must be at least 1")
@@ -147,6 +151,21 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
         out.emit({"deleted": deleted, "asked": len(ids)},
                  lambda: out.line(f"deleted {deleted} of {len(ids)} job(s); live jobs, and "
                                   "ids that match no job, are left alone"))
+
+
+def _health(out: _Out, options: dict[str, Any]) -> None:
+    """``xjobs health``: the workers' verdict (``--json``: under ``probe``), then the panel;
+    exit status 1 when the verdict is not healthy."""
+    verdict = workers_cli.verdict(options["queues"], options["max_stall"])
+    health = reads.health()
+
+    def human() -> None:
+        out.lines(verdict.lines())
+        out.line()
+        _print_health(out, health)
+
+    out.emit({**reads.as_json(health), "probe": verdict.as_json()}, human)
+    verdict.exit()
 
 
 def _why(out: _Out, job_id: str) -> None:

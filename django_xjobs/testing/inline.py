@@ -43,7 +43,7 @@ from ..records import ClaimedJob, Completion, Fence, RunOwner
 from ..steps import AsyncSteps, Steps
 from ..worker import executor
 from ..worker.executor import Done, Outcome, Retry
-from ..worker.settle import write_outcome
+from ..worker.settle import announce, announcing, write_outcome
 
 log = logging.getLogger("django_xjobs.testing")
 
@@ -185,6 +185,9 @@ def _settle(engine: Engine, claimed: ClaimedJob, outcome: Outcome) -> str:
         fence, state = report.outcome(claimed.lease_token), "done"
     else:
         fence, state = write_outcome(engine, claimed, outcome)
+    if announcing():
+        announce(engine, claimed, registry.lookup(claimed.name) or claimed.name, outcome, fence,
+                 state)
     if fence is Fence.LOST:
         log.warning("job %s (%s) attempt %d: result discarded, this run no longer owns the job "
                     "(cancelled meanwhile?)", claimed.id, claimed.name, claimed.attempt)

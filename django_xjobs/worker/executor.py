@@ -32,13 +32,13 @@ row's attempt counter, so a run that lost the job can neither retry nor bury it.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.db import close_old_connections
 
-from .. import tracing, values
+from .. import signals, tracing, values
 from ..conf import XJobsSettings
 from ..context import JobContext
 from ..exceptions import (
@@ -68,6 +68,8 @@ class Retry:
     permanent: bool = False
     # The run's entry in the attempt history: `failed`, or `timeout` (docs/observability.md).
     outcome: str = "failed"
+    # What the job's code raised, for job_finished's receivers (docs/observability.md).
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ class GiveBack:
     note: str | None = None
     # The run's entry in the attempt history: `handed_back`, `snoozed` or `slot_lost`.
     outcome: str = "handed_back"
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,7 @@ class KeyPaused:
     key: str
     seconds: float
     reason: str | None
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,12 +172,13 @@ def _outcome_of_exception(
         # decided its outcome; whatever the code raised while stopping is noise.
         return Discard(ctx.stop_reason or str(exc))
     if is_permanent(exc):
-        return Retry(error=record_error(exc), delay=0, permanent=True)
+        return Retry(error=record_error(exc), delay=0, permanent=True, exception=exc)
     if isinstance(exc, Snooze):
-        return GiveBack(delay=exc.seconds, note=None, outcome="snoozed")
+        return GiveBack(delay=exc.seconds, note=None, outcome="snoozed", exception=exc)
     if isinstance(exc, PauseKey):
-        return KeyPaused(key=exc.key, seconds=exc.seconds, reason=exc.reason)
-    return Retry(error=record_error(exc), delay=backoff_for(definition, claimed.attempt, settings))
+        return KeyPaused(key=exc.key, seconds=exc.seconds, reason=exc.reason, exception=exc)
+    return Retry(error=record_error(exc), delay=backoff_for(definition, claimed.attempt, settings),
+                 exception=exc)
 
 
 def _input(claimed: ClaimedJob) -> dict[str, Any]:
@@ -205,6 +210,8 @@ def execute(
         close_old_connections()
     try:
         ctx.prove_lease()
+        if signals.job_started.receivers:
+            signals.send(signals.job_started, definition, job=claimed, attempt=claimed.attempt)
         if tracing.wants_span(claimed.traceparent):
             with tracing.job_span(definition.name, claimed.traceparent,
                                   _span_attributes(claimed)):
@@ -234,6 +241,9 @@ async def execute_async(
         return refused
     try:
         ctx.prove_lease()
+        if signals.job_started.receivers:
+            await signals.asend(signals.job_started, definition, job=claimed,
+                                attempt=claimed.attempt)
         with tracing.job_span(definition.name, claimed.traceparent, _span_attributes(claimed)):
             coro = definition.func(ctx, **_input(claimed))
             if definition.timeout is not None:
@@ -265,7 +275,8 @@ def _exited(exc: BaseException, definition: JobDefinition, claimed: ClaimedJob,
             settings: XJobsSettings) -> Retry:
     """``SystemExit`` / ``KeyboardInterrupt`` raised by the job's code (``sys.exit()`` in a job)
     fails that attempt like any exception; it stops neither the worker nor its other runs."""
-    return Retry(error=record_error(exc), delay=backoff_for(definition, claimed.attempt, settings))
+    return Retry(error=record_error(exc), delay=backoff_for(definition, claimed.attempt, settings),
+                 exception=exc)
 
 
 def _span_attributes(claimed: ClaimedJob) -> dict[str, Any]:

@@ -39,10 +39,6 @@ from . import reachability
 
 log = logging.getLogger("django_xjobs.worker")
 
-# How often the worker's x_workers row is refreshed (seconds), busy or idle.
-SEEN_EVERY = 10.0
-
-
 class Renewer(Protocol):
     """The worker, as its heartbeat sees it (worker/loop.py)."""
 
@@ -65,7 +61,7 @@ class Renewer(Protocol):
 class Heartbeat(threading.Thread):
     def __init__(self, *, worker: Renewer, engine: Engine, label: str, interval: float,
                  lease_ms: int, slot_ttl_ms: int, generation: int,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, seen_every: float) -> None:
         super().__init__(name=f"xjobs-heartbeat-{generation}", daemon=True)
         self.worker = worker
         self.engine = engine
@@ -77,7 +73,10 @@ class Heartbeat(threading.Thread):
         self._stop_event = stop
         self.in_call_since: float | None = None
         self.rounds = 0
-        self._next_seen = clock.monotonic() + SEEN_EVERY
+        # How often the worker's x_workers row is refreshed (XJOBS["WORKER_SEEN_INTERVAL"]),
+        # busy or idle; at most once a round.
+        self.seen_every = seen_every
+        self._next_seen = clock.monotonic() + seen_every
 
     def _replaced(self) -> bool:
         return self.generation != self.worker.heartbeat_generation
@@ -126,7 +125,7 @@ class Heartbeat(threading.Thread):
         self._close()
 
     def _seen(self) -> None:
-        self._next_seen = clock.monotonic() + SEEN_EVERY
+        self._next_seen = clock.monotonic() + self.seen_every
         try:
             self.worker.seen()
         except Exception as exc:  # the lease renewal that follows reports a lost database

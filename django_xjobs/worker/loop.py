@@ -78,7 +78,8 @@ from .executor import Discard, Done, GiveBack, Outcome, Retry
 from .flow import Flow
 from .heartbeat import Heartbeat
 from .listener import WakeListener
-from .settle import write_outcome
+from .liveness import Liveness, package_version
+from .settle import announce, announcing, write_outcome
 from .shutdown import ShutdownSignals
 
 log = logging.getLogger("django_xjobs.worker")
@@ -109,6 +110,7 @@ BURST_CLAIM_TRIES = 3
 # The pause after a failed database call doubles with each failure in a row, up to this
 # (seconds); the first pause is the poll interval, at most half a second.
 DB_RETRY_MAX = 5.0
+VERSION = package_version()  # reported in x_workers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,6 +132,8 @@ class WorkerOptions:
     # Run by a supervisor (--processes): a repeated SIGTERM/SIGINT is the same stop arriving
     # twice, not a request to exit at once (worker/shutdown.py).
     supervised: bool = False
+    # Touched while the loop goes round (--health-file; worker/liveness.py).
+    health_file: str | None = None
 
     @classmethod
     def from_settings(cls, **overrides: object) -> WorkerOptions:
@@ -266,6 +270,7 @@ class Worker:
         self._avg_run: float | None = None  # EWMA of sync run durations (s), for auto prefetch
         self._low_water = 1  # wake the loop when no more than this many runs wait to start
         self._finished_since = 0.0  # when the oldest unsettled outcome was recorded
+        self.liveness = Liveness(options.health_file)  # reported in x_workers
         self.started = threading.Event()  # test signal: threads up, first claim done
         self.idle = threading.Event()  # test signal: nothing in flight after a claim found none
         self.flow = Flow(engine=self.engine, settings=self.settings, worker_id=self.worker_id,
@@ -345,7 +350,7 @@ class Worker:
             worker=self, engine=self.engine, label=f"xjobs:{self.worker_id}:heartbeat",
             interval=self.options.heartbeat, lease_ms=self.lease_ms,
             slot_ttl_ms=self.flow.params.slot_ttl_ms, generation=self.heartbeat_generation,
-            stop=self._stop_threads,
+            stop=self._stop_threads, seen_every=self.settings.worker_seen_interval,
         )
         self._heartbeat.start()
 
@@ -366,6 +371,7 @@ class Worker:
         notified, self._notified = self._notified, False
         self._settle()
         now = clock.monotonic()
+        self.liveness.went_round(now)
         if self._stopping:
             return self._drain_step()
         claimed = None
@@ -484,6 +490,8 @@ class Worker:
             return 0
         self._failed_claims = self._db_failures = 0
         reachability.database.reached()
+        if claimed:
+            self.liveness.claimed_at = sent_at
         per_queue = Counter(job.queue for job in claimed)
         runs = [Run(job, registry.lookup(job.name), sent_at, budget=self._lease_budget,
                     on_unproven=self._unproven) for job in claimed]
@@ -643,6 +651,7 @@ class Worker:
         # Caller holds self._lock.
         run.phase = FINISHED
         run.outcome = outcome
+        self.liveness.finished += 1
         if not self._finished:
             self._finished_since = clock.monotonic()
         self._finished.append(run)
@@ -704,7 +713,8 @@ class Worker:
                 self._db_error("acknowledge", exc)
                 unsettled.extend(done)
             else:
-                if len(report.owned) == len(done) and not log.isEnabledFor(logging.DEBUG):
+                if (len(report.owned) == len(done) and not log.isEnabledFor(logging.DEBUG)
+                        and not announcing()):
                     # The usual case: every run still owned its job. Settle them in one go.
                     with self._lock:
                         for r in done:
@@ -747,6 +757,9 @@ class Worker:
             run.phase = SETTLED
             self._runs.pop(run.job.lease_token, None)
         job = run.job
+        if announcing():
+            assert run.outcome is not None
+            announce(self.engine, job, run.definition or job.name, run.outcome, fence, state)
         if fence is Fence.LOST:
             self.stats["lost"] += 1
             reason = run.outcome.reason if isinstance(run.outcome, Discard) else (
@@ -831,9 +844,15 @@ class Worker:
         return stopped
 
     def seen(self) -> None:
-        """This worker is alive and serves its queues (x_workers; the heartbeat calls it)."""
-        self.engine.worker_seen(self.worker_id, socket.gethostname(), os.getpid(),
-                                self.options.queues)
+        """This worker is alive and serves its queues, and how its loop is doing (x_workers;
+        the heartbeat calls it)."""
+        with self._lock:
+            running = sum(1 for r in self._runs.values() if r.phase == RUNNING)
+        claimed_age, loop_age = self.liveness.ages()
+        self.engine.worker_seen(
+            self.worker_id, socket.gethostname(), os.getpid(), self.options.queues,
+            version=VERSION, concurrency=self.options.concurrency, running=running,
+            finished=self.liveness.finished, claimed_age=claimed_age, loop_age=loop_age)
 
     def unsettled(self) -> list[Run]:
         with self._lock:

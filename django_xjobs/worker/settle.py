@@ -6,12 +6,17 @@ test mode (django_xjobs/testing/inline.py), so a test sees the statements a work
 
 from __future__ import annotations
 
+import logging
 import math
+from typing import Any
 
+from .. import signals
 from ..engines import Engine
 from ..pauses import MAX_REASON
 from ..records import ClaimedJob, Failure, Fence, KeyPauseRequeue, Requeue
-from .executor import Discard, GiveBack, KeyPaused, Outcome, Retry, Suspended
+from .executor import Discard, Done, GiveBack, KeyPaused, Outcome, Retry, Suspended
+
+log = logging.getLogger("django_xjobs.worker")
 
 
 def write_outcome(engine: Engine, job: ClaimedJob, outcome: Outcome) -> tuple[Fence, str]:
@@ -53,3 +58,47 @@ def _cut(reason: str | None) -> str | None:
     if reason is None or len(reason) <= MAX_REASON:
         return reason
     return reason[:MAX_REASON - 3] + "..."
+
+
+def announcing() -> bool:
+    """Whether a settled run has receivers to tell (:func:`announce`): one read per settle
+    batch when nobody listens."""
+    return bool(signals.job_finished.receivers or signals.job_dead.receivers)
+
+
+def announce(engine: Engine, job: ClaimedJob, sender: Any, outcome: Outcome, fence: Fence,
+             state: str) -> None:
+    """``job_finished`` for a settled run, and ``job_dead`` when its write made the job dead
+    (docs/observability.md, "Signals"). ``sender`` is the job's definition, or its name when
+    none is registered here."""
+    if signals.job_finished.receivers:
+        signals.send(signals.job_finished, sender, job=job, attempt=job.attempt,
+                     outcome=attempt_outcome(engine, job, outcome, fence),
+                     exception=getattr(outcome, "exception", None))
+    if (signals.job_dead.receivers and state == "dead" and fence is not Fence.LOST
+            and isinstance(outcome, Retry)):
+        signals.send(signals.job_dead, sender, job=job, error=outcome.error)
+
+
+def attempt_outcome(engine: Engine, job: ClaimedJob, outcome: Outcome, fence: Fence) -> str:
+    """How the run ended, in the words of its attempt history (``records.ATTEMPT_OUTCOMES``)."""
+    if fence is Fence.LOST:
+        # Cancel and a lapsed lease look alike to the run (the fence no longer matches); the
+        # row tells them apart: a cancel leaves it cancelled. Read only for a run that lost
+        # its job, and only when someone listens.
+        try:
+            record = engine.job_get(job.id)
+        except Exception:  # a signal's detail is not worth failing the settle for
+            log.debug("job %s: state not read for job_finished", job.id, exc_info=True)
+            return "lost"
+        cancelled = record is not None and record.state == "cancelled"
+        return "cancelled" if cancelled else "lost"
+    if isinstance(outcome, Done):
+        return "done"
+    if isinstance(outcome, Retry | GiveBack):
+        return outcome.outcome
+    if isinstance(outcome, KeyPaused):
+        return "handed_back"  # as job_pause_key_if_owned records it
+    if isinstance(outcome, Suspended):
+        return "suspended"
+    return "lost"

@@ -8,6 +8,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from django_xjobs.engines import get_engine
 from django_xjobs.models import Job
 from tests.console_data import (
     job_in_state,
@@ -72,10 +73,17 @@ def test_health_json_shows_lapsed_leases_rescues_tables_and_holders(one_of_each)
     assert "running jobs whose lease expired: 1" in run("health")
 
 
-def test_workers_lists_the_workers_seen_in_the_job_rows(one_of_each):
-    (worker,) = [w for w in run_json("workers") if w["worker"] == "tests:console"]
-    assert worker["running"] == 2 and worker["last_seen_at"] is not None
-    assert "tests:console" in run("workers")
+def test_workers_lists_the_worker_processes_and_their_status():
+    # x_workers as the heartbeat writes it; tests/integration/test_workers.py judges "stalled".
+    get_engine().worker_seen("tests:console", "host-c", 7, ["cli-q"], version="9.9",
+                             concurrency=4, running=2, finished=11, claimed_age=1.0,
+                             loop_age=0.1)
+    (worker,) = run_json("workers")
+    assert (worker["id"], worker["running"], worker["finished"], worker["stalled"]) == (
+        "tests:console", 2, 11, None)
+    (line,) = [ln for ln in run("workers").splitlines() if ln.startswith("tests:console")]
+    assert line.split()[1:7] == ["host-c", "7", "cli-q", "9.9", "2/4", "11"]
+    assert line.endswith("ok")
 
 
 def test_jobs_lists_with_the_consoles_filters(one_of_each):
@@ -129,7 +137,7 @@ def test_why_of_an_unknown_job_is_a_command_error():
 
 def test_the_console_commands_work_on_an_empty_database():
     assert run_json("dashboard")["failures"] == []
-    assert "(no worker ran or finished a job" in run("workers")
+    assert "(no worker seen in the last day)" in run("workers")
     assert "(no jobs)" in run("jobs")
     assert run_json("health")["lapsed_count"] == 0
 

@@ -1,7 +1,16 @@
+import os
+
 from django.apps import AppConfig
+
+from . import receivers
 
 
 class TestAppConfig(AppConfig):
     name = "tests.testapp"
     label = "testapp"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        path = os.environ.get(receivers.ENV)
+        if path:  # a worker of tests/acceptance/test_signals_worker.py
+            receivers.connect(path)

@@ -69,12 +69,13 @@ from ...records import (
     StepRecord,
     Suspension,
     TableHealth,
+    WorkerRecord,
     XminHolder,
     attempts_from_json,
     decode_stored_json,
     progress_from_json,
 )
-from ..base import AdvisorySession, Engine, Features, Listener, Statement
+from ..base import AdvisorySession, Engine, Features, Listener, Statement, stall_reason
 from . import statements as S
 from .instrumentation import instrumented
 from .sessions import PostgresAdvisorySession, PostgresListener, advisory_key
@@ -1032,9 +1033,28 @@ class PostgresEngine(Engine):
         }, fetch="one")
         return int(released)
 
-    def worker_seen(self, worker_id: str, host: str, pid: int, queues: Sequence[str]) -> None:
-        self._run(S.WORKER_SEEN, {"worker_id": worker_id, "host": host, "pid": pid,
-                                  "queues": json.dumps(list(queues))}, fetch="count")
+    def worker_seen(self, worker_id: str, host: str, pid: int, queues: Sequence[str], *,
+                    version: str, concurrency: int, running: int, finished: int,
+                    claimed_age: float | None, loop_age: float | None) -> None:
+        self._run(S.WORKER_SEEN, {
+            "worker_id": worker_id, "host": host, "pid": pid, "queues": json.dumps(list(queues)),
+            "version": version, "concurrency": concurrency, "running": running,
+            "finished": finished,
+            "claimed_age_ms": None if claimed_age is None else round(claimed_age * 1000),
+            "loop_age_ms": None if loop_age is None else round(loop_age * 1000),
+        }, fetch="count")
+
+    def workers_list(self, *, max_stall: float) -> list[WorkerRecord]:
+        return [
+            WorkerRecord(
+                id=r[0], host=r[1], pid=r[2], queues=tuple(r[3]), version=r[4],
+                concurrency=r[5], running=r[6], finished=r[7], started_at=r[8], seen_at=r[9],
+                claimed_at=r[10], loop_at=r[11],
+                stalled=None if r[12] is None else stall_reason(r[12], float(r[13]) / 1000,
+                                                                r[14], r[15]),
+            )
+            for r in self._run(S.WORKERS_LIST, {"stall_ms": round(max_stall * 1000)})
+        ]
 
     def worker_gone(self, worker_id: str, stale_after: float = 86_400.0) -> None:
         self._run(S.WORKER_GONE, {"worker_id": worker_id,

@@ -81,6 +81,10 @@ class Command(BaseCommand):
         parser.add_argument("--processes", type=int, default=1,
                             help="run N worker processes under a supervisor that restarts any "
                                  "that dies (default 1: this process is the worker)")
+        parser.add_argument("--health-file", metavar="PATH",
+                            help="touch PATH (creating it) at most once a second while the "
+                                 "worker's loop goes round: a probe that watches its age sees "
+                                 "a wedged or stopped worker (docs/deployment.md)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.check(tags=["django_xjobs"], display_num_errors=False)
@@ -91,6 +95,9 @@ class Command(BaseCommand):
                 raise CommandError(f"invalid queue name(s): {bad}")
         if options["concurrency"] is not None and options["concurrency"] < 1:
             raise CommandError("--concurrency must be >= 1")
+        health_file = options["health_file"]
+        if health_file is not None:
+            _check_health_file(health_file, options["processes"])
         overrides: dict[str, Any] = {
             "queues": tuple(queues) if queues else None,
             "concurrency": options["concurrency"],
@@ -98,6 +105,7 @@ class Command(BaseCommand):
             "burst": options["burst"],
             "worker_id": options["worker_id"],
             "supervised": options["supervised"],
+            "health_file": health_file,
             "duties": tuple(
                 name for name in duties.AVAILABLE
                 if not options.get(f"no_{name}")
@@ -125,6 +133,22 @@ class Command(BaseCommand):
         worker.run()
         if worker.error:
             raise CommandError(worker.error)
+
+
+def _check_health_file(path: str, processes: int) -> None:
+    """--health-file: one loop's file, in a directory that exists."""
+    if processes > 1:
+        raise CommandError(
+            "--health-file watches one worker loop: with --processes N a stalled process would "
+            "hide behind the others (run one worker process per container, or probe with "
+            "`manage.py xjobs health`)")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise CommandError(f"--health-file {path}: the directory {directory} does not exist")
+    if os.path.isdir(path):
+        raise CommandError(f"--health-file {path} is a directory; give a file's path")
+    if not os.access(directory, os.W_OK):
+        raise CommandError(f"--health-file {path}: the directory {directory} is not writable")
 
 
 def _child_args(options: dict[str, Any]) -> list[str]:

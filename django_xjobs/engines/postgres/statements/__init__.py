@@ -33,7 +33,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 * ``outbox``: x_outbox: staging, the relay's claim and mark, its wake-up channel.
 * ``slots``: x_job_leases: concurrency slots, the purge of expired ones included; the release
   wakes the jobs the claim blocked on its key.
-* ``workers``: x_workers: the worker processes seen lately.
+* ``workers``: x_workers: the worker processes seen lately, what their heartbeats report,
+  which of them are stalled.
 * ``stats``: x_stat_deltas and x_stats: the counters' rollup, retention and reads (the deltas
   themselves are written by the statements that change job state).
 * ``flow``: flow control beyond slots: the periodic wake-up of blocked jobs, rate budgets spent
@@ -177,7 +178,7 @@ from .why import (
     WHY_JOB,
     WHY_RATE_WINDOW,
 )
-from .workers import WORKER_GONE, WORKER_SEEN
+from .workers import WORKER_GONE, WORKER_SEEN, WORKERS_LIST
 
 # Every statement by name, each listed once (tests/unit/test_statement_lint.py fails on a
 # statement of a family module that is missing here). The order is the one engine.statements()
@@ -203,4 +204,5 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     WORKER_GONE, WHY_JOB, WHY_RATE_WINDOW, JOB_DEBOUNCE_LIVE, PAUSE_UPSERT, PAUSE_RESUME_QUEUE,
     PAUSE_RESUME_KEY, PAUSES_LIST, JOB_PAUSE_KEY_IF_OWNED, JOB_PROGRESS_IF_OWNED, STATS_ROLLUP,
     STATS_PRUNE, STATS_SERIES, STATS_TOTALS, QUEUE_DEPTH,
+    WORKERS_LIST,
 )}

@@ -482,8 +482,7 @@ with async_commit as (
            j.tenant_id, j.traceparent, j.concurrency_key, p.prev_state = 'suspended' as resumed,
            j.state, p.slot, p.slot_limit, p.prev_state, j.run_at
 ), tallied as (
-    -- Starts (each with its wait from due to start; a rescued lease's job waited a whole lease,
-    -- not in the queue, and is left out of the waits) and jobs a lapsed last attempt killed.
+    -- The starts with their waits (QUEUE_WAITS), and the jobs a lapsed last attempt buried.
     {count_sql("claimed", started="count(*) filter (where state = 'running')",
                dead="count(*) filter (where state = 'dead')",
                wait_ms=QUEUE_WAITS)}

@@ -1,0 +1,143 @@
+"""The worker processes of ``x_workers`` in ``manage.py xjobs`` (docs/observability.md, "Workers
+and health probes"):
+
+    manage.py xjobs workers [--max-stall 5m]     each worker seen in the last day: what its
+                                                 heartbeat reports, and whether it is stalled
+    manage.py xjobs health [--queue Q ...] [--max-stall 5m]
+                                                 exit 0 when no worker is stalled and every
+                                                 queue has one that is not; 1 with the reasons
+
+``health`` also prints the console's health panel (management/console_cli.py) after its
+verdict; only the verdict decides the exit status, so it serves as a Kubernetes exec probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.management.base import CommandError
+
+from .. import conf, reads
+from ..engines import get_engine
+from ..engines.base import span
+from ..exceptions import ConfigurationError
+from ..records import WorkerRecord
+from ..values import NAME_RE, parse_duration
+
+# How long a worker may go without a heartbeat, a round of its loop, or a claim while its
+# queues have due jobs, before it reads as stalled. Longer than XJOBS["WORKER_SEEN_INTERVAL"]
+# and XJOBS["POLL_INTERVAL"] (their defaults: 10 s and 1 s), or healthy workers read as stalled.
+DEFAULT_MAX_STALL = 300.0
+
+
+def _max_stall(value: str) -> float:
+    try:
+        seconds = parse_duration(value)
+    except ConfigurationError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a duration (use e.g. 90s, 5m, 1h)") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than zero, got {value!r}")
+    return seconds
+
+
+def _queue(value: str) -> str:
+    if not NAME_RE.match(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a queue name: use 1-200 characters from [A-Za-z0-9_.:-]")
+    return value
+
+
+def _add_max_stall(parser: Any) -> None:
+    parser.add_argument("--max-stall", type=_max_stall, default=DEFAULT_MAX_STALL,
+                        metavar="DURATION",
+                        help="a worker with no heartbeat, no round of its loop, or no claim "
+                             "while its queues had due jobs for this long is stalled "
+                             "(default 5m)")
+
+
+def add_workers_arguments(parser: Any) -> None:
+    _add_max_stall(parser)
+
+
+def add_health_arguments(parser: Any) -> None:
+    parser.add_argument("--queue", "-q", action="extend", nargs="+", dest="queues",
+                        type=_queue, metavar="QUEUE",
+                        help="the queue(s) that must have a worker that is not stalled; only "
+                             "their workers are judged (default: XJOBS['QUEUES'] when given, "
+                             "else every queue a worker serves, and every worker)")
+    _add_max_stall(parser)
+
+
+def workers(out: Any, options: dict[str, Any]) -> None:
+    """``xjobs workers``: a table, or ``--json`` a list of the records."""
+    records = get_engine().workers_list(max_stall=options["max_stall"])
+    now = reads.db_now()
+    out.emit(records, lambda: out.table(
+        ("id", "host", "pid", "queues", "version", "running", "finished", "heartbeat",
+         "last claim", "status"),
+        [(w.id, w.host, w.pid, ",".join(w.queues), w.version or "-",
+          f"{w.running}/{w.concurrency}", w.finished, reads.ago(w.seen_at, now),
+          reads.ago(w.claimed_at, now), f"STALLED: {w.stalled}" if w.stalled else "ok")
+         for w in records],
+        empty="(no worker seen in the last day)"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """What ``xjobs health`` says of the workers: healthy, or each reason it is not."""
+
+    max_stall: float
+    queues: tuple[str, ...]  # the queues asked
+    workers: tuple[WorkerRecord, ...]  # the workers judged
+    reasons: tuple[str, ...]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.reasons
+
+    def lines(self) -> list[str]:
+        if self.reasons:
+            return list(self.reasons)
+        queues = ", ".join(self.queues) or "none asked"
+        return [f"healthy: {len(self.workers)} worker(s), none stalled (max stall "
+                f"{span(self.max_stall)}); queues: {queues}"]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"healthy": self.healthy, "max_stall_seconds": self.max_stall,
+                "queues": list(self.queues), "reasons": list(self.reasons),
+                "workers": reads.as_json(list(self.workers))}
+
+    def exit(self) -> None:
+        """End the command with status 1 when unhealthy (the reasons are printed already)."""
+        if self.reasons:
+            raise CommandError(f"unhealthy: {len(self.reasons)} problem(s)")
+
+
+def verdict(queues: Sequence[str] | None, max_stall: float) -> Verdict:
+    """Judge the workers: each stalled one is a reason, and so is each asked queue without a
+    worker that is not stalled. Asked: ``queues``, else XJOBS["QUEUES"] when the project gives
+    it, else every queue a worker serves (a project that leaves QUEUES unset and has no worker
+    at all asks none: pass --queue to require one)."""
+    records = get_engine().workers_list(max_stall=max_stall)
+    settings = conf.get()
+    if queues:
+        asked = tuple(dict.fromkeys(queues))
+        judged = [w for w in records if set(w.queues) & set(asked)]
+    else:
+        asked = settings.queues if settings.queues_given else tuple(
+            sorted({q for w in records for q in w.queues}))
+        judged = list(records)
+    reasons = [f"worker {w.id} ({w.host} pid {w.pid}) is stalled: {w.stalled}"
+               for w in judged if w.stalled]
+    for queue in asked:
+        serving = [w for w in records if queue in w.queues]
+        if not serving:
+            reasons.append(f"queue {queue!r}: no worker serves it")
+        elif all(w.stalled for w in serving):
+            reasons.append(f"queue {queue!r}: every worker that serves it is stalled")
+    return Verdict(max_stall=max_stall, queues=asked, workers=tuple(judged),
+                   reasons=tuple(reasons))

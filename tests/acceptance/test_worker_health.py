@@ -1,0 +1,192 @@
+"""Workers and health probes with real worker processes (docs/observability.md, "Workers and
+health probes"): the x_workers row a worker's heartbeat writes, ``xjobs workers``, ``xjobs
+health`` (its exit status is the probe) and ``xjobs_worker --health-file``; a worker stopped
+with SIGSTOP, and one whose loop is wedged while its heartbeat thread runs, read as stalled.
+
+The workers refresh their row every half second (WORKER_SEEN_INTERVAL), so a stopped one reads
+as stalled after ``--max-stall 2s``; a healthy verdict is asked with a roomier max stall, so a
+heartbeat late on this small shared machine does not fail the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from tests.conftest import ROOT, wait_until
+
+from .conftest import SETTLE, wait_state
+
+pytestmark = pytest.mark.acceptance
+
+REPORTING = {"WORKER_SEEN_INTERVAL": "0.5s"}
+ROOMY = "30s"  # --max-stall when the verdict must be healthy
+
+
+def new_queue() -> str:
+    return f"hq-{uuid.uuid4().hex[:8]}"
+
+
+def row(worker_id: str):
+    from django_xjobs.engines import get_engine
+
+    found = [w for w in get_engine().workers_list(max_stall=3600) if w.id == worker_id]
+    return found[0] if found else None
+
+
+def health(*args: str) -> tuple[int, str]:
+    """``xjobs health`` in this process: (1 when it ended with its CommandError, else 0,
+    its output)."""
+    out = StringIO()
+    try:
+        call_command("xjobs", "health", *args, stdout=out)
+    except CommandError as exc:
+        assert str(exc).startswith("unhealthy:"), exc
+        return 1, out.getvalue()
+    return 0, out.getvalue()
+
+
+def health_process(*args: str, settings: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m django xjobs health`` as a Kubernetes exec probe runs it: its exit status."""
+    from django.db import connection
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT),
+           "XJOBS_TEST_DB_NAME": connection.settings_dict["NAME"],
+           "XJOBS_TEST_SETTINGS": json.dumps(settings or {})}
+    return subprocess.run([sys.executable, "-m", "django", "xjobs", "health", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def wait_health(code: int, *args: str, text: str = "") -> str:
+    def reached():
+        got, out = health(*args)
+        return out if got == code and text in out else None
+
+    return wait_until(reached, timeout=SETTLE, interval=0.2,
+                      message=f"xjobs health {' '.join(args)} to exit {code} with {text!r}")
+
+
+def mtime(path: Path) -> float:
+    return path.stat().st_mtime
+
+
+def wait_touched(path: Path) -> None:
+    """Until the file's mtime moves (the loop touches it once a second)."""
+    before = mtime(path) if path.exists() else None
+    wait_until(lambda: path.exists() and mtime(path) != before, timeout=SETTLE, interval=0.1,
+               message=f"{path} to be touched")
+
+
+def assert_not_touched(path: Path, seconds: float = 2.5) -> None:
+    """The file is left alone for ``seconds``: more than twice the touch interval."""
+    before = mtime(path)
+    time.sleep(seconds)
+    assert mtime(path) == before
+
+
+def test_a_working_worker_reports_its_row_and_is_healthy(start_worker):
+    from django_xjobs.worker.liveness import package_version
+    from tests.testapp import jobs
+
+    queue = new_queue()
+    worker = start_worker("health", "-c", "2", "--queue", queue, settings=REPORTING)
+    first = wait_until(lambda: row(worker.id), timeout=SETTLE, message="the worker's row")
+    assert (first.pid, first.queues, first.concurrency) == (worker.pid, (queue,), 2)
+    assert first.version == package_version() != ""
+    assert (first.running, first.finished, first.claimed_at) == (0, 0, None)
+
+    handle = jobs.sleepy.using(queue=queue).enqueue(seconds=3)
+    wait_until(lambda: row(worker.id).running == 1, timeout=SETTLE,
+               message="the row to count the run in flight")
+    wait_state(handle.id, "done")
+    after = wait_until(lambda: (lambda r: r if r.finished == 1 and r.running == 0 else None)(
+        row(worker.id)), timeout=SETTLE, message="the row to count the finished run")
+    assert after.claimed_at is not None and after.stalled is None
+
+    listing = StringIO()
+    call_command("xjobs", "workers", stdout=listing)
+    (line,) = [ln for ln in listing.getvalue().splitlines() if ln.startswith(worker.id)]
+    assert f" {worker.pid} " in line and " 0/2 " in line and line.rstrip().endswith("ok")
+    listing = StringIO()
+    call_command("xjobs", "workers", "--json", stdout=listing)
+    (listed,) = [w for w in json.loads(listing.getvalue()) if w["id"] == worker.id]
+    assert (listed["finished"], listed["stalled"], listed["queues"]) == (1, None, [queue])
+
+    code, out = health("--queue", queue, "--max-stall", ROOMY)
+    assert code == 0 and out.startswith("healthy: 1 worker(s), none stalled")
+    probe = health_process("--queue", queue, "--max-stall", ROOMY)
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+
+
+def test_a_stopped_worker_is_stalled_and_recovers_when_continued(start_worker, tmp_path):
+    queue = new_queue()
+    health_file = tmp_path / "alive"
+    worker = start_worker("stopped", "--queue", queue, "--health-file", str(health_file),
+                          settings=REPORTING)
+    wait_touched(health_file)
+    wait_touched(health_file)  # and again: the loop keeps touching it
+    wait_health(0, "--queue", queue, "--max-stall", ROOMY)
+
+    worker.signal(signal.SIGSTOP)
+    try:
+        out = wait_health(1, "--queue", queue, "--max-stall", "2s", text="no heartbeat for")
+        assert f"worker {worker.id} (" in out
+        probe = health_process("--queue", queue, "--max-stall", "2s")
+        assert probe.returncode == 1, probe.stdout + probe.stderr
+        assert f"worker {worker.id} (" in probe.stdout and "no heartbeat for" in probe.stdout
+        assert_not_touched(health_file)
+    finally:
+        worker.signal(signal.SIGCONT)
+    wait_touched(health_file)
+    wait_health(0, "--queue", queue, "--max-stall", ROOMY)
+
+
+def test_a_wedged_loop_is_stalled_while_its_heartbeat_runs(start_worker, tmp_path):
+    """The loop blocks after acknowledging its first job (a fault that sleeps there); the
+    heartbeat thread keeps the row fresh, and it reports the loop's age."""
+    from tests.testapp import jobs
+
+    queue = new_queue()
+    health_file = tmp_path / "alive"
+    worker = start_worker("wedged", "--queue", queue, "--health-file", str(health_file),
+                          settings=REPORTING, faults="after:jobs_complete_if_owned=sleep:120*1")
+    wait_touched(health_file)
+    handle = jobs.record.using(queue=queue).enqueue(tag="last before the wedge")
+    wait_state(handle.id, "done")
+
+    out = wait_health(1, "--queue", queue, "--max-stall", "2s",
+                      text="loop has not gone round for")
+    assert f"worker {worker.id} (" in out and "no heartbeat" not in out
+    seen = row(worker.id).seen_at
+    wait_until(lambda: row(worker.id).seen_at > seen, timeout=SETTLE,
+               message="the heartbeat to refresh the row of the wedged worker")
+    assert_not_touched(health_file)
+
+
+def test_a_queue_with_due_jobs_and_no_worker_is_unhealthy(start_worker):
+    from tests.testapp import jobs
+
+    served, orphan = new_queue(), new_queue()
+    start_worker("served", "--queue", served, settings=REPORTING)
+    jobs.record.using(queue=orphan).enqueue(tag="nobody takes me")
+
+    # Asked by --queue, or by XJOBS["QUEUES"]; by default only the queues workers serve.
+    wait_health(0, "--max-stall", ROOMY)
+    code, out = health("--queue", served, orphan, "--max-stall", ROOMY)
+    assert code == 1 and out.splitlines()[0] == f"queue {orphan!r}: no worker serves it"
+    probe = health_process("--max-stall", ROOMY, settings={"QUEUES": [served, orphan]})
+    assert probe.returncode == 1, probe.stdout + probe.stderr
+    assert probe.stdout.splitlines()[0] == f"queue {orphan!r}: no worker serves it"
+    # Bad input is not a verdict: exit status 2, as for any bad argument of the command line.
+    refused = health_process("--max-stall", "abc")
+    assert refused.returncode == 2 and "'abc' is not a duration" in refused.stderr
