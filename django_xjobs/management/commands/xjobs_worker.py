@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
+from ... import metrics
 from ...exceptions import ConfigurationError
 from ...values import NAME_RE, parse_duration
 from ...worker import duties
@@ -27,6 +30,16 @@ def _prefetch(value: str) -> int | str:
         number = -1
     if number < 0:
         raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 0, got {value!r}")
+    return number
+
+
+def _port(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port number, 1 to 65535, got {value!r}")
     return number
 
 
@@ -76,6 +89,10 @@ class Command(BaseCommand):
         parser.add_argument("--no-stats", action="store_true",
                             help="do not fold the counters' deltas here (leave it to other "
                                  "workers; docs/observability.md)")
+        parser.add_argument("--metrics-port", type=_port, metavar="PORT",
+                            help="serve Prometheus metrics over HTTP on PORT, every interface "
+                                 "(needs django-xjobs[prometheus]; with --processes the "
+                                 "supervisor serves them; docs/observability.md)")
         # Set by the supervisor on the processes it starts (worker/shutdown.py).
         parser.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)
         parser.add_argument("--processes", type=int, default=1,
@@ -123,16 +140,35 @@ class Command(BaseCommand):
         cli.log_to_stderr(options["verbosity"])
         if options["processes"] < 1:
             raise CommandError("--processes must be >= 1")
-        if options["processes"] > 1:
-            code = Supervisor(_child_args(options), options["processes"], _child_env(),
-                              burst=options["burst"]).run()
-            if code:
-                raise CommandError("a worker process exited with an error")
-            return
-        worker = Worker(worker_options)
-        worker.run()
-        if worker.error:
-            raise CommandError(worker.error)
+        stop_serving = _serve_metrics(options["metrics_port"])
+        try:
+            if options["processes"] > 1:
+                code = Supervisor(_child_args(options), options["processes"], _child_env(),
+                                  burst=options["burst"]).run()
+                if code:
+                    raise CommandError("a worker process exited with an error")
+                return
+            worker = Worker(worker_options)
+            worker.run()
+            if worker.error:
+                raise CommandError(worker.error)
+        finally:
+            stop_serving()
+
+
+def _serve_metrics(port: int | None) -> Callable[[], None]:
+    """Serve the metrics on ``port`` from this process (None: not at all); how to stop. The
+    figures are the database's, not a process's, so under --processes the supervisor alone
+    serves them: the children are not given the port."""
+    if port is None:
+        return lambda: None
+    try:
+        return metrics.serve(port)
+    except ImproperlyConfigured as exc:  # prometheus_client is not installed
+        raise CommandError(str(exc)) from None
+    except OSError as exc:
+        raise CommandError(f"--metrics-port {port}: cannot listen there: "
+                           f"{exc.strerror or exc}") from None
 
 
 def _check_health_file(path: str, processes: int) -> None:
