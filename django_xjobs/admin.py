@@ -709,7 +709,8 @@ class JobAdmin(ConsoleAdmin):
         return TemplateResponse(request, template, {
             **self.admin_site.each_context(request), "opts": self.model._meta, "title": title,
             "refresh": int(refresh) if refresh in {str(r) for r in REFRESH_CHOICES} else None,
-            "refresh_choices": REFRESH_CHOICES, **context,
+            "refresh_choices": REFRESH_CHOICES,
+            "max_stall_text": reads.duration_text(reads.WORKER_MAX_STALL), **context,
         })
 
     def dashboard_view(self, request: Any) -> HttpResponse:

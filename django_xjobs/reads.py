@@ -41,8 +41,6 @@ from django.db.models import (
     Count,
     DateTimeField,
     ExpressionWrapper,
-    Max,
-    Min,
     Q,
     Sum,
     TextField,
@@ -56,12 +54,18 @@ from . import conf, counters, registry, scheduler, slots
 from .engines import get_engine
 from .exceptions import ConfigurationError, JobNotFound
 from .models import Backfill, Job, JobEvent, JobLease, JobStep, OutboxEntry, SchedulerLeader
-from .records import TERMINAL_STATES, QueueDepth, TableHealth, XminHolder, decode_stored_json
+from .records import (
+    TERMINAL_STATES,
+    QueueDepth,
+    TableHealth,
+    WorkerRecord,
+    XminHolder,
+    decode_stored_json,
+)
 
 TenantScope = frozenset[str] | None
 
-# How far back "recently" reaches for workers and rescues, and how many rows a panel lists.
-WORKER_WINDOW = timedelta(minutes=5)
+# How far back "recently" reaches for rescues, and how many rows a panel lists.
 # The dashboard's finished counts: the counters' "day" window (24 hourly buckets).
 FINISHED_WINDOW = timedelta(hours=24)
 RESCUE_WINDOW = timedelta(hours=1)
@@ -76,6 +80,10 @@ XID_AGE_BAD = 1.0
 XACT_AGE_WARN, XACT_AGE_BAD = 300.0, 3600.0  # seconds
 IDLE_IN_XACT_WARN = 60.0
 OUTBOX_AGE_WARN = 60.0
+# A worker reads as stalled after this long without a heartbeat, a round of its loop, or a
+# claim while its queues had due jobs: the default of `manage.py xjobs health --max-stall`
+# (tests/integration/test_console_site.py checks that the two agree).
+WORKER_MAX_STALL = 300.0
 
 OK, WARN, BAD = "ok", "warn", "bad"
 
@@ -190,26 +198,6 @@ class ScheduleRow:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerRow:
-    """A worker as the job rows show it: what it runs now (and when it last renewed those
-    leases), and what it finished within :data:`WORKER_WINDOW`. A worker with nothing running
-    and nothing finished recently leaves no trace in the tables."""
-
-    worker: str
-    running: int = 0
-    lapsed: int = 0  # of its running jobs, those whose lease expired: it stopped renewing
-    last_renewed_at: datetime | None = None
-    lease_until: datetime | None = None
-    finished_recently: int = 0
-    last_finished_at: datetime | None = None
-
-    @property
-    def last_seen_at(self) -> datetime | None:
-        seen = [t for t in (self.last_renewed_at, self.last_finished_at) if t is not None]
-        return max(seen) if seen else None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class JobBrief:
     """A job in a panel: enough to recognise it and to open it."""
 
@@ -242,7 +230,7 @@ class Dashboard:
     outbox_oldest_seconds: float | None
     leaders: list[LeaderRow]  # empty under a tenant scope
     schedules: list[ScheduleRow]  # empty under a tenant scope
-    workers: list[WorkerRow]
+    workers: list[WorkerRecord]  # x_workers; empty under a tenant scope
     failures: list[JobBrief]
 
     @property
@@ -300,11 +288,18 @@ class Health:
     rescues: RescueSummary
     tables: list[TableRow]  # empty under a tenant scope
     holders: list[HolderRow]  # empty under a tenant scope
+    workers: list[WorkerRecord] = field(default_factory=list)  # empty under a tenant scope
     query_text: bool = True  # False: the holders' SQL is redacted (see redact_query)
+
+    @property
+    def stalled(self) -> list[WorkerRecord]:
+        return [w for w in self.workers if w.stalled]
 
     @property
     def verdict(self) -> str:
         verdicts = [r.verdict for r in self.tables] + [h.verdict for h in self.holders]
+        if self.stalled:
+            verdicts.append(BAD)
         if self.lapsed_count:
             verdicts.append(WARN)
         return BAD if BAD in verdicts else WARN if WARN in verdicts else OK
@@ -597,29 +592,14 @@ def schedule_rows() -> list[ScheduleRow]:
             for t in scheduler.describe(now=get_engine().db_now()).tasks]
 
 
-def workers(tenants: TenantScope = None) -> list[WorkerRow]:
-    """Workers seen in the job rows: the running ones' heartbeats (every renewal moves
-    ``updated_at``), and who finished jobs within :data:`WORKER_WINDOW`."""
-
-
-    found: dict[str, dict[str, Any]] = {}
-    running = scoped(Job.objects.filter(state="running"), tenants).exclude(claimed_by=None)
-    for row in running.order_by().values("claimed_by").annotate(
-        n=Count("id"), lapsed=Count("id", filter=Q(visible_at__lte=Now())),
-        renewed=Max("updated_at"), until=Min("visible_at"),
-    ):
-        found[row["claimed_by"]] = {"running": row["n"], "lapsed": row["lapsed"],
-                                    "last_renewed_at": row["renewed"], "lease_until": row["until"]}
-    for _state, finished in _finished_since(WORKER_WINDOW, tenants):
-        for row in finished.exclude(claimed_by=None).order_by().values("claimed_by").annotate(
-            n=Count("id"), last=Max("finished_at"),
-        ):
-            seen = found.setdefault(row["claimed_by"], {})
-            seen["finished_recently"] = seen.get("finished_recently", 0) + row["n"]
-            last = seen.get("last_finished_at")
-            seen["last_finished_at"] = row["last"] if last is None else max(last, row["last"])
-    rows = [WorkerRow(worker=w, **v) for w, v in found.items()]
-    return sorted(rows, key=lambda r: (r.lapsed == 0, r.worker))
+def fleet(tenants: TenantScope = None) -> list[WorkerRecord]:
+    """The worker processes (``x_workers``, the engine's ``workers_list``), stalled ones first,
+    each with why it is stalled (:data:`WORKER_MAX_STALL`); none under a tenant scope: the
+    fleet's hosts and queues are no tenant's rows."""
+    if tenants is not None:
+        return []
+    found = get_engine().workers_list(max_stall=WORKER_MAX_STALL)
+    return sorted(found, key=lambda w: (w.stalled is None, w.id))
 
 
 def latest_failures(tenants: TenantScope = None, limit: int = PANEL_ROWS) -> list[JobBrief]:
@@ -636,7 +616,7 @@ def dashboard(tenants: TenantScope = None) -> Dashboard:
         outbox_oldest_seconds=oldest,
         leaders=scheduler_leaders(now) if tenants is None else [],
         schedules=schedule_rows() if tenants is None else [],
-        workers=workers(tenants), failures=latest_failures(tenants),
+        workers=fleet(tenants), failures=latest_failures(tenants),
     )
 
 
@@ -780,7 +760,7 @@ def health(tenants: TenantScope = None, *, query_text: bool = True) -> Health:
         now=now, tenants=tenants, lapsed_count=count, lapsed=lapsed,
         rescues=rescue_summary(tenants),
         tables=[judge_table(t) for t in engine.tables_health()] if tenants is None else [],
-        holders=holders, query_text=query_text,
+        holders=holders, workers=fleet(tenants), query_text=query_text,
     )
 
 

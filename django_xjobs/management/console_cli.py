@@ -38,7 +38,7 @@ from django.utils.dateparse import parse_datetime
 
 from .. import api, reads, why
 from ..models import JobStep
-from ..records import ALL_STATES, BlockedBy
+from ..records import ALL_STATES, BlockedBy, WorkerRecord
 from . import workers_cli
 
 # `xjobs slots` and `xjobs schedule` (the slots' and the scheduler's own commands) show the
@@ -305,13 +305,13 @@ def _print_scheduler(out: _Out, leaders: Sequence[reads.LeaderRow],
                for t in tasks], empty="(no cron tasks)")
 
 
-def _print_workers(out: _Out, rows: Sequence[reads.WorkerRow], now: datetime) -> None:
-    out.line("workers seen recently:")
-    out.table(("worker", "running", "lease expired", "last heartbeat", "finished 5min",
-               "last finished"),
-              [(w.worker, w.running, w.lapsed, reads.ago(w.last_renewed_at, now),
-                w.finished_recently, reads.ago(w.last_finished_at, now)) for w in rows],
-              empty="(no worker ran or finished a job in the last 5 minutes)")
+def _print_workers(out: _Out, rows: Sequence[WorkerRecord], now: datetime) -> None:
+    out.line("workers (x_workers):")
+    out.table(("worker", "queues", "running", "finished", "heartbeat", "last claim", "status"),
+              [(w.id, ",".join(w.queues), f"{w.running}/{w.concurrency}", w.finished,
+                reads.ago(w.seen_at, now), reads.ago(w.claimed_at, now),
+                f"STALLED: {w.stalled}" if w.stalled else "ok") for w in rows],
+              empty="(no worker seen in the last day)")
 
 
 def _print_health(out: _Out, health: reads.Health) -> None:

@@ -238,9 +238,7 @@ def test_the_dashboard_shows_buckets_last_24h_outbox_scheduler_workers_failures(
     assert board.outbox_pending == 1
     assert [leader.holder for leader in board.leaders] == ["w1:1"]
     assert [s.task for s in board.schedules] == ["nightly-report"]
-    (worker,) = [w for w in board.workers if w.worker == "tests:console"]
-    assert (worker.running, worker.lapsed) == (2, 1)
-    assert worker.finished_recently == 2  # the done one and the dead one
+    assert board.workers == []  # no worker process ran: the claims were the test's own
     assert [f.id for f in board.failures] == [one_of_each["dead"].id]
     page = response.content.decode()
     assert "RuntimeError: card declined" in page and "nightly-report" in page

@@ -303,3 +303,36 @@ def test_the_dashboard_reads_no_job_table_scan(admin_client, drained):
     # The check finds a scan where there is one: the exact statistics read the whole table.
     exact = statements_of(lambda: get_engine().queue_stats())
     assert plans_scanning_x_jobs(exact) != []
+
+
+# ----------------------------------------------------------------------------- the workers --
+
+
+def test_the_health_panel_and_the_dashboard_list_the_workers_and_flag_a_stalled_one(
+        admin_client):
+    from django_xjobs import reads
+    from django_xjobs.management import workers_cli
+
+    assert reads.WORKER_MAX_STALL == workers_cli.DEFAULT_MAX_STALL  # the console judges alike
+    engine = get_engine()
+    engine.worker_seen("host-a:1:ok", "host-a", 1, [QUEUE], version="1.0", concurrency=4,
+                       running=1, finished=20, claimed_age=1.0, loop_age=0.1)
+    # A loop that has not gone round for an hour while the heartbeat thread still runs.
+    engine.worker_seen("host-b:2:wedged", "host-b", 2, [QUEUE], version="1.0", concurrency=4,
+                       running=4, finished=3, claimed_age=3600.0, loop_age=3600.0)
+    for site in SITES:
+        health = admin_client.get(url(site, "django_xjobs_health"))
+        assert [w.id for w in health.context["health"].stalled] == ["host-b:2:wedged"]
+        assert health.context["health"].verdict == "bad"
+        page = health.content.decode()
+        panel = page.split('id="xjobs-health-workers"', 1)[1].split("</div>", 1)[0]
+        rows = {worker: stalled for stalled, worker in re.findall(
+            r'<tr class="xjobs-worker( xjobs-stalled)?" data-worker="([^"]+)"', panel)}
+        assert rows == {"host-b:2:wedged": " xjobs-stalled", "host-a:1:ok": ""}
+        assert "loop has not gone round for" in panel and "1 stalled" in panel
+        board = admin_client.get(url(site, "django_xjobs_dashboard")).context["board"]
+        assert [w.id for w in board.workers] == ["host-b:2:wedged", "host-a:1:ok"]
+    with override_settings(XJOBS={"ADMIN_TENANT_SCOPE": lambda request: {"acme"}}):
+        assert admin_client.get("/_x/").context["board"].workers == []
+        page = admin_client.get(url("xjobs_console", "django_xjobs_health")).content.decode()
+        assert "host-b" not in page
