@@ -710,7 +710,7 @@ class JobAdmin(ConsoleAdmin):
             **self.admin_site.each_context(request), "opts": self.model._meta, "title": title,
             "refresh": int(refresh) if refresh in {str(r) for r in REFRESH_CHOICES} else None,
             "refresh_choices": REFRESH_CHOICES,
-            "max_stall_text": reads.duration_text(reads.WORKER_MAX_STALL), **context,
+            "max_stall_text": reads.humanize_seconds(reads.WORKER_MAX_STALL), **context,
         })
 
     def dashboard_view(self, request: Any) -> HttpResponse:

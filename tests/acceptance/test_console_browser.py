@@ -355,3 +355,56 @@ def test_the_console_at_x_charts_a_real_workers_runs_and_shows_each_attempt(
     rows.nth(0).locator("summary").click()
     assert "Traceback" in whole.inner_text()
     page.screenshot(path=str(shots / "job_attempts.png"))  # the top: the why and attempts
+
+
+def test_the_health_panel_flags_a_stopped_worker_in_the_browser(
+        live_server, start_worker, page, shots, django_user_model):
+    import signal
+    import time
+
+    from django.db import connection
+
+    django_user_model.objects.create_superuser("health", "health@example.com", PASSWORD)
+    # Two real workers refreshing their x_workers row every half second; one is stopped.
+    steady = start_worker("steady", settings={"WORKER_SEEN_INTERVAL": "0.5s"})
+    stuck = start_worker("stuck", settings={"WORKER_SEEN_INTERVAL": "0.5s"})
+    testapp_jobs.record.enqueue(tag="before the stop")
+
+    def seen(wid: str):
+        with connection.cursor() as cursor:
+            cursor.execute("select now() - seen_at from x_workers where id = %s", [wid])
+            row = cursor.fetchone()
+        return row is not None and row[0] < timedelta(seconds=5)
+
+    wait_until(lambda: seen(steady.id) and seen(stuck.id), timeout=30, message="both rows")
+    stuck.signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.5)  # a heartbeat statement sent just before the stop lands first
+        # Its last heartbeat, moved ten minutes back: what the console's 5-minute max stall
+        # would see had the process stayed stopped that long (the test does not wait it out).
+        with connection.cursor() as cursor:
+            cursor.execute("update x_workers set seen_at = now() - interval '10 minutes', "
+                           "loop_at = now() - interval '10 minutes' where id = %s", [stuck.id])
+        login(page, live_server, "health")
+        page.goto(f"{live_server.url}/_x/django_xjobs/job/health/")
+        panel = page.locator("#xjobs-health-workers")
+        stalled = panel.locator(f"tr.xjobs-worker[data-worker='{stuck.id}']")
+        assert "xjobs-stalled" in stalled.get_attribute("class")
+        assert "stalled" in stalled.inner_text() and "no heartbeat for 10m" in stalled.inner_text()
+        fine = panel.locator(f"tr.xjobs-worker[data-worker='{steady.id}']")
+        assert "xjobs-stalled" not in fine.get_attribute("class")
+        assert "ok" in fine.inner_text()
+        assert "1 stalled" in panel.locator("h2").inner_text()
+        assert "bad" in page.inner_text("#xjobs-verdict")
+        page.screenshot(path=str(shots / "health_stalled.png"))
+        # The dashboard lists it first, stalled.
+        page.goto(f"{live_server.url}/_x/")
+        first = page.locator("#xjobs-workers tr.xjobs-worker").first
+        assert first.get_attribute("data-worker") == stuck.id
+    finally:
+        stuck.signal(signal.SIGCONT)
+    # Running again, its heartbeat refreshes the row: the panel says ok.
+    wait_until(lambda: seen(stuck.id), timeout=30, message="the heartbeat after SIGCONT")
+    page.goto(f"{live_server.url}/_x/django_xjobs/job/health/")
+    row = page.locator(f"#xjobs-health-workers tr.xjobs-worker[data-worker='{stuck.id}']")
+    assert "xjobs-stalled" not in row.get_attribute("class")
