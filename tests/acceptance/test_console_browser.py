@@ -8,14 +8,19 @@ installs chromium where it can (``make browser``).
 Scenario: log in; the dashboard; filter the jobs list by a date range; open a job that died in
 a real worker and retry it (the worker runs it again); cancel a job that is running in the
 worker (the worker stops it at its next heartbeat). And: the console's own pages draw their
-breadcrumbs exactly like a stock admin page. Screenshots of the dashboard, the jobs list, the
-job detail, the health panel and an action's confirmation go to ``XJOBS_SCREENSHOT_DIR``
-(``make screenshots`` points it at docs/img), else to the test's temporary directory.
+breadcrumbs exactly like a stock admin page. The console's own site at ``/_x/``: its dashboard
+charts a real worker's runs (in the light and the dark theme), a job that failed twice then
+succeeded shows its three attempts, and the health panel flags a worker stopped with SIGSTOP.
+Screenshots of the dashboard (with and without charts), the jobs list, the job detail and its
+attempts, the health panel (and a stalled worker) and an action's confirmation go to
+``XJOBS_SCREENSHOT_DIR`` (``make screenshots`` points it at docs/img), else to the test's
+temporary directory.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from datetime import timedelta
@@ -176,8 +181,9 @@ def test_on_call_finds_retries_and_cancels_jobs_in_the_browser(
 
 
 def worker_id_shown(page) -> bool:
-    text = page.inner_text("#xjobs-workers")
-    return "running" in text and "No worker is running" not in text
+    """The dashboard lists a worker process (x_workers), not stalled."""
+    rows = page.locator("#xjobs-workers tr.xjobs-worker")
+    return rows.count() >= 1 and "ok" in rows.first.inner_text()
 
 
 # What makes a breadcrumbs bar look like the admin's: the element and its class, and how the
@@ -292,6 +298,12 @@ def test_on_call_sees_why_a_job_waits_and_pauses_and_resumes_a_queue_in_the_brow
     wait_state(paused.id, "done")
 
 
+def luminance(css_colour: str) -> float:
+    """0 (black) to 1 (white), of an ``rgb(r, g, b)`` the browser computed."""
+    r, g, b = (float(v) for v in re.findall(r"[\d.]+", css_colour)[:3])
+    return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
+
+
 # Each point of a chart, as the browser has it: its series and the value its title gives.
 CHART_POINTS = """(chart) => [...document.querySelectorAll(`svg#${chart} g.xjobs-series`)].map(
   g => [g.dataset.series, [...g.querySelectorAll('circle')].map(
@@ -332,6 +344,15 @@ def test_the_console_at_x_charts_a_real_workers_runs_and_shows_each_attempt(
     box = page.locator("#xjobs-chart-throughput polyline").first.bounding_box()
     assert box is not None and box["width"] > 100
     page.screenshot(path=str(shots / "dashboard_charts.png"), full_page=True)
+    # The admin's dark theme: the axes and texts follow its text colour (light on dark).
+    page.emulate_media(color_scheme="dark")
+    fill = page.evaluate("() => getComputedStyle(document.querySelector("
+                         "'#xjobs-chart-throughput .xjobs-axis text')).fill")
+    assert luminance(fill) > 0.5, fill
+    page.emulate_media(color_scheme="light")
+    fill = page.evaluate("() => getComputedStyle(document.querySelector("
+                         "'#xjobs-chart-throughput .xjobs-axis text')).fill")
+    assert luminance(fill) < 0.5, fill
 
     # The queue table links to the queue's page, with its own charts.
     page.click("#xjobs-queues a:text-is('mail')")
