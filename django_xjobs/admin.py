@@ -7,9 +7,11 @@ runs the engine's fenced statements, the same ones ``manage.py xjobs`` uses. Eac
 own permission (``Job.Meta.permissions``), a confirmation page, a result message with counts,
 and an entry in Django's admin log naming the user.
 
-Pages: the dashboard and the health panel (:mod:`console` computes both, for the CLI too), the
-jobs list and detail, and read-only lists of steps, events, outbox, concurrency slots,
-backfills and the scheduler's leader and watermarks.
+Pages: the dashboard and the health panel (:mod:`reads` computes both, for the CLI too), a page
+per queue with its charts (:mod:`charts`), the jobs list and detail, and read-only lists of
+steps, events, outbox, concurrency slots, backfills and the scheduler's leader and watermarks.
+The same classes serve the project's admin and the console's own site at ``/_x/``
+(:mod:`console`): every URL is reversed on the site that serves the page.
 
 Scale (docs/console.md, "At a million jobs"): no exact ``count(*)`` on a big table — the
 paginator counts exactly up to :data:`EXACT_COUNT_LIMIT` rows and estimates beyond (the
@@ -811,10 +813,10 @@ class JobAdmin(ConsoleAdmin):
         except JobNotFound:  # deleted since it was read: the page shows it as read
             blocked_by = ()
         progress = progress_from_json(job.progress)
+        eta = progress.eta(job.started_at) if progress and job.state == "running" else None
         context = {
             "attempt_rows": self._attempt_rows(job), "progress": progress,
-            "progress_eta": progress.eta(job.started_at) if progress and job.state == "running"
-            else None,
+            "progress_eta": f"{reads.clock_text(eta)} ({reads.ago(eta, now)})" if eta else None,
             "diagnosis": reads.diagnose(job, steps, now), "steps": steps, "db_now": now,
             "blocked_by": blocked_by,
             "step_rows": list(zip(steps, step_outputs, strict=True)),

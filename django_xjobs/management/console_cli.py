@@ -2,8 +2,8 @@
 terminal or a script (``--json``). The data comes from :mod:`django_xjobs.reads`, the module
 the admin pages render, so the two never disagree.
 
-    manage.py xjobs dashboard              queues (buckets + last hour), outbox, scheduler,
-                                           workers, latest failures
+    manage.py xjobs dashboard              queues (live buckets + last 24 h), outbox,
+                                           scheduler, workers, latest failures
     manage.py xjobs health [--queue Q ...] [--max-stall 5m]
                                            whether the workers make progress (exit status 1
                                            when not, management/workers_cli.py), then lapsed
