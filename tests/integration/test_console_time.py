@@ -48,9 +48,8 @@ def naive_connection(transactional_db):
 
 
 def every_page_renders(client, handles) -> None:
-    from django_xjobs.models import Job
-
     from django_xjobs.engines import get_engine
+    from django_xjobs.models import Job
 
     # A worker process's row, for the workers on the dashboard and the health panel.
     get_engine().worker_seen("tz-worker", "host-tz", 9, ["tz-q"], version="1", concurrency=2,
