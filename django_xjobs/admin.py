@@ -7,9 +7,11 @@ runs the engine's fenced statements, the same ones ``manage.py xjobs`` uses. Eac
 own permission (``Job.Meta.permissions``), a confirmation page, a result message with counts,
 and an entry in Django's admin log naming the user.
 
-Pages: the dashboard and the health panel (:mod:`console` computes both, for the CLI too), the
-jobs list and detail, and read-only lists of steps, events, outbox, concurrency slots,
-backfills and the scheduler's leader and watermarks.
+Pages: the dashboard and the health panel (:mod:`reads` computes both, for the CLI too), a page
+per queue with its charts (:mod:`charts`), the jobs list and detail, and read-only lists of
+steps, events, outbox, concurrency slots, backfills and the scheduler's leader and watermarks.
+The same classes serve the project's admin and the console's own site at ``/_x/``
+(:mod:`console`): every URL is reversed on the site that serves the page.
 
 Scale (docs/console.md, "At a million jobs"): no exact ``count(*)`` on a big table — the
 paginator counts exactly up to :data:`EXACT_COUNT_LIMIT` rows and estimates beyond (the
@@ -53,9 +55,10 @@ from django.urls import path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.safestring import mark_safe
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
-from . import api, conf, reads, registry, why
+from . import api, charts, conf, counters, reads, registry, why
 from .api import acting_as
 from .exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
 from .models import (
@@ -79,7 +82,14 @@ from .pauses import (
     resume_key,
     resume_queue,
 )
-from .records import ALL_STATES, LIVE_STATES, TERMINAL_STATES
+from .records import (
+    ALL_STATES,
+    LIVE_STATES,
+    TERMINAL_STATES,
+    attempts_from_json,
+    progress_from_json,
+)
+from .values import NAME_RE
 
 # Counted exactly up to this many rows, estimated beyond; and no page past MAX_PAGES (an OFFSET
 # of a hundred thousand rows is already slow; narrow the list with a filter instead).
@@ -384,9 +394,14 @@ class ConsoleAdmin(admin.ModelAdmin):
         response["X-Content-Type-Options"] = "nosniff"
         return response
 
+    def url(self, name: str, *args: Any) -> str:
+        """The URL of page ``name`` of the site this admin belongs to: the project's admin or
+        the console at ``/_x/`` (docs/console.md), which register the same classes."""
+        return reverse(f"{self.admin_site.name}:{name}", args=args)
+
     def whole_json_url(self, obj: Any, field: str) -> str:
         info = self.opts.app_label, self.opts.model_name
-        return reverse("admin:{}_{}_json".format(*info), args=[obj.pk, field])
+        return self.url("{}_{}_json".format(*info), obj.pk, field)
 
     def json_html(self, obj: Any, field: str) -> str:
         return json_block(reads.shown_json(obj, field), self.whole_json_url(obj, field))
@@ -549,7 +564,7 @@ class JobAdmin(ConsoleAdmin):
         # id is the link's title and on the detail page.
         text = str(obj.pk)
         return format_html('<a href="{}{}/change/" class="xjobs-id" title="{}">{}…{}</a>',
-                           reverse("admin:django_xjobs_job_changelist"), text, text,
+                           self.url("django_xjobs_job_changelist"), text, text,
                            text[:8], text[-6:])
 
     @admin.display(description="run at")
@@ -683,6 +698,7 @@ class JobAdmin(ConsoleAdmin):
         return [
             path("dashboard/", view(self.dashboard_view), name="django_xjobs_dashboard"),
             path("health/", view(self.health_view), name="django_xjobs_health"),
+            path("queue/<str:queue>/", view(self.queue_view), name="django_xjobs_queue"),
             path("pause/", view(self.pause_view), name="django_xjobs_pause"),
             *super().get_urls(),
         ]
@@ -691,10 +707,12 @@ class JobAdmin(ConsoleAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         refresh = request.GET.get("refresh")
+        request.current_app = self.admin_site.name  # the templates' {% url %}: this site's
         return TemplateResponse(request, template, {
             **self.admin_site.each_context(request), "opts": self.model._meta, "title": title,
             "refresh": int(refresh) if refresh in {str(r) for r in REFRESH_CHOICES} else None,
-            "refresh_choices": REFRESH_CHOICES, **context,
+            "refresh_choices": REFRESH_CHOICES,
+            "max_stall_text": reads.humanize_seconds(reads.WORKER_MAX_STALL), **context,
         })
 
     def dashboard_view(self, request: Any) -> HttpResponse:
@@ -704,6 +722,7 @@ class JobAdmin(ConsoleAdmin):
         board = reads.dashboard(tenants)
         in_force = pauses()
         queue_pauses = {p.key: p for p in in_force if p.kind == "queue"}
+        window = self._window(request)
         return self._page(request, "admin/django_xjobs/dashboard.html", "Jobs dashboard",
                           board=board, now=board.now, tenants=tenants,
                           queue_rows=[(q, queue_pauses.get(q.queue)) for q in board.queues],
@@ -711,7 +730,54 @@ class JobAdmin(ConsoleAdmin):
                           # A key names anything (a partner, a tenant): unscoped operators only.
                           key_pauses=[p for p in in_force if p.kind == "key"]
                           if tenants is None else [],
-                          can_pause=self.has_pause_permission(request))
+                          can_pause=self.has_pause_permission(request),
+                          **self._charts(window, tenants, None))
+
+    def queue_view(self, request: Any, queue: str) -> HttpResponse:
+        """One queue: its live buckets, its last 24 hours and its three charts."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if not NAME_RE.match(queue):
+            raise Http404(f"{queue!r} is not a queue name")
+        tenants = reads.tenant_scope(request)
+        rows = {q.queue: q for q in reads.queue_rows(tenants)}
+        row = rows.get(queue) or reads.QueueRow(
+            queue=queue, failed_24h=None if tenants is not None else 0)
+        paused = next((p for p in pauses() if p.kind == "queue" and p.key == queue), None)
+        return self._page(request, "admin/django_xjobs/queue.html", f"Queue {queue}",
+                          now=reads.db_now(), tenants=tenants, q=row, paused=paused,
+                          can_pause=self.has_pause_permission(request),
+                          **self._charts(self._window(request), tenants, queue))
+
+    @staticmethod
+    def _window(request: Any) -> str:
+        """The charts' window from ``?window=``: hour (the default), day or week; any other
+        value says so and shows the hour."""
+        asked = request.GET.get("window") or "hour"
+        if asked in counters.WINDOWS:
+            return str(asked)
+        messages.warning(request, f"There is no chart window {asked[:40]!r}: choose hour, day "
+                                  "or week. Showing the last hour.")
+        return "hour"
+
+    @staticmethod
+    def _charts(window: str, tenants: reads.TenantScope, queue: str | None) -> dict[str, Any]:
+        """The charts of a page (none under a tenant scope: the counters count every
+        tenant's jobs) and the window links."""
+        found: list[str] = []
+        if tenants is None:
+            chart = reads.queue_chart(window, queue)
+            pattern = "%a %H:%M" if window == "week" else "%H:%M"
+
+            def label(moment: Any) -> str:
+                shown = reads.shown_time(moment)
+                return shown.strftime(pattern) if shown is not None else "-"
+
+            # charts.py escapes every text it draws: its markup goes into the page as it is.
+            found = [mark_safe(svg) for svg in charts.window_charts(
+                chart, label=label, queues=[queue] if queue else None)]
+        return {"charts": found, "window": window, "windows": list(counters.WINDOWS),
+                "window_words": charts.WINDOW_WORDS[window]}
 
     def health_view(self, request: Any) -> HttpResponse:
         if not self.has_view_permission(request):
@@ -746,16 +812,36 @@ class JobAdmin(ConsoleAdmin):
             blocked_by = why.for_job(job.pk)
         except JobNotFound:  # deleted since it was read: the page shows it as read
             blocked_by = ()
+        progress = progress_from_json(job.progress)
+        eta = progress.eta(job.started_at) if progress and job.state == "running" else None
         context = {
+            "attempt_rows": self._attempt_rows(job), "progress": progress,
+            "progress_eta": f"{reads.clock_text(eta)} ({reads.ago(eta, now)})" if eta else None,
             "diagnosis": reads.diagnose(job, steps, now), "steps": steps, "db_now": now,
             "blocked_by": blocked_by,
             "step_rows": list(zip(steps, step_outputs, strict=True)),
             "can_view_steps": can_view_steps,
             "action_buttons": buttons, "changelist_url":
-                reverse("admin:django_xjobs_job_changelist"),
+                self.url("django_xjobs_job_changelist"),
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME, **(extra_context or {}),
         }
         return super().change_view(request, object_id, form_url, context)
+
+    @staticmethod
+    def _attempt_rows(job: Job) -> list[dict[str, Any]]:
+        """The attempt history (``Job.attempts``), oldest first, as the job page shows it: the
+        times in the page's zone, the duration, the line of the error a person reads first (the
+        exception and its message, the last line of a traceback) and the whole error."""
+        rows = []
+        for a in attempts_from_json(job.attempts):
+            error = (a.error or "").strip()
+            rows.append({"attempt": a.attempt, "outcome": a.outcome, "worker": a.worker,
+                         "started": reads.clock_text(a.started_at),
+                         "finished": reads.clock_text(a.finished_at),
+                         "duration": reads.duration_text(a.duration),
+                         "error_line": reads.error_summary(error) or "",
+                         "error": error})
+        return rows
 
     # --------------------------------------------------------------------------- pauses --
     def has_pause_permission(self, request: Any) -> bool:
@@ -769,12 +855,13 @@ class JobAdmin(ConsoleAdmin):
         optional duration and reason, and pauses once it is posted back with ``post=yes``."""
         if not self.has_pause_permission(request):
             raise PermissionDenied
+        request.current_app = self.admin_site.name
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         op, kind, name = (request.POST.get(f) for f in ("op", "kind", "name"))
         if op not in ("pause", "resume") or kind not in ("queue", "key") or not name:
             messages.error(request, "Unknown pause action.")
-            return HttpResponseRedirect(reverse("admin:django_xjobs_dashboard"))
+            return HttpResponseRedirect(self.url("django_xjobs_dashboard"))
         try:
             check_target(kind, name)  # before any query names it (no NUL reaches the ORM)
             if op == "resume":
@@ -794,11 +881,11 @@ class JobAdmin(ConsoleAdmin):
                 reason=f"{reason} ({who})" if reason else who)
         except XJobsError as exc:
             messages.error(request, str(exc))
-            return HttpResponseRedirect(reverse("admin:django_xjobs_dashboard"))
+            return HttpResponseRedirect(self.url("django_xjobs_dashboard"))
         said = describe(record, when=PAUSE_TIME)
         self._log_pause(request, record.kind, record.key, f"paused {said}")
         messages.success(request, f"Paused {kind} {name} {said}.")
-        return HttpResponseRedirect(reverse("admin:django_xjobs_dashboard"))
+        return HttpResponseRedirect(self.url("django_xjobs_dashboard"))
 
     def _resume(self, request: Any, kind: str, name: str) -> HttpResponse:
         self._log_pause(request, kind, name, "resumed")
@@ -810,7 +897,7 @@ class JobAdmin(ConsoleAdmin):
             text = (f"Resumed key {name}" if was else f"Key {name} was not paused") + (
                 f"; {handed_back} blocked job{'s' if handed_back != 1 else ''} handed back.")
         messages.success(request, text)
-        return HttpResponseRedirect(reverse("admin:django_xjobs_dashboard"))
+        return HttpResponseRedirect(self.url("django_xjobs_dashboard"))
 
     @staticmethod
     def _log_pause(request: Any, kind: str, name: str, message: str) -> None:
@@ -834,6 +921,7 @@ class JobAdmin(ConsoleAdmin):
         return request.user.has_perm("django_xjobs.purge_job")
 
     def changelist_view(self, request: Any, extra_context: dict[str, Any] | None = None) -> Any:
+        request.current_app = self.admin_site.name  # the confirmation pages' {% url %}
         if request.method == "POST" and "action" in request.POST:
             names = request.POST.getlist("action")
             try:
@@ -847,8 +935,8 @@ class JobAdmin(ConsoleAdmin):
             post.setlist(helpers.ACTION_CHECKBOX_NAME, [
                 v for v in post.getlist(helpers.ACTION_CHECKBOX_NAME) if _as_uuid(v)])
             request.POST = post
-        context = {"dashboard_url": reverse("admin:django_xjobs_dashboard"),
-                   "health_url": reverse("admin:django_xjobs_health"), **(extra_context or {})}
+        context = {"dashboard_url": self.url("django_xjobs_dashboard"),
+                   "health_url": self.url("django_xjobs_health"), **(extra_context or {})}
         return super().changelist_view(request, context)
 
     def run_action(self, spec: ActionSpec, request: Any, queryset: Any) -> Any:
@@ -973,7 +1061,7 @@ class JobAdmin(ConsoleAdmin):
         if live_holders:
             links = format_html_join(
                 ", ", '<a href="{}">{}</a>',
-                ((reverse("admin:django_xjobs_job_change", args=[i]), i)
+                ((self.url("django_xjobs_job_change", i), i)
                  for i in live_holders[:5]))
             self.message_user(request, format_html("{} Live job(s) holding the key: {}.", text,
                                                    links), level)
@@ -1002,8 +1090,8 @@ def run_id_match(queryset: Any, run_id: UUID) -> Q:
 # -------------------------------------------------------------------------- the other pages --
 
 
-def _job_search_link(run_id: Any) -> str:
-    url = reverse("admin:django_xjobs_job_changelist")
+def _job_search_link(model_admin: ConsoleAdmin, run_id: Any) -> str:
+    url = model_admin.url("django_xjobs_job_changelist")
     return format_html('<a href="{}?q={}">{}</a>', url, run_id, run_id)
 
 
@@ -1039,7 +1127,7 @@ class JobStepAdmin(ConsoleAdmin):
 
     @admin.display(description="job (run id)")
     def run(self, obj: JobStep) -> str:
-        return _job_search_link(obj.run_id)
+        return _job_search_link(self, obj.run_id)
 
     @admin.display(description="output")
     def pretty_output(self, obj: JobStep) -> str:
@@ -1088,7 +1176,7 @@ class OutboxEntryAdmin(ConsoleAdmin):
     def job_link(self, obj: OutboxEntry) -> str:
         if obj.job_id is None:
             return "-"
-        url = reverse("admin:django_xjobs_job_change", args=[obj.job_id])
+        url = self.url("django_xjobs_job_change", obj.job_id)
         return format_html('<a href="{}">{}</a>', url, obj.job_id)
 
     @admin.display(description="input")
@@ -1196,6 +1284,6 @@ class BackfillAdmin(ClockedAdmin):
     def job_link(self, obj: Backfill) -> str:
         if obj.job_id is None:
             return "-"
-        url = reverse("admin:django_xjobs_job_change", args=[obj.job_id])
+        url = self.url("django_xjobs_job_change", obj.job_id)
         return format_html('<a href="{}">{}</a>', url, obj.job_id)
 

@@ -8,9 +8,11 @@ statements.
 
 Where the numbers come from:
 
-* the per-queue buckets are the engine's ``queue_stats`` (ONE definition of the six
-  exclusive buckets, pinned by tests/conformance/test_stats.py); the finished counts of the last
-  hour are an ORM read over ``x_jobs_finished_idx`` (state, finished_at);
+* the dashboard's per-queue live buckets are the engine's ``queue_depth`` (the live rows'
+  partial indexes only, never the history); what each queue finished in the last 24 hours and
+  the charts are the counters (:mod:`counters`), whose cost does not grow with the jobs table.
+  The counters count every tenant's jobs, so under a tenant scope the finished counts are read
+  from the rows instead (``x_jobs_finished_idx``, per state) and the charts are not shown;
 * the health figures of the tables and of the server are the engine's monitoring statements
   (``tables_health``, ``xmin_horizon``); the rest are read-only ORM reads of the models;
 * time is the database's: "expired", "due" and "recently" compare with ``now()`` of the server,
@@ -39,8 +41,6 @@ from django.db.models import (
     Count,
     DateTimeField,
     ExpressionWrapper,
-    Max,
-    Min,
     Q,
     Sum,
     TextField,
@@ -50,17 +50,24 @@ from django.db.models.functions import Cast, Left, Length, Now
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import conf, registry, scheduler, slots
+from . import conf, counters, registry, scheduler, slots
 from .engines import get_engine
 from .exceptions import ConfigurationError, JobNotFound
 from .models import Backfill, Job, JobEvent, JobLease, JobStep, OutboxEntry, SchedulerLeader
-from .records import TERMINAL_STATES, QueueStats, TableHealth, XminHolder, decode_stored_json
+from .records import (
+    TERMINAL_STATES,
+    QueueDepth,
+    TableHealth,
+    WorkerRecord,
+    XminHolder,
+    decode_stored_json,
+)
 
 TenantScope = frozenset[str] | None
 
-# How far back "recently" reaches for workers and rescues, and how many rows a panel lists.
-WORKER_WINDOW = timedelta(minutes=5)
-FINISHED_WINDOW = timedelta(hours=1)
+# How far back "recently" reaches for rescues, and how many rows a panel lists.
+# The dashboard's finished counts: the counters' "day" window (24 hourly buckets).
+FINISHED_WINDOW = timedelta(hours=24)
 RESCUE_WINDOW = timedelta(hours=1)
 PANEL_ROWS = 10
 LAPSED_ROWS = 50
@@ -73,6 +80,10 @@ XID_AGE_BAD = 1.0
 XACT_AGE_WARN, XACT_AGE_BAD = 300.0, 3600.0  # seconds
 IDLE_IN_XACT_WARN = 60.0
 OUTBOX_AGE_WARN = 60.0
+# A worker reads as stalled after this long without a heartbeat, a round of its loop, or a
+# claim while its queues had due jobs: the default of `manage.py xjobs health --max-stall`
+# (tests/integration/test_console_site.py checks that the two agree).
+WORKER_MAX_STALL = 300.0
 
 OK, WARN, BAD = "ok", "warn", "bad"
 
@@ -145,13 +156,21 @@ def steps_scoped(queryset: Any, tenants: TenantScope) -> Any:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class QueueRow(QueueStats):
-    """One queue on the dashboard: the six exclusive buckets and the finished totals it keeps
-    (``queue_stats``), and what finished in the last hour."""
+class QueueRow(QueueDepth):
+    """One queue on the dashboard: its live buckets and the age of its oldest due job
+    (``queue_depth``), and what it finished in the last 24 hours: the counters' day window, or
+    under a tenant scope the finished rows of that window (the counters count every tenant's
+    jobs). ``failed_24h`` counts failed runs (retried, or the one a job died of), which only
+    the counters know: None under a tenant scope."""
 
-    done_last_hour: int = 0
-    cancelled_last_hour: int = 0
-    dead_last_hour: int = 0
+    done_24h: int = 0
+    failed_24h: int | None = 0
+    dead_24h: int = 0
+    cancelled_24h: int = 0
+
+    @property
+    def live(self) -> int:
+        return self.ready + self.delayed + self.running + self.suspended + self.blocked
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,26 +195,6 @@ class ScheduleRow:
     updated_at: datetime | None
     next_fire_at: datetime | None = None
     configured: bool = False  # named in XJOBS["SCHEDULE"] / a @job(cron=...)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerRow:
-    """A worker as the job rows show it: what it runs now (and when it last renewed those
-    leases), and what it finished within :data:`WORKER_WINDOW`. A worker with nothing running
-    and nothing finished recently leaves no trace in the tables."""
-
-    worker: str
-    running: int = 0
-    lapsed: int = 0  # of its running jobs, those whose lease expired: it stopped renewing
-    last_renewed_at: datetime | None = None
-    lease_until: datetime | None = None
-    finished_recently: int = 0
-    last_finished_at: datetime | None = None
-
-    @property
-    def last_seen_at(self) -> datetime | None:
-        seen = [t for t in (self.last_renewed_at, self.last_finished_at) if t is not None]
-        return max(seen) if seen else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -231,14 +230,20 @@ class Dashboard:
     outbox_oldest_seconds: float | None
     leaders: list[LeaderRow]  # empty under a tenant scope
     schedules: list[ScheduleRow]  # empty under a tenant scope
-    workers: list[WorkerRow]
+    workers: list[WorkerRecord]  # x_workers; empty under a tenant scope
     failures: list[JobBrief]
 
     @property
     def totals(self) -> QueueRow:
-        sums = {f.name: sum(getattr(q, f.name) for q in self.queues)
-                for f in dataclasses.fields(QueueRow) if f.name != "queue"}
-        return QueueRow(queue="all queues", **sums)
+        sums: dict[str, Any] = {
+            f.name: sum(getattr(q, f.name) or 0 for q in self.queues)
+            for f in dataclasses.fields(QueueRow)
+            if f.name not in ("queue", "oldest_ready_age", "failed_24h")}
+        ages = [q.oldest_ready_age for q in self.queues if q.oldest_ready_age is not None]
+        failed = [q.failed_24h for q in self.queues]
+        return QueueRow(queue="all queues", oldest_ready_age=max(ages, default=None),
+                        failed_24h=None if None in failed else sum(f or 0 for f in failed),
+                        **sums)
 
     @property
     def outbox_verdict(self) -> str:
@@ -283,11 +288,18 @@ class Health:
     rescues: RescueSummary
     tables: list[TableRow]  # empty under a tenant scope
     holders: list[HolderRow]  # empty under a tenant scope
+    workers: list[WorkerRecord] = field(default_factory=list)  # empty under a tenant scope
     query_text: bool = True  # False: the holders' SQL is redacted (see redact_query)
+
+    @property
+    def stalled(self) -> list[WorkerRecord]:
+        return [w for w in self.workers if w.stalled]
 
     @property
     def verdict(self) -> str:
         verdicts = [r.verdict for r in self.tables] + [h.verdict for h in self.holders]
+        if self.stalled:
+            verdicts.append(BAD)
         if self.lapsed_count:
             verdicts.append(WARN)
         return BAD if BAD in verdicts else WARN if WARN in verdicts else OK
@@ -522,28 +534,42 @@ def _finished_since(window: timedelta, tenants: TenantScope) -> list[tuple[str, 
 
 
 def queue_rows(tenants: TenantScope = None) -> list[QueueRow]:
+    """The dashboard's queues: live buckets from ``queue_depth``, finished counts of the last
+    24 hours from the counters (from the rows under a tenant scope: see :class:`QueueRow`).
+    No read here scans ``x_jobs`` (tests/integration/test_console_site.py checks the plans)."""
 
-
-    stats: dict[str, QueueStats] = {
-        s.queue: s for s in get_engine().queue_stats(tenant_ids=tenants)
+    depth: dict[str, QueueDepth] = {
+        d.queue: d for d in get_engine().queue_depth(tenant_ids=tenants)
     }
-    recent: dict[tuple[str, str], int] = {}
-    for state, finished in _finished_since(FINISHED_WINDOW, tenants):
-        for row in finished.order_by().values("queue").annotate(n=Count("id")):
-            recent[(row["queue"], state)] = row["n"]
-    queues = sorted(set(stats) | {q for q, _ in recent} | set(
+    finished: dict[str, dict[str, Any]] = {}
+    if tenants is None:
+        day = counters.chart("day")
+        for q in day.series:
+            t = day.total(q)
+            finished[q] = {"done_24h": t.done, "failed_24h": t.failed, "dead_24h": t.dead,
+                           "cancelled_24h": t.cancelled}
+    else:
+        for state, rows in _finished_since(FINISHED_WINDOW, tenants):
+            for row in rows.order_by().values("queue").annotate(n=Count("id")):
+                counts = finished.setdefault(row["queue"], {"failed_24h": None})
+                counts[f"{state}_24h"] = row["n"]
+    queues = sorted(set(depth) | set(finished) | set(
         registry.worked_queues() if tenants is None else ()))
     rows = []
     for q in queues:
-        s = stats.get(q) or QueueStats(queue=q)
+        d = depth.get(q) or QueueDepth(queue=q)
         rows.append(QueueRow(
-            queue=q, ready=s.ready, delayed=s.delayed, running=s.running, suspended=s.suspended,
-            dead=s.dead, done=s.done, cancelled=s.cancelled, blocked=s.blocked,
-            done_last_hour=recent.get((q, "done"), 0),
-            cancelled_last_hour=recent.get((q, "cancelled"), 0),
-            dead_last_hour=recent.get((q, "dead"), 0),
+            queue=q, ready=d.ready, delayed=d.delayed, running=d.running,
+            suspended=d.suspended, blocked=d.blocked, oldest_ready_age=d.oldest_ready_age,
+            **finished.get(q, {"failed_24h": None if tenants is not None else 0}),
         ))
     return rows
+
+
+def queue_chart(window: str, queue: str | None = None) -> counters.Chart:
+    """The counters of ``window`` (``hour``, ``day``, ``week``) for the console's charts, of
+    one queue or all. Never under a tenant scope: the counters count every tenant's jobs."""
+    return counters.chart(window, queue=queue)
 
 
 def scheduler_leaders(now: datetime) -> list[LeaderRow]:
@@ -566,29 +592,14 @@ def schedule_rows() -> list[ScheduleRow]:
             for t in scheduler.describe(now=get_engine().db_now()).tasks]
 
 
-def workers(tenants: TenantScope = None) -> list[WorkerRow]:
-    """Workers seen in the job rows: the running ones' heartbeats (every renewal moves
-    ``updated_at``), and who finished jobs within :data:`WORKER_WINDOW`."""
-
-
-    found: dict[str, dict[str, Any]] = {}
-    running = scoped(Job.objects.filter(state="running"), tenants).exclude(claimed_by=None)
-    for row in running.order_by().values("claimed_by").annotate(
-        n=Count("id"), lapsed=Count("id", filter=Q(visible_at__lte=Now())),
-        renewed=Max("updated_at"), until=Min("visible_at"),
-    ):
-        found[row["claimed_by"]] = {"running": row["n"], "lapsed": row["lapsed"],
-                                    "last_renewed_at": row["renewed"], "lease_until": row["until"]}
-    for _state, finished in _finished_since(WORKER_WINDOW, tenants):
-        for row in finished.exclude(claimed_by=None).order_by().values("claimed_by").annotate(
-            n=Count("id"), last=Max("finished_at"),
-        ):
-            seen = found.setdefault(row["claimed_by"], {})
-            seen["finished_recently"] = seen.get("finished_recently", 0) + row["n"]
-            last = seen.get("last_finished_at")
-            seen["last_finished_at"] = row["last"] if last is None else max(last, row["last"])
-    rows = [WorkerRow(worker=w, **v) for w, v in found.items()]
-    return sorted(rows, key=lambda r: (r.lapsed == 0, r.worker))
+def fleet(tenants: TenantScope = None) -> list[WorkerRecord]:
+    """The worker processes (``x_workers``, the engine's ``workers_list``), stalled ones first,
+    each with why it is stalled (:data:`WORKER_MAX_STALL`); none under a tenant scope: the
+    fleet's hosts and queues are no tenant's rows."""
+    if tenants is not None:
+        return []
+    found = get_engine().workers_list(max_stall=WORKER_MAX_STALL)
+    return sorted(found, key=lambda w: (w.stalled is None, w.id))
 
 
 def latest_failures(tenants: TenantScope = None, limit: int = PANEL_ROWS) -> list[JobBrief]:
@@ -605,7 +616,7 @@ def dashboard(tenants: TenantScope = None) -> Dashboard:
         outbox_oldest_seconds=oldest,
         leaders=scheduler_leaders(now) if tenants is None else [],
         schedules=schedule_rows() if tenants is None else [],
-        workers=workers(tenants), failures=latest_failures(tenants),
+        workers=fleet(tenants), failures=latest_failures(tenants),
     )
 
 
@@ -749,7 +760,7 @@ def health(tenants: TenantScope = None, *, query_text: bool = True) -> Health:
         now=now, tenants=tenants, lapsed_count=count, lapsed=lapsed,
         rescues=rescue_summary(tenants),
         tables=[judge_table(t) for t in engine.tables_health()] if tenants is None else [],
-        holders=holders, query_text=query_text,
+        holders=holders, workers=fleet(tenants), query_text=query_text,
     )
 
 

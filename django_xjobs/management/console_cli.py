@@ -2,8 +2,8 @@
 terminal or a script (``--json``). The data comes from :mod:`django_xjobs.reads`, the module
 the admin pages render, so the two never disagree.
 
-    manage.py xjobs dashboard              queues (buckets + last hour), outbox, scheduler,
-                                           workers, latest failures
+    manage.py xjobs dashboard              queues (live buckets + last 24 h), outbox,
+                                           scheduler, workers, latest failures
     manage.py xjobs health [--queue Q ...] [--max-stall 5m]
                                            whether the workers make progress (exit status 1
                                            when not, management/workers_cli.py), then lapsed
@@ -38,7 +38,7 @@ from django.utils.dateparse import parse_datetime
 
 from .. import api, reads, why
 from ..models import JobStep
-from ..records import ALL_STATES, BlockedBy
+from ..records import ALL_STATES, BlockedBy, WorkerRecord
 from . import workers_cli
 
 # `xjobs slots` and `xjobs schedule` (the slots' and the scheduler's own commands) show the
@@ -274,10 +274,11 @@ def _cell(value: Any) -> str:
 def _print_dashboard(out: _Out, board: reads.Dashboard) -> None:
     now = board.now
     out.line(f"as of {_cell(now)} (database clock)\n")
-    out.table(("queue", "ready", "delayed", "running", "suspended", "dead", "done 1h",
-               "cancelled 1h", "died 1h"),
-              [(q.queue, q.ready, q.delayed, q.running, q.suspended, q.dead, q.done_last_hour,
-                q.cancelled_last_hour, q.dead_last_hour) for q in board.queues],
+    out.table(("queue", "ready", "delayed", "running", "suspended", "blocked", "oldest due",
+               "done 24h", "failed 24h", "died 24h", "cancelled 24h"),
+              [(q.queue, q.ready, q.delayed, q.running, q.suspended, q.blocked,
+                reads.humanize_seconds(q.oldest_ready_age), q.done_24h, q.failed_24h,
+                q.dead_24h, q.cancelled_24h) for q in board.queues],
               empty="(no jobs)")
     age = board.outbox_oldest_seconds
     out.line(f"\noutbox: {board.outbox_pending} pending"
@@ -305,13 +306,13 @@ def _print_scheduler(out: _Out, leaders: Sequence[reads.LeaderRow],
                for t in tasks], empty="(no cron tasks)")
 
 
-def _print_workers(out: _Out, rows: Sequence[reads.WorkerRow], now: datetime) -> None:
-    out.line("workers seen recently:")
-    out.table(("worker", "running", "lease expired", "last heartbeat", "finished 5min",
-               "last finished"),
-              [(w.worker, w.running, w.lapsed, reads.ago(w.last_renewed_at, now),
-                w.finished_recently, reads.ago(w.last_finished_at, now)) for w in rows],
-              empty="(no worker ran or finished a job in the last 5 minutes)")
+def _print_workers(out: _Out, rows: Sequence[WorkerRecord], now: datetime) -> None:
+    out.line("workers (x_workers):")
+    out.table(("worker", "queues", "running", "finished", "heartbeat", "last claim", "status"),
+              [(w.id, ",".join(w.queues), f"{w.running}/{w.concurrency}", w.finished,
+                reads.ago(w.seen_at, now), reads.ago(w.claimed_at, now),
+                f"STALLED: {w.stalled}" if w.stalled else "ok") for w in rows],
+              empty="(no worker seen in the last day)")
 
 
 def _print_health(out: _Out, health: reads.Health) -> None:

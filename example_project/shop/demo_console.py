@@ -21,8 +21,8 @@ def show_console(stdout) -> None:
     stdout.write("\nthe operations console")
     stdout.write("  start the web server:  cd example_project && ../.venv/bin/python manage.py "
                  "runserver")
-    stdout.write("  then open:             http://127.0.0.1:8000/admin/django_xjobs/")
-    stdout.write("  dashboard:             http://127.0.0.1:8000/admin/django_xjobs/job/dashboard/")
+    stdout.write("  then open the console: http://127.0.0.1:8000/_x/  (the dashboard, with charts)")
+    stdout.write("  in the project admin:  http://127.0.0.1:8000/admin/django_xjobs/")
     stdout.write(f"  {login}  (superuser, created by the demo if missing)")
     stdout.write("  from a terminal:       ../.venv/bin/python manage.py xjobs dashboard "
                  "(or health, jobs, why ID; --json for scripts)")

@@ -8,14 +8,19 @@ installs chromium where it can (``make browser``).
 Scenario: log in; the dashboard; filter the jobs list by a date range; open a job that died in
 a real worker and retry it (the worker runs it again); cancel a job that is running in the
 worker (the worker stops it at its next heartbeat). And: the console's own pages draw their
-breadcrumbs exactly like a stock admin page. Screenshots of the dashboard, the jobs list, the
-job detail, the health panel and an action's confirmation go to ``XJOBS_SCREENSHOT_DIR``
-(``make screenshots`` points it at docs/img), else to the test's temporary directory.
+breadcrumbs exactly like a stock admin page. The console's own site at ``/_x/``: its dashboard
+charts a real worker's runs (in the light and the dark theme), a job that failed twice then
+succeeded shows its three attempts, and the health panel flags a worker stopped with SIGSTOP.
+Screenshots of the dashboard (with and without charts), the jobs list, the job detail and its
+attempts, the health panel (and a stalled worker) and an action's confirmation go to
+``XJOBS_SCREENSHOT_DIR`` (``make screenshots`` points it at docs/img), else to the test's
+temporary directory.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from datetime import timedelta
@@ -176,8 +181,9 @@ def test_on_call_finds_retries_and_cancels_jobs_in_the_browser(
 
 
 def worker_id_shown(page) -> bool:
-    text = page.inner_text("#xjobs-workers")
-    return "running" in text and "No worker is running" not in text
+    """The dashboard lists a worker process (x_workers), not stalled."""
+    rows = page.locator("#xjobs-workers tr.xjobs-worker")
+    return rows.count() >= 1 and "ok" in rows.first.inner_text()
 
 
 # What makes a breadcrumbs bar look like the admin's: the element and its class, and how the
@@ -290,3 +296,136 @@ def test_on_call_sees_why_a_job_waits_and_pauses_and_resumes_a_queue_in_the_brow
     row.locator("input[type=submit][value='Resume']").click()
     page.wait_for_selector("#xjobs-queues")
     wait_state(paused.id, "done")
+
+
+def luminance(css_colour: str) -> float:
+    """0 (black) to 1 (white), of an ``rgb(r, g, b)`` the browser computed."""
+    r, g, b = (float(v) for v in re.findall(r"[\d.]+", css_colour)[:3])
+    return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
+
+
+# Each point of a chart, as the browser has it: its series and the value its title gives.
+CHART_POINTS = """(chart) => [...document.querySelectorAll(`svg#${chart} g.xjobs-series`)].map(
+  g => [g.dataset.series, [...g.querySelectorAll('circle')].map(
+    c => parseFloat(c.querySelector('title').textContent.split(': ').pop()))])"""
+
+
+def test_the_console_at_x_charts_a_real_workers_runs_and_shows_each_attempt(
+        live_server, spawn_worker, page, shots, django_user_model):
+    django_user_model.objects.create_superuser("charts", "charts@example.com", PASSWORD)
+    for i in range(8):
+        testapp_jobs.record.using(queue="default").enqueue(tag=f"order {i}")
+    for i in range(3):
+        testapp_jobs.record.using(queue="mail").enqueue(tag=f"mail {i}")
+    flaky = testapp_jobs.flaky.enqueue(fail_times=2)
+    dead = testapp_jobs.always_fails.enqueue()
+    # Retries a fraction of a second apart: the test does not wait out the default backoff.
+    worker = spawn_worker("--concurrency", "2", "--queue", "default", "--queue", "mail",
+                          settings={**FAST, "RETRY_BASE": "0.1s", "RETRY_CAP": "0.5s"})
+    wait_started(worker)
+    wait_state(flaky.id, "done")
+    wait_state(dead.id, "dead")
+
+    # Log in to the console's own site: its index is the dashboard.
+    page.goto(f"{live_server.url}/_x/")
+    page.fill("#id_username", "charts")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_selector("#xjobs-charts svg.xjobs-chart")
+    assert page.url == f"{live_server.url}/_x/"
+    charts = {c: dict(page.evaluate(CHART_POINTS, f"xjobs-chart-{c}"))
+              for c in ("throughput", "failures", "wait")}
+    assert len(charts["throughput"]["default"]) == 60
+    assert sum(charts["throughput"]["default"]) == 9  # eight records and the flaky job
+    assert sum(charts["throughput"]["mail"]) == 3
+    assert sum(charts["failures"]["default"]) == 4  # two failed runs each
+    assert charts["wait"]["default"]  # minutes in which jobs started
+    # Drawn, not just present: the lines have a size on the page.
+    box = page.locator("#xjobs-chart-throughput polyline").first.bounding_box()
+    assert box is not None and box["width"] > 100
+    page.screenshot(path=str(shots / "dashboard_charts.png"), full_page=True)
+    # The admin's dark theme: the axes and texts follow its text colour (light on dark).
+    page.emulate_media(color_scheme="dark")
+    fill = page.evaluate("() => getComputedStyle(document.querySelector("
+                         "'#xjobs-chart-throughput .xjobs-axis text')).fill")
+    assert luminance(fill) > 0.5, fill
+    page.emulate_media(color_scheme="light")
+    fill = page.evaluate("() => getComputedStyle(document.querySelector("
+                         "'#xjobs-chart-throughput .xjobs-axis text')).fill")
+    assert luminance(fill) < 0.5, fill
+
+    # The queue table links to the queue's page, with its own charts.
+    page.click("#xjobs-queues a:text-is('mail')")
+    page.wait_for_selector("#xjobs-queue")
+    assert page.url.endswith("/_x/django_xjobs/job/queue/mail/")
+    assert list(dict(page.evaluate(CHART_POINTS, "xjobs-chart-throughput"))) == ["mail"]
+
+    # The job that failed twice, then succeeded: three attempts, each with its worker.
+    page.goto(f"{live_server.url}/_x/django_xjobs/job/{flaky.id}/change/")
+    rows = page.locator("#xjobs-attempts tr.xjobs-attempt")
+    assert rows.count() == 3
+    outcomes = [rows.nth(i).get_attribute("data-outcome") for i in range(3)]
+    assert outcomes == ["failed", "failed", "done"]
+    history = job_row(flaky.id).attempts
+    for i in range(3):
+        assert history[i]["worker"] in rows.nth(i).inner_text()
+    assert "RuntimeError: flaky failure on attempt 1" in rows.nth(0).inner_text()
+    assert "RuntimeError: flaky failure on attempt 2" in rows.nth(1).inner_text()
+    whole = rows.nth(0).locator("details pre")
+    assert not whole.is_visible()
+    rows.nth(0).locator("summary").click()
+    assert "Traceback" in whole.inner_text()
+    page.screenshot(path=str(shots / "job_attempts.png"))  # the top: the why and attempts
+
+
+def test_the_health_panel_flags_a_stopped_worker_in_the_browser(
+        live_server, start_worker, page, shots, django_user_model):
+    import signal
+    import time
+
+    from django.db import connection
+
+    django_user_model.objects.create_superuser("health", "health@example.com", PASSWORD)
+    # Two real workers refreshing their x_workers row every half second; one is stopped.
+    steady = start_worker("steady", settings={"WORKER_SEEN_INTERVAL": "0.5s"})
+    stuck = start_worker("stuck", settings={"WORKER_SEEN_INTERVAL": "0.5s"})
+    testapp_jobs.record.enqueue(tag="before the stop")
+
+    def seen(wid: str):
+        with connection.cursor() as cursor:
+            cursor.execute("select now() - seen_at from x_workers where id = %s", [wid])
+            row = cursor.fetchone()
+        return row is not None and row[0] < timedelta(seconds=5)
+
+    wait_until(lambda: seen(steady.id) and seen(stuck.id), timeout=30, message="both rows")
+    stuck.signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.5)  # a heartbeat statement sent just before the stop lands first
+        # Its last heartbeat, moved ten minutes back: what the console's 5-minute max stall
+        # would see had the process stayed stopped that long (the test does not wait it out).
+        with connection.cursor() as cursor:
+            cursor.execute("update x_workers set seen_at = now() - interval '10 minutes', "
+                           "loop_at = now() - interval '10 minutes' where id = %s", [stuck.id])
+        login(page, live_server, "health")
+        page.goto(f"{live_server.url}/_x/django_xjobs/job/health/")
+        panel = page.locator("#xjobs-health-workers")
+        stalled = panel.locator(f"tr.xjobs-worker[data-worker='{stuck.id}']")
+        assert "xjobs-stalled" in stalled.get_attribute("class")
+        assert "stalled" in stalled.inner_text() and "no heartbeat for 10m" in stalled.inner_text()
+        fine = panel.locator(f"tr.xjobs-worker[data-worker='{steady.id}']")
+        assert "xjobs-stalled" not in fine.get_attribute("class")
+        assert "ok" in fine.inner_text()
+        assert "1 stalled" in panel.locator("h2").inner_text()
+        assert "bad" in page.inner_text("#xjobs-verdict")
+        page.screenshot(path=str(shots / "health_stalled.png"))
+        # The dashboard lists it first, stalled.
+        page.goto(f"{live_server.url}/_x/")
+        first = page.locator("#xjobs-workers tr.xjobs-worker").first
+        assert first.get_attribute("data-worker") == stuck.id
+    finally:
+        stuck.signal(signal.SIGCONT)
+    # Running again, its heartbeat refreshes the row: the panel says ok.
+    wait_until(lambda: seen(stuck.id), timeout=30, message="the heartbeat after SIGCONT")
+    page.goto(f"{live_server.url}/_x/django_xjobs/job/health/")
+    row = page.locator(f"#xjobs-health-workers tr.xjobs-worker[data-worker='{stuck.id}']")
+    assert "xjobs-stalled" not in row.get_attribute("class")

@@ -22,5 +22,5 @@ def test_the_demo_runs_every_part_and_exits_zero():
                               env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     for part in ("concurrency slots", "the workflows, resumed and finished",
-                 "the operations console"):
+                 "the operations console", "http://127.0.0.1:8000/_x/"):
         assert part in done.stdout, part

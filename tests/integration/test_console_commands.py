@@ -40,23 +40,29 @@ def one_of_each():
 
 
 def test_dashboard_json_has_every_panel_of_the_console(one_of_each):
+    get_engine().worker_seen("tests:console", "host-c", 7, ["cli-q"], version="9.9",
+                             concurrency=4, running=2, finished=11, claimed_age=1.0,
+                             loop_age=0.1)
     data = run_json("dashboard")
     (q,) = [r for r in data["queues"] if r["queue"] == "cli-q"]
-    assert {k: q[k] for k in ("ready", "delayed", "running", "suspended", "dead")} == {
-        "ready": 1, "delayed": 1, "running": 2, "suspended": 1, "dead": 1}
-    assert (q["done_last_hour"], q["cancelled_last_hour"], q["dead_last_hour"]) == (1, 1, 1)
+    assert {k: q[k] for k in ("ready", "delayed", "running", "suspended", "blocked")} == {
+        "ready": 1, "delayed": 1, "running": 2, "suspended": 1, "blocked": 0}
+    assert (q["done_24h"], q["failed_24h"], q["dead_24h"], q["cancelled_24h"]) == (1, 1, 1, 1)
     assert q["live"] == 5
     assert data["outbox_pending"] == 1
     assert [leader["holder"] for leader in data["leaders"]] == ["w1:1"]
     assert data["schedules"][0]["task"] == "nightly-report"
     assert data["schedules"][0]["next_fire_at"] is None
-    (worker,) = [w for w in data["workers"] if w["worker"] == "tests:console"]
-    assert (worker["running"], worker["lapsed"], worker["finished_recently"]) == (2, 1, 2)
+    (worker,) = [w for w in data["workers"] if w["id"] == "tests:console"]  # x_workers
+    assert (worker["running"], worker["finished"], worker["stalled"]) == (2, 11, None)
     assert [f["id"] for f in data["failures"]] == [str(one_of_each["dead"].id)]
     assert data["failures"][0]["error"] == "RuntimeError: card declined"
 
 
 def test_dashboard_text_shows_queues_outbox_scheduler_workers_and_failures(one_of_each):
+    get_engine().worker_seen("tests:console", "host-c", 7, ["cli-q"], version="9.9",
+                             concurrency=4, running=2, finished=11, claimed_age=1.0,
+                             loop_age=0.1)
     out = run("dashboard")
     for text in ("cli-q", "outbox: 1 pending", "scheduler leader (xjobs-scheduler): w1:1",
                  "nightly-report", "tests:console", "RuntimeError: card declined"):

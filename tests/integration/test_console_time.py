@@ -48,10 +48,18 @@ def naive_connection(transactional_db):
 
 
 def every_page_renders(client, handles) -> None:
+    from django_xjobs.engines import get_engine
     from django_xjobs.models import Job
 
+    # A worker process's row, for the workers on the dashboard and the health panel.
+    get_engine().worker_seen("tz-worker", "host-tz", 9, ["tz-q"], version="1", concurrency=2,
+                             running=0, finished=1, claimed_age=1.0, loop_age=0.1)
     pages = [DASHBOARD, HEALTH, JOBS, f"{JOBS}?state=dead", f"{JOBS}?state=lapsed",
              f"{JOBS}?created_at__range__gte_0=2020-01-01&created_at__range__gte_1=00:00:00"]
+    # The console's own site: its dashboard, and a queue's page, in each chart window.
+    queue = reverse("xjobs_console:django_xjobs_queue", args=["tz-q"])
+    pages += [f"{page}?window={window}" for page in ("/_x/", queue)
+              for window in ("hour", "day", "week")]
     pages += [reverse("admin:django_xjobs_job_change", args=[h.id]) for h in handles.values()]
     for model in ("jobstep", "jobevent", "outboxentry", "joblease", "schedulerleader",
                   "schedulerstate", "backfill"):
