@@ -436,10 +436,16 @@ def json_fields(model: Any) -> tuple[str, ...]:
     return JSON_FIELDS.get(model._meta.model_name, ())
 
 
+# Columns no list shows that can be big: a job's attempt history holds up to 21 errors with
+# their tracebacks. Left out of every list; a job's page reads it when it shows it (one query).
+LIST_DEFERRED: dict[str, tuple[str, ...]] = {"job": ("attempts",)}
+
+
 def without_json(queryset: Any) -> Any:
     """``queryset`` without its JSON columns: for reads that show none of them (lists, panels),
     which then cost neither the transfer of a big value nor a decode that can fail."""
-    return queryset.defer(*json_fields(queryset.model))
+    return queryset.defer(*json_fields(queryset.model),
+                          *LIST_DEFERRED.get(queryset.model._meta.model_name, ()))
 
 
 def with_json_text(queryset: Any, limit: int | None = JSON_PAGE_CHARS) -> Any:
