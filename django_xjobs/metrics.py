@@ -35,14 +35,15 @@ from . import conf, outbox
 from .engines import get_engine
 from .exceptions import EngineUnavailable
 from .models import HISTOGRAM_BOUNDS_MS, WorkerRow
-from .records import Counters, QueueDepth
+from .records import DEFAULT_MAX_STALL, Counters, QueueDepth, WorkerRecord
 
 log = logging.getLogger("django_xjobs.metrics")
 
-# A worker counts in xjobs_workers while its row was refreshed this recently (seconds): several
-# rounds of its heartbeat's x_workers refresh (every 10 s, worker/heartbeat.py), so one late
-# refresh does not make a live worker vanish, and a killed one drops out within a minute.
-WORKERS_SEEN_WITHIN = 60.0
+# A worker counts in xjobs_workers while its row was refreshed this recently (seconds): three
+# rounds of its heartbeat's x_workers refresh (XJOBS["WORKER_SEEN_INTERVAL"], 10 s by default),
+# at least a minute, so one late refresh does not make a live worker vanish.
+WORKERS_SEEN_ROUNDS = 3
+WORKERS_SEEN_AT_LEAST = 60.0
 
 # The histograms' bucket bounds in seconds, as Prometheus labels them ("le").
 BOUNDS_SECONDS = tuple(bound / 1000 for bound in HISTOGRAM_BOUNDS_MS)
@@ -66,6 +67,7 @@ class Snapshot:
     outbox_pending: int = 0
     outbox_oldest_age: float | None = None
     workers: dict[str, int] = field(default_factory=dict)
+    stalled: dict[str, int] = field(default_factory=dict)
 
     def queues(self) -> list[str]:
         """Every queue the figures name: a queue keeps its series (at 0) once its last job has
@@ -83,12 +85,26 @@ def snapshot() -> Snapshot:
         pending = outbox.pending()
         return Snapshot(totals=engine.stats_totals(), depth=engine.queue_depth(),
                         outbox_pending=pending.count, outbox_oldest_age=pending.oldest_seconds,
-                        workers=_workers_per_queue())
+                        workers=_workers_per_queue(),
+                        stalled=_stalled_per_queue(engine.workers_list(
+                            max_stall=DEFAULT_MAX_STALL)))
+
+
+def _stalled_per_queue(workers: Iterable[WorkerRecord]) -> dict[str, int]:
+    """Per queue, the workers serving it that read as stalled (records.DEFAULT_MAX_STALL)."""
+    counts: dict[str, int] = {}
+    for w in workers:
+        if w.stalled is not None:
+            for queue in w.queues:
+                counts[queue] = counts.get(queue, 0) + 1
+    return counts
 
 
 def _workers_per_queue() -> dict[str, int]:
-    seen = (WorkerRow.objects.using(conf.get().database)
-            .filter(seen_at__gte=Now() - timedelta(seconds=WORKERS_SEEN_WITHIN))
+    settings = conf.get()
+    within = max(WORKERS_SEEN_AT_LEAST, WORKERS_SEEN_ROUNDS * settings.worker_seen_interval)
+    seen = (WorkerRow.objects.using(settings.database)
+            .filter(seen_at__gte=Now() - timedelta(seconds=within))
             .values_list("queues", flat=True))
     counts: dict[str, int] = {}
     for queues in seen:
@@ -199,6 +215,10 @@ class XJobsCollector:
         workers = core.GaugeMetricFamily(
             "xjobs_workers", "Worker processes serving the queue, seen lately",
             labels=["queue"])
+        stalled = core.GaugeMetricFamily(
+            "xjobs_workers_stalled",
+            "Worker processes serving the queue that read as stalled (no heartbeat, a wedged "
+            "loop, or no claim while a job was due, for 5 minutes)", labels=["queue"])
         by_queue = {d.queue: d for d in s.depth}
         for queue in s.queues():
             d = by_queue.get(queue) or QueueDepth(queue=queue)
@@ -206,6 +226,7 @@ class XJobsCollector:
                 depth.add_metric([queue, state], getattr(d, state))
             oldest.add_metric([queue], d.oldest_ready_age or 0.0)
             workers.add_metric([queue], s.workers.get(queue, 0))
+            stalled.add_metric([queue], s.stalled.get(queue, 0))
 
         pending = core.GaugeMetricFamily(
             "xjobs_outbox_pending", "Staged jobs (enqueue_on_commit) not relayed yet",
@@ -215,7 +236,7 @@ class XJobsCollector:
             "Age of the oldest staged job not relayed yet (0 when none)",
             value=s.outbox_oldest_age or 0.0)
         return [self._up(True), jobs, enqueued, started, wait, run, depth, oldest, workers,
-                pending, pending_age]
+                stalled, pending, pending_age]
 
 
 def _buckets(hist: tuple[int, ...]) -> list[tuple[str, float]]:
@@ -347,6 +368,10 @@ def install_otel(meter_provider: Any = None) -> None:
     meter.create_observable_gauge(
         "xjobs_workers", description="Worker processes serving the queue, seen lately",
         callbacks=[observe(per_queue(lambda s, q: s.workers.get(q, 0)))])
+    meter.create_observable_gauge(
+        "xjobs_workers_stalled", description="Worker processes serving the queue that read as "
+                                             "stalled",
+        callbacks=[observe(per_queue(lambda s, q: s.stalled.get(q, 0)))])
     meter.create_observable_gauge(
         "xjobs_outbox_pending", description="Staged jobs not relayed yet",
         callbacks=[observe(lambda s: [(s.outbox_pending, {})])])

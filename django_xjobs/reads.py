@@ -55,6 +55,7 @@ from .engines import get_engine
 from .exceptions import ConfigurationError, JobNotFound
 from .models import Backfill, Job, JobEvent, JobLease, JobStep, OutboxEntry, SchedulerLeader
 from .records import (
+    DEFAULT_MAX_STALL,
     TERMINAL_STATES,
     QueueDepth,
     TableHealth,
@@ -81,9 +82,8 @@ XACT_AGE_WARN, XACT_AGE_BAD = 300.0, 3600.0  # seconds
 IDLE_IN_XACT_WARN = 60.0
 OUTBOX_AGE_WARN = 60.0
 # A worker reads as stalled after this long without a heartbeat, a round of its loop, or a
-# claim while its queues had due jobs: the default of `manage.py xjobs health --max-stall`
-# (tests/integration/test_console_site.py checks that the two agree).
-WORKER_MAX_STALL = 300.0
+# claim while its queues had due jobs: the default of `manage.py xjobs health --max-stall`.
+WORKER_MAX_STALL = DEFAULT_MAX_STALL
 
 OK, WARN, BAD = "ok", "warn", "bad"
 

@@ -807,6 +807,14 @@ class SlotUsage:
 # ------------------------------------------------------------------------------ workers --
 
 
+# How long a worker may go without a heartbeat, a round of its loop, or (with room and a due job)
+# a claim before it reads as stalled, unless the reader says otherwise (seconds): the console,
+# `manage.py xjobs workers / health` and the metrics judge alike. Longer than
+# XJOBS["WORKER_SEEN_INTERVAL"] and XJOBS["POLL_INTERVAL"] (10 s and 1 s by default), or
+# healthy workers read as stalled.
+DEFAULT_MAX_STALL = 300.0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerRecord:
     """An ``x_workers`` row: a worker process seen in the last day and what its heartbeat

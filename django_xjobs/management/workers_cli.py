@@ -24,13 +24,8 @@ from .. import conf, reads
 from ..engines import get_engine
 from ..engines.base import span
 from ..exceptions import ConfigurationError
-from ..records import WorkerRecord
+from ..records import DEFAULT_MAX_STALL, WorkerRecord
 from ..values import NAME_RE, parse_duration
-
-# How long a worker may go without a heartbeat, a round of its loop, or a claim while its
-# queues have due jobs, before it reads as stalled. Longer than XJOBS["WORKER_SEEN_INTERVAL"]
-# and XJOBS["POLL_INTERVAL"] (their defaults: 10 s and 1 s), or healthy workers read as stalled.
-DEFAULT_MAX_STALL = 300.0
 
 
 def _max_stall(value: str) -> float:

@@ -147,6 +147,9 @@ def test_the_view_exposes_what_the_rows_say(client):
     assert value(samples, "xjobs_outbox_oldest_age_seconds") >= 0
     assert value(samples, "xjobs_workers", queue=QUEUE) == 1  # "gone" was last seen 10 min ago
     assert value(samples, "xjobs_workers", queue="other") == 1
+    # "gone" reads as stalled (no heartbeat for 10 min); "live" does not
+    assert value(samples, "xjobs_workers_stalled", queue=QUEUE) == 1
+    assert value(samples, "xjobs_workers_stalled", queue="other") == 0
 
 
 def test_a_queue_whose_jobs_all_finished_keeps_its_series_at_zero(client):
