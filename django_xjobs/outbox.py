@@ -49,7 +49,7 @@ from django.db import transaction
 
 from . import conf, registry, signals
 from .engines import Engine, get_engine
-from .records import EnqueueParams, EnqueueResult, OutboxRow, OutboxStatus, new_ids
+from .records import EnqueueParams, EnqueueResult, OutboxRow, OutboxStatus, run_ids_for
 
 log = logging.getLogger("django_xjobs.outbox")
 
@@ -128,7 +128,7 @@ def stage(params: EnqueueParams, *, using: str, enqueued_by: str | None) -> Stag
 
 
 def _job_params(rows: list[OutboxRow], default_max_attempts: int) -> list[EnqueueParams]:
-    run_ids = new_ids(len(rows))
+    run_ids = run_ids_for([row.id for row in rows])
     return [
         EnqueueParams(
             id=row.id, run_id=run_id, name=row.name, queue=row.queue, input_json=row.input_json,

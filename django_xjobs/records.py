@@ -10,7 +10,7 @@ import enum
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -77,10 +77,22 @@ def new_ids(n: int) -> list[UUID]:
     by id within a millisecond (claims order by ``run_at``).
     """
     ms = (time.time_ns() // 1_000_000) & 0xFFFF_FFFF_FFFF
-    head = (ms << 80) | (0x7 << 76) | (0b10 << 62)  # timestamp, version 7, RFC 4122 variant
-    pool = os.urandom(10 * n)
+    return _v7([ms] * n)
+
+
+def run_ids_for(ids: Sequence[UUID]) -> list[UUID]:
+    """A fresh UUIDv7 in the millisecond of each of ``ids``: run ids for jobs whose ids were
+    minted earlier (the outbox stages a job's id, the relay mints its run id later), so the
+    console finds them by run id on the primary key like the API's jobs (``admin.run_id_match``;
+    a run id in another millisecond puts its row in ``x_jobs_run_apart_idx``)."""
+    return _v7([i.int >> 80 for i in ids])
+
+
+def _v7(millis: Sequence[int]) -> list[UUID]:
+    pool = os.urandom(10 * len(millis))
     ids = []
-    for i in range(n):
+    for i, ms in enumerate(millis):
+        head = (ms << 80) | (0x7 << 76) | (0b10 << 62)  # timestamp, version 7, RFC 4122 variant
         rand = int.from_bytes(pool[10 * i : 10 * i + 10], "big")
         # rand_a: 12 bits above the variant; rand_b: the 62 bits below it.
         rand_a, rand_b = (rand >> 62) & 0x0FFF, rand & 0x3FFF_FFFF_FFFF_FFFF

@@ -10,6 +10,7 @@ crashes are in tests/acceptance/test_outbox_relay.py.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 
@@ -144,6 +145,23 @@ def test_a_committed_transaction_becomes_exactly_one_job_that_runs_to_done():
     assert stats["done"] == 1
     assert Job.objects.get().state == "done"
     assert Effect.objects.filter(kind="start", tag="kept").count() == 1
+
+
+def test_a_relayed_jobs_run_id_is_minted_in_its_ids_millisecond():
+    """The id is staged, the run id minted by the relay later: in the id's millisecond, as the
+    API mints both at once, so the console finds the job by run id on the primary key and the
+    job never enters x_jobs_run_apart_idx (admin.run_id_match)."""
+    with transaction.atomic():
+        staged = record.enqueue_on_commit(tag="later")
+    time.sleep(0.01)  # the relay's clock is past the staging's millisecond
+    assert relay() == 1
+    job = Job.objects.get()
+    assert job.id == staged.id and job.run_id != job.id and job.run_id.version == 7
+    assert job.run_id.int >> 80 == job.id.int >> 80
+    with connection.cursor() as cursor:
+        cursor.execute("select count(*) from x_jobs where not (left(run_id::text, 13) = "
+                       "left(id::text, 13))")
+        assert cursor.fetchone()[0] == 0
 
 
 def test_a_rolled_back_savepoint_discards_only_its_own_staging():
