@@ -7,7 +7,7 @@
 #   make bench-scale          claim latency and drain rate at 10k/100k/1M queued, 1M in history
 #   make bench-peers          the shared harness: the peers and django-xjobs in one run
 #   make lint                 ruff + import-linter (the layer contract) + mypy (pyproject.toml)
-#   make bench-admin          the console's page render times at 1,000,000 jobs
+#   make bench-admin          the console's page render times at 10,000,000 jobs
 #   make bench-ab BASELINE=REV  this checkout against git revision REV, alternating, one run
 #   make screenshots          the console's screenshots in docs/img (the browser test)
 #
