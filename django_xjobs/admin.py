@@ -13,11 +13,13 @@ steps, events, outbox, concurrency slots, backfills and the scheduler's leader a
 The same classes serve the project's admin and the console's own site at ``/_x/``
 (:mod:`console`): every URL is reversed on the site that serves the page.
 
-Scale (docs/console.md, "At a million jobs"): no exact ``count(*)`` on a big table — the
+Scale (docs/console.md, "At ten million jobs"): no exact ``count(*)`` on a big table — the
 paginator counts exactly up to :data:`EXACT_COUNT_LIMIT` rows and estimates beyond (the
 planner's row estimate, from ``pg_class.reltuples``); the default order is the primary key
 (UUIDv7: newest first); columns are not sortable (a sort of a million rows is not a page view);
-filter choices come from the settings and the registry, never from ``select distinct``.
+filter choices come from the settings and the registry, never from ``select distinct``; a
+"created" or "run at" range orders the list by that column and is read window by window
+(:class:`EstimatedCountPaginator`); search is exact and on indexes only.
 
 Tenant scope: ``XJOBS["ADMIN_TENANT_SCOPE"]`` (:func:`reads.tenant_scope`) restricts every
 queryset here and every action's statement (``tenant_ids=``); another tenant's job is a 404,
@@ -28,9 +30,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -43,6 +45,12 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast, Left, Now
+from django.db.models.lookups import (
+    GreaterThan,
+    GreaterThanOrEqual,
+    LessThan,
+    LessThanOrEqual,
+)
 from django.http import (
     Http404,
     HttpRequest,
@@ -52,6 +60,7 @@ from django.http import (
 )
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -62,6 +71,7 @@ from . import api, charts, conf, counters, reads, registry, why
 from .api import acting_as
 from .exceptions import ConfigurationError, JobNotFound, LiveJobExists, XJobsError
 from .models import (
+    RUN_ID_APART,
     Backfill,
     FlowPause,
     Job,
@@ -118,15 +128,39 @@ class EstimatedCountPaginator(Paginator):
     """Exact counts for small results, the planner's estimate for big ones: never a full
     ``count(*)`` of a big table, which reads every row on every page view
     (docs/performance.md, "What the simpler forms cost"). ``estimated`` tells the template to
-    say "about"."""
+    say "about".
+
+    A list ordered newest first by a column of :data:`WINDOWED` (the jobs list with a "created"
+    or "run at" range: ``JobAdmin.get_ordering``) is counted and paged window by window: the
+    rows since ``start - span``, the span growing until the window holds the page (or more
+    rows than are counted exactly) or covers the range. The rows of a window precede every row
+    outside it in that order, so its page is the whole range's page, and a window that holds
+    more than the limit tells that the range does; but a window reads only the table pages the
+    BRIN summary of ``x_jobs_console_brin`` places in it. The whole range (a day of history is
+    a seventh of the table at ten million jobs) would be sorted to show fifty rows, and its
+    count, a scan that stops at the limit, would read the table from its start up to the
+    range's first row."""
 
     estimated = False
 
     @cached_property
+    def counted(self) -> list[int]:
+        """Rows of each window counted, up to EXACT_COUNT_LIMIT + 1: until one holds more than
+        the limit, or up to the whole list."""
+        counted = []
+        for part in self._windows():
+            # Unordered: any EXACT_COUNT_LIMIT + 1 rows tell "more than the limit" as well as
+            # the first ones in the list's order would, without sorting every match first.
+            counted.append(part.order_by()[: EXACT_COUNT_LIMIT + 1].count())
+            if counted[-1] > EXACT_COUNT_LIMIT:
+                break
+        return counted
+
+    @cached_property
     def count(self) -> int:  # type: ignore[override]
-        bounded = self.object_list[: EXACT_COUNT_LIMIT + 1].count()
+        bounded = self.counted[-1]
         if bounded <= EXACT_COUNT_LIMIT:
-            return bounded
+            return bounded  # of the whole list: only a window holding more ends the counting
         self.estimated = True
         return max(bounded, _planner_rows(self.object_list))
 
@@ -136,6 +170,73 @@ class EstimatedCountPaginator(Paginator):
             return 0
         hits = max(1, self.count - self.orphans)
         return min(MAX_PAGES, math.ceil(hits / self.per_page))
+
+    def page(self, number: Any) -> Any:
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        top = bottom + self.per_page
+        if top + self.orphans >= self.count:
+            top = self.count
+        counted = self.counted
+        for i, part in enumerate(self._windows()):
+            if i < len(counted) and counted[i] < top and counted[i] <= EXACT_COUNT_LIMIT:
+                continue  # counted: too few rows for this page, no need to read them
+            rows = list(part[bottom:top])
+            if len(rows) >= top - bottom:
+                break
+        return self._get_page(rows, number, self)
+
+    def _windows(self) -> Iterator[Any]:
+        """The list narrowed to each window in turn (none unless it is ordered by a column of
+        WINDOWED), then the whole list."""
+        field = _windowed_order(self.object_list)
+        if field is not None:
+            # Windows end at the range's end or now, whichever is earlier (a range ending later
+            # today holds nothing after now but delayed jobs, and those are in every window).
+            highest = _bound(self.object_list, field, (LessThan, LessThanOrEqual), min)
+            start = min(highest, timezone.now()) if highest is not None else timezone.now()
+            lowest = _bound(self.object_list, field, (GreaterThan, GreaterThanOrEqual), max)
+            span = WINDOW_FIRST
+            for _ in range(WINDOW_ROUNDS):
+                since = start - span
+                if lowest is not None and since <= lowest:
+                    break  # the window holds the whole range: the whole list is the same
+                yield self.object_list.filter(**{f"{field}__gte": since})
+                span *= WINDOW_GROWTH
+        yield self.object_list
+
+
+# The columns a list may be read window by window in (see EstimatedCountPaginator): each is in
+# x_jobs_console_brin. The first window is a minute; each next one 16 times longer, up to about
+# two years (1 min, 16 min, 4.3 h, 2.8 d, 45 d, 2 y), then the whole range.
+WINDOWED = ("created_at", "run_at")
+WINDOW_FIRST = timedelta(minutes=1)
+WINDOW_GROWTH = 16
+WINDOW_ROUNDS = 6
+
+
+def _windowed_order(queryset: Any) -> str | None:
+    """The column of :data:`WINDOWED` a queryset is ordered by, newest first, or None."""
+    order = getattr(getattr(queryset, "query", None), "order_by", ())
+    first = order[0] if order and isinstance(order[0], str) else ""
+    return first[1:] if first.startswith("-") and first[1:] in WINDOWED else None
+
+
+def _bound(queryset: Any, field: str, lookups: tuple[type, ...],
+           pick: Callable[[list[datetime]], datetime]) -> datetime | None:
+    """The tightest bound on ``field`` of the given comparisons among the conditions every row
+    of ``queryset`` meets (its top-level AND), or None."""
+    where = queryset.query.where
+    if where.connector != "AND" or where.negated:
+        return None
+    bounds = []
+    for child in where.children:
+        rhs: Any = getattr(child, "rhs", None)
+        target = getattr(getattr(child, "lhs", None), "target", None)
+        if isinstance(child, lookups) and isinstance(rhs, datetime) \
+                and getattr(target, "name", None) == field:
+            bounds.append(rhs)
+    return pick(bounds) if bounds else None
 
 
 # ---------------------------------------------------------------------------------- filters --
@@ -674,6 +775,16 @@ class JobAdmin(ConsoleAdmin):
     def error(self, obj: Job) -> str:
         return preformatted(obj.last_error)
 
+    # -------------------------------------------------------------------------- ordering --
+    def get_ordering(self, request: Any) -> Any:
+        """Newest first by the column of a "created" or "run at" range when one is given (the
+        paginator then reads the range window by window: EstimatedCountPaginator), else by id.
+        By id, a range days back would walk the primary key past every newer row first."""
+        for field in WINDOWED:
+            if any(k.startswith(f"{field}__range__") and v for k, v in request.GET.items()):
+                return (f"-{field}", "-id")
+        return self.ordering
+
     # --------------------------------------------------------------------------- search --
     def get_search_results(self, request: Any, queryset: Any, search_term: str) -> Any:
         """Exact matches only, each on an index: the id (primary key), the idempotency key
@@ -690,7 +801,7 @@ class JobAdmin(ConsoleAdmin):
         # A job id first: one primary-key probe, and a uuid names one row.
         if queryset.filter(id=uid).exists():
             return queryset.filter(id=uid), False
-        return queryset.filter(by_key | run_id_match(queryset, uid)), False
+        return queryset.filter(by_key | run_id_match(uid)), False
 
     # ------------------------------------------------------------------------- pages --
     def get_urls(self) -> list[Any]:
@@ -1069,22 +1180,20 @@ class JobAdmin(ConsoleAdmin):
             self.message_user(request, text, level)
 
 
-def run_id_match(queryset: Any, run_id: UUID) -> Q:
-    """A run-id condition that stays on the primary key when it can.
+def run_id_match(run_id: UUID) -> Q:
+    """A run-id condition that every row meets through an index, never a table scan.
 
-    ``x_jobs.run_id`` has no index of its own (each index on x_jobs costs every claim and ack a
-    write). But the API mints a job's id and run id in one ``new_ids`` call, so both UUIDv7s
-    carry the same millisecond: the job is in the primary-key range of that millisecond. If it
-    is not there (a row written by hand with random uuids), the plain condition finds it, with
-    a scan; ``tests/integration/test_console_admin.py`` pins both paths.
+    ``x_jobs.run_id`` has no index over all rows (each index on x_jobs costs every claim and ack
+    a write). But the API mints a job's id and run id in one ``new_ids`` call, so both UUIDv7s
+    carry the same millisecond: such a job is in the primary-key range of its run id's
+    millisecond. Every other row (written by hand, with random uuids) is in
+    ``x_jobs_run_apart_idx``, whose condition is that the two differ; the API's rows never
+    enter it. ``tests/integration/test_console_admin.py`` pins both paths, and
+    ``tests/integration/test_console_plans.py`` the plan of a run id nothing has.
     """
-    if run_id.version == 7:
-        ms = run_id.int >> 80
-        low, high = UUID(int=ms << 80), UUID(int=((ms + 1) << 80) - 1)
-        fast = Q(run_id=run_id, id__gte=low, id__lte=high)
-        if queryset.filter(fast).exists():
-            return fast
-    return Q(run_id=run_id)
+    ms = run_id.int >> 80
+    low, high = UUID(int=ms << 80), UUID(int=((ms + 1) << 80) - 1)
+    return Q(run_id=run_id, id__gte=low, id__lte=high) | (Q(run_id=run_id) & RUN_ID_APART)
 
 
 # -------------------------------------------------------------------------- the other pages --

@@ -17,16 +17,26 @@ change indexed columns and cannot be HOT updates; so only what a statement needs
 * ``x_jobs_lapsed_idx``: running rows by lease expiry, the claim's rescue branch.
 * ``x_jobs_finished_idx``: finished rows by finish time, for retention deletes.
 * ``x_jobs_key_idx``: keyed rows by key, in every state: the console's search by key.
+* ``x_jobs_run_apart_idx``: run ids of the rows whose id and run id were not minted together
+  (never the API's or the outbox's jobs): the console's search by run id (RUN_ID_APART).
+* ``x_jobs_console_brin``: a BRIN summary (about 1.5 kB per 128 table pages) of name, queue,
+  tenant, created_at and run_at, for the console's filters at ten million jobs
+  (docs/console.md, "At ten million jobs"). Not b-trees: a b-tree gets an entry from every
+  insert, claim and ack (they are not HOT updates), a BRIN summary is rewritten only when a row
+  lands in a range of pages a vacuum has summarized (the table's end is not) and its values
+  widen that summary.
 * ids are UUIDv7, so "newest first" in the admin is the primary key in reverse.
 """
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.db import models
 from django.db.models import F, Func, Q, Value
-from django.db.models.functions import Cast, Coalesce, Now
+from django.db.models.functions import Cast, Coalesce, Left, Now
+from django.db.models.lookups import Exact
 
 from .managers import JobManager, LeaderManager, SlotManager
 from .records import ALL_STATES, LIVE_STATES, TERMINAL_STATES, JobState
@@ -37,6 +47,14 @@ STATE_CHOICES = [(s.value, s.value) for s in JobState]
 # entry in the live-key index. Leaving those rows out makes their insert a plain INSERT and
 # spares the index an entry on every claim and ack of them (docs/performance.md).
 DEFAULT_KEY_EXCLUDED = ~Q(idempotency_key=Cast(F("id"), models.TextField()))
+
+# The API mints a job's id and run id in one call (records.new_ids), so both UUIDv7s carry the
+# same millisecond: the first 13 characters of their text (the 48-bit timestamp) agree, and the
+# console finds the job by run id in the primary-key range of that millisecond
+# (admin.run_id_match). The rows where they differ (written by hand, with random uuids) are
+# the only ones that need an index on run_id to be found without reading the table.
+RUN_ID_APART = ~Q(Exact(Left(Cast(F("run_id"), models.TextField()), 13),
+                        Left(Cast(F("id"), models.TextField()), 13)))
 
 
 class TransactionNow(Func):
@@ -55,6 +73,16 @@ class GenRandomUUID(Func):
 
     template = "gen_random_uuid()"
     output_field = models.UUIDField()
+
+
+class BrinIndex(models.Index):
+    """An index ``using brin`` (Django's own, in ``django.contrib.postgres``, would make every
+    project list that app in INSTALLED_APPS)."""
+
+    suffix = "brin"
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        return super().create_sql(model, schema_editor, using=" USING brin", **kwargs)
 
 
 class Job(models.Model):
@@ -158,6 +186,30 @@ class Job(models.Model):
             models.Index(
                 fields=["idempotency_key"], condition=DEFAULT_KEY_EXCLUDED,
                 name="x_jobs_key_idx",
+            ),
+            # The console's search by run id for the rows the primary key cannot find it in
+            # (RUN_ID_APART): none that the API or the outbox writes, so their enqueue, claim
+            # and ack pay nothing for it (the condition is checked, no entry written).
+            models.Index(fields=["run_id"], condition=RUN_ID_APART, name="x_jobs_run_apart_idx"),
+            # The jobs list's filters at ten million rows (docs/console.md, "At ten million
+            # jobs"). Bloom summaries of name, queue and tenant: a value no job has (a typo, a
+            # retired job name, another tenant's name) is ruled out range by range instead of
+            # walking the whole primary key for a page that stays empty. Min/max summaries
+            # (several intervals per range: a retried job's new run_at does not widen the
+            # range to everything) of created_at and run_at: a "created" or "run at" range
+            # days back reads only the ranges that hold it; the list orders those pages by that
+            # column and reads them window by window (admin.EstimatedCountPaginator).
+            # One index for the five columns: one summary per range to keep, not five.
+            BrinIndex(
+                fields=["name", "queue", "tenant_id", "created_at", "run_at"],
+                opclasses=[
+                    "text_bloom_ops(n_distinct_per_range = 100)",
+                    "text_bloom_ops(n_distinct_per_range = 100)",
+                    "text_bloom_ops(n_distinct_per_range = 1000)",
+                    "timestamptz_minmax_multi_ops",
+                    "timestamptz_minmax_multi_ops",
+                ],
+                name="x_jobs_console_brin",
             ),
         ]
         permissions = [
