@@ -144,21 +144,21 @@ class EstimatedCountPaginator(Paginator):
     estimated = False
 
     @cached_property
-    def counted(self) -> list[int]:
-        """Rows of each window counted, up to EXACT_COUNT_LIMIT + 1: until one holds more than
-        the limit, or up to the whole list."""
-        counted = []
-        for part in self._windows():
+    def counted(self) -> dict[int, int]:
+        """Rows of every other window (k -> rows, up to EXACT_COUNT_LIMIT + 1), until one holds
+        more than the limit, or up to the whole list (k = WINDOW_ROUNDS)."""
+        counted = {}
+        for k, part in self._windows(every=2):
             # Unordered: any EXACT_COUNT_LIMIT + 1 rows tell "more than the limit" as well as
             # the first ones in the list's order would, without sorting every match first.
-            counted.append(part.order_by()[: EXACT_COUNT_LIMIT + 1].count())
-            if counted[-1] > EXACT_COUNT_LIMIT:
+            counted[k] = part.order_by()[: EXACT_COUNT_LIMIT + 1].count()
+            if counted[k] > EXACT_COUNT_LIMIT:
                 break
         return counted
 
     @cached_property
     def count(self) -> int:  # type: ignore[override]
-        bounded = self.counted[-1]
+        bounded = self.counted[max(self.counted)]
         if bounded <= EXACT_COUNT_LIMIT:
             return bounded  # of the whole list: only a window holding more ends the counting
         self.estimated = True
@@ -178,17 +178,20 @@ class EstimatedCountPaginator(Paginator):
         if top + self.orphans >= self.count:
             top = self.count
         counted = self.counted
-        for i, part in enumerate(self._windows()):
-            if i < len(counted) and counted[i] < top and counted[i] <= EXACT_COUNT_LIMIT:
-                continue  # counted: too few rows for this page, no need to read them
+        for k, part in self._windows(every=1):
+            # The rows of the smallest window counted that contains this one (None: past them).
+            rows_in = next((counted[j] for j in sorted(counted) if j >= k), None)
+            if rows_in is not None and rows_in <= EXACT_COUNT_LIMIT and (
+                    rows_in < top or k not in counted):
+                continue  # too few rows for the page, or a window counted holds it: read that
             rows = list(part[bottom:top])
             if len(rows) >= top - bottom:
                 break
         return self._get_page(rows, number, self)
 
-    def _windows(self) -> Iterator[Any]:
-        """The list narrowed to each window in turn (none unless it is ordered by a column of
-        WINDOWED), then the whole list."""
+    def _windows(self, every: int) -> Iterator[tuple[int, Any]]:
+        """``(k, the list narrowed to window k)`` for every ``every``-th window (none unless the
+        list is ordered by a column of WINDOWED), then ``(WINDOW_ROUNDS, the whole list)``."""
         field = _windowed_order(self.object_list)
         if field is not None:
             # Windows end at the range's end or now, whichever is earlier (a range ending later
@@ -196,23 +199,24 @@ class EstimatedCountPaginator(Paginator):
             highest = _bound(self.object_list, field, (LessThan, LessThanOrEqual), min)
             start = min(highest, timezone.now()) if highest is not None else timezone.now()
             lowest = _bound(self.object_list, field, (GreaterThan, GreaterThanOrEqual), max)
-            span = WINDOW_FIRST
-            for _ in range(WINDOW_ROUNDS):
-                since = start - span
+            for k in range(0, WINDOW_ROUNDS, every):
+                since = start - WINDOW_FIRST * WINDOW_GROWTH ** k
                 if lowest is not None and since <= lowest:
                     break  # the window holds the whole range: the whole list is the same
-                yield self.object_list.filter(**{f"{field}__gte": since})
-                span *= WINDOW_GROWTH
-        yield self.object_list
+                yield k, self.object_list.filter(**{f"{field}__gte": since})
+        yield WINDOW_ROUNDS, self.object_list
 
 
 # The columns a list may be read window by window in (see EstimatedCountPaginator): each is in
-# x_jobs_console_brin. The first window is a minute; each next one 16 times longer, up to about
-# two years (1 min, 16 min, 4.3 h, 2.8 d, 45 d, 2 y), then the whole range.
+# x_jobs_console_brin. Window k spans WINDOW_FIRST * WINDOW_GROWTH ** k: a minute, then 4 times
+# longer each, up to about two years (1 min, 4 min, 16 min, 1.1 h, 4.3 h, 17 h, 2.8 d, ...,
+# 2 y), then the whole range. The count reads every other one (16 times longer each); a page
+# reads the window counted that holds it, or, when that one holds more than the count's limit
+# (a quiet hour before a busy one), the window between first: a quarter of it.
 WINDOWED = ("created_at", "run_at")
 WINDOW_FIRST = timedelta(minutes=1)
-WINDOW_GROWTH = 16
-WINDOW_ROUNDS = 6
+WINDOW_GROWTH = 4
+WINDOW_ROUNDS = 11
 
 
 def _windowed_order(queryset: Any) -> str | None:
