@@ -21,7 +21,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('django_xjobs', '0003_flow_control'),
+        ('django_xjobs', '0004_observability'),
     ]
 
     operations = [
