@@ -252,6 +252,9 @@ def pages() -> list[tuple[str, str]]:
     nobody = "0190a0b0-c0d0-7e0f-8a0b-0c0d0e0f1a1b"  # a UUIDv7 no job, run or key has
     return [
         ("dashboard", f"{jobs}dashboard/"),
+        ("dashboard, charts of the week", f"{jobs}dashboard/?window=week"),
+        ("queue page (payments)", f"{jobs}queue/payments/"),
+        ("queue page, charts of the week", f"{jobs}queue/payments/?window=week"),
         ("health panel", f"{jobs}health/"),
         ("jobs list (newest first)", jobs),
         ("jobs list, page 50", f"{jobs}?p=50"),
