@@ -96,7 +96,7 @@ from .records import (
     ALL_STATES,
     LIVE_STATES,
     TERMINAL_STATES,
-    attempts_from_json,
+    attempt_history,
     progress_from_json,
 )
 from .values import NAME_RE
@@ -948,7 +948,9 @@ class JobAdmin(ConsoleAdmin):
         times in the page's zone, the duration, the line of the error a person reads first (the
         exception and its message, the last line of a traceback) and the whole error."""
         rows = []
-        for a in attempts_from_json(job.attempts):
+        for a in attempt_history(job.attempts, state=job.state, attempt=job.attempt,
+                                 worker=job.claimed_by, started_at=job.started_at,
+                                 finished_at=job.finished_at):
             error = (a.error or "").strip()
             rows.append({"attempt": a.attempt, "outcome": a.outcome, "worker": a.worker,
                          "started": reads.clock_text(a.started_at),

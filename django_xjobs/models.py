@@ -126,8 +126,10 @@ class Job(models.Model):
     blocked_on = models.TextField(null=True, blank=True)
     blocked_resume = models.BooleanField(default=False, db_default=False)
     # ---- observability (docs/observability.md) ----
-    # One entry per run that ended (attempt, worker, started_at, finished_at, outcome, error),
-    # appended by the statement that settled it: the first and the newest 20 are kept.
+    # One entry per run that ended without finishing the job (attempt, worker, started_at,
+    # finished_at, outcome, error), appended by the statement that settled it: the first and
+    # the newest 20 are kept. The run that finished it is the row itself
+    # (records.attempt_history reads both).
     attempts = models.JSONField(default=list, db_default=Value([], models.JSONField()))
     # The run's last ctx.progress(): {"done", "total", "message", "at"}.
     progress = models.JSONField(null=True, blank=True)

@@ -216,9 +216,22 @@ def _parse_moment(value: Any) -> datetime | None:
     return datetime.fromisoformat(value) if isinstance(value, str) else None
 
 
-def attempts_from_json(entries: Any) -> list[AttemptRecord]:
-    """The ``attempts`` column (a JSON list of entries) as records; entries that are not
-    objects (a hand-edited row) are skipped rather than failing the read."""
+def attempt_history(entries: Any, *, state: str, attempt: int, worker: str | None,
+                    started_at: datetime | None,
+                    finished_at: datetime | None) -> list[AttemptRecord]:
+    """A job's attempt history: the ``attempts`` column (a JSON list of entries; entries that
+    are not objects, from a hand-edited row, are skipped rather than failing the read) and, for
+    a ``done`` job, the run that finished it, which the row itself records (its attempt,
+    ``claimed_by``, ``started_at``, ``finished_at``): the acknowledgement writes no entry of
+    its own, the hot path's cheapest form (docs/observability.md, "Attempt history")."""
+    history = _entries(entries)
+    if state == "done":
+        history.append(AttemptRecord(attempt=attempt, worker=worker, started_at=started_at,
+                                     finished_at=finished_at, outcome="done"))
+    return history
+
+
+def _entries(entries: Any) -> list[AttemptRecord]:
     if not isinstance(entries, list):
         return []
     return [

@@ -228,10 +228,10 @@ def test_the_job_page_shows_each_attempt_with_its_worker_and_error(admin_client,
     panel = page.split('id="xjobs-attempts"', 1)[1].split("</fieldset>", 1)[0]
     rows = re.findall(r'<tr class="xjobs-attempt" data-outcome="(\w+)">(.*?)</tr>', panel, re.S)
     assert [outcome for outcome, _ in rows] == ["failed", "failed", "done"]
-    history = Job.objects.get(pk=drained["flaky"].id).attempts
+    history = api.get_job(drained["flaky"].id).attempts
     for n, (_outcome, row) in enumerate(rows, start=1):
         assert f'<td class="num">{n}</td>' in row
-        assert f"<td>{history[n - 1]['worker']}</td>" in row  # the worker that ran it
+        assert f"<td>{history[n - 1].worker}</td>" in row  # the worker that ran it
     assert "<summary><code>RuntimeError: flaky failure on attempt 1</code>" in rows[0][1]
     assert "<details" in rows[0][1] and "Traceback" in rows[0][1]
     assert "<details" not in rows[2][1]

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from django_xjobs import api, metrics
 from django_xjobs.models import HISTOGRAM_BOUNDS_MS, Job, WorkerRow
+from django_xjobs.records import AttemptRecord
 from django_xjobs.testing import drain, travel
 from tests.testapp import jobs as testapp_jobs
 
@@ -76,16 +77,15 @@ def run_mix() -> None:
     testapp_jobs.record.using(**on).enqueue_on_commit(tag="staged")
 
 
-def entries(*outcomes: str) -> list[dict]:
-    return [e for job in Job.objects.filter(queue=QUEUE) for e in job.attempts
-            if e["outcome"] in outcomes]
+def entries(*outcomes: str) -> list[AttemptRecord]:
+    return [e for job in Job.objects.filter(queue=QUEUE) for e in api.get_job(job.id).attempts
+            if e.outcome in outcomes]
 
 
-def run_ms(entry: dict) -> int:
+def run_ms(entry: AttemptRecord) -> int:
     """A run's time as the counters count it: from its start to its end, rounded up."""
-    started = datetime.fromisoformat(entry["started_at"])
-    finished = datetime.fromisoformat(entry["finished_at"])
-    return max(0, math.ceil((finished - started).total_seconds() * 1000))
+    assert entry.duration is not None
+    return max(0, math.ceil(entry.duration * 1000))
 
 
 def test_the_view_exposes_what_the_rows_say(client):
@@ -104,9 +104,9 @@ def test_the_view_exposes_what_the_rows_say(client):
         tally = by_name.setdefault(job.name, Counter())
         tally["enqueued"] += 1
         tally[job.state] += 1
-        for entry in job.attempts:
+        for entry in api.get_job(job.id).attempts:
             tally["started"] += 1
-            tally["failed"] += entry["outcome"] == "failed"
+            tally["failed"] += entry.outcome == "failed"
     assert set(by_name) == {"testapp.record", "testapp.always_fails", "testapp.permanent"}
     for name, tally in by_name.items():
         labels = {"queue": QUEUE, "name": name}

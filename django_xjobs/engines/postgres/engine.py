@@ -71,7 +71,7 @@ from ...records import (
     TableHealth,
     WorkerRecord,
     XminHolder,
-    attempts_from_json,
+    attempt_history,
     decode_stored_json,
     progress_from_json,
 )
@@ -140,7 +140,9 @@ def _job_record(row: Sequence[Any]) -> JobRecord:
         concurrency_key=concurrency_key, started_at=started_at, finished_at=finished_at,
         rescues=rescues, worker_ids=list(_decode_json(worker_ids) or []),
         input_error=input_error, result_error=result_error,
-        attempts=attempts_from_json(_decode_json(attempts)),
+        attempts=attempt_history(_decode_json(attempts), state=state, attempt=attempt,
+                                 worker=claimed_by, started_at=started_at,
+                                 finished_at=finished_at),
         progress=progress_from_json(_decode_json(progress)),
     )
 

@@ -40,7 +40,7 @@ from ...records import (
     ProgressRecord,
     SlotRecord,
     SlotUsage,
-    attempts_from_json,
+    attempt_history,
     progress_from_json,
 )
 from ...values import parse_duration
@@ -181,7 +181,9 @@ class Command(BaseCommand):
         decode is printed as stored, with a note, instead of ending the command), then its
         progress and its attempt history (docs/observability.md)."""
         steps = reads.run_steps(job.run_id, limit=None)
-        attempts = attempts_from_json(job.attempts)
+        attempts = attempt_history(job.attempts, state=job.state, attempt=job.attempt,
+                                   worker=job.claimed_by, started_at=_aware(job.started_at),
+                                   finished_at=_aware(job.finished_at))
         progress = progress_from_json(job.progress)
         now = get_engine().db_now()
         # An ETA only for the run that is under way and reported since it started.

@@ -517,13 +517,16 @@ cost"). The row keeps claimed_by, attempt and lease_token
 of the run that finished it. The answer is
 the TOKENS that landed, not the ids: one worker can hold two runs of the same job (a stale run
 still executing when the job is re-claimed), and only the token tells them apart.
+
+The counters' deltas go in with it (done, and each run's time); the attempt history gets no
+entry: the row, with its attempt, claimed_by, started_at and finished_at, is the entry of the
+run that finished the job (docs/observability.md, "Attempt history").
 """,
     sql=f"""
 with settled as (
     update x_jobs j
        set state = 'done', result = nullif(v.result, 'null'::jsonb), visible_at = null,
-           finished_at = now(), updated_at = now(),
-           attempts = {attempt_entry_sql("'done'", alias="j")}
+           finished_at = now(), updated_at = now()
       from (select i.id, i.token, r.result
               from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) with ordinality as i(id, token, n)
               join jsonb_array_elements(%(results)s::jsonb) with ordinality as r(result, n)
