@@ -28,6 +28,7 @@ __all__ = [
     "RateLimit",
     "Snooze",
     "StagedJob",
+    "__version__",
     "aenqueue",
     "backfill",
     "cancel",
@@ -58,6 +59,7 @@ from .api import (
 )
 from .backfills import Batch, backfill
 from .base import job
+from .conf import VERSION as __version__
 from .context import JobContext
 from .exceptions import PauseKey, PermanentError, Snooze
 from .outbox import StagedJob

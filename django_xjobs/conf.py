@@ -26,6 +26,11 @@ from .values import NAME_RE, keyword_input, parse_duration
 # (tests/unit/test_package_metadata.py::test_the_documentation_url_is_defined_once).
 DOCS_URL = "https://github.com/django-xjobs/django-xjobs/blob/main/docs/"
 
+# The package's version, as `django_xjobs.__version__` and a worker's x_workers row give it:
+# pyproject.toml's (tests/unit/test_package_metadata.py keeps them equal). A constant, because
+# reading the installed distribution's metadata costs a worker's start-up some 60 ms.
+VERSION = "0.1.0"
+
 
 def default_heartbeat(lease: float) -> float:
     """The heartbeat interval that goes with ``lease`` when none is given: ``min(10s, lease / 3)``,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-from importlib import metadata
 
 from .. import clock
 
@@ -20,15 +19,6 @@ log = logging.getLogger("django_xjobs.worker")
 # The health file is touched at most this often (seconds): a probe's threshold is minutes, and
 # a busy loop goes round thousands of times a second.
 TOUCH_EVERY = 1.0
-
-
-def package_version() -> str:
-    """The installed django-xjobs version, as the worker reports it ("" when not installed as
-    a distribution, e.g. run from a source tree)."""
-    try:
-        return metadata.version("django-xjobs")
-    except metadata.PackageNotFoundError:
-        return ""
 
 
 class Liveness:

@@ -78,7 +78,7 @@ from .executor import Discard, Done, GiveBack, Outcome, Retry
 from .flow import Flow
 from .heartbeat import Heartbeat
 from .listener import WakeListener
-from .liveness import Liveness, package_version
+from .liveness import Liveness
 from .settle import announce, announcing, write_outcome
 from .shutdown import ShutdownSignals
 
@@ -110,7 +110,6 @@ BURST_CLAIM_TRIES = 3
 # The pause after a failed database call doubles with each failure in a row, up to this
 # (seconds); the first pause is the poll interval, at most half a second.
 DB_RETRY_MAX = 5.0
-VERSION = package_version()  # reported in x_workers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -856,7 +855,7 @@ class Worker:
         claimed_age, loop_age = self.liveness.ages()
         self.engine.worker_seen(
             self.worker_id, socket.gethostname(), os.getpid(), self.options.queues,
-            version=VERSION, concurrency=self.options.concurrency, running=running,
+            version=conf.VERSION, concurrency=self.options.concurrency, running=running,
             finished=self.liveness.finished, claimed_age=claimed_age, loop_age=loop_age)
 
     def unsettled(self) -> list[Run]:

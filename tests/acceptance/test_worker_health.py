@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+import django_xjobs
 from tests.conftest import ROOT, wait_until
 
 from .conftest import SETTLE, wait_state
@@ -95,14 +96,13 @@ def assert_not_touched(path: Path, seconds: float = 2.5) -> None:
 
 
 def test_a_working_worker_reports_its_row_and_is_healthy(start_worker):
-    from django_xjobs.worker.liveness import package_version
     from tests.testapp import jobs
 
     queue = new_queue()
     worker = start_worker("health", "-c", "2", "--queue", queue, settings=REPORTING)
     first = wait_until(lambda: row(worker.id), timeout=SETTLE, message="the worker's row")
     assert (first.pid, first.queues, first.concurrency) == (worker.pid, (queue,), 2)
-    assert first.version == package_version() != ""
+    assert first.version == django_xjobs.__version__ != ""
     assert (first.running, first.finished, first.claimed_at) == (0, 0, None)
 
     handle = jobs.sleepy.using(queue=queue).enqueue(seconds=3)

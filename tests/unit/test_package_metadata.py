@@ -126,6 +126,12 @@ def test_the_classifiers_match_the_supported_versions():
     assert PROJECT["keywords"] and PROJECT["authors"] and PROJECT["maintainers"]
 
 
+def test_the_version_is_pyproject_s():
+    import django_xjobs
+
+    assert django_xjobs.__version__ == conf.VERSION == PROJECT["version"]
+
+
 def test_the_changelog_has_the_released_version_and_the_upgrade_policy():
     changelog = (ROOT / "CHANGELOG.md").read_text()
     headings = re.findall(r"^## (.+)$", changelog, re.M)
