@@ -131,12 +131,17 @@ FILL_COUNTERS = [
                                    from generate_series(0, 11) i)
     """,
     """
-    insert into x_stat_deltas (at, queue, name, started, done, wait_ms, run_ms)
-    select now() - (i %% 5) * interval '1 second',
-           (array['default', 'payments', 'emails'])[1 + i %% 3], 'shop.charge_order', 50, 50,
-           array(select (random() * 100)::bigint from generate_series(1, 50)),
-           array(select (random() * 300)::bigint from generate_series(1, 50))
-      from generate_series(1, 2000) i
+    insert into x_stat_deltas (at, queue, name, started, done, wait_ms, run_ms, wait_ms_sum,
+                               run_ms_sum)
+    select at, queue, 'shop.charge_order', 50, 50, w, r,
+           (select sum(v) from unnest(w) v), (select sum(v) from unnest(r) v)
+      from (select now() - (i %% 5) * interval '1 second' as at,
+                   (array['default', 'payments', 'emails'])[1 + i %% 3] as queue,
+                   array(select (random() * 100 + i %% 2)::bigint
+                           from generate_series(1, 50)) as w,
+                   array(select (random() * 300 + i %% 2)::bigint
+                           from generate_series(1, 50)) as r
+              from generate_series(1, 2000) i) d
     """,
     "analyze x_stats",
     "analyze x_stat_deltas",

@@ -34,8 +34,14 @@ from django.db.models.functions import Now
 from . import conf, outbox
 from .engines import get_engine
 from .exceptions import EngineUnavailable
-from .models import HISTOGRAM_BOUNDS_MS, WorkerRow
-from .records import DEFAULT_MAX_STALL, Counters, QueueDepth, WorkerRecord
+from .models import WorkerRow
+from .records import (
+    DEFAULT_MAX_STALL,
+    HISTOGRAM_BOUNDS_MS,
+    Counters,
+    QueueDepth,
+    WorkerRecord,
+)
 
 log = logging.getLogger("django_xjobs.metrics")
 

@@ -488,12 +488,6 @@ class BigIntArray(models.Field):
         return "bigint[]"
 
 
-# Upper bounds (milliseconds) of the wait and run time histograms; a value v falls in the first
-# bucket whose bound is >= v, the last bucket is unbounded (docs/observability.md, "Counters").
-HISTOGRAM_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000,
-                       60_000, 300_000, 900_000, 3_600_000)
-
-
 class StatDelta(models.Model):
     """What one statement changed, per queue and job name: written in the same statement as the
     state change (an insert, so concurrent writers never wait on one counter row), and folded
@@ -509,9 +503,12 @@ class StatDelta(models.Model):
     failed = models.IntegerField(default=0, db_default=0)
     dead = models.IntegerField(default=0, db_default=0)
     cancelled = models.IntegerField(default=0, db_default=0)
-    # The wait (due -> start) of each start and the run time of each finished run, in ms.
+    # The wait (due -> start) of each start and the run time of each finished run, in ms, and
+    # their sums (written with them, so a read that needs only the sums never unnests them).
     wait_ms = BigIntArray(null=True, blank=True)
     run_ms = BigIntArray(null=True, blank=True)
+    wait_ms_sum = models.BigIntegerField(default=0, db_default=0)
+    run_ms_sum = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         db_table = "x_stat_deltas"
@@ -535,7 +532,8 @@ class Stat(models.Model):
     cancelled = models.BigIntegerField(default=0, db_default=0)
     wait_ms_sum = models.BigIntegerField(default=0, db_default=0)
     run_ms_sum = models.BigIntegerField(default=0, db_default=0)
-    # Counts per bucket of HISTOGRAM_BOUNDS_MS (one more than the bounds), not cumulative.
+    # Counts per bucket of records.HISTOGRAM_BOUNDS_MS (one more than the bounds), not
+    # cumulative.
     wait_hist = BigIntArray(null=True, blank=True)
     run_hist = BigIntArray(null=True, blank=True)
 

@@ -580,11 +580,17 @@ class QueueDepth:
     oldest_ready_age: float | None = None
 
 
+# Upper bounds (milliseconds) of the wait and run time histograms; a value v falls in the first
+# bucket whose bound is >= v, the last bucket is unbounded (docs/observability.md, "Counters").
+HISTOGRAM_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000,
+                       60_000, 300_000, 900_000, 3_600_000)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Counters:
     """The counters of one queue (and job name, for all-time totals) over one time bucket
     (``at``; the epoch for all-time): docs/observability.md, "Counters". The histograms count
-    the waits (due to start) and run times per bucket of ``models.HISTOGRAM_BOUNDS_MS``, the
+    the waits (due to start) and run times per bucket of :data:`HISTOGRAM_BOUNDS_MS`, the
     last bucket unbounded; not cumulative."""
 
     queue: str

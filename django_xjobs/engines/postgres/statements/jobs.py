@@ -203,8 +203,9 @@ select k.ord, j.id, j.run_id, j.state
 LAPSED_ENTRY = attempt_entry_sql("'lost'", alias="j", finished="j.visible_at")
 # The waits, due to start, of the jobs a claim started (a rescued lease's job waited a whole
 # lease, not in the queue: left out).
-QUEUE_WAITS = (f"array_agg({elapsed_ms_sql('run_at')})"
-               " filter (where state = 'running' and prev_state <> 'running')")
+_WAITED = "filter (where state = 'running' and prev_state <> 'running')"
+QUEUE_WAITS = f"array_agg({elapsed_ms_sql('run_at')}) {_WAITED}"
+QUEUE_WAIT_SUM = f"coalesce(sum({elapsed_ms_sql('run_at')}) {_WAITED}, 0)"
 
 JOBS_CLAIM = Statement(
     "jobs_claim",
@@ -485,7 +486,7 @@ with async_commit as (
     -- The starts with their waits (QUEUE_WAITS), and the jobs a lapsed last attempt buried.
     {count_sql("claimed", started="count(*) filter (where state = 'running')",
                dead="count(*) filter (where state = 'dead')",
-               wait_ms=QUEUE_WAITS)}
+               wait_ms=QUEUE_WAITS, wait_ms_sum=QUEUE_WAIT_SUM)}
 )
 select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
        tenant_id, traceparent, concurrency_key, resumed, slot, slot_limit, null::timestamptz,
@@ -534,7 +535,7 @@ with settled as (
      where j.id = v.id and j.lease_token = v.token and j.state = 'running'
     returning j.lease_token, j.queue, j.name, {elapsed_ms_sql("j.started_at")} as run_ms
 ), tallied as (
-    {count_sql("settled", done="count(*)", run_ms="array_agg(run_ms)")}
+    {count_sql("settled", done="count(*)", run_ms="array_agg(run_ms)", run_ms_sum="sum(run_ms)")}
 )
 select lease_token::text from settled
 """,
@@ -564,7 +565,7 @@ with settled as (
     returning state, queue, name, {elapsed_ms_sql("started_at")} as run_ms
 ), tallied as (
     {count_sql("settled", failed="count(*)", dead="count(*) filter (where state = 'dead')",
-               run_ms="array_agg(run_ms)")}
+               run_ms="array_agg(run_ms)", run_ms_sum="sum(run_ms)")}
 )
 select state from settled
 """,
@@ -900,7 +901,8 @@ with picked as (
               j.max_attempts, j.tenant_id, j.traceparent, j.concurrency_key,
               p.prev_state = 'suspended' as resumed, {elapsed_ms_sql("j.run_at")} as wait_ms
 ), tallied as (
-    {count_sql("claimed", started="count(*)", wait_ms="array_agg(wait_ms)")}
+    {count_sql("claimed", started="count(*)", wait_ms="array_agg(wait_ms)",
+               wait_ms_sum="sum(wait_ms)")}
 )
 select id, lease_token, name, queue, input, run_id, attempt, max_attempts, tenant_id,
        traceparent, concurrency_key, resumed

@@ -9,19 +9,20 @@ is exact whenever the rollup last ran.
 from __future__ import annotations
 
 from ...base import Statement
+from .fragments import COUNTER_COLUMNS, histogram_ctes
 
 # The counter columns, in the order every read returns them.
-COUNTERS = "enqueued, started, done, failed, dead, cancelled"
+COUNTERS = ", ".join(COUNTER_COLUMNS)
 
-# Each delta row with its sums and histograms worked out once (a folded or pending delta).
-_DELTA_FIGURES = f"""{COUNTERS},
-           (select coalesce(sum(v), 0) from unnest(wait_ms) as v)::bigint as wait_ms_sum,
-           (select coalesce(sum(v), 0) from unnest(run_ms) as v)::bigint as run_ms_sum,
-           xjobs_hist(wait_ms) as wait_hist, xjobs_hist(run_ms) as run_hist"""
+_SUMS = f"""{", ".join(f"sum({c})::bigint" for c in COUNTER_COLUMNS)},
+       sum(wait_ms_sum)::bigint, sum(run_ms_sum)::bigint"""
+# The same, each named as its column.
+_SUMS_AS = ", ".join(f"sum({c})::bigint as {c}"
+                     for c in (*COUNTER_COLUMNS, "wait_ms_sum", "run_ms_sum"))
 
-_SUMS = """sum(enqueued)::bigint, sum(started)::bigint, sum(done)::bigint, sum(failed)::bigint,
-       sum(dead)::bigint, sum(cancelled)::bigint, sum(wait_ms_sum)::bigint,
-       sum(run_ms_sum)::bigint, xjobs_hist_sum(wait_hist), xjobs_hist_sum(run_hist)"""
+# The upsert's update of a bucket: every count and sum added to.
+_ADDED = ",\n           ".join(
+    f"{c} = s.{c} + excluded.{c}" for c in (*COUNTER_COLUMNS, "wait_ms_sum", "run_ms_sum"))
 
 STATS_ROLLUP = Statement(
     "stats_rollup",
@@ -31,8 +32,10 @@ queue and job name, and delete them, in one statement: a delta is counted once, 
 or not yet. One rollup at a time (a transaction-scoped advisory lock, tried, not waited for:
 every worker runs this duty, and two would only queue behind each other's row locks on the
 same buckets). A delta inserted while this runs is not in its snapshot and waits for the next
-round. Buckets are UTC (date_trunc at 'UTC'), whatever the session's time zone. The answer is
-how many deltas were folded.
+round. Buckets are UTC (date_trunc at 'UTC'), whatever the session's time zone. The waits and
+run times become histograms here (fragments.histogram_ctes): one bucket number and one hashed
+count per value, never a function call per row. The answer is how many deltas were
+folded.
 """,
     sql=f"""
 with gate as (
@@ -43,33 +46,35 @@ with gate as (
                              where (select ok from gate)
                              order by id limit %(batch)s))
     returning d.*
-), figures as (
-    select at, queue, name, {_DELTA_FIGURES}
+), minute_rows as (
+    select date_trunc('minute', at, 'UTC') as at, queue, name, wait_ms, run_ms
       from folded
-), bucketed as (
+), {histogram_ctes("waits", "minute_rows", "at, queue, name", "wait_ms")},
+{histogram_ctes("runs", "minute_rows", "at, queue, name", "run_ms")}, minutes as (
+    -- Each minute's counts, sums and histograms: the values are unnested once, here.
+    select m.at, m.queue, m.name, {_SUMS_AS}, w.hist as wait_hist, r.hist as run_hist
+      from (select date_trunc('minute', at, 'UTC') as at, queue, name, {COUNTERS},
+                   wait_ms_sum, run_ms_sum
+              from folded) m
+      left join waits w using (at, queue, name)
+      left join runs r using (at, queue, name)
+     group by m.at, m.queue, m.name, w.hist, r.hist
+), summed as (
+    -- Every grain from the minutes: an hour, a day and all time add up their histograms.
     select g.grain,
            case when g.grain = 'total' then 'epoch'::timestamptz
-                else date_trunc(g.grain, f.at, 'UTC') end as at,
-           f.queue, f.name, f.enqueued, f.started, f.done, f.failed, f.dead, f.cancelled,
-           f.wait_ms_sum, f.run_ms_sum, f.wait_hist, f.run_hist
-      from figures f
+                else date_trunc(g.grain, m.at, 'UTC') end as at,
+           m.queue, m.name, {_SUMS},
+           xjobs_hist_sum(m.wait_hist) as wait_hist, xjobs_hist_sum(m.run_hist) as run_hist
+      from minutes m
       cross join (values ('minute'), ('hour'), ('day'), ('total')) as g(grain)
+     group by 1, 2, m.queue, m.name
 ), stored as (
     insert into x_stats as s (grain, at, queue, name, {COUNTERS}, wait_ms_sum, run_ms_sum,
                               wait_hist, run_hist)
-    select grain, at, queue, name, {_SUMS}
-      from bucketed
-     group by grain, at, queue, name
-     order by grain, at, queue, name
+    select * from summed order by grain, at, queue, name
     on conflict (grain, at, queue, name) do update
-       set enqueued    = s.enqueued + excluded.enqueued,
-           started     = s.started + excluded.started,
-           done        = s.done + excluded.done,
-           failed      = s.failed + excluded.failed,
-           dead        = s.dead + excluded.dead,
-           cancelled   = s.cancelled + excluded.cancelled,
-           wait_ms_sum = s.wait_ms_sum + excluded.wait_ms_sum,
-           run_ms_sum  = s.run_ms_sum + excluded.run_ms_sum,
+       set {_ADDED},
            wait_hist   = xjobs_hist_add(s.wait_hist, excluded.wait_hist),
            run_hist    = xjobs_hist_add(s.run_hist, excluded.run_hist)
     returning 1
@@ -104,17 +109,18 @@ STATS_SERIES = Statement(
 The counters of each queue per bucket of `grain` (minute, hour or day) from `since` on: the
 console's charts and its queue table's finished counts. The folded rows plus the deltas not
 folded yet, summed in one snapshot, so a rollup running meanwhile neither hides nor doubles a
-delta. Reads a handful of rows per queue and bucket however big x_jobs is. Under a queue filter
-(`queue` not null) only that queue.
+delta. Counts and sums only (the charts draw means; the histograms are stats_totals'): a
+delta's sums were written with it, so no array is unnested here. Reads a handful of rows per
+queue and bucket however big x_jobs is. Under a queue filter (`queue` not null) that queue.
 """,
     sql=f"""
-select at, queue, {_SUMS}
-  from (select at, queue, {COUNTERS}, wait_ms_sum, run_ms_sum, wait_hist, run_hist
+select at, queue, {_SUMS}, null::bigint[], null::bigint[]
+  from (select at, queue, {COUNTERS}, wait_ms_sum, run_ms_sum
           from x_stats
          where grain = %(grain)s and at >= date_trunc(%(grain)s, %(since)s::timestamptz, 'UTC')
            and (%(queue)s::text is null or queue = %(queue)s::text)
         union all
-        select date_trunc(%(grain)s, at, 'UTC'), queue, {_DELTA_FIGURES}
+        select date_trunc(%(grain)s, at, 'UTC'), queue, {COUNTERS}, wait_ms_sum, run_ms_sum
           from x_stat_deltas
          where at >= date_trunc(%(grain)s, %(since)s::timestamptz, 'UTC')
            and (%(queue)s::text is null or queue = %(queue)s::text)) s
@@ -127,17 +133,27 @@ STATS_TOTALS = Statement(
     "stats_totals",
     why="""
 The all-time counters per queue and job name (what Prometheus counters and histograms read):
-the `total` rows plus the deltas not folded yet, in one snapshot. They only grow: retention
-deletes old minute, hour and day buckets, never these.
+the `total` rows plus the deltas not folded yet, in one snapshot, their waits and run times
+turned into histograms as stats_rollup does (one bucket number and one hashed count per value).
+They only grow: retention deletes old minute, hour and day buckets, never these.
 """,
     sql=f"""
-select queue, name, {_SUMS}
+with pending as (
+    select queue, name, {COUNTERS}, wait_ms_sum, run_ms_sum, wait_ms, run_ms
+      from x_stat_deltas
+), {histogram_ctes("waits", "pending", "queue, name", "wait_ms")},
+{histogram_ctes("runs", "pending", "queue, name", "run_ms")}
+select queue, name, {_SUMS}, xjobs_hist_sum(wait_hist), xjobs_hist_sum(run_hist)
   from (select queue, name, {COUNTERS}, wait_ms_sum, run_ms_sum, wait_hist, run_hist
           from x_stats
          where grain = 'total'
         union all
-        select queue, name, {_DELTA_FIGURES}
-          from x_stat_deltas) s
+        select queue, name, {COUNTERS}, wait_ms_sum, run_ms_sum, null, null
+          from pending
+        union all
+        select queue, name, 0, 0, 0, 0, 0, 0, 0, 0, hist, null from waits
+        union all
+        select queue, name, 0, 0, 0, 0, 0, 0, 0, 0, null, hist from runs) s
  group by queue, name
  order by queue, name
 """,
