@@ -488,40 +488,11 @@ class BigIntArray(models.Field):
         return "bigint[]"
 
 
-class StatDelta(models.Model):
-    """What one statement changed, per queue and job name: written in the same statement as the
-    state change (an insert, so concurrent writers never wait on one counter row), and folded
-    into ``x_stats`` by the rollup (docs/observability.md, "Counters")."""
+class Counts(models.Model):
+    """What the counters count, per queue and job name (docs/observability.md, "Counters"): the
+    columns ``x_stat_deltas`` and ``x_stats`` share (``fragments.COUNTER_COLUMNS`` of the
+    statements, and the sums of the waits and run times, in ms)."""
 
-    id = models.BigAutoField(primary_key=True)
-    at = models.DateTimeField(db_default=Now())
-    queue = models.TextField()
-    name = models.TextField()
-    enqueued = models.IntegerField(default=0, db_default=0)
-    started = models.IntegerField(default=0, db_default=0)
-    done = models.IntegerField(default=0, db_default=0)
-    failed = models.IntegerField(default=0, db_default=0)
-    dead = models.IntegerField(default=0, db_default=0)
-    cancelled = models.IntegerField(default=0, db_default=0)
-    # The wait (due -> start) of each start and the run time of each finished run, in ms, and
-    # their sums (written with them, so a read that needs only the sums never unnests them).
-    wait_ms = BigIntArray(null=True, blank=True)
-    run_ms = BigIntArray(null=True, blank=True)
-    wait_ms_sum = models.BigIntegerField(default=0, db_default=0)
-    run_ms_sum = models.BigIntegerField(default=0, db_default=0)
-
-    class Meta:
-        db_table = "x_stat_deltas"
-        verbose_name = "counter delta"
-
-
-class Stat(models.Model):
-    """Counters per queue, job name and time bucket: ``grain`` is minute, hour or day, or
-    ``total`` (``at`` the epoch: since the table began, what Prometheus counters read)."""
-
-    id = models.BigAutoField(primary_key=True)
-    grain = models.TextField(choices=[(g, g) for g in ("minute", "hour", "day", "total")])
-    at = models.DateTimeField()
     queue = models.TextField()
     name = models.TextField()
     enqueued = models.BigIntegerField(default=0, db_default=0)
@@ -532,6 +503,35 @@ class Stat(models.Model):
     cancelled = models.BigIntegerField(default=0, db_default=0)
     wait_ms_sum = models.BigIntegerField(default=0, db_default=0)
     run_ms_sum = models.BigIntegerField(default=0, db_default=0)
+
+    class Meta:
+        abstract = True
+
+
+class StatDelta(Counts):
+    """What one statement changed, per queue and job name: written in the same statement as the
+    state change (an insert, so concurrent writers never wait on one counter row), and folded
+    into ``x_stats`` by the rollup."""
+
+    id = models.BigAutoField(primary_key=True)
+    at = models.DateTimeField(db_default=Now())
+    # The wait (due -> start) of each start and the run time of each finished run, in ms (their
+    # sums are written with them, so a read that needs only the sums never unnests them).
+    wait_ms = BigIntArray(null=True, blank=True)
+    run_ms = BigIntArray(null=True, blank=True)
+
+    class Meta:
+        db_table = "x_stat_deltas"
+        verbose_name = "counter delta"
+
+
+class Stat(Counts):
+    """Counters per queue, job name and time bucket: ``grain`` is minute, hour or day, or
+    ``total`` (``at`` the epoch: since the table began, what Prometheus counters read)."""
+
+    id = models.BigAutoField(primary_key=True)
+    grain = models.TextField(choices=[(g, g) for g in ("minute", "hour", "day", "total")])
+    at = models.DateTimeField()
     # Counts per bucket of records.HISTOGRAM_BOUNDS_MS (one more than the bounds), not
     # cumulative.
     wait_hist = BigIntArray(null=True, blank=True)

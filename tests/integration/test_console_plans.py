@@ -23,6 +23,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_xjobs.models import Job
+from tests.conformance.test_flow_plans import buffers, nodes
 
 pytestmark = pytest.mark.django_db
 
@@ -90,16 +91,6 @@ def explain(sql: str) -> dict:
         cursor.execute(f"explain (analyze, buffers, format json) {sql}")
         [[[plan]]] = cursor.fetchall()
     return plan["Plan"]
-
-
-def nodes(plan: dict) -> Iterator[dict]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from nodes(child)
-
-
-def buffers(plan: dict) -> int:
-    return plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)
 
 
 def page_plans(admin_client, params: dict) -> tuple[list[str], list[dict]]:

@@ -819,7 +819,7 @@ class PostgresEngine(Engine):
     def queue_stats(self, *, tenant_ids: Iterable[str] | None = None) -> list[QueueStats]:
         return [
             QueueStats(queue=r[0], ready=r[1], delayed=r[2], running=r[3], suspended=r[4],
-                       dead=r[5], done=r[6], cancelled=r[7], blocked=r[8])
+                       blocked=r[5], dead=r[6], done=r[7], cancelled=r[8])
             for r in self._run(S.QUEUE_STATS, {"tenant_ids": _tenants(tenant_ids)})
         ]
 

@@ -738,6 +738,14 @@ select {JOB_COLUMNS}, case when %(notify)s then pg_notify('{CHANNEL}', queue) en
 """,
 )
 
+# The live buckets, exclusive (queue_stats says why), as count columns of a grouped query.
+LIVE_BUCKETS = """count(*) filter (where state = 'ready' and run_at <= now())                 as ready,
+       count(*) filter (where state = 'delayed'
+                           or (state = 'ready' and run_at > now()))                 as delayed,
+       count(*) filter (where state = 'running')                                   as running,
+       count(*) filter (where state = 'suspended')                                 as suspended,
+       count(*) filter (where state = 'blocked')                                   as blocked"""
+
 QUEUE_STATS = Statement(
     "queue_stats",
     why="""
@@ -749,17 +757,12 @@ twice. Pinned by the property test
 tests/conformance/test_stats.py.
 Under a tenant scope (the console's ADMIN_TENANT_SCOPE) only those tenants' rows are counted.
 """,
-    sql="""
+    sql=f"""
 select queue,
-       count(*) filter (where state = 'ready' and run_at <= now())                 as ready,
-       count(*) filter (where state = 'delayed'
-                           or (state = 'ready' and run_at > now()))                 as delayed,
-       count(*) filter (where state = 'running')                                   as running,
-       count(*) filter (where state = 'suspended')                                 as suspended,
+       {LIVE_BUCKETS},
        count(*) filter (where state = 'dead')                                      as dead,
        count(*) filter (where state = 'done')                                      as done,
-       count(*) filter (where state = 'cancelled')                                 as cancelled,
-       count(*) filter (where state = 'blocked')                                   as blocked
+       count(*) filter (where state = 'cancelled')                                 as cancelled
   from x_jobs
  where (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
  group by queue
@@ -776,14 +779,9 @@ age of each queue's oldest due job, read through the partial indexes that hold o
 history, unlike queue_stats, which counts finished rows too. The dashboard, `xjobs_queue_depth`
 and `xjobs_oldest_ready_age_seconds` read it (docs/observability.md).
 """,
-    sql="""
+    sql=f"""
 select queue,
-       count(*) filter (where state = 'ready' and run_at <= now())                 as ready,
-       count(*) filter (where state = 'delayed'
-                           or (state = 'ready' and run_at > now()))                 as delayed,
-       count(*) filter (where state = 'running')                                   as running,
-       count(*) filter (where state = 'suspended')                                 as suspended,
-       count(*) filter (where state = 'blocked')                                   as blocked,
+       {LIVE_BUCKETS},
        extract(epoch from now() - min(run_at) filter (where state = 'ready'
                                                         and run_at <= now()))::float8
   from (select queue, state, run_at from x_jobs
