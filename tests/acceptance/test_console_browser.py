@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from django_xjobs import api
 from tests.acceptance.conftest import (
     FAST,
     effects,
@@ -366,9 +367,9 @@ def test_the_console_at_x_charts_a_real_workers_runs_and_shows_each_attempt(
     assert rows.count() == 3
     outcomes = [rows.nth(i).get_attribute("data-outcome") for i in range(3)]
     assert outcomes == ["failed", "failed", "done"]
-    history = job_row(flaky.id).attempts
+    history = api.get_job(flaky.id).attempts
     for i in range(3):
-        assert history[i]["worker"] in rows.nth(i).inner_text()
+        assert history[i].worker in rows.nth(i).inner_text()
     assert "RuntimeError: flaky failure on attempt 1" in rows.nth(0).inner_text()
     assert "RuntimeError: flaky failure on attempt 2" in rows.nth(1).inner_text()
     whole = rows.nth(0).locator("details pre")
