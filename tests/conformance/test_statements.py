@@ -213,7 +213,9 @@ def test_a_publish_visits_its_own_waiters_not_every_waiter_of_the_event(engine):
 
     root = plan["Plan"]
     assert root["Plans"][0]["Actual Rows"] == 1  # the woken job: only key 7's waiter
-    assert _buffers(root) < 50, f"{_buffers(root)} pages read to wake one of {waiters} waiters"
+    # The woken row's new version enters every index of x_jobs (a BRIN summary among them):
+    # tens of pages; the walk this guards against read 48,000.
+    assert _buffers(root) < 150, f"{_buffers(root)} pages read to wake one of {waiters} waiters"
 
 
 def _rows_read(plan: dict, relation: str) -> int:
