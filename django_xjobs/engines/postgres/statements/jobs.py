@@ -739,12 +739,12 @@ select {JOB_COLUMNS}, case when %(notify)s then pg_notify('{CHANNEL}', queue) en
 )
 
 # The live buckets, exclusive (queue_stats says why), as count columns of a grouped query.
-LIVE_BUCKETS = """count(*) filter (where state = 'ready' and run_at <= now())                 as ready,
+LIVE_BUCKETS = """count(*) filter (where state = 'ready' and run_at <= now())    as ready,
        count(*) filter (where state = 'delayed'
-                           or (state = 'ready' and run_at > now()))                 as delayed,
-       count(*) filter (where state = 'running')                                   as running,
-       count(*) filter (where state = 'suspended')                                 as suspended,
-       count(*) filter (where state = 'blocked')                                   as blocked"""
+                           or (state = 'ready' and run_at > now()))    as delayed,
+       count(*) filter (where state = 'running')                      as running,
+       count(*) filter (where state = 'suspended')                    as suspended,
+       count(*) filter (where state = 'blocked')                      as blocked"""
 
 QUEUE_STATS = Statement(
     "queue_stats",
