@@ -51,6 +51,24 @@ select %(id)s::uuid, %(name)s, %(queue)s, %(input)s::jsonb, {key},
                         now() + %(delay_ms)s * interval '1 millisecond') as run_at) t""", indent)
 
 
+def enqueue_one_sql(key: str, on_conflict: str = "") -> str:
+    """The text of job_enqueue (``key`` the caller's, ``on_conflict`` the live-key target) and
+    of job_enqueue_unkeyed (``key`` the job's own id, no conflict target): the insert, its
+    count, and the NOTIFY of a job due now."""
+    conflict = f"\n{on_conflict}" if on_conflict else ""
+    return f"""
+with inserted as (
+{insert_job_sql(key, indent='    ')}{conflict}
+    returning id, run_id, state, queue, name
+), tallied as (
+    {count_sql("inserted", enqueued="count(*)")}
+)
+select id, run_id, state,
+       case when %(notify)s and state = 'ready' then pg_notify('{CHANNEL}', queue) end
+  from inserted
+"""
+
+
 def enqueue_batch_sql(key: str, on_conflict: str = "") -> str:
     """The text of jobs_enqueue (``key`` the item's, ``on_conflict`` the live-key target) and
     of jobs_enqueue_unkeyed (``key`` the job's own id, no conflict target)."""

@@ -21,8 +21,8 @@ from .fragments import (
     count_sql,
     elapsed_ms_sql,
     enqueue_batch_sql,
+    enqueue_one_sql,
     grant_slots_sql,
-    insert_job_sql,
     key_limit_sql,
     notify_queues_sql,
     tenant_walk_sql,
@@ -50,18 +50,7 @@ The NOTIFY names the queue and nothing else, is sent only for a job due now, and
 transactional: delivered on commit, and PostgreSQL folds identical notifications of one
 transaction into one, so an enqueue loop in one transaction wakes workers once.
 """,
-    sql=f"""
-with inserted as (
-{insert_job_sql('%(key)s::text', indent='    ')}
-{ON_LIVE_KEY_CONFLICT}
-    returning id, run_id, state, queue, name
-), tallied as (
-    {count_sql("inserted", enqueued="count(*)")}
-)
-select id, run_id, state,
-       case when %(notify)s and state = 'ready' then pg_notify('{CHANNEL}', queue) end
-  from inserted
-""",
+    sql=enqueue_one_sql("%(key)s::text", ON_LIVE_KEY_CONFLICT),
 )
 
 JOB_ENQUEUE_UNKEYED = Statement(
@@ -74,17 +63,7 @@ simpler forms cost"); the live-key index leaves
 these rows out (`not (idempotency_key = id::text)`), so their claims and acks do not maintain it
 either. Same NOTIFY rule as job_enqueue.
 """,
-    sql=f"""
-with inserted as (
-{insert_job_sql('%(id)s::uuid::text', indent='    ')}
-    returning id, run_id, state, queue, name
-), tallied as (
-    {count_sql("inserted", enqueued="count(*)")}
-)
-select id, run_id, state,
-       case when %(notify)s and state = 'ready' then pg_notify('{CHANNEL}', queue) end
-  from inserted
-""",
+    sql=enqueue_one_sql("%(id)s::uuid::text"),
 )
 
 JOBS_ENQUEUE = Statement(
