@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from .context import JobContext
     from .outbox import StagedJob
+    from .ratelimits import RateLimit
     from .slots import Concurrency
 
 _NO_OPTIONS: Mapping[str, Any] = {}
@@ -120,6 +121,7 @@ def job(
     retry_base: timedelta | float | str | None = ...,
     retry_cap: timedelta | float | str | None = ...,
     concurrency: Concurrency | None = ...,  # slots.py (docs/concurrency.md)
+    rate_limit: RateLimit | None = ...,  # ratelimits.py (docs/flow-control.md)
     cron: str | None = ...,  # scheduler/options.py (docs/scheduling.md)
     timezone: str = ...,
     misfire: Literal["latest", "all", "skip"] = ...,
