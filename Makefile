@@ -10,6 +10,8 @@
 #   make bench-admin          the console's page render times at 10,000,000 jobs
 #   make bench-ab BASELINE=REV  this checkout against git revision REV, alternating, one run
 #   make screenshots          the console's screenshots in docs/img (the browser test)
+#   make soak                 the chaos self-test, 5 minutes on the example project's database
+#                             (SOAK_ARGS="--duration 10m --seed 42"; docs/soak.md)
 #
 # PYTHON picks the interpreter, DJANGO the Django series (e.g. DJANGO=5.2 or DJANGO=6.1; empty =
 # the newest this Python supports), VENV the virtualenv (default .venv). The database is
@@ -23,8 +25,9 @@ PY := $(VENV)/bin/python
 DJANGO_REQ := $(if $(DJANGO),Django==$(DJANGO).*,)
 STAMP := $(VENV)/.installed-django$(if $(DJANGO),$(DJANGO),-latest)
 PYTEST_ARGS ?=
+SOAK_ARGS ?= --duration 5m
 
-.PHONY: demo test bench bench-flow bench-scale bench-peers bench-admin bench-ab lint install clean-db browser screenshots
+.PHONY: demo test soak bench bench-flow bench-scale bench-peers bench-admin bench-ab lint install clean-db browser screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +68,11 @@ screenshots: install browser
 
 demo: install
 	cd example_project && ../$(PY) manage.py demo
+
+soak: install
+	cd example_project && ../$(PY) manage.py shell -c "from django.conf import settings; \
+		from tests import devdb; devdb.ensure_database(settings.DATABASES['default'])" \
+		&& ../$(PY) manage.py migrate -v 0 && ../$(PY) manage.py xjobs_soak $(SOAK_ARGS)
 
 bench: install
 	$(PY) bench/run.py $(BENCH_ARGS)
