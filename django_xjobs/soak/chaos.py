@@ -80,7 +80,9 @@ class Pool:
     started: float = field(default_factory=time.monotonic)
     slots: list[Slot] = field(default_factory=list)
     timeline: list[str] = field(default_factory=list)
-    stopped: set[int] = field(default_factory=set)  # pids under SIGSTOP now
+    # worker id -> when (monotonic) its last SIGSTOP ended, None while it lasts: a stopped
+    # process's open transaction stays open, which is the fault, not a finding (observe.py)
+    stopped: dict[str, float | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def note(self, text: str) -> None:
@@ -162,10 +164,12 @@ class Pool:
             self.spawn(slot)
         elif kind == "sigstop":
             pause = self.timings.lease * rng.uniform(1.5, 2.5)
+            self.stopped[slot.worker_id] = None
             proc.send_signal(signal.SIGSTOP)
             self.note(f"SIGSTOP {slot.worker_id} for {pause:.1f}s")
             time.sleep(pause)
             proc.send_signal(signal.SIGCONT)
+            self.stopped[slot.worker_id] = time.monotonic()
             self.note(f"SIGCONT {slot.worker_id}")
         else:
             pids = self.backends(slot.worker_id)
@@ -173,6 +177,13 @@ class Pool:
                 pid = rng.choice(pids)
                 self.terminate_backend(pid)
                 self.note(f"pg_terminate_backend {pid} of {slot.worker_id}")
+
+    def stopped_lately(self, worker_id: str, within: float) -> bool:
+        """Whether ``worker_id`` is stopped now, or was within the last ``within`` seconds."""
+        if worker_id not in self.stopped:
+            return False
+        ended = self.stopped[worker_id]
+        return ended is None or time.monotonic() - ended < within
 
     def backends(self, worker_id: str) -> list[int]:
         """The database sessions of worker ``worker_id`` (its connections are labelled

@@ -288,7 +288,7 @@ def cancels_stick(ev: Evidence) -> Verdict:
 def hygiene(ev: Evidence, stop_complaints: Sequence[str]) -> Verdict:
     offenders = (ev.seen.idle_in_transaction + ev.seen.advisory_outside + list(stop_complaints))
     return verdict("sessions and processes clean", offenders,
-                   "no worker session idle in a transaction past a lease, no advisory lock "
+                   "no worker transaction open past a lease, no advisory lock "
                    "outside a transaction, every worker stopped cleanly",
                    "{n} findings")
 

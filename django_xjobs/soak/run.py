@@ -130,7 +130,9 @@ def run(options: Options, say: Callable[[str], None]) -> Report:
         held.start()
         held.ready.wait(30)
     observing, supervising = threading.Event(), threading.Event()
-    observer = Observer(soak, options.queue, options.lease, observing)
+    observer = Observer(soak, options.queue, options.lease, observing,
+                        excused=lambda worker_id: pool.stopped_lately(worker_id,
+                                                                      3 * options.lease))
     work = workload.Workload(soak=soak, queue=options.queue, per_second=options.per_second,
                              on_commit=workload.outbox_usable())
     supervisor = chaos.Chaos(pool, seed,
