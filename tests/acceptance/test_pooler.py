@@ -303,3 +303,27 @@ def test_which_connections_bypass_the_pooler_and_how_an_idle_worker_finds_a_job(
         assert named, "the worker's pooled backends carry its name"
         assert direct == []
         assert listen not in {name for _, name in named}
+
+
+def test_an_advisory_leader_holds_its_lock_on_the_direct_connection(pgbouncer, start_worker):
+    """With LISTEN_DATABASE direct, the advisory leader mode is usable behind the pooler: the
+    lock is held by a direct backend (the lock watch would flag a pooled one), and cron fires
+    each second once."""
+    from django_xjobs.engines import get_engine
+    from django_xjobs.models import Job
+
+    xjobs, _ = MODES["direct-listen"]
+    start = start_row()
+    a = start_worker("a", settings={**xjobs, "LEADER": "advisory", "LEADER_RENEW": "0.5s",
+                                    "SCHEDULE": TICK, "MAINTENANCE_INTERVAL": None},
+                     env=pgbouncer.worker_env(listen_direct=True))
+    with watching_locks(pgbouncer):
+        holder = wait_until(lambda: get_engine().leader_advisory_holder("scheduler"),
+                            message="an advisory leader")
+        assert holder.holder == f"xjobs:{a.id}:leader"
+        assert holder.pid not in pgbouncer.server_pids()
+        wait_until(lambda: Job.objects.filter(enqueued_by="cron:tick", state="done").count() >= 3,
+                   interval=0.1, message="fired jobs run")
+        a.signal(signal.SIGTERM)
+        assert wait_exit(a) == 0
+    assert_exactly_once(start)
