@@ -136,7 +136,8 @@ class XJobsSettings:
     # The alias whose connection parameters the dedicated sessions use: the LISTEN connections
     # (the worker's wake-ups, the relay's on the jobs' alias) and the scheduler's advisory
     # session. None: the jobs' own alias. Behind a transaction pooler it names a direct
-    # connection to the same database, so NOTIFY works (docs/deployment.md, "PgBouncer").
+    # connection to the same database, so NOTIFY works (docs/deployment.md, "PgBouncer and other
+    # connection poolers").
     listen_database: str | None = None
     max_payload_bytes: int = 1024 * 1024
     max_attempts: int = 3
