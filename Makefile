@@ -62,14 +62,15 @@ browser:
 
 # The pooler tests (tests/acceptance/test_pooler.py) run workers behind Debian's pgbouncer in
 # transaction mode. Installed like chromium: when missing and we may (root, apt-get); elsewhere
-# those tests skip and say why (XJOBS_REQUIRE_POOLER=1 makes that a failure). Quiet, and a no-op
-# once pgbouncer is there.
+# those tests skip and say why (XJOBS_REQUIRE_POOLER=1 makes that a failure). Quiet, waits for
+# another apt's lock rather than failing, and a no-op once pgbouncer is there.
 pooler:
 	@command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 			echo "make: installing Debian's pgbouncer for the pooler tests"; \
-			( apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-				apt-get install -y -qq --no-install-recommends pgbouncer ) >/dev/null 2>&1 \
+			( apt-get update -qq -o DPkg::Lock::Timeout=120 && DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=120 \
+				pgbouncer ) >/dev/null 2>&1 \
 				|| echo "make: could not install pgbouncer; the pooler tests will skip"; \
 		else \
 			echo "make: no pgbouncer (not root or no apt-get); the pooler tests will skip"; \
