@@ -1,7 +1,8 @@
 # django-xjobs: the two commands a new machine needs are `make demo` and `make test`.
 #
 #   make demo                 migrate the example project, enqueue real work, run a worker, show it
-#   make test                 the whole suite against a real PostgreSQL
+#   make test                 the whole suite against a real PostgreSQL (installs chromium and
+#                             pgbouncer for the browser and pooler tests where it may)
 #   make bench                our own benchmark table (bench/; BENCH_ARGS="--workloads W3,W8")
 #   make bench-flow           flow control: W8, W11-W13 (slots, fair share, rate limit, hand-over)
 #   make bench-scale          claim latency and drain rate at 10k/100k/1M queued, 1M in history
@@ -27,7 +28,7 @@ STAMP := $(VENV)/.installed-django$(if $(DJANGO),$(DJANGO),-latest)
 PYTEST_ARGS ?=
 SOAK_ARGS ?= --duration 5m
 
-.PHONY: demo test soak bench bench-flow bench-scale bench-peers bench-admin bench-ab lint install clean-db browser screenshots
+.PHONY: demo test soak bench bench-flow bench-scale bench-peers bench-admin bench-ab lint install clean-db browser pooler screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +45,7 @@ install: $(STAMP)
 		$(PY) -c "import pgserver" 2>/dev/null || $(PY) -m pip install -q -e '.[embedded]'; \
 	fi
 
-test: install browser
+test: install browser pooler
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The console's browser tests drive Debian's chromium. Installed here when missing and we may
@@ -59,6 +60,23 @@ browser:
 				|| echo "make: could not install chromium; the browser tests will skip"; \
 		else \
 			echo "make: no chromium (not root or no apt-get); the browser tests will skip"; \
+		fi; \
+	}
+
+# The pooler tests (tests/acceptance/test_pooler.py) run workers behind Debian's pgbouncer in
+# transaction mode. Installed like chromium: when missing and we may (root, apt-get); elsewhere
+# those tests skip and say why (XJOBS_REQUIRE_POOLER=1 makes that a failure). Quiet, waits for
+# another apt's lock rather than failing, and a no-op once pgbouncer is there.
+pooler:
+	@command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "make: installing Debian's pgbouncer for the pooler tests"; \
+			( apt-get update -qq -o DPkg::Lock::Timeout=120 && DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=120 \
+				pgbouncer ) >/dev/null 2>&1 \
+				|| echo "make: could not install pgbouncer; the pooler tests will skip"; \
+		else \
+			echo "make: no pgbouncer (not root or no apt-get); the pooler tests will skip"; \
 		fi; \
 	}
 

@@ -55,8 +55,34 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                      f"(PostgreSQL 14 or later). See {DOCS_URL}guide.md#install",
                 id="xjobs.E003",
             ))
+    errors.extend(_check_listen_database(settings))
     errors.extend(_check_outbox(settings))
     return errors
+
+
+def _check_listen_database(settings: conf.XJobsSettings) -> list[checks.CheckMessage]:
+    """XJOBS["LISTEN_DATABASE"], when set, is a PostgreSQL alias of DATABASES."""
+    alias = settings.listen_database
+    if alias is None:
+        return []
+    hint = (f"Set XJOBS[\"LISTEN_DATABASE\"] to an alias of DATABASES that connects straight to "
+            f"PostgreSQL, to the database of XJOBS[\"DATABASE\"] ({settings.database!r}), or "
+            f"remove it (the dedicated sessions then use {settings.database!r}). See "
+            f"{DOCS_URL}deployment.md#pgbouncer-and-other-connection-poolers")
+    if alias not in connections.settings:
+        return [checks.Error(
+            f'XJOBS["LISTEN_DATABASE"] = {alias!r} is not in DATABASES '
+            f"(aliases: {sorted(connections.settings)})",
+            hint=hint, id="xjobs.E005",
+        )]
+    engine = connections.settings[alias].get("ENGINE", "")
+    if "postgresql" not in engine and "postgis" not in engine:
+        return [checks.Error(
+            f'XJOBS["LISTEN_DATABASE"] = {alias!r} uses {engine!r}; the LISTEN connections '
+            "and the advisory session need PostgreSQL",
+            hint=hint, id="xjobs.E006",
+        )]
+    return []
 
 
 def check_console(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

@@ -133,6 +133,12 @@ class XJobsSettings:
     # transaction pooler that cannot keep prepared statements (PgBouncer < 1.21, or
     # max_prepared_statements = 0).
     prepared_statements: bool = True
+    # The alias whose connection parameters the dedicated sessions use: the LISTEN connections
+    # (the worker's wake-ups, the relay's on the jobs' alias) and the scheduler's advisory
+    # session. None: the jobs' own alias. Behind a transaction pooler it names a direct
+    # connection to the same database, so NOTIFY works (docs/deployment.md, "PgBouncer and other
+    # connection poolers").
+    listen_database: str | None = None
     max_payload_bytes: int = 1024 * 1024
     max_attempts: int = 3
     retry_base: float = 2.0
@@ -175,7 +181,7 @@ _KNOWN_KEYS = {
     "DATABASE", "QUEUES", "CONCURRENCY", "PREFETCH", "LEASE", "HEARTBEAT", "POLL_INTERVAL",
     "NOTIFY", "MAX_PAYLOAD_BYTES", "MAX_ATTEMPTS", "RETRY_BASE", "RETRY_CAP", "SHUTDOWN_GRACE",
     "ACK_BATCH", "ACK_INTERVAL", "RETENTION", "SCHEDULE", "APP_VERSION", "ADMIN_TENANT_SCOPE",
-    "PREPARED_STATEMENTS", "WORKER_SEEN_INTERVAL",
+    "PREPARED_STATEMENTS", "WORKER_SEEN_INTERVAL", "LISTEN_DATABASE",
     "BACKFILL_THROTTLE",  # ---- backfills
     "OUTBOX",
     "CONCURRENCY_LIMITS", "SLOT_TTL",  # concurrency slots
@@ -247,8 +253,15 @@ def _bool(raw: Mapping[str, Any], key: str, default: bool) -> bool:
 def _database(raw: Mapping[str, Any], key: str, default: str) -> str:
     database = raw.get(key, default)
     if not isinstance(database, str) or not database:
-        raise ConfigurationError(f'XJOBS["DATABASE"] must be a database alias, got {database!r}')
+        raise ConfigurationError(f'XJOBS["{key}"] must be a database alias, got {database!r}')
     return database
+
+
+def _listen_database(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:
+    """``XJOBS["LISTEN_DATABASE"]``: a database alias, or None for the jobs' own."""
+    if raw.get(key, default) is None:
+        return None
+    return _database(raw, key, "")
 
 
 QueueOptions = tuple[tuple[str, ...], Mapping[str, int], frozenset[str],
@@ -427,6 +440,7 @@ def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[st
         worker_seen_interval=take(_duration, raw, "WORKER_SEEN_INTERVAL", 10.0),
         notify=take(_bool, raw, "NOTIFY", True),
         prepared_statements=take(_bool, raw, "PREPARED_STATEMENTS", True),
+        listen_database=take(_listen_database, raw, "LISTEN_DATABASE", None),
         max_payload_bytes=take(_positive_int, raw, "MAX_PAYLOAD_BYTES", 1024 * 1024),
         max_attempts=take(_positive_int, raw, "MAX_ATTEMPTS", 3),
         retry_base=retry_base,

@@ -50,6 +50,14 @@ if os.environ.get("XJOBS_TEST_ROUTERS"):
     DATABASE_ROUTERS = ["django_xjobs.routers.XJobsRouter"]
 # ---- end outbox ----
 
+# ---- a direct connection beside a pooler (tests/acceptance/test_pooler.py): a worker whose
+# DATABASE_URL is a PgBouncer gets the server itself as "direct" (XJOBS_TEST_LISTEN_URL), for
+# XJOBS["LISTEN_DATABASE"] = "direct"; same database name as "default".
+if os.environ.get("XJOBS_TEST_LISTEN_URL"):
+    DATABASES["direct"] = devdb.settings_from_url(
+        os.environ["XJOBS_TEST_LISTEN_URL"], NAME=_db["NAME"], CONN_MAX_AGE=0,
+        TEST={"MIRROR": "default"})
+
 XJOBS = {
     "LEASE": "30s",
     "HEARTBEAT": "5s",

@@ -19,16 +19,21 @@ __all__ = [
     "Statement", "get_engine",
 ]
 
-_engines: dict[tuple[str, bool, bool], Engine] = {}
+_engines: dict[tuple[str, bool, bool, str | None], Engine] = {}
 _lock = threading.Lock()
 
 
 def get_engine(alias: str | None = None) -> Engine:
-    """The engine for ``alias`` (default: ``XJOBS["DATABASE"]``)."""
+    """The engine for ``alias`` (default: ``XJOBS["DATABASE"]``).
+
+    The engine of the jobs' alias opens its dedicated sessions (LISTEN, the advisory lock) with
+    the parameters of ``XJOBS["LISTEN_DATABASE"]`` when that is set; an engine of another alias
+    (an outbox database) with its own."""
 
     settings = conf.get()
     alias = alias or settings.database
-    key = (alias, settings.notify, settings.prepared_statements)
+    listen_alias = settings.listen_database if alias == settings.database else None
+    key = (alias, settings.notify, settings.prepared_statements, listen_alias)
     engine = _engines.get(key)
     if engine is not None:
         return engine
@@ -36,12 +41,12 @@ def get_engine(alias: str | None = None) -> Engine:
         engine = _engines.get(key)
         if engine is None:
             engine = _build(alias, notify=settings.notify,
-                            prepared=settings.prepared_statements)
+                            prepared=settings.prepared_statements, listen_alias=listen_alias)
             _engines[key] = engine
     return engine
 
 
-def _build(alias: str, *, notify: bool, prepared: bool) -> Engine:
+def _build(alias: str, *, notify: bool, prepared: bool, listen_alias: str | None) -> Engine:
     try:
         vendor = connections[alias].vendor
     except Exception as exc:
@@ -50,7 +55,7 @@ def _build(alias: str, *, notify: bool, prepared: bool) -> Engine:
         # A concrete engine, and its driver (psycopg), is imported when an alias first needs it.
         from .postgres.engine import PostgresEngine
 
-        return PostgresEngine(alias, notify=notify, prepared=prepared)
+        return PostgresEngine(alias, notify=notify, prepared=prepared, listen_alias=listen_alias)
     raise EngineUnavailable(
         f"database alias {alias!r} uses {vendor!r}; django-xjobs needs PostgreSQL "
         "(XJOBS['DATABASE'] names the alias that holds the job tables)"

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_until
+from tests.pooler import pgbouncer  # noqa: F401 - the fixture, for test_pooler.py and others
 
 # Short leases so lapses happen within a test, and lease >= 4 x heartbeat so that a heartbeat
 # delayed by CPU starvation does not let a healthy lease lapse.
@@ -166,14 +167,14 @@ def stopped_backend(label: str, timeout: float = SETTLE) -> Iterator[int]:
 
 @pytest.fixture
 def start_worker(spawn_worker) -> Callable[..., Any]:
-    """``start_worker(role, *args, settings=..., faults=...)``: spawn a named worker and wait
-    until it runs; the worker object gets ``.id`` (its ``claimed_by``)."""
+    """``start_worker(role, *args, settings=..., faults=..., env=...)``: spawn a named worker
+    and wait until it runs; the worker object gets ``.id`` (its ``claimed_by``)."""
 
     def start(role: str, *args: str, settings: dict[str, Any] | None = None,
-              faults: str | None = None, wait: bool = True):
+              faults: str | None = None, wait: bool = True, env: dict[str, str] | None = None):
         wid = worker_id(role)
         worker = spawn_worker("--worker-id", wid, *args, settings={**FAST, **(settings or {})},
-                              faults=faults)
+                              faults=faults, env=env)
         worker.id = wid
         if wait:
             wait_started(worker)

@@ -73,6 +73,23 @@ def test_an_unknown_database_alias_is_reported_as_e002():
     assert "'jobs_db'" in messages[0].msg
 
 
+def test_a_listen_database_that_is_no_alias_or_not_postgresql_is_an_error(monkeypatch):
+    from django.db import connections
+
+    with override_settings(XJOBS={"LISTEN_DATABASE": "direct_db"}):
+        messages = xjobs_messages()
+    assert [m.id for m in messages] == ["xjobs.E005"]
+    assert "'direct_db'" in messages[0].msg
+    monkeypatch.setitem(connections.settings, "lite",
+                        {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"})
+    with override_settings(XJOBS={"LISTEN_DATABASE": "lite"}):
+        messages = xjobs_messages()
+    assert [m.id for m in messages] == ["xjobs.E006"]
+    assert "sqlite3" in messages[0].msg
+    with override_settings(XJOBS={"LISTEN_DATABASE": "default"}):
+        assert xjobs_messages() == []
+
+
 def test_manage_py_check_stops_on_a_bad_setting():
     call_command("check", stdout=StringIO(), stderr=StringIO())  # fine as configured
     with override_settings(XJOBS={"LEASE": "10s", "HEARTBEAT": "5s"}):
@@ -136,7 +153,8 @@ def test_rangefilter_is_not_asked_for_without_the_admin_nor_by_the_worker():
 
 # Every check of checks.py: the hint of each must say the fix and link the published docs.
 CHECK_IDS = {
-    "xjobs.E001", "xjobs.E002", "xjobs.E003", "xjobs.E004", "xjobs.E010", "xjobs.E011",
+    "xjobs.E001", "xjobs.E002", "xjobs.E003", "xjobs.E004", "xjobs.E005", "xjobs.E006",
+    "xjobs.E010", "xjobs.E011",
     "xjobs.E012", "xjobs.E013", "xjobs.E014", "xjobs.E020", "xjobs.E021", "xjobs.E040",
     "xjobs.W010", "xjobs.W020", "xjobs.W050",
 }
@@ -162,8 +180,8 @@ def every_kind_of_check_message(monkeypatch) -> list[checks.CheckMessage]:
     try:
         for xjobs in (
             {"LEASES": "30s", "NOTIFY": "yes"},
-            {"DATABASE": "nowhere"},
-            {"DATABASE": "lite", "QUEUES": ["default"],
+            {"DATABASE": "nowhere", "LISTEN_DATABASE": "nowhere"},
+            {"DATABASE": "lite", "QUEUES": ["default"], "LISTEN_DATABASE": "lite",
              "OUTBOX": {"DATABASES": ["default", "lite", "nowhere"]},
              "SCHEDULE": {
                  "bad-cron": {"job": "testapp.noop", "cron": "every day"},

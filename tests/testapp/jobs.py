@@ -138,6 +138,21 @@ def sleepy_tagged(ctx, seconds=1.0, later=None):
     return {"run": run}
 
 
+@job(max_attempts=3)
+def held_transaction(ctx, seconds=1.0):
+    """Holds a transaction open for ``seconds`` between two Effect rows (autocommit): behind a
+    transaction pooler, one server connection is this run's all along (tests/acceptance/
+    test_pooler.py terminates it)."""
+    from django.db import connection, transaction
+
+    _effect(ctx, "start")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("select 1")  # the transaction has begun on the server
+        time.sleep(seconds)
+    _effect(ctx, "end")
+    return {"held": seconds}
+
+
 @job(max_attempts=3, retry_base="30s", retry_cap="60s")
 def fails_with_long_backoff(ctx):
     """Fails every time, with a backoff long enough that the retry is still delayed afterwards."""

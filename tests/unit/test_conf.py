@@ -116,6 +116,16 @@ def test_an_xjobs_that_is_not_a_dict_is_refused(raw):
         conf.build(raw)
 
 
+def test_listen_database_is_an_alias_or_none():
+    assert conf.build({}).listen_database is None
+    assert conf.build({"LISTEN_DATABASE": None}).listen_database is None
+    assert conf.build({"LISTEN_DATABASE": "direct"}).listen_database == "direct"
+    for bad in ("", 5, ["direct"]):
+        with pytest.raises(ConfigurationError, match=r'XJOBS\["LISTEN_DATABASE"\] must be a '
+                                                     "database alias"):
+            conf.build({"LISTEN_DATABASE": bad})
+
+
 def test_an_unknown_key_is_refused_by_name():
     with pytest.raises(ConfigurationError, match="LEASES"):
         conf.build({"LEASES": "30s"})

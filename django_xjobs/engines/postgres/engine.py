@@ -4,8 +4,9 @@ Statements run on ``django.db.connections[alias]`` of the calling thread, so the
 caller's transaction (enqueue inside ``atomic()`` commits or rolls back with the caller's
 writes) and share Django's connection handling (``CONN_MAX_AGE``, health checks, pooling).
 The dedicated connections are the exception: the LISTEN connection and the scheduler's
-advisory session (sessions.py). Wherever it runs, every statement goes through one wrapper,
-instrumentation.py: fault points, timing, the DEBUG log.
+advisory session (sessions.py), opened with the parameters of ``XJOBS["LISTEN_DATABASE"]``
+when it is set (a direct connection beside a transaction pooler). Wherever it runs, every
+statement goes through one wrapper, instrumentation.py: fault points, timing, the DEBUG log.
 """
 
 from __future__ import annotations
@@ -269,10 +270,14 @@ class PostgresEngine(Engine):
         skip_locked=True, listen_notify=True, transactional_enqueue=True, advisory_locks=True
     )
 
-    def __init__(self, alias: str, *, notify: bool = True, prepared: bool = True) -> None:
+    def __init__(self, alias: str, *, notify: bool = True, prepared: bool = True,
+                 listen_alias: str | None = None) -> None:
         super().__init__(alias)
         self.notify = notify
         self.prepared = prepared
+        # Whose connection parameters the dedicated sessions use (XJOBS["LISTEN_DATABASE"]):
+        # a direct connection to the same database when the alias goes through a pooler.
+        self.listen_alias = listen_alias or alias
 
     def statements(self) -> Mapping[str, Statement]:
         return S.ALL
@@ -998,7 +1003,7 @@ class PostgresEngine(Engine):
         ]
 
     def outbox_listener(self, channel_label: str) -> Listener:
-        return PostgresListener(self.alias, channel_label, listen=S.OUTBOX_LISTEN)
+        return PostgresListener(self.listen_alias, channel_label, listen=S.OUTBOX_LISTEN)
 
     # ----------------------------------------------------------------- concurrency slots --
     def slots_acquire(self, requests: Sequence[SlotRequest], ttl_ms: int) -> list[SlotHold]:
@@ -1170,7 +1175,7 @@ class PostgresEngine(Engine):
                             live=bool(row[3]))
 
     def leader_advisory_session(self, lock_key: str, label: str) -> AdvisorySession:
-        return PostgresAdvisorySession(self.alias, lock_key, label)
+        return PostgresAdvisorySession(self.listen_alias, lock_key, label)
 
     def leader_advisory_holder(self, lock_key: str) -> LeaderRecord | None:
         row = self._run(S.LEADER_ADVISORY_HOLDER, advisory_key(lock_key), fetch="one")
@@ -1285,7 +1290,7 @@ class PostgresEngine(Engine):
         self._run(S.SESSION_LABEL, {"label": label[:63]}, fetch="one")
 
     def listener(self, channel_label: str) -> Listener:
-        return PostgresListener(self.alias, channel_label)
+        return PostgresListener(self.listen_alias, channel_label)
 
     def db_now(self) -> datetime:
         return self._run(S.DB_NOW, {}, fetch="one")[0]

@@ -5,7 +5,9 @@ Every other statement runs on Django's connection of the calling thread (engine.
 cannot: a connection that LISTENs must not be shared with the statements of the thread that
 waits on it, and a session advisory lock lives exactly as long as its session, which no pool
 may lend to anyone else. Their statements go through the same instrumentation as the rest
-(instrumentation.py).
+(instrumentation.py). The engine passes the alias whose parameters they use: the jobs' own, or
+``XJOBS["LISTEN_DATABASE"]``, a direct connection to the same database beside a transaction
+pooler (docs/deployment.md).
 """
 
 from __future__ import annotations
