@@ -15,6 +15,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from django_xjobs.models import Job, WorkerRow
+from tests.acceptance.test_pooler import MODES
 from tests.conftest import wait_until
 
 SEED = "20261204"
@@ -62,6 +63,23 @@ def test_a_soak_under_chaos_holds_every_invariant_and_cleans_up(spawn_worker, tm
     # It cleaned up after itself: no job, worker row or table of its own is left.
     assert not Job.objects.filter(queue="xjobs_soak").exists()
     assert not WorkerRow.objects.filter(id__startswith="soak").exists()
+    assert soak_tables() == []
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_soak_behind_pgbouncer_holds_every_invariant(spawn_worker, pgbouncer, mode, tmp_path):
+    """The soak and all its workers through PgBouncer in transaction mode, in each documented
+    mode (docs/deployment.md): NOTIFY off, or the LISTEN sessions straight to PostgreSQL."""
+    xjobs, direct = MODES[mode]
+    soak = spawn_worker("--duration", "20s", "--seed", SEED, "--log-dir", str(tmp_path / "soak"),
+                        command="xjobs_soak", settings=xjobs,
+                        env=pgbouncer.worker_env(listen_direct=direct))
+    code = soak.wait(timeout=300)
+    log = soak.log()
+    assert code == 0, f"{log}\n--- pgbouncer ---\n{pgbouncer.log()[-3000:]}"
+    for name in INVARIANTS:
+        assert any(line.startswith(f"  ok    {name}") for line in log.splitlines()), (name, log)
+    assert not Job.objects.filter(queue="xjobs_soak").exists()
     assert soak_tables() == []
 
 
