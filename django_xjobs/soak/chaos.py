@@ -45,7 +45,12 @@ class Timings:
 
 
 def worker_command() -> list[str]:
-    """How to start ``manage.py xjobs_soak --worker`` on the settings this process runs on."""
+    """How to start ``manage.py xjobs_soak --worker`` on the settings this process runs on:
+    through the project's own ``manage.py`` when that is what runs the soak (it may set up
+    more than the settings: environment files, paths), else ``python -m django``."""
+    entry = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if entry is not None and entry.name == "manage.py" and entry.is_file():
+        return [sys.executable, str(entry.resolve()), "xjobs_soak", "--worker"]
     return [sys.executable, "-m", "django", "xjobs_soak", "--worker"]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import secrets
+import shutil
 import tempfile
 import threading
 import time
@@ -184,6 +185,9 @@ def run(options: Options, say: Callable[[str], None]) -> Report:
     report.verdicts = invariants.check_all(evidence, stop_complaints) + report.verdicts
     if not options.keep:
         clean_up(soak, options.queue, evidence.rows)
+    if report.held and options.log_dir is None:  # a temp dir of its own: kept only to look into
+        shutil.rmtree(log_dir, ignore_errors=True)
+        report.log_dir = None
     return report
 
 

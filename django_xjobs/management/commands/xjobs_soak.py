@@ -97,7 +97,7 @@ class Command(BaseCommand):
         parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
 
     def run_from_argv(self, argv: list[str]) -> None:
-        if "--worker" in argv[2:3]:
+        if argv[2:3] == ["--worker"]:
             from ...soak import jobs  # noqa: F401 - registers the soak's jobs
 
             call_command("xjobs_worker", *argv[3:])
