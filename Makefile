@@ -24,7 +24,7 @@ DJANGO_REQ := $(if $(DJANGO),Django==$(DJANGO).*,)
 STAMP := $(VENV)/.installed-django$(if $(DJANGO),$(DJANGO),-latest)
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench bench-flow bench-scale bench-peers bench-admin bench-ab lint install clean-db browser screenshots
+.PHONY: demo test bench bench-flow bench-scale bench-peers bench-admin bench-ab lint install clean-db browser faketime screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,7 @@ install: $(STAMP)
 		$(PY) -c "import pgserver" 2>/dev/null || $(PY) -m pip install -q -e '.[embedded]'; \
 	fi
 
-test: install browser
+test: install browser faketime
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The console's browser tests drive Debian's chromium. Installed here when missing and we may
@@ -56,6 +56,22 @@ browser:
 				|| echo "make: could not install chromium; the browser tests will skip"; \
 		else \
 			echo "make: no chromium (not root or no apt-get); the browser tests will skip"; \
+		fi; \
+	}
+
+# The worker clock tests (tests/acceptance/test_worker_clock.py) shift a worker's wall clock
+# with Debian's libfaketime. Installed like chromium: when missing and we may (root, apt-get);
+# elsewhere those tests skip and say why (XJOBS_REQUIRE_FAKETIME=1 makes that a failure).
+faketime:
+	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 \
+		|| ls /usr/lib/faketime/libfaketime.so.1 >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "make: installing Debian's faketime for the worker clock tests"; \
+			( apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq faketime ) >/dev/null 2>&1 \
+				|| echo "make: could not install faketime; the worker clock tests will skip"; \
+		else \
+			echo "make: no libfaketime (not root or no apt-get); the worker clock tests will skip"; \
 		fi; \
 	}
 
