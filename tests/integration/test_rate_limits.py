@@ -206,6 +206,36 @@ def test_acquire_waits_for_room_and_spends_it():
     assert sum(RateUnit.objects.filter(key="api:acme").values_list("cost", flat=True)) >= 1
 
 
+@pytest.mark.parametrize("hours", [1, -1])
+def test_acquire_on_a_machine_whose_wall_clock_is_off_waits_on_the_database_clock(hours):
+    """Behind, it slept the hour it believed was left; ahead, it asked the database again every
+    millisecond until the budget freed. The wait is for a budget that frees within a second;
+    the join's deadline only bounds a failing test."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    limit = every_second(limit=1)
+    assert limit.try_acquire(tenant_id="acme")
+    result: dict[str, object] = {}
+
+    def acquire() -> None:
+        try:
+            with CaptureQueriesContext(connection) as queries:
+                result["acquired"] = limit.acquire(tenant_id="acme")  # no timeout
+            result["statements"] = len(queries)
+        finally:
+            connection.close()
+
+    with clock.override(now=lambda: datetime.now(UTC) + timedelta(hours=hours)):
+        waiter = threading.Thread(target=acquire, daemon=True)
+        waiter.start()
+        waiter.join(30)
+
+    assert not waiter.is_alive(), "acquire still sleeping on a wall clock an hour behind"
+    assert result["acquired"] is True
+    assert result["statements"] < 10, f"{result['statements']} statements for one short wait"
+
+
 def test_acquire_gives_up_after_its_timeout_without_spending():
     limit = every_second(limit=5, period=timedelta(minutes=1))
     for _ in range(5):
