@@ -28,7 +28,7 @@ STAMP := $(VENV)/.installed-django$(if $(DJANGO),$(DJANGO),-latest)
 PYTEST_ARGS ?=
 SOAK_ARGS ?= --duration 5m
 
-.PHONY: demo test soak bench bench-flow bench-scale bench-peers bench-admin bench-ab lint install clean-db browser pooler screenshots
+.PHONY: demo test soak bench bench-flow bench-scale bench-peers bench-admin bench-ab lint install clean-db browser pooler faketime screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,40 +45,39 @@ install: $(STAMP)
 		$(PY) -c "import pgserver" 2>/dev/null || $(PY) -m pip install -q -e '.[embedded]'; \
 	fi
 
-test: install browser pooler
+test: install browser pooler faketime
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The console's browser tests drive Debian's chromium. Installed here when missing and we may
-# (root, apt-get); elsewhere the tests skip and say why (XJOBS_REQUIRE_BROWSER=1 makes that a
-# failure). Quiet, and a no-op once chromium is there.
-browser:
-	@command -v chromium >/dev/null 2>&1 || { \
+# Tools some tests drive, from Debian's packages: $(call apt_ensure,CHECK,PACKAGE,TESTS) runs
+# CHECK; when it fails and we may (root, apt-get), installs PACKAGE quietly, waiting for another
+# apt's lock rather than failing; elsewhere says which tests will skip (they say why, and CI's
+# XJOBS_REQUIRE_* variables make that a failure). A no-op once the tool is there.
+define apt_ensure
+	@{ $(1); } >/dev/null 2>&1 || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "make: installing Debian's chromium for the console's browser tests"; \
-			( apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-				apt-get install -y -qq chromium ) >/dev/null 2>&1 \
-				|| echo "make: could not install chromium; the browser tests will skip"; \
-		else \
-			echo "make: no chromium (not root or no apt-get); the browser tests will skip"; \
-		fi; \
-	}
-
-# The pooler tests (tests/acceptance/test_pooler.py) run workers behind Debian's pgbouncer in
-# transaction mode. Installed like chromium: when missing and we may (root, apt-get); elsewhere
-# those tests skip and say why (XJOBS_REQUIRE_POOLER=1 makes that a failure). Quiet, waits for
-# another apt's lock rather than failing, and a no-op once pgbouncer is there.
-pooler:
-	@command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || { \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "make: installing Debian's pgbouncer for the pooler tests"; \
+			echo "make: installing Debian's $(2) for $(3)"; \
 			( apt-get update -qq -o DPkg::Lock::Timeout=120 && DEBIAN_FRONTEND=noninteractive \
-				apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=120 \
-				pgbouncer ) >/dev/null 2>&1 \
-				|| echo "make: could not install pgbouncer; the pooler tests will skip"; \
+				apt-get install -y -qq -o DPkg::Lock::Timeout=120 $(2) ) >/dev/null 2>&1 \
+				|| echo "make: could not install $(2); $(3) will skip"; \
 		else \
-			echo "make: no pgbouncer (not root or no apt-get); the pooler tests will skip"; \
+			echo "make: no $(2) (not root or no apt-get); $(3) will skip"; \
 		fi; \
 	}
+endef
+
+# The console's browser tests (XJOBS_REQUIRE_BROWSER).
+browser:
+	$(call apt_ensure,command -v chromium,chromium,the console's browser tests)
+
+# The pooler tests, tests/acceptance/test_pooler.py and the soak behind PgBouncer
+# (XJOBS_REQUIRE_POOLER).
+pooler:
+	$(call apt_ensure,test -x /usr/sbin/pgbouncer || command -v pgbouncer,pgbouncer,the pooler tests)
+
+# The worker clock tests, tests/acceptance/test_worker_clock.py: libfaketime shifts a worker's
+# wall clock (XJOBS_REQUIRE_FAKETIME).
+faketime:
+	$(call apt_ensure,ls /usr/lib/*/faketime/libfaketime.so.1 || ls /usr/lib/faketime/libfaketime.so.1,faketime,the worker clock tests)
 
 screenshots: install browser
 	XJOBS_SCREENSHOT_DIR=$(CURDIR)/docs/img XJOBS_REQUIRE_BROWSER=1 \

@@ -31,7 +31,7 @@ from uuid import UUID
 
 from asgiref.sync import sync_to_async
 
-from . import clock, conf, outbox, registry, signals, slots, tracing
+from . import conf, outbox, registry, signals, slots, tracing
 from .engines import get_engine
 from .exceptions import (
     ConfigurationError,
@@ -519,7 +519,8 @@ def run_now(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> C
 
 def purge(*, older_than: timedelta, states: Iterable[str] = ("done", "dead", "cancelled"),
           batch_size: int = 1000) -> int:
-    """Delete finished jobs that finished more than ``older_than`` ago; return the count."""
+    """Delete finished jobs that finished more than ``older_than`` ago (by the database's
+    clock, as ``finished_at``: never this machine's wall clock); return the count."""
     states = tuple(states)
     bad = [s for s in states if s not in TERMINAL_STATES]
     if bad:
@@ -527,7 +528,8 @@ def purge(*, older_than: timedelta, states: Iterable[str] = ("done", "dead", "ca
             f"purge only deletes finished jobs (done, dead, cancelled), not {bad}"
         )
     return get_engine().jobs_purge(
-        states=states, finished_before=clock.now() - older_than, batch_size=batch_size
+        states=states, finished_before=get_engine().db_now() - older_than,
+        batch_size=batch_size
     )
 
 

@@ -107,7 +107,9 @@ class RateLimit:
             next_at = self._take(cost, values)
             if next_at is None:
                 return True
-            wait = max(0.001, (next_at - clock.now()).total_seconds())
+            # next_at is a time on the database's clock: measure the wait on it too (a wall
+            # clock behind would sleep that much longer, one ahead would spin).
+            wait = max(0.001, (next_at - get_engine().db_now()).total_seconds())
             if deadline is not None:
                 left = deadline - clock.monotonic()
                 if left <= 0:

@@ -411,10 +411,12 @@ class ClaimFlow:
 class ClaimBatch(list[ClaimedJob]):
     """The jobs a claim took; ``held``: how many it held back by flow control (blocked, or due
     later for their rate budget); ``retry_at``: the earliest time a job it held back for its
-    rate budget is due again (None when none was)."""
+    rate budget is due again (None when none was); ``now``: the database's clock when it held
+    jobs back, what ``retry_at`` is to be compared with (never the worker's wall clock)."""
 
     retry_at: datetime | None = None
     held: int = 0
+    now: datetime | None = None
 
 
 # ------------------------------------------------------------------------ fenced writes --

@@ -33,15 +33,17 @@ What guards against double firing, and which guard covers which case:
 One transaction per round rather than per task: the commit is the expensive part of a round
 (one WAL flush), and the row locks are held for a few statements either way (bench W7).
 
-Time: occurrences are computed on the wall clock (``clock.now()``, injectable in tests); the
-lease and the fences use the database clock.
+Time: occurrences are computed on the database's clock, as the duty reads it now and then and
+carries it forward on the monotonic clock (``clock.DatabaseClock``): a leader whose wall clock
+is off fires at the database's seconds. A ``Scheduler`` built without one (the integration tests)
+uses ``clock.now()``, injectable. The lease and the fences use the database clock too.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -92,8 +94,10 @@ class Scheduler:
     """Runs rounds for ``tasks`` while ``leadership`` says this process leads."""
 
     def __init__(self, *, engine: Engine, leadership: leadership.Leadership,
-                 tasks: Sequence[Task], settings: conf.XJobsSettings | None = None) -> None:
+                 tasks: Sequence[Task], settings: conf.XJobsSettings | None = None,
+                 now: Callable[[], datetime] | None = None) -> None:
         self.engine = engine
+        self._now = now or clock.now  # the time rounds compute occurrences at
         self.leadership = leadership
         self.tasks = list(tasks)
         self.settings = settings or conf.get()
@@ -106,7 +110,7 @@ class Scheduler:
 
     # -------------------------------------------------------------------------- round --
     def round(self, now: datetime | None = None) -> RoundReport:
-        now = now or clock.now()
+        now = now or self._now()
         report = RoundReport()
         self.rounds += 1
         if not self.leadership.is_leader():
@@ -209,6 +213,8 @@ class SchedulerDuty(Duty):
             engine=self.engine, holder=self.worker_id, mode=self.settings.leader,
             lease=self.settings.leader_lease, renew=self.settings.leader_renew,
         )
+        # Cron occurrences follow the database's clock, never this machine's wall clock.
+        self.db_clock = clock.DatabaseClock(self.engine.db_now)
         self.scheduler: Scheduler | None = None
         self.maintenance: Maintenance | None = None
 
@@ -220,7 +226,8 @@ class SchedulerDuty(Duty):
 
     def run(self) -> None:
         self.scheduler = Scheduler(engine=self.engine, leadership=self.leadership,
-                                   tasks=self._tasks(), settings=self.settings)
+                                   tasks=self._tasks(), settings=self.settings,
+                                   now=self.db_clock.now)
         if self.settings.maintenance_interval is not None:
             self.maintenance = Maintenance(engine=self.engine, leadership=self.leadership,
                                            interval=self.settings.maintenance_interval,
@@ -235,6 +242,7 @@ class SchedulerDuty(Duty):
                     if connections[self.engine.alias].connection is None:
                         self.engine.session_label(f"xjobs:{self.worker_id}:scheduler")
                     if self.leadership.tick():
+                        self.db_clock.sync()  # a statement only once a minute
                         self.scheduler.round()
                 except Exception as exc:
                     self._db_error(exc)
@@ -251,7 +259,7 @@ class SchedulerDuty(Duty):
     def _wait(self) -> float:
         wait = self.leadership.next_tick_in()
         if self.leadership.is_leader() and self.scheduler is not None:
-            now = clock.now()
+            now = self.db_clock.now()
             at = self.scheduler.next_round_at(now)
             if at is not None:
                 wait = min(wait, max(0.0, (at - now).total_seconds()) + WAKE_AFTER)

@@ -111,7 +111,10 @@ class Flow:
         if self.params.fair_queues:
             self._advance_cursors(batch)
         if batch.retry_at is not None:
-            wait = max(0.0, (batch.retry_at - clock.now()).total_seconds())
+            # On the database's clock: a worker whose wall clock is ahead would claim again
+            # and again until then, one behind would wait until its next poll.
+            now = batch.now or clock.now()
+            wait = max(0.0, (batch.retry_at - now).total_seconds())
             self.retry_at = clock.monotonic() + wait
             self.stats["rate_held"] += 1
         return batch

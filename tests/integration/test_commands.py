@@ -374,6 +374,17 @@ def test_purge_with_a_longer_age_keeps_everything(aged):
 
 
 @pytest.mark.django_db
+def test_purge_cuts_off_on_the_database_clock_not_the_wall_clock():
+    """On a machine an hour ahead, "older than 30 minutes" took the job finished just now."""
+    from django_xjobs import api, clock
+
+    recent = job_in_state("done")
+    with clock.override(now=lambda: timezone.now() + timedelta(hours=1)):
+        assert api.purge(older_than=timedelta(minutes=30)) == 0
+    assert Job.objects.filter(id=recent.id).exists()
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("age", ["soon", "-1d", "7 days"])
 def test_purge_with_a_bad_age_is_a_command_error(age):
     with pytest.raises(CommandError, match="older-than"):

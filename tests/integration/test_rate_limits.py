@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connections, transaction
 
-from django_xjobs import RateLimit, conf, job, registry
+from django_xjobs import RateLimit, clock, conf, job, registry
 from django_xjobs.engines import get_engine
 from django_xjobs.exceptions import ConfigurationError, InvalidRateKey
 from django_xjobs.models import Job, OutboxEntry, RateUnit
 from django_xjobs.outbox import relay_pending
-from django_xjobs.worker.flow import claim_flow
+from django_xjobs.worker.flow import Flow, claim_flow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -205,6 +206,36 @@ def test_acquire_waits_for_room_and_spends_it():
     assert sum(RateUnit.objects.filter(key="api:acme").values_list("cost", flat=True)) >= 1
 
 
+@pytest.mark.parametrize("hours", [1, -1])
+def test_acquire_on_a_machine_whose_wall_clock_is_off_waits_on_the_database_clock(hours):
+    """Behind, it slept the hour it believed was left; ahead, it asked the database again every
+    millisecond until the budget freed. The wait is for a budget that frees within a second;
+    the join's deadline only bounds a failing test."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    limit = every_second(limit=1)
+    assert limit.try_acquire(tenant_id="acme")
+    result: dict[str, object] = {}
+
+    def acquire() -> None:
+        try:
+            with CaptureQueriesContext(connection) as queries:
+                result["acquired"] = limit.acquire(tenant_id="acme")  # no timeout
+            result["statements"] = len(queries)
+        finally:
+            connection.close()
+
+    with clock.override(now=lambda: datetime.now(UTC) + timedelta(hours=hours)):
+        waiter = threading.Thread(target=acquire, daemon=True)
+        waiter.start()
+        waiter.join(30)
+
+    assert not waiter.is_alive(), "acquire still sleeping on a wall clock an hour behind"
+    assert result["acquired"] is True
+    assert result["statements"] < 10, f"{result['statements']} statements for one short wait"
+
+
 def test_acquire_gives_up_after_its_timeout_without_spending():
     limit = every_second(limit=5, period=timedelta(minutes=1))
     for _ in range(5):
@@ -283,6 +314,23 @@ def test_a_claim_takes_what_the_budget_allows_and_puts_the_rest_back_until_it_fr
     later = engine.jobs_claim(wants={QUEUE: 10}, worker_id="w", lease_ms=30_000, flow=flow)
     assert len(later) == 3
     assert {c.attempt for c in later} == {1}
+
+
+@pytest.mark.parametrize("hours", [1, -1])
+def test_a_worker_whose_wall_clock_is_off_waits_for_the_budget_on_the_database_clock(rated, hours):
+    """Ahead, it would claim again and again until the budget frees; behind, it would wait
+    until its next poll (tests/acceptance/test_worker_clock.py shifts a real worker's clock)."""
+    rated.using(tenant_id="acme").bulk_enqueue([{"account": 1}] * 4)
+    flow = Flow(engine=get_engine(), settings=conf.get(), worker_id="w", queues=[QUEUE],
+                poll_interval=60.0, stats=Counter())
+
+    with clock.override(now=lambda: datetime.now(UTC) + timedelta(hours=hours)):
+        batch = flow.claim({QUEUE: 10}, 30_000)
+        wait = flow.wait_limit(clock.monotonic())
+
+    assert len(batch) == 3 and batch.now is not None and batch.retry_at is not None
+    assert batch.now < batch.retry_at <= batch.now + PERIOD
+    assert wait is not None and 0 < wait <= PERIOD.total_seconds()
 
 
 def test_each_key_has_its_own_budget_in_one_claim(rated):

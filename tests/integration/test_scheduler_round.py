@@ -341,6 +341,31 @@ def test_overlapping_rounds_of_two_leaders_fire_each_occurrence_once(fake_clock)
     assert len(keys()) == len(set(keys())) == 2
 
 
+# ------------------------------------------------------------- a wall clock that is off --
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("hours", [1, -1])
+def test_rounds_on_the_database_clock_ignore_a_wall_clock_an_hour_off(hours):
+    """What the worker's scheduler duty does (SchedulerDuty: clock.DatabaseClock(db_now)): an
+    hour ahead would fire the next hour's occurrences now (then stall the next leader an hour),
+    an hour behind would fire nothing for an hour. tests/acceptance/test_worker_clock.py runs
+    it in a worker whose clock is really shifted."""
+    db_now = get_engine().db_now()  # the test's transaction: the database clock stands still
+    set_watermark("t", db_now - timedelta(seconds=3))
+    with clock.override(now=lambda: datetime.now(UTC) + timedelta(hours=hours)):
+        db_clock = clock.DatabaseClock(get_engine().db_now)
+        db_clock.sync()
+        s = Scheduler(engine=get_engine(), leadership=leader(),
+                      tasks=[task(expression="* * * * * *")],
+                      settings=settings_with(CRON_MISFIRE_GRACE="10s"), now=db_clock.now)
+        report = s.round()
+
+    fired = report.fired["t"]
+    assert len(fired) in (3, 4) and max(fired) <= db_clock.now() < db_now + timedelta(minutes=1)
+    assert db_now - timedelta(seconds=3) < watermark() < db_now + timedelta(minutes=1)
+
+
 # --------------------------------------------------------------------------------- DST --
 
 

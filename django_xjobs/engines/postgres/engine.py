@@ -566,7 +566,7 @@ class PostgresEngine(Engine):
         })
         for r in rows:
             if r[0] is None:
-                batch.retry_at, batch.held = r[14], int(r[15])
+                batch.retry_at, batch.held, batch.now = r[14], int(r[15]), r[16]
             else:
                 batch.append(_claimed_job(r))
         return batch

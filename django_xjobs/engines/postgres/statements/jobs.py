@@ -220,9 +220,11 @@ without them skips all of it):
   free slot under its limit goes to `blocked` (blocked_on = its key), and the release of a slot
   wakes it (slots_release_if_held). A job held back keeps its attempt, and a durable run's
   resume goes back to `suspended` (blocked_resume) when it is woken.
-The answer ends with one row without a job when flow control held jobs back: how many, and
-when the earliest of those held for their rate budget is due. The worker then claims again at
-once (the held jobs left the scan, and what was behind them may be claimable) and at that time.
+The answer ends with one row without a job when flow control held jobs back: how many, when
+the earliest of those held for their rate budget is due, and the database's now(), so that the
+worker measures the wait on the database clock, not on its own wall clock. The worker then
+claims again at once (the held jobs left the scan, and what was behind them may be claimable)
+and at that time.
 The limit of a key: the longest prefix of XJOBS["CONCURRENCY_LIMITS"], else its job's
 Concurrency(limit=...), else 1; a debounce key (`debounce:...`, slots.debounce_key) is always 1.
 
@@ -469,12 +471,12 @@ with async_commit as (
 )
 select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
        tenant_id, traceparent, concurrency_key, resumed, slot, slot_limit, null::timestamptz,
-       0::bigint
+       0::bigint, null::timestamptz
   from claimed
  where state = 'running' and (select count(*) from async_commit) = 1
 union all
 select null, null, null, null, null, null, null, null, null, null, null, null, null, null,
-       (select min(next_at) from rated where next_at is not null), h.n
+       (select min(next_at) from rated where next_at is not null), h.n, now()
   from (select count(*) as n from holding) h
  where h.n > 0
 """,
