@@ -57,8 +57,10 @@ class DatabaseClock:
 
     :meth:`sync` reads it (``read``, e.g. ``engine.db_now``) when the last reading is older
     than ``every`` seconds; :meth:`now` never touches the database: the last reading plus the
-    monotonic time since (the midpoint of the round trip), so a step of this machine's wall
-    clock after the reading changes nothing. Before the first reading it is :func:`now`.
+    monotonic time since the reading came back, so a step of this machine's wall clock after
+    the reading changes nothing. Counting from the end of the round trip makes it lag the
+    database by up to one round trip and never run ahead of it: a cron occurrence is fired a
+    few milliseconds late, never early. Before the first reading it is :func:`now`.
     """
 
     def __init__(self, read: Callable[[], datetime], *, every: float = 60.0) -> None:
@@ -70,9 +72,8 @@ class DatabaseClock:
     def sync(self) -> None:
         if self._anchor is not None and monotonic() - self._at < self._every:
             return
-        sent = monotonic()
         anchor = self._read()
-        self._anchor, self._at = anchor, (sent + monotonic()) / 2
+        self._anchor, self._at = anchor, monotonic()
 
     def now(self) -> datetime:
         if self._anchor is None:
