@@ -37,6 +37,8 @@ class Observations:
     slot_excess: list[str] = field(default_factory=list)
     grants: dict[int, tuple[datetime, int]] = field(default_factory=dict)  # id -> (at, cost)
     idle_in_transaction: list[str] = field(default_factory=list)
+    # The same seen on a LISTEN session: reported, not a failure (docs/soak.md, "The invariants")
+    listen_in_transaction: list[str] = field(default_factory=list)
     advisory_outside: list[str] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
 
@@ -98,14 +100,20 @@ class Observer(threading.Thread):
             # A transaction open longer than a lease, idle in it or not: a worker's transactions
             # are single statements or a claim's or settle's few.
             cur.execute(
-                "select application_name, pid, state, extract(epoch from now() - xact_start)"
+                "select application_name, pid, state, extract(epoch from now() - xact_start),"
+                " coalesce(wait_event, ''), left(query, 60)"
                 " from pg_stat_activity where application_name like %s"
                 " and now() - xact_start > make_interval(secs => %s)", [label, self.lease])
-            for name, pid, state, age in cur.fetchall():
+            for name, pid, state, age, wait, query in cur.fetchall():
                 worker_id = name.split(":")[1] if name.count(":") >= 2 else name
-                if not self.excused(worker_id):
-                    self.seen.idle_in_transaction.append(
-                        f"{name} (pid {pid}) {state} in a transaction of {age:.1f}s")
+                if self.excused(worker_id):
+                    continue
+                finding = (f"{name} (pid {pid}) {state} in a transaction of {age:.1f}s "
+                           f"(waiting on {wait or 'nothing'}; last statement {query!r})")
+                if name.endswith("listen"):
+                    self.seen.listen_in_transaction.append(finding)
+                else:
+                    self.seen.idle_in_transaction.append(finding)
             cur.execute(
                 "select a.application_name, a.pid from pg_locks l"
                 " join pg_stat_activity a on a.pid = l.pid"

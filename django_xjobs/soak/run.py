@@ -51,6 +51,7 @@ class Report:
     enqueued: int = 0
     timeline: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # producer errors, a drain that timed out
+    notes: list[str] = field(default_factory=list)  # worth a look, not a failure
     log_dir: Path | None = None
     seconds: float = 0.0
 
@@ -174,6 +175,10 @@ def run(options: Options, say: Callable[[str], None]) -> Report:
     report.seconds = time.monotonic() - started
     report.enqueued = work.enqueued
     report.problems += work.errors
+    # Seen once, under a loaded machine, on a worker's relay LISTEN session: the session, which
+    # runs nothing but LISTEN in autocommit, in a transaction for half a minute. Not explained
+    # yet, so reported rather than failed (docs/soak.md).
+    report.notes += sorted(set(observer.seen.listen_in_transaction))
     if supervisor.error is not None:
         report.problems.append(f"chaos: {supervisor.error!r}")
     report.faults = Counter(line.split()[1] for line in pool.timeline

@@ -138,6 +138,8 @@ class Command(BaseCommand):
                 say(line)
         for problem in report.problems:
             say(f"  FAIL  {problem}")
+        for note in report.notes:
+            say(f"  note  {note}")
         if report.held:
             say(f"xjobs_soak: every invariant held (seed {report.seed})")
             return
