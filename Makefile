@@ -26,6 +26,9 @@ PY := $(VENV)/bin/python
 DJANGO_REQ := $(if $(DJANGO),Django==$(DJANGO).*,)
 STAMP := $(VENV)/.installed-django$(if $(DJANGO),$(DJANGO),-latest)
 PYTEST_ARGS ?=
+# Two pytest processes (pytest-xdist), each on its own test database: tests/conftest.py keeps
+# the worker-fleet tests to one of them, one at a time.
+TEST_PROCESSES ?= 2
 SOAK_ARGS ?= --duration 5m
 
 .PHONY: demo test soak bench bench-flow bench-scale bench-peers bench-admin bench-ab lint install clean-db browser pooler faketime screenshots
@@ -46,7 +49,7 @@ install: $(STAMP)
 	fi
 
 test: install browser pooler faketime
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadgroup $(PYTEST_ARGS)
 
 # Tools some tests drive, from Debian's packages: $(call apt_ensure,CHECK,PACKAGE,TESTS) runs
 # CHECK; when it fails and we may (root, apt-get), installs PACKAGE quietly, waiting for another

@@ -20,6 +20,35 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# The acceptance modules whose tests run fleets of worker processes under faults: one group,
+# run one test at a time (see pytest_collection_modifyitems).
+FLEET_MODULES = frozenset(f"tests/acceptance/{name}.py" for name in (
+    "test_soak", "test_worker_faults", "test_pooler", "test_postgres_restart",
+    "test_worker_clock", "test_flow_fleet", "test_slots_fleet", "test_scheduler_fleet",
+    "test_lease_proof", "test_worker_health", "test_worker_processes", "test_backfills",
+    "test_worker_signals",
+))
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """How ``make test`` shares the suite between its pytest-xdist processes (``-n 2 --dist
+    loadgroup``; docs/development.md, "Running the tests").
+
+    The tests that run fleets of worker processes under faults are one group, run one at a time
+    in one process: two such fleets on two cores would starve each other's heartbeats into false
+    lease lapses. The group goes first, so its long run starts at once while the other process
+    takes everything else. Every other module is a group of its own, so a module-scoped fixture
+    (the million rows of the plan tests) is built once. Without pytest-xdist (plain ``pytest``)
+    nothing changes.
+    """
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group("fleet" if module in FLEET_MODULES else module))
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in FLEET_MODULES)
+
+
 def pytest_report_header(config: Any) -> str:
     from django.conf import settings
 
