@@ -43,7 +43,8 @@ def health_json() -> dict:
 
 
 def test_a_soak_under_chaos_holds_every_invariant_and_cleans_up(spawn_worker, tmp_path):
-    soak = spawn_worker("--duration", "30s", "--seed", SEED, "--hold-transaction",
+    # About a minute: CI's short soak, with a transaction held open for all of it.
+    soak = spawn_worker("--duration", "45s", "--seed", SEED, "--hold-transaction",
                         "--log-dir", str(tmp_path / "soak"), command="xjobs_soak")
     # While it runs, `xjobs health` names the transaction it holds open (what holds VACUUM
     # back); the soak checks the same through the health panel's reader at the end.
