@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from django_xjobs.records import TERMINAL_STATES
 from tests.conftest import wait_until
 
 from .conftest import (
@@ -39,7 +40,7 @@ from .test_scheduler_fleet import TICK, assert_exactly_once, lease_holder, start
 
 pytestmark = pytest.mark.acceptance
 
-FINISHED = ("done", "dead", "cancelled")
+FINISHED = TERMINAL_STATES
 
 # mode -> (XJOBS of the worker, whether it gets the "direct" alias)
 MODES: dict[str, tuple[dict[str, Any], bool]] = {
