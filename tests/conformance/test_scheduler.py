@@ -139,6 +139,15 @@ def sessions(engine):
     yield open_session
     for session in opened:
         session.close()
+    # A closed session's backend ends a moment later, and its lock with it: wait, or the next
+    # test may still see this one's lock (it did, on a loaded machine).
+    closed = {getattr(session, "backend_pid", None) for session in opened}
+
+    def released():
+        holder = engine.leader_advisory_holder(KEY)
+        return holder is None or holder.pid not in closed
+
+    wait_until(released, timeout=15, message="the closed sessions' advisory lock to go")
 
 
 @pytest.mark.django_db
