@@ -175,6 +175,11 @@ def run(options: Options, say: Callable[[str], None]) -> Report:
     report.seconds = time.monotonic() - started
     report.enqueued = work.enqueued
     report.problems += work.errors
+    if work.connections_lost:
+        report.notes.append(f"the producers lost their connection {work.connections_lost} "
+                            f"time(s) to the chaos (behind a pooler, a terminated server "
+                            f"session may be one a producer was using); each lost enqueue "
+                            f"committed or rolled back whole, with its ledger row")
     # Seen once, under a loaded machine, on a worker's relay LISTEN session: the session, which
     # runs nothing but LISTEN in autocommit, in a transaction for half a minute. Not explained
     # yet, so reported rather than failed (docs/soak.md).

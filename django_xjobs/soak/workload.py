@@ -8,13 +8,15 @@ cancels after the cancel committed (the ledger row's time is then no earlier tha
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 
 from .. import api, conf
 from . import jobs, tables
@@ -50,11 +52,16 @@ class Workload:
     stop: threading.Event = field(default_factory=threading.Event)
     errors: list[str] = field(default_factory=list)
     enqueued: int = 0
+    connections_lost: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, n: int = 1) -> None:
         with self._lock:
             self.enqueued += n
+
+    def count_lost(self) -> None:
+        with self._lock:
+            self.connections_lost += 1
 
 
 class Producer(threading.Thread):
@@ -74,18 +81,28 @@ class Producer(threading.Thread):
         try:
             next_at = time.monotonic()
             while not self.w.stop.is_set():
-                self._cancel_due()
+                self._attempt("cancel", self._cancel_due)
                 kind = self.rng.choices(self.kinds, self.weights)[0]
-                try:
-                    getattr(self, f"_make_{kind}")()
-                except Exception as exc:  # a producer error is a finding, not a crash
-                    self.w.errors.append(f"{self.name}: {kind}: {exc!r}")
+                self._attempt(kind, getattr(self, f"_make_{kind}"))
                 next_at += self.interval
                 self.w.stop.wait(max(0.0, next_at - time.monotonic()))
             for _, job_id in self.cancels:  # the cancels still due are made now
-                self._cancel(job_id)
+                self._attempt("cancel", functools.partial(self._cancel, job_id))
         finally:
             connections.close_all()
+
+    def _attempt(self, what: str, action: Callable[[], None]) -> None:
+        """Run one producer action. A lost connection is the chaos's doing (behind a pooler its
+        ``pg_terminate_backend`` may hit a server session a producer is using): the action's
+        transaction, ledger row included, rolled back or committed whole, so nothing is
+        inconsistent; it is counted and the producer goes on. Any other error is a finding."""
+        try:
+            action()
+        except (OperationalError, InterfaceError):
+            connections[tables.alias()].close()
+            self.w.count_lost()
+        except Exception as exc:
+            self.w.errors.append(f"{self.name}: {what}: {exc!r}")
 
     # ------------------------------------------------------------------------------ kinds --
     def _enqueue(self, definition: Any, kind: str, *, count: int = 1,
