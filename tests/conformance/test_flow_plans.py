@@ -39,6 +39,10 @@ def million(django_db_setup, django_db_blocker) -> Iterator[dict]:
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute("select count(*) from x_jobs")
         assert cursor.fetchone()[0] == 0, "x_jobs must start empty: the teardown deletes it all"
+        # No autovacuum on the table while the module runs: an automatic ANALYZE started by the
+        # bulk insert and finishing after the fixture's own would replace its statistics
+        # with another sample's, and the plans pinned here with them.
+        cursor.execute("alter table x_jobs set (autovacuum_enabled = false)")
         cursor.execute("""
             insert into x_jobs (id, idempotency_key, name, queue, state, tenant_id, priority,
                                 run_at)
@@ -71,6 +75,7 @@ def million(django_db_setup, django_db_blocker) -> Iterator[dict]:
     yield {"table_pages": table_pages}
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute("truncate x_jobs, x_job_leases, x_rate_units")
+        cursor.execute("alter table x_jobs reset (autovacuum_enabled)")
     connection.close()
 
 
