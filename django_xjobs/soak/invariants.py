@@ -67,7 +67,7 @@ def terminal_transitions(queue: str) -> int:
 class Evidence:
     soak: str
     queue: str
-    ledger: list[tuple[Any, ...]]  # (job_id, kind, outcome, changed, at)
+    ledger: list[tuple[Any, ...]]  # (job_id, kind, outcome, changed, attempt, at)
     effects: list[tuple[Any, ...]]  # (job_id, attempt, kind, tag, pid, at)
     rows: dict[str, Job]
     steps: dict[str, list[JobStep]]  # run id -> steps
@@ -265,9 +265,12 @@ def outbox_exactly_once(ev: Evidence) -> Verdict:
 
 
 def cancels_stick(ev: Evidence) -> Verdict:
+    """A cancelled job stays cancelled, and no claim after the cancel starts it again: no run
+    with an attempt above the job's attempt when the cancel committed. (A run claimed before
+    the cancel may write its ``start`` a moment after it: the body starts after the claim.)"""
     offenders = []
     cancelled = 0
-    for job_id, _, outcome, changed, at in ev.ledger:
+    for job_id, _, outcome, changed, attempt, _ in ev.ledger:
         if outcome != "cancel_requested":
             continue
         job_id = str(job_id)
@@ -277,11 +280,11 @@ def cancels_stick(ev: Evidence) -> Verdict:
             continue
         if changed:
             cancelled += 1
-            late = [e for e in ev.effects_of(job_id) if e[2] == "start" and e[5] > at]
-            if j.state != "cancelled" or late:
+            again = [e for e in ev.effects_of(job_id) if e[2] == "start" and e[1] > attempt]
+            if j.state != "cancelled" or again:
                 offenders.append(job_id)
     return verdict("cancels stick", offenders,
-                   f"{cancelled} cancelled: each stayed cancelled, no run started after it",
+                   f"{cancelled} cancelled: each stayed cancelled, none claimed again",
                    "{n} cancelled jobs ran again or finished otherwise")
 
 

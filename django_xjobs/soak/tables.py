@@ -25,6 +25,7 @@ CREATE = (
         kind text not null,
         outcome text not null,
         changed boolean,
+        attempt integer,
         at timestamptz not null default clock_timestamp())""",
     """create table if not exists x_soak_effects (
         id bigserial primary key,
@@ -36,6 +37,8 @@ CREATE = (
         pid integer not null,
         at timestamptz not null default clock_timestamp())""",
     "create index if not exists x_soak_effects_job_idx on x_soak_effects (job_id)",
+    # A table left by an older soak killed outright (they are dropped when unused).
+    "alter table x_soak_ledger add column if not exists attempt integer",
 )
 
 
@@ -74,15 +77,18 @@ def effect(soak: str, job_id: Any, attempt: int, kind: str, tag: str, pid: int) 
              " values (%s, %s, %s, %s, %s, %s)", [soak, str(job_id), attempt, kind, tag, pid])
 
 
-def ledger(soak: str, job_id: Any, kind: str, outcome: str, changed: bool | None = None) -> None:
-    """A producer's record; inside the enqueue's transaction when there is one."""
-    _execute("insert into x_soak_ledger (soak, job_id, kind, outcome, changed)"
-             " values (%s, %s, %s, %s, %s)", [soak, str(job_id), kind, outcome, changed])
+def ledger(soak: str, job_id: Any, kind: str, outcome: str, changed: bool | None = None,
+           attempt: int | None = None) -> None:
+    """A producer's record; inside the enqueue's transaction when there is one. A cancel's
+    row says whether it changed the job and the job's attempt right after it."""
+    _execute("insert into x_soak_ledger (soak, job_id, kind, outcome, changed, attempt)"
+             " values (%s, %s, %s, %s, %s, %s)",
+             [soak, str(job_id), kind, outcome, changed, attempt])
 
 
 def ledger_rows(soak: str) -> list[tuple[Any, ...]]:
-    """(job_id, kind, outcome, changed, at) of every ledger row, in order."""
-    return _execute("select job_id, kind, outcome, changed, at from x_soak_ledger"
+    """(job_id, kind, outcome, changed, attempt, at) of every ledger row, in order."""
+    return _execute("select job_id, kind, outcome, changed, attempt, at from x_soak_ledger"
                     " where soak = %s order by id", [soak])
 
 

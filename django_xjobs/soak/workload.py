@@ -183,7 +183,9 @@ class Producer(threading.Thread):
 
     def _cancel(self, job_id: Any) -> None:
         result = api.cancel(job_id, reason="xjobs_soak")
-        tables.ledger(self.w.soak, job_id, "cancel", "cancel_requested", changed=result.changed)
+        attempt = result.job.attempt if result.job is not None else None
+        tables.ledger(self.w.soak, job_id, "cancel", "cancel_requested", changed=result.changed,
+                      attempt=attempt)
 
 
 def outbox_usable() -> bool:

@@ -46,7 +46,7 @@ class Build:
                                 result={"nonce": nonce} if state == "done" else None,
                                 concurrency_key=key, run_id=uuid.uuid4(),
                                 idempotency_key=idempotency_key or job_id)
-        self.ledger.append((job_id, kind, outcome, None, at(start)))
+        self.ledger.append((job_id, kind, outcome, None, None, at(start)))
         self.effects.append((job_id, attempt, "start", kind, 1, at(start)))
         if state == "done":
             self.effects.append((job_id, attempt, "end", nonce, 1, at(end)))
@@ -79,7 +79,7 @@ def test_a_committed_enqueue_without_its_job_is_lost():
 def test_a_rolled_back_enqueue_that_exists_is_caught():
     b = Build()
     ghost = b.job("plain")
-    b.ledger[-1] = (ghost, "rollback", "rolled_back", None, at(0))
+    b.ledger[-1] = (ghost, "rollback", "rolled_back", None, None, at(0))
     assert not inv.nothing_lost(b.evidence()).held
 
 
@@ -197,7 +197,7 @@ def test_two_live_jobs_of_a_key_fail_the_check():
 
 def _staged(b: Build, *, published: bool, job_id_same: bool = True) -> str:
     job_id = b.job("plain")
-    b.ledger[-1] = (job_id, "on_commit", "staged", None, at(0))
+    b.ledger[-1] = (job_id, "on_commit", "staged", None, None, at(0))
     b.outbox[job_id] = OutboxEntry(id=job_id, job="xjobs_soak.plain",
                                    published_at=at(1) if published else None,
                                    job_id=job_id if job_id_same else uuid.uuid4())
@@ -221,16 +221,18 @@ def test_a_staging_published_as_another_job_is_caught():
 def test_a_cancelled_job_that_ran_again_is_caught():
     b = Build()
     job_id = b.job("cancel", state="cancelled")
-    b.ledger.append((job_id, "cancel", "cancel_requested", True, at(0.5)))
+    b.ledger.append((job_id, "cancel", "cancel_requested", True, 1, at(0.5)))
+    # The run claimed before the cancel may write its start after it: not a new run.
+    b.effects.append((job_id, 1, "start", "slow", 1, at(0.6)))
     assert inv.cancels_stick(b.evidence()).held
-    b.effects.append((job_id, 2, "start", "slow", 1, at(0.6)))
+    b.effects.append((job_id, 2, "start", "slow", 1, at(0.7)))  # claimed again
     assert not inv.cancels_stick(b.evidence()).held
 
 
 def test_a_cancelled_job_that_finished_otherwise_is_caught():
     b = Build()
     job_id = b.job("cancel", state="done")
-    b.ledger.append((job_id, "cancel", "cancel_requested", True, at(0.5)))
+    b.ledger.append((job_id, "cancel", "cancel_requested", True, 1, at(0.5)))
     assert not inv.cancels_stick(b.evidence()).held
 
 
