@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,6 +86,7 @@ class Pool:
     started: float = field(default_factory=time.monotonic)
     slots: list[Slot] = field(default_factory=list)
     timeline: list[str] = field(default_factory=list)
+    done: Counter[str] = field(default_factory=Counter)  # the faults made, by their name
     # worker id -> when (monotonic) its last SIGSTOP ended, None while it lasts: a stopped
     # process's open transaction stays open, which is the fault, not a finding (observe.py)
     stopped: dict[str, float | None] = field(default_factory=dict)
@@ -155,10 +157,12 @@ class Pool:
             proc.kill()
             proc.wait()
             self.note(f"SIGKILL {slot.worker_id}")
+            self.done["SIGKILL"] += 1
             self.spawn(slot)
         elif kind == "sigterm":
             proc.terminate()
             self.note(f"SIGTERM {slot.worker_id}")
+            self.done["SIGTERM"] += 1
             try:
                 code = proc.wait(self.timings.grace + 15)
                 self.note(f"{slot.worker_id} exited {code}")
@@ -172,6 +176,7 @@ class Pool:
             self.stopped[slot.worker_id] = None
             proc.send_signal(signal.SIGSTOP)
             self.note(f"SIGSTOP {slot.worker_id} for {pause:.1f}s")
+            self.done["SIGSTOP"] += 1
             time.sleep(pause)
             proc.send_signal(signal.SIGCONT)
             self.stopped[slot.worker_id] = time.monotonic()
@@ -182,6 +187,7 @@ class Pool:
                 pid = rng.choice(pids)
                 self.terminate_backend(pid)
                 self.note(f"pg_terminate_backend {pid} of {slot.worker_id}")
+                self.done["pg_terminate_backend"] += 1
 
     def stopped_lately(self, worker_id: str, within: float) -> bool:
         """Whether ``worker_id`` is stopped now, or was within the last ``within`` seconds."""
@@ -216,7 +222,6 @@ class Chaos(threading.Thread):
         self.rng = random.Random(seed * 1000 + 99)
         self.chaos_until = chaos_until
         self.stop = stop
-        self.faults = 0
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -233,7 +238,6 @@ class Chaos(threading.Thread):
                         # one it was about to use): a fault it did to itself, not a finding.
                         self.pool.note(f"the chaos's own session failed: {exc}")
                         connections[tables.alias()].close()
-                    self.faults += 1
                     next_fault = time.monotonic() + self.rng.uniform(1.0, 3.0)
         except BaseException as exc:  # reported by the soak, never lost
             self.error = exc

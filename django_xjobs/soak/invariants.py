@@ -242,9 +242,10 @@ def rate_respected(ev: Evidence) -> Verdict:
 
 def one_live_job_per_key(ev: Evidence) -> Verdict:
     offenders = [f"{key}: {sorted(ids)}" for key, ids in ev.seen.live_key_duplicates.items()]
-    keys = {j.idempotency_key for i, j in ev.rows.items() if i in set(ev.of_kind("duplicate"))}
+    duplicates = ev.of_kind("duplicate")
+    keys = {ev.rows[i].idempotency_key for i in duplicates if i in ev.rows}
     return verdict("one live job per key", offenders,
-                   f"{len(ev.of_kind('duplicate'))} duplicate enqueues onto {len(keys)} jobs; "
+                   f"{len(duplicates)} duplicate enqueues onto {len(keys)} jobs; "
                    f"never two live jobs of a key in {ev.seen.samples} samples",
                    "{n} keys with two live jobs at once")
 

@@ -186,9 +186,7 @@ def run(options: Options, say: Callable[[str], None]) -> Report:
     report.notes += sorted(set(observer.seen.listen_in_transaction))
     if supervisor.error is not None:
         report.problems.append(f"chaos: {supervisor.error!r}")
-    report.faults = Counter(line.split()[1] for line in pool.timeline
-                            if line.split()[1] in ("SIGKILL", "SIGTERM", "SIGSTOP",
-                                                   "pg_terminate_backend"))
+    report.faults = pool.done
     report.timeline = pool.timeline
     evidence = invariants.Evidence.gather(soak, options.queue, transitions_before,
                                           observer.seen)
