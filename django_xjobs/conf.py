@@ -171,6 +171,9 @@ class XJobsSettings:
     cron_max_catchup: int = 100
     maintenance_interval: float | None = 60.0
     maintenance_batch: int = 1000
+    # Finished jobs move out of x_jobs into the history tables this long after they finish
+    # (docs/scheduling.md, "History tables"); None keeps them in x_jobs.
+    archive_after: float | None = 10.0
     outbox_retention: float = 86400.0
     slot_purge_grace: float = 30.0
     # ---- tests: "inline" runs each job at enqueue, when its transaction commits (testing/).
@@ -520,6 +523,7 @@ def _slot_settings(raw: Mapping[str, Any], problems: _Problems, *, lease: float,
 _SCHEDULER_KEYS = {
     "LEADER", "LEADER_LEASE", "LEADER_RENEW", "CRON_MISFIRE_GRACE", "CRON_MAX_CATCHUP",
     "MAINTENANCE_INTERVAL", "MAINTENANCE_BATCH", "OUTBOX_RETENTION", "SLOT_PURGE_GRACE",
+    "ARCHIVE_AFTER",
 }
 _KNOWN_KEYS.update(_SCHEDULER_KEYS)
 LEADER_MODES = ("lease", "advisory")
@@ -605,6 +609,13 @@ def _maintenance_interval(raw: Mapping[str, Any], key: str,
     return _duration(raw, key, 60.0)
 
 
+def _archive_after(raw: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    """None keeps finished jobs in x_jobs (retention then deletes them row by row)."""
+    if raw.get(key, default) is None:
+        return None
+    return _duration(raw, key, 10.0, positive=False)
+
+
 def _scheduler_settings(raw: Mapping[str, Any], problems: _Problems,
                         worker_lease: float) -> dict[str, Any]:
     take = problems.take
@@ -628,6 +639,7 @@ def _scheduler_settings(raw: Mapping[str, Any], problems: _Problems,
         "cron_max_catchup": take(_positive_int, raw, "CRON_MAX_CATCHUP", 100),
         "maintenance_interval": take(_maintenance_interval, raw, "MAINTENANCE_INTERVAL", 60.0),
         "maintenance_batch": take(_positive_int, raw, "MAINTENANCE_BATCH", 1000),
+        "archive_after": take(_archive_after, raw, "ARCHIVE_AFTER", 10.0),
         "outbox_retention": take(_duration, raw, "OUTBOX_RETENTION", 86400.0, positive=False),
         "slot_purge_grace": take(_duration, raw, "SLOT_PURGE_GRACE", worker_lease,
                                  positive=False),

@@ -57,6 +57,7 @@ from .models import Backfill, Job, JobEvent, JobLease, JobStep, OutboxEntry, Sch
 from .records import (
     DEFAULT_MAX_STALL,
     TERMINAL_STATES,
+    HistoryTable,
     QueueDepth,
     TableHealth,
     WorkerRecord,
@@ -290,6 +291,9 @@ class Health:
     holders: list[HolderRow]  # empty under a tenant scope
     workers: list[WorkerRecord] = field(default_factory=list)  # empty under a tenant scope
     query_text: bool = True  # False: the holders' SQL is redacted (see redact_query)
+    # The history tables of finished jobs, newest day first (docs/scheduling.md, "History
+    # tables"); empty under a tenant scope.
+    history: list[HistoryTable] = field(default_factory=list)
 
     @property
     def stalled(self) -> list[WorkerRecord]:
@@ -767,6 +771,7 @@ def health(tenants: TenantScope = None, *, query_text: bool = True) -> Health:
         rescues=rescue_summary(tenants),
         tables=[judge_table(t) for t in engine.tables_health()] if tenants is None else [],
         holders=holders, workers=fleet(tenants), query_text=query_text,
+        history=engine.history_tables() if tenants is None else [],
     )
 
 

@@ -961,6 +961,16 @@ class LockedStates:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryTable:
+    """One history table of finished jobs (``x_jobs_<state>_<yyyymmdd>``): the planner's
+    estimate of its rows, and its size on disk with its indexes and its steps' table."""
+
+    table: str
+    rows: int
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TableHealth:
     """Vacuum state of one ``x_`` table, from ``pg_stat_user_tables`` and ``pg_class``."""
 

@@ -94,6 +94,31 @@ def _close_stray_sessions_before_teardown(django_db_setup, django_db_blocker) ->
             conn.close()
 
 
+# Every history table of finished jobs (docs/design.md, "History tables"), jobs and steps:
+# the archive creates them as jobs finish, and flushing the database empties them but keeps them.
+DROP_HISTORY_TABLES = """
+select x_jobs_history_drop(s.state, 'infinity')
+  from unnest(array['done', 'dead', 'cancelled']) as s(state)
+"""
+
+
+@pytest.fixture(autouse=True)
+def _drop_history_tables_a_committing_test_made(request, django_db_blocker) -> Iterator[None]:
+    """A test whose writes commit (transactional_db: worker subprocesses, other sessions) may
+    leave history tables behind when its workers archived finished jobs; the next test of this
+    database would plan its queries over them. A test in a rolled-back transaction leaves
+    none."""
+    yield
+    marker = request.node.get_closest_marker("django_db")
+    if not ("transactional_db" in request.fixturenames
+            or (marker is not None and marker.kwargs.get("transaction"))):
+        return
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(DROP_HISTORY_TABLES)
+
+
 @pytest.fixture
 def engine():
     """The engine under test (the conformance suite runs once per engine)."""

@@ -18,7 +18,7 @@ it is its own (autocommit) transaction.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,6 +40,7 @@ from ..records import (
     Failure,
     FenceReport,
     FlowFacts,
+    HistoryTable,
     JobRecord,
     KeyPauseRequeue,
     LeaderFence,
@@ -289,6 +290,22 @@ class Engine(abc.ABC):
         self, *, states: Sequence[str], finished_before: datetime, batch_size: int = 1000
     ) -> int:
         """Delete finished jobs (and their steps) in bounded batches; return how many."""
+
+    @abc.abstractmethod
+    def jobs_archive(self, *, state: str, finished_before: datetime, batch_size: int = 1000,
+                     keep_going: Callable[[], bool] = lambda: True) -> int:
+        """Move the jobs of a finished state that finished before the cutoff (and their runs'
+        steps) out of the hot table into the history table of their day, in bounded batches
+        while ``keep_going()``; return how many moved."""
+
+    @abc.abstractmethod
+    def history_drop(self, *, state: str, finished_before: datetime) -> list[str]:
+        """Drop the history tables of a finished state whose whole day ended before the
+        cutoff; return the names dropped (a table a reader holds is left for the next run)."""
+
+    @abc.abstractmethod
+    def history_tables(self) -> list[HistoryTable]:
+        """The history tables of finished jobs, newest day first."""
 
     @abc.abstractmethod
     def queue_stats(self, *, tenant_ids: Iterable[str] | None = None) -> list[QueueStats]: ...

@@ -3,7 +3,13 @@
 What goes, and after how long (docs/scheduling.md, "Maintenance and retention"):
 
 * finished jobs past ``XJOBS["RETENTION"]`` for their state (``done``, ``cancelled``,
-  ``dead``), measured from ``finished_at``, with the steps of their runs (``jobs_purge``);
+  ``dead``), measured from ``finished_at``, with the steps of their runs: a whole history table
+  per UTC day (``history_drop``, one statement per day), and the rows still in ``x_jobs``
+  itself (``jobs_purge``);
+
+Before that, finished jobs older than ``XJOBS["ARCHIVE_AFTER"]`` move out of ``x_jobs`` into
+the history tables (:func:`archive`, which the scheduler's maintenance thread also runs every
+second while it leads: docs/scheduling.md, "History tables").
 * events past their ``expires_at`` (``events_purge``);
 * relayed outbox rows published more than ``XJOBS["OUTBOX_RETENTION"]`` ago; pending rows are
   never touched (``outbox_purge_published``);
@@ -29,6 +35,7 @@ from datetime import timedelta
 
 from .. import conf, counters
 from ..engines import Engine, get_engine
+from ..records import TERMINAL_STATES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +43,8 @@ class PruneReport:
     """Rows deleted by one maintenance run; ``stopped`` when it ended early (leadership lost)."""
 
     jobs: Mapping[str, int] = field(default_factory=dict)  # per finished state
+    archived: int = 0  # finished jobs moved into the history tables
+    days: tuple[str, ...] = ()  # the history tables dropped
     events: int = 0
     outbox: int = 0
     slots: int = 0
@@ -44,13 +53,33 @@ class PruneReport:
 
     @property
     def total(self) -> int:
-        return sum(self.jobs.values()) + self.events + self.outbox + self.slots + self.stats
+        return (sum(self.jobs.values()) + self.archived + len(self.days) + self.events
+                + self.outbox + self.slots + self.stats)
 
     def summary(self) -> str:
         jobs = ", ".join(f"{n} {state}" for state, n in sorted(self.jobs.items()) if n)
-        parts = [f"jobs: {jobs or 0}", f"events: {self.events}", f"outbox: {self.outbox}",
+        parts = [f"jobs: {jobs or 0}", f"history tables: {', '.join(self.days) or 0}",
+                 f"events: {self.events}", f"outbox: {self.outbox}",
                  f"slots: {self.slots}", f"counters: {self.stats}"]
-        return "deleted " + "; ".join(parts) + (" (stopped early)" if self.stopped else "")
+        return (f"archived {self.archived} finished jobs; deleted " + "; ".join(parts)
+                + (" (stopped early)" if self.stopped else ""))
+
+
+def archive(*, engine: Engine | None = None, settings: conf.XJobsSettings | None = None,
+            batch_size: int | None = None,
+            keep_going: Callable[[], bool] = lambda: True) -> int:
+    """Move the jobs finished more than ``XJOBS["ARCHIVE_AFTER"]`` ago out of ``x_jobs`` into
+    the history tables (none when it is None); how many moved. Each batch is one transaction:
+    call it outside a transaction, for the reason :func:`run_once` gives."""
+    engine = engine or get_engine()
+    settings = settings or conf.get()
+    if settings.archive_after is None:
+        return 0
+    cutoff = engine.db_now() - timedelta(seconds=settings.archive_after)
+    batch = batch_size or settings.maintenance_batch
+    return sum(engine.jobs_archive(state=state, finished_before=cutoff, batch_size=batch,
+                                   keep_going=keep_going)
+               for state in TERMINAL_STATES)
 
 
 def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | None = None,
@@ -63,16 +92,21 @@ def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | Non
     batch = batch_size or settings.maintenance_batch
     now = engine.db_now()
     jobs: dict[str, int] = {}
+    days: list[str] = []
     counts = {"events": 0, "outbox": 0, "slots": 0, "stats": 0}
+    archived = archive(engine=engine, settings=settings, batch_size=batch, keep_going=keep_going)
 
     def stopped() -> PruneReport:
-        return PruneReport(jobs=jobs, stopped=True, **counts)
+        return PruneReport(jobs=jobs, archived=archived, days=tuple(days), stopped=True,
+                           **counts)
 
     for state, seconds in sorted(settings.retention.items()):
         if not keep_going():
             return stopped()
-        jobs[state] = engine.jobs_purge(
-            states=[state], finished_before=now - timedelta(seconds=seconds), batch_size=batch)
+        cutoff = now - timedelta(seconds=seconds)
+        days.extend(engine.history_drop(state=state, finished_before=cutoff))
+        jobs[state] = engine.jobs_purge(states=[state], finished_before=cutoff,
+                                        batch_size=batch)
     steps: list[tuple[str, Callable[[], int]]] = [
         ("events", lambda: engine.events_purge(batch)),
         ("outbox", lambda: engine.outbox_purge_published(
@@ -86,4 +120,5 @@ def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | Non
         if not keep_going():
             return stopped()
         counts[name] = purge()
-    return PruneReport(jobs=jobs, stopped=False, **counts)
+    return PruneReport(jobs=jobs, archived=archived, days=tuple(days), stopped=False,
+                       **counts)

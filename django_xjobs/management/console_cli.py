@@ -335,6 +335,10 @@ def _print_health(out: _Out, health: reads.Health) -> None:
                 f"{t.health.dead_ratio:.0%}", reads.ago(t.health.last_vacuum, now),
                 t.health.xid_age, f"{t.health.xid_age / t.health.freeze_max_age:.0%}",
                 f"{t.verdict} {t.advice}".strip()) for t in health.tables])
+    out.line("\nhistory tables (finished jobs, newest day first):")
+    out.table(("table", "rows (estimate)", "size"),
+              [(h.table, h.rows, f"{h.size_bytes // 1024:,} kB") for h in health.history],
+              empty="(none yet: finished jobs are still in x_jobs)")
     out.line("\nwhat holds VACUUM back (oldest first):")
     out.table(("kind", "who", "pid", "state", "open for", "xmin age", "verdict"),
               [(h.holder.kind, h.holder.name, h.holder.pid, h.holder.state,

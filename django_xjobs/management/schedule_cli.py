@@ -106,7 +106,9 @@ def _list(command: Any, overview: Any, as_json: bool) -> None:
 def _maintenance(command: Any, as_json: bool) -> None:
     report = pruner.run_once()
     if as_json:
-        cli.emit(command, {"jobs": dict(report.jobs), "events": report.events,
-                       "outbox": report.outbox, "slots": report.slots})
+        cli.emit(command, {"jobs": dict(report.jobs), "archived": report.archived,
+                           "history_tables_dropped": list(report.days),
+                           "events": report.events, "outbox": report.outbox,
+                           "slots": report.slots})
     else:
         command.stdout.write(f"maintenance: {report.summary()}")

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -60,6 +61,10 @@ from . import cron, leadership
 from .schedule import Task, collect
 
 log = logging.getLogger("django_xjobs.scheduler")
+
+# How often the leader moves finished jobs into the history tables (docs/scheduling.md,
+# "History tables").
+ARCHIVE_TICK = 1.0
 
 # A skipped task (its row held by another round) is looked at again this soon; a task whose
 # job could not be built (logged as an error) this late.
@@ -292,18 +297,27 @@ class Maintenance(threading.Thread):
 
         try:
             # The first run waits one interval: a restarted fleet does not purge at start-up.
-            while not self.stop.wait(self.interval):
+            # Between two runs, finished jobs move to the history tables every ARCHIVE_TICK,
+            # so x_jobs holds about ARCHIVE_AFTER of them, not an interval's worth.
+            due = time.monotonic() + self.interval
+            while not self.stop.wait(min(ARCHIVE_TICK, max(due - time.monotonic(), 0.0))):
                 if not self.leadership.is_leader():
                     continue
+                full = time.monotonic() >= due
                 try:
-                    report = pruner.run_once(engine=self.engine,
-                                             keep_going=self.leadership.is_leader)
+                    if full:
+                        due = time.monotonic() + self.interval
+                        report = pruner.run_once(engine=self.engine,
+                                                 keep_going=self.leadership.is_leader)
+                    else:
+                        pruner.archive(engine=self.engine, keep_going=self.leadership.is_leader)
                 except Exception as exc:
                     lost = self.engine.is_connection_error(exc)
                     if lost:
                         self.engine.reset_connection()
-                    log.warning("maintenance failed (%s); retrying at the next interval", exc,
-                                exc_info=not lost)
+                    log.warning("maintenance failed (%s); retrying", exc, exc_info=not lost)
+                    continue
+                if not full:
                     continue
                 self.runs += 1
                 if report.total:

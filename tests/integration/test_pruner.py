@@ -27,7 +27,10 @@ RETENTION = {"done": "1d", "cancelled": "2d", "dead": "7d"}
 
 
 def settings_with(**overrides: object) -> conf.XJobsSettings:
-    return conf.build({**django_settings.XJOBS, "RETENTION": RETENTION, **overrides})
+    """Retention with finished jobs kept in x_jobs (ARCHIVE_AFTER: None), deleted row by row;
+    the history tables' retention, a day at a time, is pinned by test_history.py."""
+    return conf.build({**django_settings.XJOBS, "RETENTION": RETENTION,
+                       "ARCHIVE_AFTER": None, **overrides})
 
 
 def ago(**delta: float):
@@ -130,11 +133,13 @@ def test_a_run_that_loses_the_leadership_stops_between_deletes(history):
 
 def test_manage_py_xjobs_maintenance_runs_it_once_and_reports(history):
     out = StringIO()
-    with override_settings(XJOBS={**django_settings.XJOBS, "RETENTION": RETENTION}):
+    with override_settings(XJOBS={**django_settings.XJOBS, "RETENTION": RETENTION,
+                                  "ARCHIVE_AFTER": None}):
         call_command("xjobs", "maintenance", "--json", stdout=out)
         text = StringIO()
         call_command("xjobs", "maintenance", stdout=text)
 
     assert json.loads(out.getvalue()) == {
-        "jobs": {"cancelled": 1, "dead": 1, "done": 1}, "events": 0, "outbox": 0, "slots": 0}
-    assert text.getvalue().startswith("maintenance: deleted jobs: 0")
+        "jobs": {"cancelled": 1, "dead": 1, "done": 1}, "archived": 0,
+        "history_tables_dropped": [], "events": 0, "outbox": 0, "slots": 0}
+    assert text.getvalue().startswith("maintenance: archived 0 finished jobs; deleted jobs: 0")

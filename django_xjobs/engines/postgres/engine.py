@@ -15,7 +15,7 @@ import collections
 import contextlib
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -47,6 +47,7 @@ from ...records import (
     Failure,
     FenceReport,
     FlowFacts,
+    HistoryTable,
     JobRecord,
     KeyPauseRequeue,
     LeaderFence,
@@ -772,10 +773,19 @@ class PostgresEngine(Engine):
         job_uuid = _as_uuid(job_id)
         if job_uuid is None:
             return ChangeResult(job=None, changed=False, reason="not found")
-        row = self._run(S.JOB_CANCEL, {
-            "id": job_uuid, "reason": reason, "tenant_ids": _tenants(tenant_ids),
-        }, fetch="one")
+        # A savepoint: the job's move back from its history table and the cancel are one.
+        with db_transaction.atomic(using=self.alias):
+            self._unarchive(job_uuid, tenant_ids)
+            row = self._run(S.JOB_CANCEL, {
+                "id": job_uuid, "reason": reason, "tenant_ids": _tenants(tenant_ids),
+            }, fetch="one")
         return self._change_result(row, job_id, tenant_ids, unchanged="already {state}")
+
+    def _unarchive(self, job_uuid: UUID, tenant_ids: Iterable[str] | None) -> None:
+        """Move a finished job (and its steps) back from its history table into x_jobs, if it
+        is in one, so that an operator's change to it can run on x_jobs (job_unarchive)."""
+        self._run(S.JOB_UNARCHIVE, {"id": job_uuid, "tenant_ids": _tenants(tenant_ids)},
+                  fetch="count")
 
     def job_retry(self, job_id: str, *, tenant_ids: Iterable[str] | None = None,
                   enqueued_by: str | None = None) -> ChangeResult:
@@ -785,6 +795,7 @@ class PostgresEngine(Engine):
         try:
             # A savepoint, so a refused retry inside the caller's transaction leaves it usable.
             with db_transaction.atomic(using=self.alias):
+                self._unarchive(job_uuid, tenant_ids)
                 row = self._run(S.JOB_RETRY, {
                     "id": job_uuid, "tenant_ids": _tenants(tenant_ids), "notify": self.notify,
                     "enqueued_by": enqueued_by,
@@ -820,6 +831,27 @@ class PostgresEngine(Engine):
     ) -> int:
         return self._purge(S.JOBS_PURGE, {"states": list(states), "before": finished_before},
                            batch_size)
+
+    def jobs_archive(self, *, state: str, finished_before: datetime, batch_size: int = 1000,
+                     keep_going: Callable[[], bool] = lambda: True) -> int:
+        total = 0
+        while keep_going():
+            moved = self._run(S.JOBS_ARCHIVE, {
+                "state": state, "before": finished_before, "batch": batch_size,
+            }, fetch="one")[0]
+            total += moved
+            if moved == 0:
+                return total
+        return total
+
+    def history_drop(self, *, state: str, finished_before: datetime) -> list[str]:
+        return [r[0] for r in self._run(S.HISTORY_DROP, {
+            "state": state, "before": finished_before,
+        })]
+
+    def history_tables(self) -> list[HistoryTable]:
+        return [HistoryTable(table=r[0], rows=max(int(r[1]), 0), size_bytes=int(r[2]))
+                for r in self._run(S.HISTORY_TABLES, {})]
 
     def queue_stats(self, *, tenant_ids: Iterable[str] | None = None) -> list[QueueStats]:
         return [

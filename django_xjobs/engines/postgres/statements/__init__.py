@@ -43,6 +43,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
   its jobs, and the settle of a run that raised PauseKey.
 * ``scheduler``: x_scheduler_leader and x_scheduler_state: leader election, cron watermarks.
 * ``backfills``: x_backfills: the progress of resumable passes.
+* ``history``: the history tables of finished jobs: the move out of x_jobs, the drop of a
+  day past retention, their list, and the move back of one job an operator retries or cancels.
 * ``maintenance``: retention deletes (finished jobs, expired events, relayed outbox rows), the
   console's delete of finished jobs, the health of the tables and what holds VACUUM back.
 * ``reads``: whole job rows for people: one by id (job_get), a filtered listing (jobs_list).
@@ -76,6 +78,7 @@ from .flow import JOBS_UNBLOCK, RATE_TAKE
 from .fragments import CHANNEL as CHANNEL
 from .fragments import JOB_COLUMNS as JOB_COLUMNS
 from .fragments import LIVE as LIVE
+from .history import HISTORY_DROP, HISTORY_TABLES, JOB_UNARCHIVE, JOBS_ARCHIVE
 from .jobs import (
     JOB_CANCEL,
     JOB_CLAIM_IF_DUE,
@@ -204,5 +207,5 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     WORKER_GONE, WHY_JOB, WHY_RATE_WINDOW, JOB_DEBOUNCE_LIVE, PAUSE_UPSERT, PAUSE_RESUME_QUEUE,
     PAUSE_RESUME_KEY, PAUSES_LIST, JOB_PAUSE_KEY_IF_OWNED, JOB_PROGRESS_IF_OWNED, STATS_ROLLUP,
     STATS_PRUNE, STATS_SERIES, STATS_TOTALS, QUEUE_DEPTH,
-    WORKERS_LIST,
+    WORKERS_LIST, JOBS_ARCHIVE, HISTORY_DROP, HISTORY_TABLES, JOB_UNARCHIVE,
 )}

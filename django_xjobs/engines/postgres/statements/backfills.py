@@ -18,7 +18,7 @@ from ...base import Statement
 # (SKIP LOCKED) or cancel can change the job before the batch commits. The lock lasts one
 # statement and a commit, so the worker's heartbeat, which updates the same row, barely waits.
 # Lock order is x_jobs then x_backfills everywhere (backfills.cancel too): no deadlock.
-_BACKFILL_OWNER = """(select id from x_jobs
+_BACKFILL_OWNER = """(select id from only x_jobs
           where id = %(job_id)s::uuid and state = 'running' and lease_token = %(token)s::uuid
             for update) as owner"""
 

@@ -46,7 +46,7 @@ with live as (
              as pending,
            least(now() + %(debounce_ms)s::bigint * interval '1 millisecond',
                  created_at + %(max_wait_ms)s::bigint * interval '1 millisecond') as due
-      from x_jobs
+      from only x_jobs
      where name = %(name)s::text
        and coalesce(tenant_id, '') = coalesce(%(tenant_id)s::text, '')
        and idempotency_key = %(key)s::text
@@ -55,7 +55,7 @@ with live as (
      limit 1
        for update
 ), moved as (
-    update x_jobs j
+    update only x_jobs j
        set input           = %(input)s::jsonb,
            run_at          = l.due,
            state           = case when j.state = 'blocked' then 'blocked'
@@ -68,7 +68,7 @@ with live as (
      where j.id = l.id and l.pending
     returning j.id, j.run_id, j.state, j.queue
 ), detached as (
-    update x_jobs j
+    update only x_jobs j
        set idempotency_key = j.id::text, updated_at = now()
       from live l
      where j.id = l.id and not l.pending

@@ -23,9 +23,9 @@ again if its key is full); under-waking would leave work idle.
 """,
     sql=f"""
 with recursive keys(k) as (
-    (select blocked_on from x_jobs where state = 'blocked' order by blocked_on limit 1)
+    (select blocked_on from only x_jobs where state = 'blocked' order by blocked_on limit 1)
     union all
-    select (select blocked_on from x_jobs
+    select (select blocked_on from only x_jobs
              where state = 'blocked' and blocked_on > keys.k order by blocked_on limit 1)
       from keys where keys.k is not null
 ), room as (
@@ -37,7 +37,7 @@ with recursive keys(k) as (
            end as n
       from keys ks
       cross join lateral (
-          select name, concurrency_key from x_jobs
+          select name, concurrency_key from only x_jobs
            where state = 'blocked' and blocked_on = ks.k
            order by priority desc, run_at limit 1) f
      where ks.k is not null

@@ -201,13 +201,13 @@ def wake_blocked_sql(room: str, key: str, count: str) -> str:
     """The update that wakes, for each row of the CTE ``room``, up to its ``count`` jobs
     blocked on its ``key``, in claim order (x_jobs_blocked_idx), skipping rows another
     transaction holds; it returns their queues (for the NOTIFY)."""
-    return f"""update x_jobs j
+    return f"""update only x_jobs j
        {WAKE_SET}
      where j.id = any(array(
                select b.id
                  from {room} r
                  cross join lateral (
-                     select id from x_jobs
+                     select id from only x_jobs
                       where state = 'blocked' and blocked_on = r.{key}
                       order by priority desc, run_at
                       limit greatest(r.{count}, 0)
@@ -291,11 +291,11 @@ def _tenants_after(name: str, first: str, stop: str) -> str:
     jobs, ascending from the first one ``first`` admits, while ``stop`` holds."""
     claimable = "queue = w.queue and state in ('ready', 'delayed', 'suspended')"
     return f"""{name}(t) as (
-                      (select coalesce(tenant_id, '') from x_jobs
+                      (select coalesce(tenant_id, '') from only x_jobs
                         where {claimable}{first}
                         order by coalesce(tenant_id, '') limit 1)
                       union all
-                      select (select coalesce(tenant_id, '') from x_jobs
+                      select (select coalesce(tenant_id, '') from only x_jobs
                                where {claimable}
                                  and coalesce(tenant_id, '') > {name}.t
                                order by coalesce(tenant_id, '') limit 1)

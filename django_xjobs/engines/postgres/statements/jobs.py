@@ -146,7 +146,7 @@ cannot prove the query matches the partial index and scans the table (docs/perfo
 """,
     sql=f"""
 select id, run_id, state
-  from x_jobs
+  from only x_jobs
  where name = %(name)s
    and coalesce(tenant_id, '') = coalesce(%(tenant_id)s, '')
    and idempotency_key = %(key)s
@@ -167,7 +167,7 @@ filters repeat its whole predicate, which is what lets it use that index (job_fi
 select k.ord, j.id, j.run_id, j.state
   from unnest(%(names)s::text[], %(tenant_ids)s::text[], %(keys)s::text[])
        with ordinality as k(name, tenant_id, key, ord)
-  join x_jobs j
+  join only x_jobs j
     on j.name = k.name
    and coalesce(j.tenant_id, '') = coalesce(k.tenant_id, '')
    and j.idempotency_key = k.key
@@ -257,7 +257,7 @@ with async_commit as (
       cross join lateral (
           select id, state as prev_state, attempt >= max_attempts as exhausted, name,
                  concurrency_key, rate_key
-            from x_jobs
+            from only x_jobs
            where queue = w.queue and state = 'running' and visible_at <= now()
            order by visible_at
            limit w.n
@@ -282,11 +282,11 @@ with async_commit as (
       cross join lateral (
           select d.id, d.prev_state, false as exhausted, d.name, d.concurrency_key, d.rate_key
             from (with recursive prio(p) as (
-                      (select priority from x_jobs
+                      (select priority from only x_jobs
                         where queue = w.queue and state in ('ready', 'delayed', 'suspended')
                         order by priority desc limit 1)
                       union all
-                      select (select priority from x_jobs
+                      select (select priority from only x_jobs
                                where queue = w.queue
                                  and state in ('ready', 'delayed', 'suspended')
                                  and priority < prio.p
@@ -295,7 +295,7 @@ with async_commit as (
                   select p from prio where p is not null order by p desc) pr
             cross join lateral (
                 select id, state as prev_state, name, concurrency_key, rate_key
-                  from x_jobs
+                  from only x_jobs
                  where queue = w.queue and state in ('ready', 'delayed', 'suspended')
                    and priority = pr.p and run_at <= now()
                  order by run_at
@@ -336,7 +336,7 @@ with async_commit as (
               cross join lateral (
                   select j.*, row_number() over () as n
                     from (select id, state as prev_state, name, concurrency_key, rate_key
-                            from x_jobs
+                            from only x_jobs
                            where queue = ft.queue and coalesce(tenant_id, '') = ft.t
                              and state in ('ready', 'delayed', 'suspended') and run_at <= now()
                            order by priority desc, run_at
@@ -405,7 +405,7 @@ with async_commit as (
         or r.next_at is not null
         or (q.id is not null and gr.holder is null)
 ), holding as (
-    update x_jobs j
+    update only x_jobs j
        set state          = case when h.blocked_on is not null then 'blocked'
                                  when h.prev_state = 'suspended' then 'suspended'
                                  else 'delayed' end,
@@ -432,7 +432,7 @@ with async_commit as (
       left join granted gr on gr.holder = q.holder
      where p.id not in (select id from held)
 ), claimed as (
-    update x_jobs j
+    update only x_jobs j
        set state       = case when p.exhausted then 'dead' else 'running' end,
            attempt     = case when p.exhausted or p.prev_state = 'suspended' then j.attempt
                               else j.attempt + 1 end,
@@ -506,7 +506,7 @@ run that finished the job (docs/observability.md, "Attempt history").
 """,
     sql=f"""
 with settled as (
-    update x_jobs j
+    update only x_jobs j
        set state = 'done', result = nullif(v.result, 'null'::jsonb), visible_at = null,
            finished_at = now(), updated_at = now()
       from (select i.id, i.token, r.result
@@ -532,7 +532,7 @@ records this run's error.
 """,
     sql=f"""
 with settled as (
-    update x_jobs
+    update only x_jobs
        set state       = case when %(permanent)s or attempt >= max_attempts then 'dead'
                               when %(delay_ms)s > 0 then 'delayed' else 'ready' end,
            run_at      = case when %(permanent)s or attempt >= max_attempts then run_at
@@ -561,7 +561,7 @@ count runs that really ran. A claim that resumed a suspended job counted nothing
 to `suspended` (its next claim will not count one either). Fenced like every worker write.
 """,
     sql=f"""
-update x_jobs
+update only x_jobs
    {REQUEUE_SET}
  where id = %(id)s and lease_token = %(token)s and state = 'running'
 returning state
@@ -576,7 +576,7 @@ claim index and become eligible at run_at; their resume does not count an attemp
 that lost the job cannot park it.
 """,
     sql=f"""
-update x_jobs
+update only x_jobs
    set state = 'suspended', run_at = %(wake_at)s, visible_at = null, updated_at = now(),
        attempts = {attempt_entry_sql("'suspended'")}
  where id = %(id)s and lease_token = %(token)s and state = 'running'
@@ -593,7 +593,7 @@ overwrite the progress of the run that has it. The worker sends at most one per 
 leaves updated_at alone (progress is not a state change).
 """,
     sql="""
-update x_jobs
+update only x_jobs
    set progress = jsonb_build_object('done', %(done)s::float8, 'total', %(total)s::float8,
                                      'message', %(message)s::text, 'at', now())
  where id = %(id)s and lease_token = %(token)s and state = 'running'
@@ -612,7 +612,7 @@ lease exists to prevent. The answer is the renewed TOKENS: a stale run and the c
 job in the same worker share the id, and an answer keyed by id would renew both.
 """,
     sql="""
-update x_jobs j
+update only x_jobs j
    set visible_at = now() + %(lease_ms)s * interval '1 millisecond', updated_at = now()
   from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
  where j.id = v.id and j.lease_token = v.token and j.state = 'running'
@@ -698,7 +698,7 @@ otherwise the resumed run would find its step not due and park again.
 """,
     sql=f"""
 with moved as (
-    update x_jobs
+    update only x_jobs
        set run_at = now(),
            state = case when state = 'delayed' then 'ready' else state end,
            updated_at = now()
@@ -765,15 +765,15 @@ select queue,
        {LIVE_BUCKETS},
        extract(epoch from now() - min(run_at) filter (where state = 'ready'
                                                         and run_at <= now()))::float8
-  from (select queue, state, run_at from x_jobs
+  from (select queue, state, run_at from only x_jobs
          where state in ('ready', 'delayed', 'suspended')
            and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
         union all
-        select queue, state, null from x_jobs
+        select queue, state, null from only x_jobs
          where state = 'running'
            and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
         union all
-        select queue, state, null from x_jobs
+        select queue, state, null from only x_jobs
          where state = 'blocked'
            and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))) l
  group by queue
@@ -798,7 +798,7 @@ that token on the row, and any later claim replaces it, so a job that was claime
 """,
     sql=f"""
 with woken as (
-    update x_jobs j
+    update only x_jobs j
        set run_at = now(), updated_at = now()
       from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
      where j.id = v.id and j.lease_token = v.token
@@ -820,7 +820,7 @@ job is due again after its delay. Fenced per
 run on (id, running, token). The answer is the tokens that landed.
 """,
     sql=f"""
-update x_jobs j
+update only x_jobs j
    set state      = case when v.resumed then 'suspended'
                          when v.delay_ms > 0 then 'delayed' else 'ready' end,
        attempt    = j.attempt - v.spent::int,
@@ -860,11 +860,11 @@ finished, and one another session holds locked (SKIP LOCKED, as in jobs_claim) a
     sql=f"""
 with picked as (
     select id, state as prev_state
-      from x_jobs
+      from only x_jobs
      where id = %(id)s::uuid and state in ('ready', 'delayed', 'suspended') and run_at <= now()
        for update skip locked
 ), claimed as (
-    update x_jobs j
+    update only x_jobs j
        set state       = 'running',
            attempt     = case when p.prev_state = 'suspended' then j.attempt else j.attempt + 1 end,
            visible_at  = now() + %(lease_ms)s::bigint * interval '1 millisecond',
@@ -902,7 +902,7 @@ look crashed.
 """,
     sql="""
 with moved as (
-    update x_jobs
+    update only x_jobs
        set run_at = run_at - %(shift_ms)s::bigint * interval '1 millisecond', updated_at = now()
      where state in ('ready', 'delayed', 'suspended')
     returning run_id

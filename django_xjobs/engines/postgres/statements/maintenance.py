@@ -14,7 +14,8 @@ from ...base import Statement
 JOBS_PURGE = Statement(
     "jobs_purge",
     why="""
-Delete finished jobs of the given states that finished before a cutoff, one bounded batch per
+Delete finished jobs of the given states that finished before a cutoff from x_jobs itself (not
+its history tables, which retention drops a day at a time: history_drop), one bounded batch per
 call (the caller loops), so retention never holds long locks on the hot table. Driven by the
 partial index on finished rows; SKIP LOCKED so it never waits behind a worker. The run's steps go
 with it (steps are keyed by run_id, which a job keeps for life).
@@ -31,7 +32,7 @@ with victims as (
       from unnest(%(states)s::text[]) as s(state)
       cross join lateral (
           select id, run_id, finished_at
-            from x_jobs
+            from only x_jobs
            where state = s.state and state in ('done', 'dead', 'cancelled')
              and finished_at < %(before)s
            order by finished_at
@@ -43,7 +44,7 @@ with victims as (
 ), steps as (
     delete from x_job_steps s where s.run_id = any(array(select run_id from victims))
 )
-delete from x_jobs j where j.id = any(array(select id from victims))
+delete from only x_jobs j where j.id = any(array(select id from victims))
 """,
 )
 

@@ -76,7 +76,7 @@ with gone as (
     delete from x_flow_pauses where kind = 'key' and key = %(key)s
     returning until
 ), unblocked as (
-    update x_jobs
+    update only x_jobs
        {WAKE_SET}
      where state = 'blocked' and blocked_on = %(key)s
     returning queue
@@ -121,7 +121,7 @@ stays; the reason is the latest.
 """,
     sql=f"""
 with requeued as (
-    update x_jobs
+    update only x_jobs
        {REQUEUE_SET}
      where id = %(id)s and lease_token = %(token)s and state = 'running'
     returning state

@@ -1,0 +1,89 @@
+"""History tables: finished jobs out of the hot table, and retention by the day.
+
+A finished job moves from ``x_jobs`` into ``x_jobs_<state>_<yyyymmdd>`` (its state, the UTC day
+it finished), a child of ``x_jobs`` by table inheritance, and its run's steps into
+``x_job_steps_<state>_<yyyymmdd>`` (docs/design.md, "History tables"). Reads of ``x_jobs``
+and ``x_job_steps`` see the children's rows; every statement a worker runs names ``only x_jobs``,
+so no claim, acknowledgement or heartbeat touches, plans or locks a history table. The table
+names depend on the data, so the moving and the dropping are SQL functions
+(``x_jobs_history_table``, ``x_jobs_archive``, ``x_jobs_history_drop``), defined in the
+migration ``0006_history``; the statements here call them.
+"""
+
+from __future__ import annotations
+
+from ...base import Statement
+
+JOBS_ARCHIVE = Statement(
+    "jobs_archive",
+    why="""
+Move one batch (at most `batch` rows) of a finished state's jobs, finished before `before`,
+from x_jobs into the history table of their UTC day, with their runs' steps; returns how many
+moved (the caller loops until a batch comes back short). One statement per batch and one
+transaction: a job is in x_jobs or in its history table, never both nor neither, whatever
+kills the connection. The rows are chosen oldest first through x_jobs_finished_idx with FOR
+UPDATE SKIP LOCKED, so a row an operator's retry holds is left for the next batch, and their
+deletion is a plain DELETE: a late write of a worker waiting on one of them finds it gone
+(0 rows, the fence's answer), never an error. A run's steps stay in x_job_steps while another
+job of x_jobs has the same run id (a resumed backfill pass reuses its run id).
+""",
+    sql="select x_jobs_archive(%(state)s, %(before)s, %(batch)s)",
+)
+
+HISTORY_DROP = Statement(
+    "history_drop",
+    why="""
+Retention, by the day: drop the history tables (jobs and steps) of a state whose whole UTC day
+ended before `before`. One DROP TABLE per day, whatever it holds, instead of a delete per row.
+Each DROP waits at most 200 ms (lock_timeout) for the readers of that table: a day it cannot
+take at once is dropped by the next run, and no reader queues behind it for longer. Returns the
+names of the job tables dropped.
+""",
+    sql="select x_jobs_history_drop(%(state)s, %(before)s)",
+)
+
+HISTORY_TABLES = Statement(
+    "history_tables",
+    why="""
+The history tables, newest first, for the console's health panel and `manage.py xjobs health`:
+name, the rows the planner estimates (pg_class.reltuples, -1 before the first ANALYZE; never a
+count(*), which would read them all), and the size on disk with indexes and steps.
+""",
+    sql="""
+select c.relname::text, c.reltuples::bigint,
+       pg_total_relation_size(c.oid)
+       + coalesce(pg_total_relation_size(to_regclass(replace(c.relname::text, 'x_jobs_',
+                                                             'x_job_steps_'))), 0)
+  from pg_inherits i
+  join pg_class c on c.oid = i.inhrelid
+ where i.inhparent = 'x_jobs'::regclass
+ order by right(c.relname::text, 8) desc, c.relname
+""",
+)
+
+JOB_UNARCHIVE = Statement(
+    "job_unarchive",
+    why="""
+Bring one finished job back from its history table into x_jobs, with its run's steps, before an
+operator's retry or cancel changes it: a history table holds one finished state, and a retried
+job is live again (its steps are the memos the retry must not run twice). A job already in
+x_jobs, or of another tenant under a tenant scope, is left alone (0 rows). Returns the id.
+""",
+    sql="""
+with moved as (
+    delete from x_jobs j
+     where j.id = %(id)s and j.tableoid <> 'x_jobs'::regclass
+       and (%(tenant_ids)s::text[] is null or j.tenant_id = any(%(tenant_ids)s::text[]))
+    returning j.*
+), steps_moved as (
+    delete from x_job_steps s
+     where s.run_id = any(array(select run_id from moved))
+       and s.tableoid <> 'x_job_steps'::regclass
+    returning s.*
+), steps_back as (
+    insert into x_job_steps select * from steps_moved
+)
+insert into x_jobs select * from moved
+returning id
+""",
+)

@@ -1,0 +1,291 @@
+"""History tables (docs/design.md, "History tables"): finished jobs move out of x_jobs into a
+table per finished state and UTC day, every reader still finds them, the worker's statements
+never touch them, and retention drops a day in one statement, whatever it holds."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, timedelta
+
+import psycopg
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_xjobs import api, conf
+from django_xjobs.engines import get_engine
+from django_xjobs.exceptions import LiveJobExists
+from django_xjobs.maintenance import pruner
+from django_xjobs.models import Job, JobStep
+from django_xjobs.records import Completion
+from tests.conformance.conftest import claim, claim_one, enqueue, make_row
+
+pytestmark = pytest.mark.django_db
+
+
+def settings_with(**overrides: object) -> conf.XJobsSettings:
+    return conf.build({**django_settings.XJOBS, **overrides})
+
+
+def table_of(job_id) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("select tableoid::regclass::text from x_jobs where id = %s", [job_id])
+        rows = cursor.fetchall()
+    assert len(rows) == 1, f"job {job_id} is in {len(rows)} tables"
+    return rows[0][0]
+
+
+def steps_table_of(run_id) -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("select distinct tableoid::regclass::text from x_job_steps"
+                       " where run_id = %s", [run_id])
+        return {r[0] for r in cursor.fetchall()}
+
+
+def history_tables() -> list[str]:
+    return sorted(t.table for t in get_engine().history_tables())
+
+
+def statements(ctx: CaptureQueriesContext, name: str) -> int:
+    return sum(f"/* {name} */" in q["sql"] for q in ctx.captured_queries)
+
+
+def finish(engine, n: int = 1, **kwargs) -> list[str]:
+    """n jobs enqueued, claimed and acknowledged through the engine: done, as a worker leaves
+    them."""
+    for _ in range(n):
+        enqueue(engine, **kwargs)
+    claimed = claim(engine, n=n)
+    engine.jobs_complete_if_owned([Completion(claim=c.claim, result_json='{"ok": 1}')
+                                   for c in claimed])
+    return [c.id for c in claimed]
+
+
+def day_name(state: str, when) -> str:
+    return f"x_jobs_{state}_{when.astimezone(UTC).strftime('%Y%m%d')}"
+
+
+# ----------------------------------------------------------------------------- the move --
+
+
+def test_archive_moves_finished_jobs_and_their_steps_into_the_table_of_their_state_and_day():
+    engine = get_engine()
+    now = engine.db_now()
+    old = make_row(engine, state="done", finished_at=now - timedelta(days=2))
+    dead = make_row(engine, state="dead", finished_at=now - timedelta(hours=1))
+    recent = make_row(engine, state="done", finished_at=now)
+    live = [make_row(engine, state=s) for s in ("ready", "delayed", "running", "suspended")]
+    for row in (old, dead, recent, *live):
+        JobStep.objects.create(run_id=row.run_id, name="s1", status="completed")
+
+    moved = pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"))
+
+    assert moved == 2
+    assert table_of(old.id) == day_name("done", old.finished_at)
+    assert table_of(dead.id) == day_name("dead", dead.finished_at)
+    assert steps_table_of(old.run_id) == {table_of(old.id).replace("x_jobs_", "x_job_steps_")}
+    assert table_of(recent.id) == "x_jobs"
+    assert all(table_of(row.id) == "x_jobs" for row in live)
+    assert all(steps_table_of(row.run_id) == {"x_job_steps"} for row in (recent, *live))
+    # Nothing lost, nothing doubled: every id once, every column as it was.
+    assert Job.objects.count() == 7
+    assert Job.objects.get(id=old.id).finished_at == old.finished_at
+    assert pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m")) == 0
+
+
+def test_archive_goes_in_bounded_batches_and_archive_after_none_keeps_every_row():
+    engine = get_engine()
+    now = engine.db_now()
+    for i in range(7):
+        make_row(engine, state="done", finished_at=now - timedelta(minutes=5, seconds=i))
+
+    assert pruner.archive(settings=settings_with(ARCHIVE_AFTER=None)) == 0
+    with CaptureQueriesContext(connection) as ctx:
+        moved = pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"), batch_size=3)
+
+    assert moved == 7
+    assert statements(ctx, "jobs_archive") == 3 + 1 + 1 + 1  # 3 + 3 + 1, then 0; dead; cancelled
+    assert Job.objects.count() == 7
+
+
+def test_a_run_id_another_job_still_has_keeps_its_steps_in_x_job_steps():
+    """A resumed backfill pass is a new job with the old pass's run id: archiving the old one
+    must not take the steps the new one reads."""
+    engine = get_engine()
+    now = engine.db_now()
+    first = make_row(engine, state="dead", finished_at=now - timedelta(hours=1))
+    resumed = make_row(engine, state="ready", run_id=first.run_id)
+    JobStep.objects.create(run_id=first.run_id, name="batch-1", status="completed")
+
+    pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"))
+
+    assert table_of(first.id).startswith("x_jobs_dead_")
+    assert table_of(resumed.id) == "x_jobs"
+    assert steps_table_of(first.run_id) == {"x_job_steps"}
+
+
+# -------------------------------------------------------------------------- the readers --
+
+
+def test_an_archived_job_is_found_by_id_run_id_and_key_by_every_reader():
+    engine = get_engine()
+    [job_id] = finish(engine, key="invoice-7")
+    Job.objects.filter(id=job_id).update(finished_at=engine.db_now() - timedelta(hours=1))
+    pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"))
+    assert table_of(job_id).startswith("x_jobs_done_")
+    record = engine.job_get(job_id)
+
+    assert record is not None and record.state == "done" and record.result == {"ok": 1}
+    assert api.get_job(job_id).state == "done"
+    assert Job.objects.get(run_id=record.run_id).id == record.id
+    assert [str(j.id) for j in Job.objects.filter(idempotency_key="invoice-7")] == [job_id]
+    handle = api.JobHandle(id=record.id, run_id=record.run_id, created=True)
+    assert handle.wait(timeout=1).state == "done"
+
+
+def test_the_key_of_an_archived_job_is_free_and_its_retry_is_refused_while_another_holds_it():
+    engine = get_engine()
+    now = engine.db_now()
+    dead = make_row(engine, state="dead", idempotency_key="nightly",
+                    finished_at=now - timedelta(hours=1))
+    pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"))
+    live = enqueue(engine, key="nightly")
+    assert live.created  # one LIVE job per key: the archived one is not live
+
+    with pytest.raises(LiveJobExists) as refused:
+        engine.job_retry(str(dead.id))
+
+    assert refused.value.live_job_id == str(live.id)
+    assert table_of(dead.id).startswith("x_jobs_dead_")  # the move back was undone too
+    assert engine.job_get(str(dead.id)).state == "dead"
+
+
+def test_retry_brings_an_archived_job_and_its_steps_back_and_a_worker_claims_it():
+    engine = get_engine()
+    dead = make_row(engine, state="dead", finished_at=engine.db_now() - timedelta(hours=1))
+    JobStep.objects.create(run_id=dead.run_id, name="charge", status="completed")
+    pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"))
+
+    assert engine.job_retry(str(dead.id)).changed
+
+    assert table_of(dead.id) == "x_jobs"
+    assert steps_table_of(dead.run_id) == {"x_job_steps"}
+    job = claim_one(engine)
+    assert (job.id, job.run_id) == (str(dead.id), str(dead.run_id))
+
+
+def test_cancel_of_an_archived_dead_job_moves_it_back_then_the_archive_files_it_as_cancelled():
+    engine = get_engine()
+    dead = make_row(engine, state="dead", finished_at=engine.db_now() - timedelta(hours=1))
+    pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"))
+
+    assert engine.job_cancel(str(dead.id), reason="cancelled: not needed").changed
+
+    assert (table_of(dead.id), engine.job_get(str(dead.id)).state) == ("x_jobs", "cancelled")
+    # (The test's transaction has one now(): the cancel's finished_at is not before it.)
+    Job.objects.filter(id=dead.id).update(finished_at=engine.db_now() - timedelta(minutes=5))
+    pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"))
+    assert table_of(dead.id).startswith("x_jobs_cancelled_")
+
+
+def test_a_tenant_scope_cannot_move_back_another_tenants_archived_job():
+    engine = get_engine()
+    dead = make_row(engine, state="dead", tenant_id="globex",
+                    finished_at=engine.db_now() - timedelta(hours=1))
+    pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"))
+
+    assert not engine.job_retry(str(dead.id), tenant_ids=["acme"]).changed
+    assert table_of(dead.id).startswith("x_jobs_dead_")
+
+
+# ----------------------------------------------------------------------- the hot path --
+
+
+def test_the_worker_statements_name_only_x_jobs(engine):
+    worker_statements = ("jobs_claim", "jobs_complete_if_owned", "job_fail_if_owned",
+                         "jobs_renew_if_owned", "job_suspend_if_owned", "job_requeue_if_owned",
+                         "jobs_requeue_if_owned", "job_progress_if_owned", "jobs_wake_refused",
+                         "jobs_unblock", "job_claim_if_due", "job_run_now")
+    for name in worker_statements:
+        text = engine.statements()[name].sql
+        assert "only x_jobs" in text, name
+        assert " x_jobs " not in text.replace("only x_jobs", ""), name
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claims_acks_and_enqueues_go_on_while_a_history_table_is_locked_exclusively(engine):
+    make_row(engine, state="done", finished_at=engine.db_now() - timedelta(days=1))
+    pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"))
+    [table] = history_tables()
+    holder = psycopg.connect(**_dsn(), autocommit=False)
+    try:
+        holder.execute(f"lock table {table} in access exclusive mode")
+        with connection.cursor() as cursor:
+            # A statement that touched the table would wait for the holder: fail, not hang.
+            cursor.execute("set lock_timeout = '3s'")
+        [job_id] = finish(engine, key="while-locked")
+    finally:
+        holder.rollback()
+        holder.close()
+        with connection.cursor() as cursor:
+            cursor.execute("reset lock_timeout")
+    assert engine.job_get(job_id).state == "done"
+
+
+def _dsn() -> dict[str, object]:
+    db = connection.settings_dict
+    return {"dbname": db["NAME"], "user": db["USER"], "host": db["HOST"] or "127.0.0.1",
+            "port": db["PORT"] or 5432, "password": db["PASSWORD"] or None}
+
+
+# --------------------------------------------------------------------------- retention --
+
+
+def test_retention_drops_a_whole_day_in_one_statement_however_many_rows_it_holds():
+    engine = get_engine()
+    now = engine.db_now()
+    for days, n in ((10, 50), (9, 5), (2, 1)):
+        Job.objects.bulk_create([
+            Job(name="testapp.noop", idempotency_key=str(uuid.uuid4()), state="done",
+                finished_at=now - timedelta(days=days, minutes=i))
+            for i in range(n)
+        ])
+    pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"))
+    assert len(history_tables()) >= 3
+    settings = settings_with(ARCHIVE_AFTER="1m", RETENTION={"done": "7d"})
+
+    with CaptureQueriesContext(connection) as ctx:
+        report = pruner.run_once(settings=settings)
+
+    # One call per state, for every day of it, however many rows each day holds.
+    assert statements(ctx, "history_drop") == len(settings.retention)
+    assert len(report.days) == len({t for t in report.days}) >= 2
+    assert Job.objects.count() == 1  # the day two days back is kept
+    assert all(t not in history_tables() for t in report.days)
+    assert all(not t.startswith("x_jobs_done_") or t in history_tables()
+               for t in history_tables())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_day_a_reader_holds_is_left_for_the_next_run_without_waiting_long():
+    engine = get_engine()
+    make_row(engine, state="done", finished_at=engine.db_now() - timedelta(days=9))
+    pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"))
+    [table] = history_tables()
+    reader = psycopg.connect(**_dsn(), autocommit=False)
+    try:
+        reader.execute(f"select count(*) from {table}").fetchone()  # holds ACCESS SHARE
+        started = time.monotonic()
+        dropped = engine.history_drop(state="done", finished_before=engine.db_now())
+        waited = time.monotonic() - started
+    finally:
+        reader.rollback()
+        reader.close()
+
+    assert dropped == []
+    assert waited < 3  # the DROP's lock_timeout, not the reader's whole transaction
+    assert history_tables() == [table]
+    assert engine.history_drop(state="done", finished_before=engine.db_now()) == [table]
+    assert history_tables() == [] and Job.objects.count() == 0
