@@ -24,6 +24,9 @@ XJOBS = {
     "NOTIFY": os.environ.get("XJOBS_BENCH_NOTIFY", "1") == "1",
     "POLL_INTERVAL": os.environ.get("XJOBS_BENCH_POLL", "1s"),
 }
+if os.environ.get("XJOBS_BENCH_KEEP_HISTORY") == "1":
+    # bench/scale.py's "history in x_jobs itself" row: finished jobs stay in x_jobs.
+    XJOBS["ARCHIVE_AFTER"] = None
 if os.environ.get("XJOBS_BENCH_FAIR") == "1":
     # W11's workers only (bench/run.py sets the variable): the same jobs in a queue that shares
     # its claims between tenants and in one that takes them in order.

@@ -4,6 +4,8 @@ never touch them, and retention drops a day in one statement, whatever it holds.
 
 from __future__ import annotations
 
+import io
+import json
 import time
 import uuid
 from datetime import UTC, timedelta
@@ -145,6 +147,35 @@ def test_an_archived_job_is_found_by_id_run_id_and_key_by_every_reader():
     assert handle.wait(timeout=1).state == "done"
 
 
+def test_the_console_and_the_cli_find_an_archived_job_by_id_run_id_and_key(admin_client):
+    from django.core.management import call_command
+    from django.urls import reverse
+
+    from tests.integration.test_console_admin import ids_listed
+    from tests.testapp import jobs as testapp_jobs
+
+    engine = get_engine()
+    handle = testapp_jobs.record.using(idempotency_key="charge:42").enqueue()
+    [claimed] = claim(engine)
+    engine.jobs_complete_if_owned([Completion(claim=claimed.claim, result_json=None)])
+    Job.objects.filter(id=handle.id).update(finished_at=engine.db_now() - timedelta(hours=1))
+    pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"))
+    assert table_of(handle.id).startswith("x_jobs_done_")
+    jobs = reverse("admin:django_xjobs_job_changelist")
+
+    for term in (handle.id, handle.run_id, "charge:42"):
+        assert ids_listed(admin_client.get(jobs, {"q": str(term)})) == {str(handle.id)}, term
+    assert ids_listed(admin_client.get(jobs, {"state": "done"})) == {str(handle.id)}
+    page = admin_client.get(reverse("admin:django_xjobs_job_change", args=[handle.id]))
+    assert page.status_code == 200 and "charge:42" in page.content.decode()
+    out = io.StringIO()
+    call_command("xjobs", "show", str(handle.id), "--json", stdout=out)
+    assert json.loads(out.getvalue())["state"] == "done"
+    health = io.StringIO()
+    call_command("xjobs", "health", stdout=health)
+    assert table_of(handle.id) in health.getvalue()
+
+
 def test_the_key_of_an_archived_job_is_free_and_its_retry_is_refused_while_another_holds_it():
     engine = get_engine()
     now = engine.db_now()
@@ -212,6 +243,12 @@ def test_the_worker_statements_name_only_x_jobs(engine):
         text = engine.statements()[name].sql
         assert "only x_jobs" in text, name
         assert " x_jobs " not in text.replace("only x_jobs", ""), name
+    # A durable run reads and wakes its steps in x_job_steps alone: the steps of a finished
+    # run are in a history table only once no job of x_jobs has its run id.
+    for name in ("steps_of_run", "step_cancel_siblings", "event_wake_waiters", "job_run_now"):
+        text = engine.statements()[name].sql
+        assert "only x_job_steps" in text, name
+        assert " x_job_steps " not in text.replace("only x_job_steps", ""), name
 
 
 @pytest.mark.django_db(transaction=True)

@@ -42,7 +42,7 @@ a race of two first enqueues, and the loser runs this statement again and finds 
 with live as (
     select id,
            attempt = 0 and state in ('ready', 'delayed', 'blocked')
-           and not exists (select 1 from x_job_steps s where s.run_id = x_jobs.run_id)
+           and not exists (select 1 from only x_job_steps s where s.run_id = x_jobs.run_id)
              as pending,
            least(now() + %(debounce_ms)s::bigint * interval '1 millisecond',
                  created_at + %(max_wait_ms)s::bigint * interval '1 millisecond') as due

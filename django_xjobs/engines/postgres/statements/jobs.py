@@ -707,7 +707,7 @@ with moved as (
        and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
     returning {JOB_COLUMNS}
 ), ended_waits as (
-    update x_job_steps s
+    update only x_job_steps s
        set wake_at = now()
       from moved m
      where s.run_id = m.run_id and s.status in ('sleeping', 'waiting')
@@ -907,7 +907,7 @@ with moved as (
      where state in ('ready', 'delayed', 'suspended')
     returning run_id
 ), waits as (
-    update x_job_steps s
+    update only x_job_steps s
        set wake_at = s.wake_at - %(shift_ms)s::bigint * interval '1 millisecond'
       from (select distinct run_id from moved) m
      where s.run_id = m.run_id and s.status in ('sleeping', 'waiting')

@@ -29,7 +29,7 @@ durable sleep ends by the clock every lease is measured on.
     sql="""
 select name, status, output, attempts, error, started_at, completed_at, wake_at, event,
        correlation_key, event_id, event_published_at, coalesce(wake_at <= now(), false) as due
-  from x_job_steps
+  from only x_job_steps
  where run_id = %(run_id)s::uuid
 """,
 )
@@ -108,7 +108,7 @@ wait_for_any: once one event won, the waits on the others are closed in the SAME
 as the win, so no later publish of a losing event wakes the job for a wait that is over.
 """,
     sql=f"""
-update x_job_steps
+update only x_job_steps
    set status = 'cancelled', completed_at = now()
  where run_id = %(run_id)s::uuid and name like %(prefix)s and status = 'waiting'
    and {_OWNED}
@@ -169,11 +169,11 @@ with woken as (
        set run_at = now(), updated_at = now()
      where j.state = 'suspended'
        and j.run_id = any(array(
-             select s.run_id from x_job_steps s
+             select s.run_id from only x_job_steps s
               where s.status = 'waiting' and s.event = %(name)s
                 and s.correlation_key = %(correlation_key)s
              union all
-             select s.run_id from x_job_steps s
+             select s.run_id from only x_job_steps s
               where s.status = 'waiting' and s.event = %(name)s
                 and s.correlation_key is null))
     returning j.queue
