@@ -529,7 +529,7 @@ def purge(*, older_than: timedelta, states: Iterable[str] = ("done", "dead", "ca
         )
     return get_engine().jobs_purge(
         states=states, finished_before=get_engine().db_now() - older_than,
-        batch_size=batch_size
+        batch_size=batch_size, history=True,
     )
 
 

@@ -287,9 +287,12 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def jobs_purge(
-        self, *, states: Sequence[str], finished_before: datetime, batch_size: int = 1000
+        self, *, states: Sequence[str], finished_before: datetime, batch_size: int = 1000,
+        history: bool = False,
     ) -> int:
-        """Delete finished jobs (and their steps) in bounded batches; return how many."""
+        """Delete finished jobs (and their steps) in bounded batches; return how many. Only
+        those still in the hot table, unless ``history``: then those of the history tables too
+        (an operator's purge; retention drops whole days with :meth:`history_drop`)."""
 
     @abc.abstractmethod
     def jobs_archive(self, *, state: str, finished_before: datetime, batch_size: int = 1000,

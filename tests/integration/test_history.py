@@ -326,3 +326,21 @@ def test_a_day_a_reader_holds_is_left_for_the_next_run_without_waiting_long():
     assert history_tables() == [table]
     assert engine.history_drop(state="done", finished_before=engine.db_now()) == [table]
     assert history_tables() == [] and Job.objects.count() == 0
+
+
+def test_an_operators_purge_cuts_exactly_at_its_age_in_the_history_tables_too():
+    engine = get_engine()
+    now = engine.db_now()
+    old = [make_row(engine, state="done", finished_at=now - timedelta(days=3, hours=h + 1))
+           for h in range(3)]
+    young = make_row(engine, state="done", finished_at=now - timedelta(days=2, hours=23))
+    for row in (*old, young):
+        JobStep.objects.create(run_id=row.run_id, name="s1", status="completed")
+    pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m"))
+    in_x_jobs = make_row(engine, state="done", finished_at=now - timedelta(days=4))
+
+    assert api.purge(older_than=timedelta(days=3), batch_size=2) == len(old) + 1
+
+    assert list(Job.objects.values_list("id", flat=True)) == [young.id]
+    assert not JobStep.objects.filter(run_id__in=[r.run_id for r in (*old, in_x_jobs)]).exists()
+    assert JobStep.objects.filter(run_id=young.run_id).exists()

@@ -827,10 +827,11 @@ class PostgresEngine(Engine):
         return self._change_result(row, job_id, tenant_ids, unchanged="is {state} and due")
 
     def jobs_purge(
-        self, *, states: Sequence[str], finished_before: datetime, batch_size: int = 1000
+        self, *, states: Sequence[str], finished_before: datetime, batch_size: int = 1000,
+        history: bool = False,
     ) -> int:
-        return self._purge(S.JOBS_PURGE, {"states": list(states), "before": finished_before},
-                           batch_size)
+        return self._purge(S.JOBS_PURGE_ALL if history else S.JOBS_PURGE,
+                           {"states": list(states), "before": finished_before}, batch_size)
 
     def jobs_archive(self, *, state: str, finished_before: datetime, batch_size: int = 1000,
                      keep_going: Callable[[], bool] = lambda: True) -> int:

@@ -11,6 +11,31 @@ from ...base import Statement
 
 # ------------------------------------------------------------------------------- retention --
 
+def _purge_sql(table: str) -> str:
+    """The text of jobs_purge on ``only x_jobs`` or, for jobs_purge_all, ``x_jobs`` and its
+    history tables."""
+    return f"""
+with victims as (
+    select j.id, j.run_id
+      from unnest(%(states)s::text[]) as s(state)
+      cross join lateral (
+          select id, run_id, finished_at
+            from {table}
+           where state = s.state and state in ('done', 'dead', 'cancelled')
+             and finished_at < %(before)s
+           order by finished_at
+           limit %(batch)s
+             for update skip locked
+      ) j
+     order by j.finished_at
+     limit %(batch)s
+), steps as (
+    delete from x_job_steps s where s.run_id = any(array(select run_id from victims))
+)
+delete from {table} j where j.id = any(array(select id from victims))
+"""
+
+
 JOBS_PURGE = Statement(
     "jobs_purge",
     why="""
@@ -26,26 +51,18 @@ row for each batch (docs/performance.md, "What the simpler forms cost"). The del
 rows through arrays of keys, so no plan can hash-join the whole tables. Up to `batch` rows per state
 are locked while a batch is chosen; the unchosen ones are released at commit.
 """,
-    sql="""
-with victims as (
-    select j.id, j.run_id
-      from unnest(%(states)s::text[]) as s(state)
-      cross join lateral (
-          select id, run_id, finished_at
-            from only x_jobs
-           where state = s.state and state in ('done', 'dead', 'cancelled')
-             and finished_at < %(before)s
-           order by finished_at
-           limit %(batch)s
-             for update skip locked
-      ) j
-     order by j.finished_at
-     limit %(batch)s
-), steps as (
-    delete from x_job_steps s where s.run_id = any(array(select run_id from victims))
+    sql=_purge_sql("only x_jobs"),
 )
-delete from only x_jobs j where j.id = any(array(select id from victims))
+
+JOBS_PURGE_ALL = Statement(
+    "jobs_purge_all",
+    why="""
+jobs_purge over x_jobs AND its history tables: `manage.py xjobs purge --older-than` and
+`api.purge`, an operator's exact cut at any moment (retention drops whole days instead). Each
+history table orders its rows by its finished_at index, so the batch is a merge of one ordered
+index scan per table.
 """,
+    sql=_purge_sql("x_jobs"),
 )
 
 EVENTS_PURGE = Statement(
