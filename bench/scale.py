@@ -80,7 +80,7 @@ class Scale(Bench):
         tables = []
         for back in range(HISTORY_DAYS, 0, -1):
             day = self.sql(f"select (now() at time zone 'UTC')::date - {back}")[0][0]
-            [(table,)] = self.sql(f"select x_jobs_history_table('done', '{day}')")
+            [(table,)] = self.sql(f"select xjobs_history_table('done', '{day}')")
             per_day = n // HISTORY_DAYS
             for start in range(0, per_day, 200_000):
                 with self.connection.cursor() as cur:
@@ -93,9 +93,9 @@ class Scale(Bench):
         return tables
 
     def drop_history(self) -> None:
-        if self.sql("select to_regproc('x_jobs_history_drop') is not null")[0][0]:
+        if self.sql("select to_regproc('xjobs_history_drop') is not null")[0][0]:
             for state in ("done", "dead", "cancelled"):
-                self.sql(f"select x_jobs_history_drop('{state}', 'infinity')")
+                self.sql(f"select xjobs_history_drop('{state}', 'infinity')")
 
     def time_day_drop(self) -> tuple[int, float]:
         """Rows in the oldest history day, and the milliseconds retention takes to drop it."""

@@ -97,7 +97,7 @@ def _close_stray_sessions_before_teardown(django_db_setup, django_db_blocker) ->
 # Every history table of finished jobs (docs/design.md, "History tables"), jobs and steps:
 # the archive creates them as jobs finish, and flushing the database empties them but keeps them.
 DROP_HISTORY_TABLES = """
-select x_jobs_history_drop(s.state, 'infinity')
+select xjobs_history_drop(s.state, 'infinity')
   from unnest(array['done', 'dead', 'cancelled']) as s(state)
 """
 

@@ -20,20 +20,20 @@ from django.db import migrations
 # finished jobs needs (by id, by key, by run id, the console's filters and finished order); no
 # claim index, since no row in it is live. Returns the job table's name.
 HISTORY_TABLE = r"""
-create or replace function x_jobs_history_table(p_state text, p_day date) returns text
+create or replace function xjobs_history_table(p_state text, p_day date) returns text
 language plpgsql as $fn$
 declare
     v_jobs  text := format('x_jobs_%s_%s', p_state, to_char(p_day, 'YYYYMMDD'));
     v_steps text := format('x_job_steps_%s_%s', p_state, to_char(p_day, 'YYYYMMDD'));
 begin
     if p_state not in ('done', 'dead', 'cancelled') then
-        raise exception 'x_jobs_history_table: % is not a finished state', p_state;
+        raise exception 'xjobs_history_table: % is not a finished state', p_state;
     end if;
     if to_regclass(v_jobs) is not null then
         return v_jobs;
     end if;
     -- Two archivers creating the same day at once: one waits here, then finds the table.
-    perform pg_advisory_xact_lock(hashtext('x_jobs_history_table'), hashtext(v_jobs));
+    perform pg_advisory_xact_lock(hashtext('xjobs_history_table'), hashtext(v_jobs));
     if to_regclass(v_jobs) is not null then
         return v_jobs;
     end if;
@@ -68,7 +68,7 @@ $fn$
 # operator or a late worker write holds is left for the next batch. A run's steps stay while
 # another row of x_jobs has the same run id (a resumed backfill pass reuses it).
 ARCHIVE = r"""
-create or replace function x_jobs_archive(p_state text, p_before timestamptz, p_batch integer)
+create or replace function xjobs_archive(p_state text, p_before timestamptz, p_batch integer)
 returns integer
 language plpgsql as $fn$
 declare
@@ -91,7 +91,7 @@ begin
     v_day := (v_first at time zone 'UTC')::date;
     v_from := v_day::timestamp at time zone 'UTC';
     v_to := least(p_before, (v_day + 1)::timestamp at time zone 'UTC');
-    v_jobs := x_jobs_history_table(p_state, v_day);
+    v_jobs := xjobs_history_table(p_state, v_day);
     execute format($move$
         with victims as (
             select id, run_id
@@ -137,7 +137,7 @@ $fn$
 # page, get_job) and, while it waits, queues the next ones; a day it cannot take at once is
 # left for the next run. Returns the names dropped.
 DROP_EXPIRED = r"""
-create or replace function x_jobs_history_drop(p_state text, p_before timestamptz)
+create or replace function xjobs_history_drop(p_state text, p_before timestamptz)
 returns setof text
 language plpgsql as $fn$
 declare
@@ -180,9 +180,9 @@ begin
     end loop;
 end
 $rev$;
-drop function if exists x_jobs_history_drop(text, timestamptz);
-drop function if exists x_jobs_archive(text, timestamptz, integer);
-drop function if exists x_jobs_history_table(text, date);
+drop function if exists xjobs_history_drop(text, timestamptz);
+drop function if exists xjobs_archive(text, timestamptz, integer);
+drop function if exists xjobs_history_table(text, date);
 """
 
 

@@ -6,7 +6,7 @@ it finished), a child of ``x_jobs`` by table inheritance, and its run's steps in
 and ``x_job_steps`` see the children's rows; every statement a worker runs names ``only x_jobs``,
 so no claim, acknowledgement or heartbeat touches, plans or locks a history table. The table
 names depend on the data, so the moving and the dropping are SQL functions
-(``x_jobs_history_table``, ``x_jobs_archive``, ``x_jobs_history_drop``), defined in the
+(``xjobs_history_table``, ``xjobs_archive``, ``xjobs_history_drop``), defined in the
 migration ``0006_history``; the statements here call them.
 """
 
@@ -27,7 +27,7 @@ deletion is a plain DELETE: a late write of a worker waiting on one of them find
 (0 rows, the fence's answer), never an error. A run's steps stay in x_job_steps while another
 job of x_jobs has the same run id (a resumed backfill pass reuses its run id).
 """,
-    sql="select x_jobs_archive(%(state)s, %(before)s, %(batch)s)",
+    sql="select xjobs_archive(%(state)s, %(before)s, %(batch)s)",
 )
 
 HISTORY_DROP = Statement(
@@ -39,7 +39,7 @@ Each DROP waits at most 200 ms (lock_timeout) for the readers of that table: a d
 take at once is dropped by the next run, and no reader queues behind it for longer. Returns the
 names of the job tables dropped.
 """,
-    sql="select x_jobs_history_drop(%(state)s, %(before)s)",
+    sql="select xjobs_history_drop(%(state)s, %(before)s)",
 )
 
 HISTORY_TABLES = Statement(
