@@ -6,16 +6,16 @@ What goes, and after how long (docs/scheduling.md, "Maintenance and retention"):
   ``dead``), measured from ``finished_at``, with the steps of their runs: a whole history table
   per UTC day (``history_drop``, one statement per day), and the rows still in ``x_jobs``
   itself (``jobs_purge``);
-
-Before that, finished jobs older than ``XJOBS["ARCHIVE_AFTER"]`` move out of ``x_jobs`` into
-the history tables (:func:`archive`, which the scheduler's maintenance thread also runs every
-second while it leads: docs/scheduling.md, "History tables").
 * events past their ``expires_at`` (``events_purge``);
 * relayed outbox rows published more than ``XJOBS["OUTBOX_RETENTION"]`` ago; pending rows are
   never touched (``outbox_purge_published``);
 * concurrency slot rows expired for more than ``XJOBS["SLOT_PURGE_GRACE"]``
   (``slots_purge_expired``; why the grace: see that statement);
 * the counters' minute, hour and day buckets past ``counters.RETENTION`` (``stats_prune``).
+
+Before that, finished jobs older than ``XJOBS["ARCHIVE_AFTER"]`` move out of ``x_jobs`` into
+the history tables (:func:`archive`, which the scheduler's maintenance thread also runs every
+second while it leads: docs/scheduling.md, "History tables").
 
 Every delete runs in batches of ``XJOBS["MAINTENANCE_BATCH"]`` rows, each batch its own short
 transaction taken with SKIP LOCKED, so retention never holds long locks on a hot table nor waits
