@@ -37,7 +37,6 @@ from .. import conf, counters
 from ..engines import Engine, get_engine
 from ..records import TERMINAL_STATES
 
-
 # The archive moves ten times MAINTENANCE_BATCH rows per statement: finished rows, which no
 # worker writes, so a bigger batch makes nobody wait, and it moves them at about 130,000 rows/s
 # against 90,000 in batches of 1,000 (docs/performance.md, "History: what we measured and
