@@ -236,7 +236,8 @@ class SchedulerDuty(Duty):
         if self.settings.maintenance_interval is not None:
             self.maintenance = Maintenance(engine=self.engine, leadership=self.leadership,
                                            interval=self.settings.maintenance_interval,
-                                           stop=self.stop)
+                                           stop=self.stop,
+                                           label=f"xjobs:{self.worker_id}:maintenance")
             self.maintenance.start()
 
         try:
@@ -284,9 +285,10 @@ class Maintenance(threading.Thread):
     a thread (and connection) of its own, so a long purge never delays a cron round."""
 
     def __init__(self, *, engine: Engine, leadership: leadership.Leadership, interval: float,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, label: str = "xjobs:maintenance") -> None:
         super().__init__(name="xjobs-maintenance", daemon=True)
         self.engine = engine
+        self.label = label
         self.leadership = leadership
         self.interval = interval
         self.stop = stop
@@ -305,6 +307,12 @@ class Maintenance(threading.Thread):
                     continue
                 full = time.monotonic() >= due
                 try:
+                    # A fresh connection (the first, or after a reset below) gets its name, as
+                    # the scheduler's does: operators and tests find the archiving backend by it
+                    # (tests/acceptance/test_history_fleet.py), and its statements run with JIT
+                    # off like every other worker connection's (statement session_label).
+                    if connections[self.engine.alias].connection is None:
+                        self.engine.session_label(self.label)
                     if full:
                         due = time.monotonic() + self.interval
                         report = pruner.run_once(engine=self.engine,

@@ -186,6 +186,18 @@ def three_steps(ctx, fail_third_times=2):
     return [first, second, ctx.step.run("third", third)]
 
 
+@job(max_attempts=1)
+def dead_then_done(ctx):
+    """A durable step, then the first run fails for good (the job goes dead); a run after an
+    operator's retry finds the step's memo and finishes. Every run records its start."""
+    first = not Effect.objects.filter(job_id=ctx.job_id, kind="start").exists()
+    _effect(ctx, "start")
+    charged = ctx.step.run("charge", lambda: _effect(ctx, "step", "charge") or {"charged": 1})
+    if first:
+        raise PermanentError("the first run fails after its step")
+    return {"charged": charged, "attempt": ctx.attempt}
+
+
 @job
 def sleeper(ctx, seconds=1.0, tag=""):
     ctx.step.run("before", lambda: _effect(ctx, "before", tag))
