@@ -30,6 +30,9 @@ import pytest
 from django.utils import timezone
 
 from django_xjobs import api
+from django_xjobs.engines import get_engine
+from django_xjobs.maintenance import pruner
+from django_xjobs.models import Job
 from tests.acceptance.conftest import (
     FAST,
     effects,
@@ -230,11 +233,22 @@ def test_console_pages_have_the_breadcrumbs_of_the_stock_admin(
     assert stock is not None and stock["trail"][0] == "Home"
     assert stock["background"] not in ("rgba(0, 0, 0, 0)", "transparent")
 
+    # A day of history, so the health panel lists a history table.
+    engine = get_engine()
+    Job.objects.bulk_create([
+        Job(name="testapp.record", idempotency_key=f"done-{i}", state="done",
+            finished_at=engine.db_now() - timedelta(days=1, minutes=i)) for i in range(25)])
+    pruner.archive()
+    # (The statistics count the archive's inserts once its backend reports them: within 1 s.)
+    [history] = wait_until(lambda: [t for t in engine.history_tables() if t.rows == 25],
+                           message="the history table's row estimate")
+
     pages = {"dashboard": "/admin/django_xjobs/job/dashboard/",
              "health": "/admin/django_xjobs/job/health/"}
     for name, url in pages.items():
         page.goto(live_server.url + url)
         assert page.evaluate(BREADCRUMBS_LOOK) == stock, name
+    assert history.table in page.locator("#xjobs-history").inner_text()
     page.screenshot(path=str(shots / "health.png"), full_page=True)  # the dashboard's: above
 
     # An action's confirmation page, reached as an operator reaches it.

@@ -46,16 +46,19 @@ HISTORY_TABLES = Statement(
     "history_tables",
     why="""
 The history tables, newest first, for the console's health panel and `manage.py xjobs health`:
-name, the rows the planner estimates (pg_class.reltuples, -1 before the first ANALYZE; never a
-count(*), which would read them all), and the size on disk with indexes and steps.
+name, an estimate of its rows (the statistics' live-row count, which counts the archive's
+inserts as they commit; the planner's reltuples after a crash reset it; never a count(*), which
+would read them all), and the size on disk with indexes and steps.
 """,
     sql="""
-select c.relname::text, c.reltuples::bigint,
+select c.relname::text,
+       coalesce(nullif(s.n_live_tup, 0), greatest(c.reltuples, 0))::bigint,
        pg_total_relation_size(c.oid)
        + coalesce(pg_total_relation_size(to_regclass(replace(c.relname::text, 'x_jobs_',
                                                              'x_job_steps_'))), 0)
   from pg_inherits i
   join pg_class c on c.oid = i.inhrelid
+  left join pg_stat_user_tables s on s.relid = c.oid
  where i.inhparent = 'x_jobs'::regclass
  order by right(c.relname::text, 8) desc, c.relname
 """,
