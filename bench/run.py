@@ -32,6 +32,8 @@ W12 rate limit      20,000 no-op jobs under RateLimit(limit=2,000, period=1 s) (
 W13 slot hand-over  Concurrency(limit=1) on one key, 20 ms jobs, 2 workers: finished_at of
                     one run -> started_at of the next on the other worker, ~200    p50/p95
 W8 and W11-W13 print beside them one unlimited no-op drain of the same run.
+Spawned workers start from bytecode compiled before the first workload, as an installed
+package's would (compile_sources; ``--from-source`` measures them compiling it).
 
 The database is a fresh ``xjobs_bench`` (``XJOBS_BENCH_DB`` names another) on the server
 ``devdb.py`` picks (the one the tests use). Figures depend on the machine: compare
@@ -99,6 +101,22 @@ def tenant_backlog(n: int, tenants: int) -> list[int]:
     for rank in range(spare - sum(extra)):  # what rounding down left, one each from the top
         extra[rank] += 1
     return [big, *(1 + e for e in extra)]
+
+
+def compile_sources() -> None:
+    """Byte-compile what the spawned workers import from a checkout rather than from an
+    installed package: the measured django_xjobs, the benchmark's project and the dev database
+    helper, as pip does when it installs a package. A deployed worker starts from that
+    bytecode; a checkout run with PYTHONDONTWRITEBYTECODE=1 (as on the bench machine) would
+    compile some eighty modules from source at every spawn, a hundred milliseconds of each W3
+    start-up that no deployment pays (docs/performance.md, "Worker start-up"). ``--from-source``
+    skips this and measures that case."""
+    import compileall
+
+    for folder in (SOURCE / "django_xjobs", HERE / "xbench_project"):
+        compileall.compile_dir(folder, quiet=1)
+    for module in (ROOT / "tests" / "__init__.py", ROOT / "tests" / "devdb.py"):
+        compileall.compile_file(module, quiet=1)
 
 
 def setup_database() -> str:
@@ -709,9 +727,14 @@ def main() -> None:
                    help="the checkout whose django_xjobs is measured (default: this one)")
     p.add_argument("--rate-limit", type=int, default=2000,
                    help="W12's limit, starts per second (high enough to bind)")
+    p.add_argument("--from-source", action="store_true",
+                   help="do not byte-compile the checkout first: the workers compile what they "
+                        "import when PYTHONDONTWRITEBYTECODE is set (see compile_sources)")
     args = p.parse_args()
     if args.rate_limit < 1:
         p.error("--rate-limit must be a positive number of starts per second")
+    if not args.from_source:
+        compile_sources()
     bench = Bench(setup_database(), args)
     chosen = {w.strip().upper() for w in args.workloads.split(",")}
     reps = bench.sizes["reps"]

@@ -23,17 +23,29 @@ def valid_traceparent(value: object) -> bool:
     version, trace_id, parent_id, _flags = value.split("-")
     return version != "ff" and trace_id != "0" * 32 and parent_id != "0" * 16
 
-try:  # pragma: no cover - exercised in both states by the test matrix
-    from opentelemetry import propagate as _propagate
-    from opentelemetry import trace as _trace
-except ImportError:  # pragma: no cover
-    _propagate = None  # type: ignore[assignment]
-    _trace = None  # type: ignore[assignment]
+_UNLOADED: Any = object()
+_otel: Any = _UNLOADED  # (propagate, trace) once looked for; None when not installed
+
+
+def _api() -> tuple[Any, Any] | None:
+    """OpenTelemetry's ``propagate`` and ``trace`` modules, or None when it is not installed.
+    Looked for at the first call, not at import: a worker process imports this module before
+    its first claim, and the API's import is a few milliseconds of start-up that the first
+    job's span can pay instead (docs/performance.md, "Worker start-up")."""
+    global _otel
+    if _otel is _UNLOADED:
+        try:  # pragma: no cover - exercised in both states by the test matrix
+            from opentelemetry import propagate, trace  # optional; first use pays, not start-up
+        except ImportError:  # pragma: no cover
+            _otel = None
+        else:
+            _otel = (propagate, trace)
+    return _otel  # type: ignore[no-any-return]
 
 
 def otel_available() -> bool:
     """Whether the OpenTelemetry API is installed."""
-    return _trace is not None
+    return _api() is not None
 
 
 def wants_span(traceparent: str | None) -> bool:
@@ -42,19 +54,22 @@ def wants_span(traceparent: str | None) -> bool:
     With a traceparent, always (when the API is installed): the job's code then sees the
     enqueuer's trace as current, so what it calls carries it on. Without one, only when an SDK
     records spans: with the API alone a new root span is a no-op that costs every job."""
-    if _trace is None:
+    otel = _api()
+    if otel is None:
         return False
     if traceparent:
         return True
-    return not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
+    trace = otel[1]
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 def current_traceparent() -> str | None:
     """The traceparent of the current OpenTelemetry span, or None (no OTel, no valid span)."""
-    if _propagate is None:
+    otel = _api()
+    if otel is None:
         return None
     carrier: dict[str, str] = {}
-    _propagate.inject(carrier)
+    otel[0].inject(carrier)
     value = carrier.get("traceparent")
     return value if value and valid_traceparent(value) else None
 
@@ -62,12 +77,14 @@ def current_traceparent() -> str | None:
 @contextlib.contextmanager
 def job_span(name: str, traceparent: str | None, attributes: dict[str, Any]) -> Iterator[None]:
     """Run a job inside a span that is a child of ``traceparent`` (no-op without OTel)."""
-    if _trace is None or _propagate is None:
+    otel = _api()
+    if otel is None:
         yield
         return
-    parent = _propagate.extract({"traceparent": traceparent}) if traceparent else None
-    tracer = _trace.get_tracer("django_xjobs")
+    propagate, trace = otel
+    parent = propagate.extract({"traceparent": traceparent}) if traceparent else None
+    tracer = trace.get_tracer("django_xjobs")
     with tracer.start_as_current_span(
-        f"xjobs {name}", context=parent, kind=_trace.SpanKind.CONSUMER, attributes=attributes
+        f"xjobs {name}", context=parent, kind=trace.SpanKind.CONSUMER, attributes=attributes
     ):
         yield

@@ -37,11 +37,13 @@ import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterError, croniter
-
 from ..exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from croniter import croniter
 
 MISFIRE_POLICIES = ("latest", "all", "skip")
 _FAR_PAST = datetime(2000, 1, 1, tzinfo=UTC)
@@ -68,6 +70,7 @@ class CronSchedule:
     def _iter(self, start: datetime) -> croniter:
         begin = start.astimezone(self.zone)
         if self._template is None:
+            from croniter import croniter  # parse() imported it already: a dictionary lookup
             return croniter(self.expression, begin, second_at_beginning=self.seconds)
         it = copy.copy(self._template)
         it.set_current(begin, force=True)
@@ -117,6 +120,10 @@ def parse(expression: object, timezone: object = "UTC", *, what: str = "cron") -
             "(minute hour day-of-month month day-of-week) or 6 with seconds first "
             "(second minute hour day-of-month month day-of-week)"
         )
+    # Imported by the first parse, not with the package: a worker without cron tasks never
+    # needs it, and its start-up is shorter for it (docs/performance.md, "Worker start-up").
+    from croniter import CroniterError, croniter  # the first parse pays, not every start-up
+
     if not croniter.is_valid(text, second_at_beginning=seconds):
         raise ConfigurationError(f"{what}: {expression!r} is not a valid cron expression")
     schedule = CronSchedule(expression=text, timezone=zone, seconds=seconds,

@@ -12,12 +12,10 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import metrics
 from ...exceptions import ConfigurationError
 from ...values import NAME_RE, parse_duration
 from ...worker import duties
 from ...worker.loop import Worker, WorkerOptions
-from ...worker.supervisor import Supervisor
 from .. import cli
 
 
@@ -143,6 +141,8 @@ class Command(BaseCommand):
         stop_serving = _serve_metrics(options["metrics_port"])
         try:
             if options["processes"] > 1:
+                from ...worker.supervisor import Supervisor  # --processes only, after checks
+
                 code = Supervisor(_child_args(options), options["processes"], _child_env(),
                                   burst=options["burst"]).run()
                 if code:
@@ -162,6 +162,8 @@ def _serve_metrics(port: int | None) -> Callable[[], None]:
     serves them: the children are not given the port."""
     if port is None:
         return lambda: None
+    from ... import metrics  # --metrics-port only: a plain worker's start-up skips it
+
     try:
         return metrics.serve(port)
     except ImproperlyConfigured as exc:  # prometheus_client is not installed
