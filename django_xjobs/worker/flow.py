@@ -219,11 +219,13 @@ class Flow:
                   SLOT_LOST, where, why)
 
     # -------------------------------------------------------------- the safety net --
-    def unblock_due(self, now: float) -> None:
-        """Once per poll interval: wake the blocked jobs no release woke (one statement)."""
+    def unblock_due(self, now: float) -> int:
+        """Once per poll interval: wake the blocked jobs no release woke (one statement); how
+        many it woke."""
         if now < self._next_unblock:
-            return
+            return 0
         self._next_unblock = now + self.poll_interval
         woken = self.engine.jobs_unblock(self.params)
         if woken:
             self.stats["unblocked"] += woken
+        return woken

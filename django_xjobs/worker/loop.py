@@ -36,7 +36,9 @@ released in ONE ``slots_release_if_held`` per settle (step 1), however the run e
 wakes the jobs blocked on their keys fleet-wide. A run that cannot prove it still holds its
 slot (a refused renewal, or none for a whole SLOT_TTL) is stopped with ``X_JOB_SLOT_LOST`` and
 its job handed back; its result is never written. Once per poll interval the loop also runs
-``jobs_unblock``, the safety net for blocked jobs no release woke.
+``jobs_unblock``, the safety net for blocked jobs no release woke: before the claim, except in a
+round a NOTIFY started, where the claim goes first (the pick-up of a job just enqueued does not
+wait for it) and what it woke is claimed in the next round.
 
 Burst mode (``--burst``, ``testing.drain``) runs until nothing is due: a sweep of every queue
 found nothing, nothing is in flight, and every background duty had finished its first pass
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import logging
 import os
 import queue
@@ -288,8 +291,17 @@ class Worker:
                    if self.options.install_signals else None)
         if signals:
             signals.install()
+        frozen = False
         try:
             self._start_threads()
+            # What exists now (Django, the app's modules, this worker's threads and connections)
+            # lives as long as the worker: left out of the garbage collector's full passes,
+            # which otherwise walk all of it again every few thousand jobs, since the runs in
+            # flight keep being promoted to the oldest generation (docs/performance.md, "Where
+            # a job's time goes"). Given back when the worker stops: an embedding process
+            # (testing.drain) keeps its usual collection.
+            gc.freeze()
+            frozen = True
             log.info(
                 "worker %s started: queues=%s concurrency=%d prefetch=%s lease=%gs "
                 "heartbeat=%gs notify=%s",
@@ -301,6 +313,8 @@ class Worker:
                 pass
             self._shutdown()
         finally:
+            if frozen:
+                gc.unfreeze()
             if signals:
                 signals.uninstall()
             self._stop_threads.set()
@@ -384,9 +398,17 @@ class Worker:
         duties_ready = not self.options.burst or all(
             duty.started.is_set() for duty, _ in self._duties)
         due = self.options.burst or now - self._last_claim >= self.options.poll_interval
-        self._unblock(now)  # once per poll interval, by its own clock: a busy loop claims often
-        if self._more_likely or due or notified or self.flow.claim_due(now):
+        if notified and not self.options.burst:
+            # A job was just enqueued: claim it first, the safety net after (its statement
+            # would delay the pick-up; what it wakes is claimed at once, on the next round).
+            # A burst run keeps the safety net first: a claim that finds nothing may end it.
             claimed = self._claim()
+            if self._unblock(now):
+                self._more_likely = True
+        else:
+            self._unblock(now)  # once per poll interval, by its own clock: a busy loop claims
+            if self._more_likely or due or self.flow.claim_due(now):
+                claimed = self._claim()
         if self.options.burst and claimed == 0 and self._dry and not self._runs:
             if not duties_ready:  # their first pass may enqueue work: claim again after it
                 self._wait_for_duties()
@@ -615,6 +637,11 @@ class Worker:
             # Wake the loop only when it has something worth a round trip: runs to claim for
             # (the queue ran low), a full ack batch, an outcome that waited ack_interval, or a
             # run that holds a slot (its release lets the key's next job start, fleet-wide).
+            # Not again while a wake-up is pending: the loop clears the event before it reads
+            # what the executors left (_iterate), so this run's outcome, recorded above, is
+            # seen by the round that event starts; setting it again costs a lock per job.
+            if self._wake.is_set():
+                continue
             finished = len(self._finished)
             if (held_slot or self._queued <= self._low_water
                     or finished >= self.settings.ack_batch
@@ -639,7 +666,7 @@ class Worker:
                 return False
             # Discard too: a step write the slot guard refused (Run._slot_guard) ends the run
             # with SlotLost, and the job must be handed back, not left to its lease.
-            lost = (isinstance(outcome, Done | Retry | Discard)
+            lost = (run.slot is not None and isinstance(outcome, Done | Retry | Discard)
                     and self.flow.slot_lapsed(run, clock.monotonic()))
             if lost:
                 # The run ended after its slot may have lapsed (a worker frozen past the TTL
@@ -878,12 +905,13 @@ class Worker:
         self._wake.set()
 
     # ------------------------------------------------------------- flow control --
-    def _unblock(self, now: float) -> None:
-        """The safety net of blocked jobs, once per poll interval (flow.py)."""
+    def _unblock(self, now: float) -> int:
+        """The safety net of blocked jobs, once per poll interval (flow.py); how many it woke."""
         try:
-            self.flow.unblock_due(now)
+            return self.flow.unblock_due(now)
         except Exception as exc:
             self._db_error("unblock", exc)
+            return 0
 
     def on_slots_renewed(self, runs: Sequence[Run], renewed: frozenset[str],
                          sent_at: float) -> None:
