@@ -273,6 +273,25 @@ def test_a_claim_leases_the_job_to_the_worker(engine):
 
 
 @pytest.mark.django_db
+def test_each_job_of_a_claimed_batch_gets_its_own_input_whatever_its_json(engine):
+    # The PostgreSQL engine decodes a batch's inputs in one go, and each row alone when that
+    # cannot hold (an input that is a JSON string): either way every job gets its own input.
+    def objects(n: int) -> dict[str, object]:
+        return {str(enqueue(engine, input={"i": i, "s": "x" * i, "n": [i, None]}).id):
+                {"i": i, "s": "x" * i, "n": [i, None]} for i in range(n)}
+
+    given = objects(5)
+    assert {c.id: c.input for c in claim(engine, n=20)} == given
+
+    given = objects(2)
+    for value in ("a JSON string", [1, 2], 7, True):
+        given[str(make_row(engine, input=value).id)] = value
+    claimed = claim(engine, n=20)
+    assert {c.id: c.input for c in claimed} == given
+    assert all(c.input_error is None for c in claimed)
+
+
+@pytest.mark.django_db
 def test_every_claim_writes_a_fresh_lease_token(engine):
     result = enqueue(engine, max_attempts=50)
     tokens = []
