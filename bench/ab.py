@@ -20,8 +20,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# A row of run.py's table: "| label | 12,345 jobs/s (...) |"; the first number is the figure.
-FIGURE = re.compile(r"^\|\s*(?P<label>.+?)\s*\|\s*(?P<value>[\d,]+(?:\.\d+)?)")
+# A row of run.py's table: "| label | 12,345 jobs/s (...) |"; the first number is the figure,
+# or the first numbers when the row gives several ("4.7 / 7.9 / 11.4 ms") and its label names
+# as many ("p50 / p95 / p99"): one figure each.
+FIGURE = re.compile(r"^\|\s*(?P<label>.+?)\s*\|\s*(?P<values>[\d,]+(?:\.\d+)?"
+                    r"(?:\s*/\s*[\d,]+(?:\.\d+)?)*)")
+NAMES = re.compile(r"\S+(?: / \S+)+")
 
 
 def export(rev: str, into: Path) -> None:
@@ -39,7 +43,14 @@ def run(source: Path, passthrough: list[str]) -> dict[str, float]:
     for line in out.splitlines():
         m = FIGURE.match(line)
         if m:
-            figures[m["label"].strip()] = float(m["value"].replace(",", ""))
+            label = m["label"].strip()
+            values = [float(v.replace(",", "")) for v in re.split(r"\s*/\s*", m["values"])]
+            names = NAMES.search(label)
+            if len(values) > 1 and names and len(names[0].split(" / ")) == len(values):
+                for name, value in zip(names[0].split(" / "), values, strict=True):
+                    figures[label.replace(names[0], name)] = value
+            else:
+                figures[label] = values[0]
     return figures
 
 
