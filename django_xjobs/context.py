@@ -62,7 +62,7 @@ class StopSignal:
         return self._event.wait(timeout)
 
 
-@dataclass(eq=False, kw_only=True, slots=True)
+@dataclass(eq=False, kw_only=True, slots=True, weakref_slot=True)
 class JobContext:
     """The running job as its code sees it.
 

@@ -62,6 +62,7 @@ import queue
 import secrets
 import socket
 import threading
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -168,8 +169,8 @@ class WorkerOptions:
 class Run:
     """One claim of one job, from the claim until its fenced write settles it."""
 
-    __slots__ = ("abandoned", "budget", "ctx", "deadline", "definition", "future", "job",
-                 "on_unproven", "outcome", "parking", "phase", "renewed_at", "slot",
+    __slots__ = ("_ctx", "_ctx_ref", "abandoned", "budget", "deadline", "definition", "future",
+                 "job", "on_unproven", "outcome", "parking", "phase", "renewed_at", "slot",
                  "slot_renewed_at", "slot_ttl")
 
     def __init__(self, job: ClaimedJob, definition: registry.JobDefinition | None, now: float, *,
@@ -196,12 +197,37 @@ class Run:
         self.slot: SlotHold | None = None
         self.slot_renewed_at = now
         self.slot_ttl = 0.0  # SLOT_TTL, set with the slot
-        self.ctx = JobContext(
+        self._ctx: JobContext | None = JobContext(
             job_id=job.id, run_id=job.run_id, name=job.name, queue=job.queue,
             attempt=job.attempt, max_attempts=job.max_attempts, tenant_id=job.tenant_id,
             traceparent=job.traceparent, step_factory=self._steps, lease_token=job.lease_token,
             lease_proof=self.prove_lease, progress_writer=self._write_progress,
         )
+        self._ctx_ref: weakref.ref[JobContext] | None = None
+
+    @property
+    def ctx(self) -> JobContext:
+        ctx = self._ctx
+        if ctx is None:
+            # Let go by let_go_of_ctx: whoever still reaches this run through its context
+            # (the context's callbacks are its methods) holds that context.
+            assert self._ctx_ref is not None
+            ctx = self._ctx_ref()
+            assert ctx is not None, "a settled run reached without its context"
+        return ctx
+
+    def let_go_of_ctx(self) -> None:
+        """Once the run is settled and its code has returned: keep the context weakly.
+
+        The context's lease proof, steps and progress writer are this run's methods, so the
+        two refer to each other, and without this every run would wait for a full pass of the
+        garbage collector to be freed (docs/performance.md, "Where a job's time goes"). A
+        context its job's code kept still reaches this run, and this run still reaches it.
+        """
+        ctx = self._ctx
+        if ctx is not None:
+            self._ctx_ref = weakref.ref(ctx)
+            self._ctx = None
 
     def prove_lease(self) -> None:
         """``ctx.prove_lease`` before the job's body and every step's body: one monotonic read.
@@ -751,6 +777,8 @@ class Worker:
                         for r in done:
                             r.phase = SETTLED
                             del self._runs[r.job.lease_token]
+                    for r in done:
+                        r.let_go_of_ctx()  # a Done run's code has returned
                     self.stats["done"] += len(done)
                 else:
                     for r in done:
