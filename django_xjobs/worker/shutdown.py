@@ -62,13 +62,21 @@ class ShutdownSignals:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self._received += 1
         if self._received >= 2 and self._repeat_exits:
-            name = signal.Signals(signum).name
-            os.write(2, f"{name} received again: exiting now; running jobs will be re-claimed "
-                        "after their leases lapse\n".encode())
-            os._exit(1)
+            self._exit(signum)
+
+    def _exit(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        os.write(2, f"{name} received again: exiting now; running jobs will be re-claimed "
+                    "after their leases lapse\n".encode())
+        os._exit(1)
 
     def _watch(self, reader: socket.socket) -> None:
+        # The C-level handler writes one byte per signal, while the Python-level one runs once
+        # for every signal that arrived before the main thread got to run it: a second SIGTERM
+        # sent before then (the first one's stop already logged, by this thread) is counted
+        # here (tests/acceptance/test_worker_signals.py).
         handled = {int(s) for s in SIGNALS}
+        seen = 0
         while True:
             try:
                 data = reader.recv(64)
@@ -77,6 +85,10 @@ class ShutdownSignals:
             if not data:
                 return
             for signum in data:
-                if signum in handled:
+                if signum not in handled:
+                    continue
+                seen += 1
+                if seen == 1:
                     self._on_first(signal.Signals(signum).name)
-                    return
+                elif self._repeat_exits:
+                    self._exit(signum)
