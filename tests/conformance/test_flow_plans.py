@@ -10,6 +10,7 @@ rolled back, so every test sees the same rows.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 
@@ -90,6 +91,40 @@ def explain(sql: str, params: dict) -> dict:
     return plan["Plan"]
 
 
+def explain_generic(sql: str, params: dict) -> dict:
+    """As :func:`explain`, with the plan a worker's session runs: the GENERIC plan of the
+    prepared statement (session_label sets ``plan_cache_mode = force_generic_plan``), planned
+    once for any parameters, not for these. The statement is prepared with ``$n`` parameters
+    (in order of first appearance, as psycopg numbers them) and executed with these values."""
+    from psycopg import sql as pgsql
+
+    order: list[str] = []
+
+    def number(match: re.Match) -> str:
+        if match.group(1) not in order:
+            order.append(match.group(1))
+        return f"${order.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", number, sql.strip()).replace("%%", "%")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("set local jit = off")
+        cursor.execute("set local plan_cache_mode = force_generic_plan")
+        cursor.execute(f"prepare xjobs_generic as {text}".replace("%", "%%"))
+        raw = connection.connection
+        values = pgsql.SQL(", ").join(pgsql.Literal(params[name]) for name in order)
+        query = pgsql.SQL("explain (analyze, buffers, format json) execute xjobs_generic ({})")
+        [[[plan]]] = raw.execute(query.format(values)).fetchall()
+        cursor.execute("select generic_plans, custom_plans from pg_prepared_statements"
+                       " where name = 'xjobs_generic'")
+        assert cursor.fetchone() == (1, 0)
+        cursor.execute("deallocate xjobs_generic")
+        transaction.set_rollback(True)
+    return plan["Plan"]
+
+
+PLANNERS = {"custom": explain, "generic": explain_generic}
+
+
 def nodes(plan: dict) -> Iterator[dict]:
     yield plan
     for child in plan.get("Plans", []):
@@ -118,10 +153,11 @@ def test_the_bound_would_fail_for_a_walk_of_the_table(million):
     assert million["table_pages"] > 20 * CLAIM_PAGES, million
 
 
+@pytest.mark.parametrize("planner", sorted(PLANNERS))
 @pytest.mark.parametrize("cursor", ["", "t0500", "t0999"])
-def test_a_fair_claim_walks_a_few_tenants_of_a_million_jobs(engine, million, cursor):
+def test_a_fair_claim_walks_a_few_tenants_of_a_million_jobs(engine, million, cursor, planner):
     claim = engine.statements()["jobs_claim"]
-    plan = explain(claim.sql, claim_params(["fair"], fair=True, cursor=cursor))
+    plan = PLANNERS[planner](claim.sql, claim_params(["fair"], fair=True, cursor=cursor))
 
     assert returned(plan) == 10
     assert "x_jobs_fair_idx" in indexes(plan), indexes(plan)
@@ -129,9 +165,10 @@ def test_a_fair_claim_walks_a_few_tenants_of_a_million_jobs(engine, million, cur
     assert buffers(plan) < CLAIM_PAGES, f"{buffers(plan)} pages read by a fair claim of 10"
 
 
-def test_a_plain_claim_reads_its_batch_of_a_million_jobs(engine, million):
+@pytest.mark.parametrize("planner", sorted(PLANNERS))
+def test_a_plain_claim_reads_its_batch_of_a_million_jobs(engine, million, planner):
     claim = engine.statements()["jobs_claim"]
-    plan = explain(claim.sql, claim_params(["fair"]))
+    plan = PLANNERS[planner](claim.sql, claim_params(["fair"]))
 
     assert returned(plan) == 10
     assert "x_jobs_claim_idx" in indexes(plan), indexes(plan)
@@ -146,12 +183,13 @@ def unblock_params(**overrides) -> dict:
     return params
 
 
-def test_the_unblock_safety_net_probes_each_blocked_key_once(engine, million):
+@pytest.mark.parametrize("planner", sorted(PLANNERS))
+def test_the_unblock_safety_net_probes_each_blocked_key_once(engine, million, planner):
     """All 1,000 keys are full: nothing to wake, and the statement reads a few pages per key
     (one probe of the blocked index, one of the key's slots), not the blocked jobs one by one
     nor the table."""
     unblock = engine.statements()["jobs_unblock"]
-    plan = explain(unblock.sql, unblock_params())
+    plan = PLANNERS[planner](unblock.sql, unblock_params())
 
     assert "x_jobs_blocked_idx" in indexes(plan), indexes(plan)
     assert seq_scans(plan, "x_jobs") == []
