@@ -50,6 +50,13 @@ def test_maintenance_can_be_switched_off():
     assert conf.build({"MAINTENANCE_INTERVAL": None}).maintenance_interval is None
 
 
+def test_finished_jobs_move_to_the_history_tables_after_ten_seconds_unless_told():
+    assert conf.build({}).archive_after == 10.0
+    assert conf.build({"ARCHIVE_AFTER": "2m"}).archive_after == 120.0
+    assert conf.build({"ARCHIVE_AFTER": 0}).archive_after == 0.0
+    assert conf.build({"ARCHIVE_AFTER": None}).archive_after is None
+
+
 @pytest.mark.parametrize(
     ("raw", "fragment"),
     [
@@ -65,6 +72,8 @@ def test_maintenance_can_be_switched_off():
         ({"MAINTENANCE_BATCH": 0}, "MAINTENANCE_BATCH"),
         ({"OUTBOX_RETENTION": "forever"}, "OUTBOX_RETENTION"),
         ({"SLOT_PURGE_GRACE": -5}, "SLOT_PURGE_GRACE"),
+        ({"ARCHIVE_AFTER": "soon"}, 'XJOBS["ARCHIVE_AFTER"]'),
+        ({"ARCHIVE_AFTER": -5}, 'XJOBS["ARCHIVE_AFTER"]: must not be negative'),
     ],
 )
 def test_a_bad_scheduler_setting_names_its_key(raw, fragment):
