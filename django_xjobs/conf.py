@@ -601,19 +601,15 @@ def _leader(raw: Mapping[str, Any], key: str, default: str) -> str:
     return str(leader)
 
 
-def _maintenance_interval(raw: Mapping[str, Any], key: str,
-                          default: float | None) -> float | None:
-    """None switches the scheduler's maintenance off (``manage.py xjobs maintenance`` instead)."""
-    if raw.get(key, default) is None:
+def _duration_or_none(raw: Mapping[str, Any], key: str, default: float | None, *,
+                      positive: bool = True) -> float | None:
+    """A duration that None switches off: ``MAINTENANCE_INTERVAL`` (no maintenance by the
+    scheduler: ``manage.py xjobs maintenance`` instead), ``ARCHIVE_AFTER`` (finished jobs stay
+    in x_jobs; retention then deletes them row by row)."""
+    value = raw.get(key, default)
+    if value is None:
         return None
-    return _duration(raw, key, 60.0)
-
-
-def _archive_after(raw: Mapping[str, Any], key: str, default: float | None) -> float | None:
-    """None keeps finished jobs in x_jobs (retention then deletes them row by row)."""
-    if raw.get(key, default) is None:
-        return None
-    return _duration(raw, key, 10.0, positive=False)
+    return _duration(raw, key, value, positive=positive)
 
 
 def _scheduler_settings(raw: Mapping[str, Any], problems: _Problems,
@@ -637,9 +633,9 @@ def _scheduler_settings(raw: Mapping[str, Any], problems: _Problems,
         "cron_misfire_grace": take(_duration, raw, "CRON_MISFIRE_GRACE",
                                    leader_lease + leader_renew, positive=False),
         "cron_max_catchup": take(_positive_int, raw, "CRON_MAX_CATCHUP", 100),
-        "maintenance_interval": take(_maintenance_interval, raw, "MAINTENANCE_INTERVAL", 60.0),
+        "maintenance_interval": take(_duration_or_none, raw, "MAINTENANCE_INTERVAL", 60.0),
         "maintenance_batch": take(_positive_int, raw, "MAINTENANCE_BATCH", 1000),
-        "archive_after": take(_archive_after, raw, "ARCHIVE_AFTER", 10.0),
+        "archive_after": take(_duration_or_none, raw, "ARCHIVE_AFTER", 10.0, positive=False),
         "outbox_retention": take(_duration, raw, "OUTBOX_RETENTION", 86400.0, positive=False),
         "slot_purge_grace": take(_duration, raw, "SLOT_PURGE_GRACE", worker_lease,
                                  positive=False),

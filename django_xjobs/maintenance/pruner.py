@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from .. import conf, counters
 from ..engines import Engine, get_engine
@@ -50,7 +50,7 @@ class PruneReport:
 
     jobs: Mapping[str, int] = field(default_factory=dict)  # per finished state
     archived: int = 0  # finished jobs moved into the history tables
-    days: tuple[str, ...] = ()  # the history tables dropped
+    days: tuple[str, ...] = ()  # the history tables dropped, a day (of a state) each
     events: int = 0
     outbox: int = 0
     slots: int = 0
@@ -72,16 +72,17 @@ class PruneReport:
 
 
 def archive(*, engine: Engine | None = None, settings: conf.XJobsSettings | None = None,
-            batch_size: int | None = None,
+            batch_size: int | None = None, now: datetime | None = None,
             keep_going: Callable[[], bool] = lambda: True) -> int:
-    """Move the jobs finished more than ``XJOBS["ARCHIVE_AFTER"]`` ago out of ``x_jobs`` into
-    the history tables (none when it is None); how many moved. Each batch is one transaction:
-    call it outside a transaction, for the reason :func:`run_once` gives."""
+    """Move the jobs finished more than ``XJOBS["ARCHIVE_AFTER"]`` ago (before ``now``, the
+    database clock, read here unless given) out of ``x_jobs`` into the history tables (none
+    when it is None); how many moved. Each batch is one transaction: call it outside a
+    transaction, for the reason :func:`run_once` gives."""
     engine = engine or get_engine()
     settings = settings or conf.get()
     if settings.archive_after is None:
         return 0
-    cutoff = engine.db_now() - timedelta(seconds=settings.archive_after)
+    cutoff = (now or engine.db_now()) - timedelta(seconds=settings.archive_after)
     batch = batch_size or settings.maintenance_batch * ARCHIVE_BATCH_FACTOR
     return sum(engine.jobs_archive(state=state, finished_before=cutoff, batch_size=batch,
                                    keep_going=keep_going)
@@ -100,7 +101,7 @@ def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | Non
     jobs: dict[str, int] = {}
     days: list[str] = []
     counts = {"events": 0, "outbox": 0, "slots": 0, "stats": 0}
-    archived = archive(engine=engine, settings=settings, batch_size=batch_size,
+    archived = archive(engine=engine, settings=settings, batch_size=batch_size, now=now,
                        keep_going=keep_going)
 
     def stopped() -> PruneReport:
