@@ -133,6 +133,14 @@ class Job(models.Model):
     attempts = models.JSONField(default=list, db_default=Value([], models.JSONField()))
     # The run's last ctx.progress(): {"done", "total", "message", "at"}.
     progress = models.JSONField(null=True, blank=True)
+    # ---- durable execution, further (docs/durable.md) ----
+    # A child job (ctx.step.invoke / gather): the parent job and the parent's step that waits
+    # for it. Its finish wakes the parent, in the same transaction (xjobs_job_transition).
+    parent_id = models.UUIDField(null=True, blank=True)
+    parent_step = models.TextField(null=True, blank=True)
+    # An idempotency window (.using(unique_for=...)): how long after it finishes the job keeps
+    # its key in x_job_keys, -1 for "forever"; NULL for a key held while live only.
+    unique_for_ms = models.BigIntegerField(null=True, blank=True)
 
     objects = JobManager()
 
@@ -193,6 +201,9 @@ class Job(models.Model):
             # (RUN_ID_APART): none that the API or the outbox writes, so their enqueue, claim
             # and ack pay nothing for it (the condition is checked, no entry written).
             models.Index(fields=["run_id"], condition=RUN_ID_APART, name="x_jobs_run_apart_idx"),
+            # A parent's live children: its cancel cancels them (docs/durable.md, "Child jobs").
+            models.Index(fields=["parent_id"], condition=Q(parent_id__isnull=False),
+                         name="x_jobs_parent_idx"),
             # The jobs list's filters at ten million rows (docs/console.md, "At ten million
             # jobs"). Bloom summaries of name, queue and tenant: a value no job has (a typo, a
             # retired job name, another tenant's name) is ruled out range by range instead of
@@ -248,6 +259,12 @@ class JobStep(models.Model):
     # next wait on the same event starts after it, so waits consume events in order.
     event_id = models.BigIntegerField(null=True, blank=True)
     event_published_at = models.DateTimeField(null=True, blank=True)
+    # What the step is: run, sleep, event, event_any, invoke (the deploy check compares it).
+    # NULL on rows written before it was recorded; the deploy check infers those.
+    kind = models.TextField(null=True, blank=True)
+    # An invoke step while it waits: how many of its children are still live. The last child
+    # to finish brings it to 0 and wakes the parent (docs/durable.md, "Child jobs").
+    pending = models.IntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "x_job_steps"
@@ -264,6 +281,40 @@ class JobStep(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} [{self.status}]"
+
+
+class JobKey(models.Model):
+    """An idempotency window's hold on a key (docs/durable.md, "Idempotency windows").
+
+    One row per (name, tenant, key) ever enqueued with ``unique_for``: the job that holds the
+    key, and when it finished (NULL while live). The unique constraint is what decides a race:
+    an enqueue takes the key only by an upsert whose condition reads this row's own columns.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.TextField()
+    tenant = models.TextField(default="", db_default="")
+    key = models.TextField()
+    job_id = models.UUIDField()
+    # The window the holder was enqueued with; NULL for "forever". Maintenance deletes a row
+    # whose window ended.
+    unique_for_ms = models.BigIntegerField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "x_job_keys"
+        verbose_name = "idempotency window"
+        constraints = [
+            models.UniqueConstraint(fields=["name", "tenant", "key"], name="x_job_keys_uniq"),
+        ]
+        indexes = [
+            models.Index(fields=["finished_at"], condition=Q(unique_for_ms__isnull=False),
+                         name="x_job_keys_expiry_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.key}"
 
 
 class JobEvent(models.Model):

@@ -330,6 +330,11 @@ class JobRecord(_BlocksLazily):
     # Every run that ended, oldest first: the first and the newest 20 (docs/observability.md).
     attempts: list[AttemptRecord] = field(default_factory=list)
     progress: ProgressRecord | None = None
+    # A child job's parent and the parent's step that waits for it (docs/durable.md).
+    parent_id: UUID | None = None
+    parent_step: str | None = None
+    # The idempotency window it was enqueued with, in ms; -1 for "forever".
+    unique_for_ms: int | None = None
 
     @property
     def is_live(self) -> bool:
@@ -524,6 +529,8 @@ class StepRecord:
     event_id: int | None
     event_published_at: datetime | None
     due: bool = False
+    # run, sleep, event, event_any, invoke; None on rows recorded before kinds were.
+    kind: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

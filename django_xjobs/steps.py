@@ -220,6 +220,7 @@ class Steps:
         with self._engine.atomic():
             parked = self._engine.step_park_if_owned(
                 self._owner, name, status="sleeping", wake_at=wake_at, duration_ms=duration_ms,
+                kind="sleep",
             )
             if parked is None:
                 raise self._lost(f"sleep {name!r} not recorded")
@@ -265,6 +266,7 @@ class Steps:
             parked = engine.step_park_if_owned(
                 owner, name, status="waiting", duration_ms=timeout_ms,
                 event=None if wait_any else events[0], correlation_key=correlation_key,
+                kind="event_any" if wait_any else "event",
             )
             if parked is None:
                 raise self._lost(f"wait {name!r} not recorded")
@@ -272,7 +274,7 @@ class Steps:
                 for event in events:
                     if engine.step_park_if_owned(
                         owner, f"{name}#{event}", status="waiting", duration_ms=timeout_ms,
-                        event=event, correlation_key=correlation_key,
+                        event=event, correlation_key=correlation_key, kind="event",
                     ) is None:
                         raise self._lost(f"wait {name!r} not recorded")
             after_at, after_id = self._cursor(events, parked.started_at)

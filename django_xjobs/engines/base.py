@@ -216,6 +216,7 @@ class Engine(abc.ABC):
         self, owner: RunOwner, name: str, output_json: str | None, *,
         event: str | None = None, correlation_key: str | None = None,
         event_id: int | None = None, event_published_at: datetime | None = None,
+        kind: str = "run",
     ) -> bool:
         """Record a step's output; False if the run no longer owns its job (nothing written)."""
 
@@ -227,8 +228,10 @@ class Engine(abc.ABC):
     def step_park_if_owned(
         self, owner: RunOwner, name: str, *, status: str, wake_at: datetime | None = None,
         duration_ms: int = 0, event: str | None = None, correlation_key: str | None = None,
+        kind: str | None = None,
     ) -> ParkedStep | None:
-        """Open (or find) a sleep or event wait; None if the run lost its job."""
+        """Open (or find) a sleep or event wait; None if the run lost its job. ``kind`` (the
+        deploy check's) defaults to ``sleep`` for a sleeping step, else ``event``."""
 
     @abc.abstractmethod
     def step_cancel_siblings(self, owner: RunOwner, prefix: str) -> None:

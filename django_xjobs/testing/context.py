@@ -70,7 +70,8 @@ class MemoryStepStore:
     def step_complete_if_owned(self, owner: RunOwner, name: str, output_json: str | None, *,
                                event: str | None = None, correlation_key: str | None = None,
                                event_id: int | None = None,
-                               event_published_at: datetime | None = None) -> bool:
+                               event_published_at: datetime | None = None,
+                               kind: str = "run") -> bool:
         if name not in self._parked:
             self.ran.append(name)
         self.records[name] = StepRecord(
@@ -78,7 +79,7 @@ class MemoryStepStore:
             output=json.loads(output_json) if output_json is not None else None,
             attempts=1, error=None, started_at=self._published, completed_at=self._published,
             wake_at=None, event=event, correlation_key=correlation_key, event_id=event_id,
-            event_published_at=event_published_at,
+            event_published_at=event_published_at, kind=kind,
         )
         return True
 
@@ -89,14 +90,15 @@ class MemoryStepStore:
         self.records[name] = StepRecord(
             name=name, status="failed", output=None, attempts=attempts, error=error,
             started_at=self._published, completed_at=None, wake_at=None, event=None,
-            correlation_key=None, event_id=None, event_published_at=None,
+            correlation_key=None, event_id=None, event_published_at=None, kind="run",
         )
         return attempts
 
     def step_park_if_owned(self, owner: RunOwner, name: str, *, status: str,
                            wake_at: datetime | None = None, duration_ms: int = 0,
                            event: str | None = None,
-                           correlation_key: str | None = None) -> ParkedStep:
+                           correlation_key: str | None = None,
+                           kind: str | None = None) -> ParkedStep:
         self._parked.add(name)
         if status == "sleeping":
             self.sleeps.append((name, wake_at if wake_at is not None

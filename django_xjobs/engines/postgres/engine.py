@@ -129,7 +129,7 @@ def _job_record(row: Sequence[Any]) -> JobRecord:
     (id_, name, queue, input_, key, run_id, attempt, max_attempts, state, run_at, visible_at,
      claimed_by, last_error, tenant_id, traceparent, enqueued_by, created_at, updated_at,
      priority, result, lease_token, concurrency_key, started_at, finished_at, rescues,
-     worker_ids, attempts, progress) = row[:28]
+     worker_ids, attempts, progress, parent_id, parent_step, unique_for_ms) = row[:31]
     decoded_input, input_error = _try_decode_json(input_)
     decoded_result, result_error = _try_decode_json(result)
     return JobRecord(
@@ -146,6 +146,7 @@ def _job_record(row: Sequence[Any]) -> JobRecord:
                                  worker=claimed_by, started_at=started_at,
                                  finished_at=finished_at),
         progress=progress_from_json(_decode_json(progress)),
+        parent_id=parent_id, parent_step=parent_step, unique_for_ms=unique_for_ms,
     )
 
 
@@ -674,6 +675,7 @@ class PostgresEngine(Engine):
                 attempts=r[3], error=r[4],
                 started_at=r[5], completed_at=r[6], wake_at=r[7], event=r[8],
                 correlation_key=r[9], event_id=r[10], event_published_at=r[11], due=r[12],
+                kind=r[13],
             )
             for r in self._run(S.STEPS_OF_RUN, {"run_id": run_id})
         ]
@@ -687,9 +689,11 @@ class PostgresEngine(Engine):
         self, owner: RunOwner, name: str, output_json: str | None, *,
         event: str | None = None, correlation_key: str | None = None,
         event_id: int | None = None, event_published_at: datetime | None = None,
+        kind: str = "run",
     ) -> bool:
         row = self._run(S.STEP_COMPLETE_IF_OWNED, {
             **self._owner(owner), "name": name, "output": output_json, "event": event,
+            "kind": kind,
             "correlation_key": correlation_key, "event_id": event_id,
             "event_published_at": event_published_at,
         }, fetch="one")
@@ -703,9 +707,11 @@ class PostgresEngine(Engine):
     def step_park_if_owned(
         self, owner: RunOwner, name: str, *, status: str, wake_at: datetime | None = None,
         duration_ms: int = 0, event: str | None = None, correlation_key: str | None = None,
+        kind: str | None = None,
     ) -> ParkedStep | None:
         row = self._run(S.STEP_PARK_IF_OWNED, {
             **self._owner(owner), "name": name, "status": status, "wake_at": wake_at,
+            "kind": kind or ("sleep" if status == "sleeping" else "event"),
             "duration_ms": duration_ms, "event": event, "correlation_key": correlation_key,
         }, fetch="one")
         if row is None:

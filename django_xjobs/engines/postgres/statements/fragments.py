@@ -22,7 +22,7 @@ JOB_COLUMNS = (
     "id, name, queue, input, idempotency_key, run_id, attempt, max_attempts, state, run_at,"
     " visible_at, claimed_by, last_error, tenant_id, traceparent, enqueued_by, created_at,"
     " updated_at, priority, result, lease_token, concurrency_key, started_at, finished_at,"
-    " rescues, worker_ids, attempts, progress"
+    " rescues, worker_ids, attempts, progress, parent_id, parent_step, unique_for_ms"
 )
 
 # ---------------------------------------------------------------------------------- enqueue --

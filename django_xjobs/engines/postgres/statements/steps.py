@@ -28,7 +28,8 @@ durable sleep ends by the clock every lease is measured on.
 """,
     sql="""
 select name, status, output, attempts, error, started_at, completed_at, wake_at, event,
-       correlation_key, event_id, event_published_at, coalesce(wake_at <= now(), false) as due
+       correlation_key, event_id, event_published_at, coalesce(wake_at <= now(), false) as due,
+       kind
   from only x_job_steps
  where run_id = %(run_id)s::uuid
 """,
@@ -37,7 +38,8 @@ select name, status, output, attempts, error, started_at, completed_at, wake_at,
 STEP_COMPLETE_IF_OWNED = Statement(
     "step_complete_if_owned",
     why="""
-Record a step's output. Fenced on the job's ownership: the EXISTS on the job row is the fence,
+Record a step's output (a new row is a `run` step's: the other kinds opened theirs when they
+began, and kind says which it is for the deploy check). Fenced on the job's ownership: the EXISTS on the job row is the fence,
 so a run whose lease lapsed (and whose job another run holds) cannot record an output the new
 run would then take as done. attempts counts the step's executions: a step that failed twice
 and then succeeded says 3.
@@ -46,9 +48,9 @@ For an event wait, event_id/event_published_at name the event consumed.
     sql=f"""
 insert into x_job_steps
     (run_id, name, status, output, started_at, completed_at, attempts, event, correlation_key,
-     event_id, event_published_at)
+     event_id, event_published_at, kind)
 select %(run_id)s::uuid, %(name)s, 'completed', %(output)s::jsonb, now(), now(), 1, %(event)s,
-       %(correlation_key)s, %(event_id)s::bigint, %(event_published_at)s::timestamptz
+       %(correlation_key)s, %(event_id)s::bigint, %(event_published_at)s::timestamptz, %(kind)s
  where {_OWNED}
 on conflict (run_id, name) do update
    set status = 'completed', output = excluded.output, completed_at = now(), error = null,
@@ -66,8 +68,8 @@ Record a step's failure: `failed`, its error, attempts + 1. The job then fails a
 its own policy, and the step runs again on the next attempt. Fenced like every step write.
 """,
     sql=f"""
-insert into x_job_steps (run_id, name, status, started_at, attempts, error)
-select %(run_id)s::uuid, %(name)s, 'failed', now(), 1, %(error)s
+insert into x_job_steps (run_id, name, status, started_at, attempts, error, kind)
+select %(run_id)s::uuid, %(name)s, 'failed', now(), 1, %(error)s, 'run'
  where {_OWNED}
 on conflict (run_id, name) do update
    set status = 'failed', error = excluded.error, completed_at = null,
@@ -90,11 +92,11 @@ published after the wait started, and counts.
 """,
     sql=f"""
 insert into x_job_steps
-    (run_id, name, status, started_at, wake_at, event, correlation_key, attempts)
+    (run_id, name, status, started_at, wake_at, event, correlation_key, attempts, kind)
 select %(run_id)s::uuid, %(name)s, %(status)s, now(),
        coalesce(%(wake_at)s::timestamptz,
                 now() + %(duration_ms)s::bigint * interval '1 millisecond'),
-       %(event)s, %(correlation_key)s, 1
+       %(event)s, %(correlation_key)s, 1, %(kind)s
  where {_OWNED}
 on conflict (run_id, name) do update set status = excluded.status
 returning started_at, wake_at, wake_at <= now() as due
