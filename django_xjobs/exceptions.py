@@ -295,6 +295,24 @@ class SuspendInTransaction(PermanentError):
     ``running`` until its lease lapsed, again on every attempt."""
 
 
+class ChildFailed(PermanentError):
+    """A child job of ``ctx.step.invoke`` / ``gather`` ended ``dead`` or ``cancelled`` (or the
+    wait for it timed out: ``state`` is then ``"timeout"``). Raised in the parent, where the
+    step was; a replay raises it again, the outcome is memoised like a step's output.
+
+    Permanent: the child has used its own attempts, and a retry of the parent would replay the
+    same outcome. Catch it to go on without the child's result.
+    """
+
+    def __init__(self, message: str, *, child_id: str, state: str, error: str | None,
+                 index: int = 0) -> None:
+        super().__init__(message)
+        self.child_id = child_id  # the child job's id (str)
+        self.state = state  # "dead", "cancelled" or "timeout"
+        self.error = error  # the child's last error, as stored
+        self.index = index  # its position in the gather's list (0 for an invoke)
+
+
 # ---------------------------------------------------------------------- backfills --
 
 
