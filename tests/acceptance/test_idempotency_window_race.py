@@ -8,6 +8,7 @@ than the window after the previous one finished.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from datetime import timedelta
@@ -62,7 +63,7 @@ def test_sixteen_threads_racing_a_worker_make_one_job_per_window(start_worker):
                   key=lambda r: r.created_at)
     # Several windows went by, so the test did race window ends, not only one live job.
     assert len(jobs) >= 2, len(jobs)
-    for previous, job in zip(jobs, jobs[1:], strict=False):
+    for previous, job in itertools.pairwise(jobs):
         assert job.created_at >= previous.finished_at + WINDOW, (previous.id, job.id)
     # Every answer named one of these jobs, and the key's row names the newest.
     assert set(seen) == {j.id for j in jobs}
