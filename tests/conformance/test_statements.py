@@ -54,6 +54,8 @@ SCALARS.update({"outcome": "failed", "done": 1.0, "total": 10.0, "message": None
 SCALARS.update({"version": "1.0", "concurrency": 4, "running": 1, "finished": 10,
                 "claimed_age_ms": 1000, "loop_age_ms": 100,
                 "stall_ms": 300_000})  # ---- workers and health probes
+SCALARS.update({"unique_for_ms": 3_600_000,
+                "job_unique_for_ms": 3_600_000})  # ---- idempotency windows
 LISTS = {
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
     "names": "testapp.noop", "queues": "default", "inputs": "{}", "keys": "k",
