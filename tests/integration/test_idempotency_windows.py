@@ -167,6 +167,19 @@ def test_a_windowed_enqueue_rolled_back_leaves_no_key():
     assert record.using(idempotency_key="w:rollback", unique_for="1h").enqueue().created
 
 
+def test_a_debounced_enqueue_returns_a_windowed_run_under_way_and_its_window_still_closes():
+    first = record.using(idempotency_key="w:deb", unique_for="1h").enqueue(tag="first")
+    Job.objects.filter(id=first.id).update(state="running")  # as a claim leaves it
+    debounced = record.using(idempotency_key="w:deb", debounce=5).enqueue(tag="second")
+    assert (debounced.id, debounced.created) == (first.id, False)
+    assert Job.objects.get(id=first.id).idempotency_key == "w:deb"  # not set aside
+    Job.objects.filter(id=first.id).update(state="ready")
+    drain()
+    assert key_row("w:deb").finished_at is not None
+    again = record.using(idempotency_key="w:deb", unique_for="1h").enqueue()
+    assert (again.id, again.created) == (first.id, False)
+
+
 # ----------------------------------------------------------------------- retry, history --
 
 

@@ -539,7 +539,7 @@ class PostgresEngine(Engine):
             # won the race, a follow-up): the next round finds and moves it.
             for _ in range(20):
                 row = self._run(S.JOB_DEBOUNCE_LIVE, live, fetch="one")
-                if row is not None and row[0] == "moved":
+                if row is not None and row[0] in ("moved", "held"):  # held: a windowed run
                     return EnqueueResult(id=row[1], run_id=row[2], created=False, state=row[3])
                 rows = self._run(S.JOB_ENQUEUE, insert)
                 if rows:
