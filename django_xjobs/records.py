@@ -146,6 +146,7 @@ class EnqueueResult:
     id: UUID
     run_id: UUID
     created: bool
+    # "purged" (and run_id the id) for an idempotency window's holder that retention deleted
     state: str
 
 
