@@ -211,6 +211,11 @@ def test_an_archived_holder_still_dedupes_and_is_found():
     again = bound.enqueue()
     assert (again.id, again.run_id, again.created) == (first.id, first.run_id, False)
     assert again.get().state == "done"
+    record.using(idempotency_key="w:archived-2", unique_for="1h").enqueue().cancel()
+    cancelled = JobKey.objects.get(key="w:archived-2").job_id
+    engine.jobs_archive(state="cancelled", finished_before=engine.db_now() + timedelta(1))
+    api.retry(cancelled)  # moved back out of the history table, live again: its window reopens
+    assert JobKey.objects.get(key="w:archived-2").finished_at is None
 
 
 def test_a_purged_holder_is_still_named_by_its_id():
