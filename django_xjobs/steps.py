@@ -286,6 +286,8 @@ class Steps:
                     raise self._lost(f"step {name!r} opened by another run")
                 engine.jobs_enqueue_children(params, parent_id=UUID(str(owner.claim.job_id)),
                                              parent_step=name)
+                if faults.armed:
+                    faults.hit("step:children-enqueued")
                 signal = self._park(step.park_at)
             else:
                 children = engine.jobs_children(step.children)
