@@ -1,0 +1,164 @@
+"""Child jobs (ctx.step.invoke / gather) with the real worker loop on PostgreSQL.
+
+The crash cases with worker subprocesses are in tests/acceptance/test_children_faults.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import pytest
+
+from django_xjobs import cancel
+from django_xjobs.exceptions import InvalidJobInput, JobNotFound
+from django_xjobs.models import Job, JobStep
+from django_xjobs.worker.loop import Worker, WorkerOptions
+from tests.conftest import wait_until
+from tests.testapp import jobs
+from tests.testapp.models import Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@contextmanager
+def running_worker(concurrency: int = 4, queues=None):
+    options = {"concurrency": concurrency, "install_signals": False}
+    if queues:
+        options["queues"] = queues
+    worker = Worker(WorkerOptions.from_settings(**options))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop("test over")
+        thread.join(timeout=30)
+
+
+def row(handle_or_id) -> Job:
+    return Job.objects.get(pk=getattr(handle_or_id, "id", handle_or_id))
+
+
+def finished(handle, timeout=30.0) -> Job:
+    return wait_until(lambda: (r := row(handle)).state in ("done", "dead", "cancelled") and r,
+                      timeout=timeout, message=f"job {handle.id} to finish")
+
+
+def children_of(handle) -> list[Job]:
+    return list(Job.objects.filter(parent_id=handle.id).order_by("created_at", "id"))
+
+
+def test_invoke_returns_the_childs_result_and_the_child_names_its_parent():
+    parent = jobs.parent_invoke.using(tenant_id="acme").enqueue(n=4)
+    with running_worker():
+        done = finished(parent)
+    assert done.state == "done", done.last_error
+    assert done.result == {"got": {"n": 4, "square": 16}, "after": 17, "tenant": "acme"}
+    [child] = children_of(parent)
+    assert child.state == "done" and child.parent_step == "square"
+    assert child.tenant_id == "acme"  # inherited
+    assert child.enqueued_by == f"job:{parent.id}"
+    step = JobStep.objects.get(run_id=done.run_id, name="square")
+    assert step.kind == "invoke" and step.status == "completed"
+    assert step.output["children"] == [str(child.id)]
+    # the parent ran twice (before and after its child), its step's child once
+    assert Effect.objects.filter(job_id=parent.id, kind="parent", tag="start").count() == 2
+    assert Effect.objects.filter(kind="child").count() == 1
+
+
+def test_the_parent_is_suspended_and_frees_its_worker_while_the_child_runs():
+    parent = jobs.parent_invoke.enqueue(n=2, seconds=1.5)
+    with running_worker(concurrency=2):
+        wait_until(lambda: row(parent).state == "suspended", message="the parent to suspend")
+        child = wait_until(lambda: (c := children_of(parent)) and c[0].state == "running"
+                           and c[0], message="the child to run")
+        assert row(parent).state == "suspended"
+        step = JobStep.objects.get(run_id=row(parent).run_id, name="square")
+        assert (step.status, step.pending) == ("invoking", 1)
+        done = finished(parent)
+    assert done.state == "done"
+    # woken by the child's settle, not by the hour's re-check
+    assert done.finished_at < row(child.id).finished_at.replace(year=9999)
+    assert (done.finished_at - row(child.id).finished_at).total_seconds() < 20
+
+
+def test_a_child_that_dies_raises_child_failed_in_the_parent_after_its_attempts():
+    parent = jobs.parent_invoke.enqueue(n=3, fail=True)
+    with running_worker():
+        done = finished(parent)
+    [child] = children_of(parent)
+    assert child.state == "dead" and child.attempt == 2  # the child's own max_attempts
+    assert done.state == "done"
+    assert done.result["state"] == "dead"
+    assert done.result["child_id"] == str(child.id)
+    assert "child 3 failed" in done.result["error"]
+    assert "ended dead" in done.result["failed"]
+
+
+def test_gather_fans_out_and_returns_results_in_order():
+    parent = jobs.parent_gather.enqueue(count=12)
+    with running_worker(concurrency=6):
+        done = finished(parent)
+    assert done.state == "done", done.last_error
+    assert done.result == {"squares": [i * i for i in range(12)]}
+    assert len(children_of(parent)) == 12
+
+
+def test_gather_raises_child_failed_naming_the_first_failed_child():
+    parent = jobs.parent_gather.enqueue(count=4, fail_at=2)
+    with running_worker():
+        done = finished(parent)
+    assert done.state == "dead"  # ChildFailed is permanent: not caught by this parent
+    assert "child 2 of step 'fan'" in done.last_error and "ended dead" in done.last_error
+
+
+def test_an_async_parent_gathers_too():
+    parent = jobs.parent_gather_async.enqueue(count=3)
+    with running_worker():
+        done = finished(parent)
+    assert done.state == "done", done.last_error
+    assert done.result == {"squares": [0, 1, 4]}
+
+
+def test_a_timeout_cancels_the_children_still_running_and_fails_the_step():
+    parent = jobs.parent_invoke.enqueue(n=5, seconds=30.0, timeout=1.0)
+    with running_worker():
+        done = finished(parent)
+    [child] = children_of(parent)
+    assert child.state == "cancelled"
+    assert done.result["state"] == "timeout"
+    assert "timed out" in (child.last_error or "")
+
+
+def test_cancelling_the_parent_cancels_its_live_children_and_grandchildren():
+    top = jobs.parent_of_parent.enqueue()
+    with running_worker():
+        middle = wait_until(lambda: (c := children_of(top)) and c[0], message="the child")
+        grandchild = wait_until(lambda: (c := children_of(middle)) and c[0].state == "running"
+                                and c[0], message="the grandchild to run")
+        assert cancel(top.id, reason="no longer needed").changed
+        for job in (top, middle, grandchild):
+            wait_until(lambda job=job: row(job).state == "cancelled",
+                       message=f"{job.id} to be cancelled")
+    assert "no longer needed" in row(grandchild.id).last_error
+
+
+def test_a_cancel_outside_the_callers_tenants_leaves_the_children_alone():
+    parent = jobs.parent_invoke.using(tenant_id="acme").enqueue(n=2, seconds=30.0)
+    with running_worker():
+        child = wait_until(lambda: (c := children_of(parent)) and c[0], message="the child")
+        with pytest.raises(JobNotFound):
+            cancel(parent.id, tenant_ids=["globex"])
+        assert row(parent).state == "suspended"
+        assert row(child.id).state in ("ready", "running")
+        assert cancel(parent.id, tenant_ids=["acme"]).changed
+        assert row(child.id).state == "cancelled"
+
+
+def test_bad_children_are_refused_before_anything_is_written():
+    from django_xjobs.testing import make_context  # the test kit's context has no children
+    ctx = make_context(jobs.parent_invoke)
+    with pytest.raises(InvalidJobInput, match="need a worker"):
+        ctx.step.invoke("x", jobs.child_square, {"n": 1})
+    assert not Job.objects.filter(name=jobs.child_square.name).exists()
