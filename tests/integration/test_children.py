@@ -5,10 +5,16 @@ The crash cases with worker subprocesses are in tests/acceptance/test_children_f
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from contextlib import contextmanager
+from io import StringIO
+from uuid import UUID
 
 import pytest
+from django.core.management import call_command
+from django.test import override_settings
 
 from django_xjobs import cancel
 from django_xjobs.exceptions import InvalidJobInput, JobNotFound
@@ -46,7 +52,12 @@ def finished(handle, timeout=30.0) -> Job:
 
 
 def children_of(handle) -> list[Job]:
-    return list(Job.objects.filter(parent_id=handle.id).order_by("created_at", "id"))
+    """The parent's children in the order its step recorded them (their ids, made in one
+    millisecond, need not sort in that order)."""
+    rows = {j.pk: j for j in Job.objects.filter(parent_id=handle.id)}
+    order = [UUID(c) for s in JobStep.objects.filter(run_id=row(handle).run_id, kind="invoke")
+             .order_by("id") for c in (s.output or {}).get("children", ())]
+    return [rows[c] for c in order if c in rows]
 
 
 def test_invoke_returns_the_childs_result_and_the_child_names_its_parent():
@@ -162,3 +173,37 @@ def test_bad_children_are_refused_before_anything_is_written():
     with pytest.raises(InvalidJobInput, match="need a worker"):
         ctx.step.invoke("x", jobs.child_square, {"n": 1})
     assert not Job.objects.filter(name=jobs.child_square.name).exists()
+
+
+def test_the_console_links_a_parent_and_its_children_both_ways(admin_client):
+    parent = jobs.parent_gather.using(tenant_id="acme").enqueue(count=3)
+    with running_worker():
+        done = finished(parent)
+    kids = children_of(parent)
+    page = admin_client.get(f"/admin/django_xjobs/job/{parent.id}/change/").content.decode()
+    linked = re.findall(r'href="[^"]*/job/([0-9a-f-]{36})/change/" class="xjobs-child"', page)
+    assert linked == [str(k.id) for k in kids] and done.state == "done"
+    child_page = admin_client.get(f"/admin/django_xjobs/job/{kids[0].id}/change/")
+    assert re.search(rf'href="[^"]*/job/{parent.id}/change/" class="xjobs-parent"',
+                     child_page.content.decode())
+    # another tenant's child of the same parent is left out for a scoped viewer
+    Job.objects.filter(pk=kids[1].id).update(tenant_id="globex")
+    with override_settings(XJOBS={"ADMIN_TENANT_SCOPE": lambda request: {"acme"}}):
+        page = admin_client.get(f"/admin/django_xjobs/job/{parent.id}/change/").content.decode()
+    linked = re.findall(r'/job/([0-9a-f-]{36})/change/" class="xjobs-child"', page)
+    assert linked == [str(kids[0].id), str(kids[2].id)]
+
+
+def test_xjobs_show_lists_the_children_and_names_the_parent():
+    parent = jobs.parent_gather.enqueue(count=2)
+    with running_worker():
+        finished(parent)
+    kids = children_of(parent)
+    out = StringIO()
+    call_command("xjobs", "show", str(parent.id), stdout=out)
+    assert "children (2):" in out.getvalue()
+    assert all(str(k.id) in out.getvalue() for k in kids)
+    out = StringIO()
+    call_command("xjobs", "show", str(kids[0].id), "--json", stdout=out)
+    shown = json.loads(out.getvalue())
+    assert shown["parent_id"] == str(parent.id) and shown["parent_step"] == "fan"

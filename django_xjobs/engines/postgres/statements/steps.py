@@ -171,8 +171,8 @@ JOBS_CHILDREN = Statement(
     why="""
 The children of an invoke or gather step, in the step's order: state, result and last error.
 `only x_jobs`: the worker's statements never plan the history tables; a child that finished
-long enough ago to be archived is not found here, and the engine reads it with
-jobs_children_archived. A child found nowhere (purged) comes back with no state.
+long enough ago to be archived is not found here, and the engine then reads the children again
+with jobs_children_archived. A child found nowhere (purged) comes back with no state.
 """,
     sql="""
 select c.id, j.name, j.state, j.result, j.last_error
