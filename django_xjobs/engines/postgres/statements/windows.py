@@ -108,15 +108,18 @@ own window ago), one bounded batch per call. Rows of a live holder (finished_at 
 "forever" window (unique_for_ms NULL) are never deleted. The partial index on finished_at over
 rows with a window gives them oldest first. SKIP LOCKED: a row an enqueue is taking is skipped,
 never waited for; an enqueue blocked on a row deleted here inserts a fresh one, which is what
-it would have done to the expired row anyway.
+it would have done to the expired row anyway. The delete reaches its rows through an array of
+ids, so no plan can hash-join the whole table to the batch (as jobs_purge does). A row whose
+window is longer than its age is read and passed over by each batch: a cost in rows of long
+windows, never a wrong delete.
 """,
     sql="""
 delete from x_job_keys
- where id in (select id from x_job_keys
-               where unique_for_ms is not null
-                 and finished_at < now() - unique_for_ms * interval '1 millisecond'
-               order by finished_at
-               limit %(batch)s
-                 for update skip locked)
+ where id = any(array(select id from x_job_keys
+                       where unique_for_ms is not null
+                         and finished_at < now() - unique_for_ms * interval '1 millisecond'
+                       order by finished_at
+                       limit %(batch)s
+                         for update skip locked))
 """,
 )
