@@ -9,12 +9,14 @@ tests/acceptance/test_idempotency_window_race.py races sixteen threads against a
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from datetime import timedelta
 
 import pytest
 from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 
 from django_xjobs import api, enqueue, enqueue_many, enqueue_on_commit
 from django_xjobs.engines import get_engine
@@ -67,6 +69,27 @@ def test_a_key_whose_job_finished_done_inside_the_window_returns_that_job():
     assert len(jobs_of("w:done")) == 1
     assert key_row("w:done").job_id == first.id
     assert key_row("w:done").finished_at is not None
+
+
+def test_a_windowed_enqueue_is_one_statement_and_a_duplicate_two():
+    bound = record.using(idempotency_key="w:cost", unique_for="1h")
+    with CaptureQueriesContext(connection) as made:
+        bound.enqueue()
+    drain()
+    with CaptureQueriesContext(connection) as found:
+        bound.enqueue()
+    # Outside the caller's transaction it opens one of its own (BEGIN, COMMIT): a key given
+    # back must never be seen taken.
+    assert statements(made) == ["BEGIN", "job_enqueue_windowed", "COMMIT"]
+    assert statements(found) == ["BEGIN", "job_enqueue_windowed", "job_key_holder", "COMMIT"]
+    with transaction.atomic(), CaptureQueriesContext(connection) as inside:
+        bound.enqueue()
+    assert statements(inside) == ["job_enqueue_windowed", "job_key_holder"]
+
+
+def statements(captured: CaptureQueriesContext) -> list[str]:
+    """The statement names (or BEGIN / COMMIT) of the queries ``captured``, in order."""
+    return [re.sub(r"^/\* (\w+) \*/.*", r"\1", q["sql"], flags=re.S) for q in captured]
 
 
 def test_a_dead_job_holds_its_window_too():
