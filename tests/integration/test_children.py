@@ -8,15 +8,17 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from contextlib import contextmanager
 from io import StringIO
 from uuid import UUID
 
 import pytest
 from django.core.management import call_command
+from django.db import connections
 from django.test import override_settings
 
-from django_xjobs import cancel
+from django_xjobs import api, cancel, faults
 from django_xjobs.exceptions import InvalidJobInput, JobNotFound
 from django_xjobs.models import Job, JobStep
 from django_xjobs.worker.loop import Worker, WorkerOptions
@@ -207,3 +209,32 @@ def test_xjobs_show_lists_the_children_and_names_the_parent():
     call_command("xjobs", "show", str(kids[0].id), "--json", stdout=out)
     shown = json.loads(out.getvalue())
     assert shown["parent_id"] == str(parent.id) and shown["parent_step"] == "fan"
+
+
+def test_a_child_finishing_between_the_parents_read_and_its_suspension_still_wakes_it():
+    """The race of the rendezvous (docs/durable.md, "Child jobs"): the parent read its child as
+    live and is about to suspend again when the child finishes. The child's settle waits for
+    the parent's step row, then finds the parent suspended and wakes it at once."""
+    parent = jobs.parent_gather.enqueue(count=1, queue="elsewhere")  # no worker runs the child
+    settled = threading.Event()
+
+    def finish_the_child(point):
+        def settle():
+            with connections["default"].cursor() as cursor:  # its own connection, autocommit
+                cursor.execute("update x_jobs set state = 'done', result = '{\"square\": 0}', "
+                               "finished_at = now() where parent_id = %s", [parent.id])
+            connections["default"].close()
+            settled.set()
+        threading.Thread(target=settle, daemon=True).start()
+        time.sleep(0.5)  # the settle is now waiting for the parent's step row
+        assert not settled.is_set()
+
+    with running_worker(queues=("default",)):
+        wait_until(lambda: row(parent).state == "suspended", message="the parent to suspend")
+        faults.inject_hook("step:children-read", finish_the_child)
+        api.run_now(parent.id)  # resumed early: it reads its child, still live
+
+        done = finished(parent, timeout=30)
+    assert settled.is_set()
+    assert done.state == "done" and done.result == {"squares": [0]}
+    faults.clear()
