@@ -238,3 +238,25 @@ def test_a_child_finishing_between_the_parents_read_and_its_suspension_still_wak
     assert settled.is_set()
     assert done.state == "done" and done.result == {"squares": [0]}
     faults.clear()
+
+
+def test_the_test_kits_drain_runs_the_children_and_resumes_the_parent():
+    from django_xjobs.testing import drain  # the test kit, as a user's test calls it
+
+    parent = jobs.parent_gather.enqueue(count=3)
+    drain()
+    done = row(parent)
+    assert done.state == "done", done.last_error
+    assert done.result == {"squares": [0, 1, 4]}
+
+
+def test_the_inline_test_mode_runs_the_children_and_resumes_the_parent(settings):
+    from django_xjobs.testing import drain  # the test kit, as a user's test calls it
+
+    settings.XJOBS = {**getattr(settings, "XJOBS", {}), "TEST_MODE": "inline"}
+    parent = jobs.parent_gather.enqueue(count=3)  # runs now, and suspends on its children
+    assert row(parent).state == "suspended"
+    drain()  # the children, then the parent they woke
+    done = row(parent)
+    assert done.state == "done", done.last_error
+    assert done.result == {"squares": [0, 1, 4]}
