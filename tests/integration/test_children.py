@@ -260,3 +260,15 @@ def test_the_inline_test_mode_runs_the_children_and_resumes_the_parent(settings)
     done = row(parent)
     assert done.state == "done", done.last_error
     assert done.result == {"squares": [0, 1, 4]}
+
+
+def test_a_child_inherits_the_parents_trace_and_a_cancelled_child_fails_the_step():
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    parent = jobs.parent_invoke.using(traceparent=trace).enqueue(n=2, seconds=30.0)
+    with running_worker():
+        child = wait_until(lambda: (c := children_of(parent)) and c[0], message="the child")
+        assert child.traceparent == trace
+        cancel(child.id, reason="operator says no")
+        done = finished(parent)
+    assert done.result["state"] == "cancelled"
+    assert "operator says no" in done.result["error"]
