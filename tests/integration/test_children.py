@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.db import connections
 from django.test import override_settings
 
-from django_xjobs import api, cancel, faults
+from django_xjobs import api, cancel, faults, reads
 from django_xjobs.exceptions import InvalidJobInput, JobNotFound
 from django_xjobs.models import Job, JobStep
 from django_xjobs.worker.loop import Worker, WorkerOptions
@@ -89,6 +89,9 @@ def test_the_parent_is_suspended_and_frees_its_worker_while_the_child_runs():
         assert row(parent).state == "suspended"
         step = JobStep.objects.get(run_id=row(parent).run_id, name="square")
         assert (step.status, step.pending) == ("invoking", 1)
+        diagnosis = " ".join(reads.diagnose(row(parent), reads.run_steps(step.run_id),
+                                            reads.db_now()))
+        assert "waiting for 1 child job(s) of step 'square'" in diagnosis
         done = finished(parent)
     assert done.state == "done"
     # woken by the child's settle, not by the hour's re-check
