@@ -275,3 +275,16 @@ def test_a_child_inherits_the_parents_trace_and_a_cancelled_child_fails_the_step
         done = finished(parent)
     assert done.result["state"] == "cancelled"
     assert "operator says no" in done.result["error"]
+
+
+def test_an_invoke_reusing_the_name_of_a_recorded_run_step_fails_the_job_for_good():
+    from django_xjobs.models import JobStep as Step  # the row a deploy left under that name
+
+    parent = jobs.parent_invoke.enqueue(n=2)
+    Step.objects.create(run_id=parent.run_id, name="square", status="failed", kind="run",
+                        error="boom")
+    with running_worker():
+        done = finished(parent)
+    assert done.state == "dead"
+    assert "recorded as another kind of step" in done.last_error
+    assert children_of(parent) == []
