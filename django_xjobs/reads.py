@@ -818,9 +818,15 @@ def diagnose(job: Any, steps: Sequence[Any], now: datetime) -> list[str]:
                 "worker's next heartbeat."
             )
     elif state == "suspended":
-        open_steps = [s for s in steps if s.status in ("sleeping", "waiting")]
+        open_steps = [s for s in steps if s.status in ("sleeping", "waiting", "invoking")]
         for s in open_steps:
-            if s.status == "sleeping":
+            if s.status == "invoking":
+                timeout = f"; it times out {ago(s.wake_at, now)}" if s.wake_at else ""
+                lines.append(
+                    f"Suspended waiting for {s.pending} child job(s) of step '{s.name}' (listed "
+                    f"under children){timeout}. The last one to finish resumes it at once; "
+                    "no worker thread is held.")
+            elif s.status == "sleeping":
                 lines.append(f"Suspended in a durable sleep (step '{s.name}') until "
                              f"{ago(s.wake_at, now)}; no worker thread is held.")
             else:

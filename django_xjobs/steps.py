@@ -291,6 +291,8 @@ class Steps:
                 signal = self._park(step.park_at)
             else:
                 children = engine.jobs_children(step.children)
+                if faults.armed:
+                    faults.hit("step:children-read")
                 live = [c for c in children if c.state in LIVE_STATES]
                 if live and not (step.due and timeout_ms is not None):
                     if not engine.step_invoke_pending_if_owned(owner, name, len(live)):

@@ -8,15 +8,17 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from contextlib import contextmanager
 from io import StringIO
 from uuid import UUID
 
 import pytest
 from django.core.management import call_command
+from django.db import connections
 from django.test import override_settings
 
-from django_xjobs import cancel
+from django_xjobs import api, cancel, faults, reads
 from django_xjobs.exceptions import InvalidJobInput, JobNotFound
 from django_xjobs.models import Job, JobStep
 from django_xjobs.worker.loop import Worker, WorkerOptions
@@ -87,6 +89,9 @@ def test_the_parent_is_suspended_and_frees_its_worker_while_the_child_runs():
         assert row(parent).state == "suspended"
         step = JobStep.objects.get(run_id=row(parent).run_id, name="square")
         assert (step.status, step.pending) == ("invoking", 1)
+        diagnosis = " ".join(reads.diagnose(row(parent), reads.run_steps(step.run_id),
+                                            reads.db_now()))
+        assert "waiting for 1 child job(s) of step 'square'" in diagnosis
         done = finished(parent)
     assert done.state == "done"
     # woken by the child's settle, not by the hour's re-check
@@ -207,3 +212,79 @@ def test_xjobs_show_lists_the_children_and_names_the_parent():
     call_command("xjobs", "show", str(kids[0].id), "--json", stdout=out)
     shown = json.loads(out.getvalue())
     assert shown["parent_id"] == str(parent.id) and shown["parent_step"] == "fan"
+
+
+def test_a_child_finishing_between_the_parents_read_and_its_suspension_still_wakes_it():
+    """The race of the rendezvous (docs/durable.md, "Child jobs"): the parent read its child as
+    live and is about to suspend again when the child finishes. The child's settle waits for
+    the parent's step row, then finds the parent suspended and wakes it at once."""
+    parent = jobs.parent_gather.enqueue(count=1, queue="elsewhere")  # no worker runs the child
+    settled = threading.Event()
+
+    def finish_the_child(point):
+        def settle():
+            with connections["default"].cursor() as cursor:  # its own connection, autocommit
+                cursor.execute("update x_jobs set state = 'done', result = '{\"square\": 0}', "
+                               "finished_at = now() where parent_id = %s", [parent.id])
+            connections["default"].close()
+            settled.set()
+        threading.Thread(target=settle, daemon=True).start()
+        time.sleep(0.5)  # the settle is now waiting for the parent's step row
+        assert not settled.is_set()
+
+    with running_worker(queues=("default",)):
+        wait_until(lambda: row(parent).state == "suspended", message="the parent to suspend")
+        faults.inject_hook("step:children-read", finish_the_child)
+        api.run_now(parent.id)  # resumed early: it reads its child, still live
+
+        done = finished(parent, timeout=30)
+    assert settled.is_set()
+    assert done.state == "done" and done.result == {"squares": [0]}
+    faults.clear()
+
+
+def test_the_test_kits_drain_runs_the_children_and_resumes_the_parent():
+    from django_xjobs.testing import drain  # the test kit, as a user's test calls it
+
+    parent = jobs.parent_gather.enqueue(count=3)
+    drain()
+    done = row(parent)
+    assert done.state == "done", done.last_error
+    assert done.result == {"squares": [0, 1, 4]}
+
+
+def test_the_inline_test_mode_runs_the_children_and_resumes_the_parent(settings):
+    from django_xjobs.testing import drain  # the test kit, as a user's test calls it
+
+    settings.XJOBS = {**getattr(settings, "XJOBS", {}), "TEST_MODE": "inline"}
+    parent = jobs.parent_gather.enqueue(count=3)  # runs now, and suspends on its children
+    assert row(parent).state == "suspended"
+    drain()  # the children, then the parent they woke
+    done = row(parent)
+    assert done.state == "done", done.last_error
+    assert done.result == {"squares": [0, 1, 4]}
+
+
+def test_a_child_inherits_the_parents_trace_and_a_cancelled_child_fails_the_step():
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    parent = jobs.parent_invoke.using(traceparent=trace).enqueue(n=2, seconds=30.0)
+    with running_worker():
+        child = wait_until(lambda: (c := children_of(parent)) and c[0], message="the child")
+        assert child.traceparent == trace
+        cancel(child.id, reason="operator says no")
+        done = finished(parent)
+    assert done.result["state"] == "cancelled"
+    assert "operator says no" in done.result["error"]
+
+
+def test_an_invoke_reusing_the_name_of_a_recorded_run_step_fails_the_job_for_good():
+    from django_xjobs.models import JobStep as Step  # the row a deploy left under that name
+
+    parent = jobs.parent_invoke.enqueue(n=2)
+    Step.objects.create(run_id=parent.run_id, name="square", status="failed", kind="run",
+                        error="boom")
+    with running_worker():
+        done = finished(parent)
+    assert done.state == "dead"
+    assert "recorded as another kind of step" in done.last_error
+    assert children_of(parent) == []

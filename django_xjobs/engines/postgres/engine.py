@@ -31,7 +31,13 @@ from django.db import (
 )
 from django.db import transaction as db_transaction
 
-from ...exceptions import LiveJobExists, SchemaMissing, UndecodableValue, fail_for_good
+from ...exceptions import (
+    LiveJobExists,
+    SchemaMissing,
+    StepNameReused,
+    UndecodableValue,
+    fail_for_good,
+)
 from ...records import (
     UNIQUE_FOREVER,
     BackfillRecord,
@@ -790,6 +796,10 @@ class PostgresEngine(Engine):
             return None
         output, opened, due, park_at = row
         recorded = _decode_json_for_run(output, f"output of step {name!r}")
+        if not isinstance(recorded, dict) or not isinstance(recorded.get("children"), list):
+            raise StepNameReused(
+                f"step {name!r} of this run was recorded as another kind of step (a deploy "
+                "renamed it?); give the invoke or gather a name of its own")
         return InvokeStep(children=list(recorded["children"]), opened=opened, due=due,
                           park_at=park_at)
 
