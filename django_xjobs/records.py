@@ -122,6 +122,13 @@ class JobSpec:
     enqueued_by: str | None = None
     concurrency_key: str | None = None
     rate_key: str | None = None  # ratelimits.py
+    # The idempotency window in ms (docs/durable.md, "Idempotency windows"): None for none,
+    # UNIQUE_FOREVER for a key that never frees.
+    unique_for_ms: int | None = None
+
+
+# JobSpec.unique_for_ms of ``unique_for="forever"``, as x_jobs.unique_for_ms stores it.
+UNIQUE_FOREVER = -1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,6 +146,7 @@ class EnqueueResult:
     id: UUID
     run_id: UUID
     created: bool
+    # "purged" (and run_id the id) for an idempotency window's holder that retention deleted
     state: str
 
 

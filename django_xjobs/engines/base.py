@@ -170,6 +170,15 @@ class Engine(abc.ABC):
         due after ``debounce_ms``, as it is when no job is live (``created`` True).
         """
 
+    # ----------------------------------------------------------- idempotency windows --
+    # job_enqueue and jobs_enqueue take params.unique_for_ms (docs/durable.md, "Idempotency
+    # windows"): a windowed enqueue returns the live job of the key, or the job that finished
+    # less than its window ago, created False.
+    @abc.abstractmethod
+    def job_keys_purge_expired(self, *, batch_size: int = 1000) -> int:
+        """Delete the idempotency-window rows whose window ended, in bounded batches; how
+        many."""
+
     # ------------------------------------------------------------------ worker side --
     @abc.abstractmethod
     def jobs_claim(

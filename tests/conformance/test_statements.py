@@ -58,6 +58,8 @@ SCALARS.update({"outcome": "failed", "done": 1.0, "total": 10.0, "message": None
 SCALARS.update({"version": "1.0", "concurrency": 4, "running": 1, "finished": 10,
                 "claimed_age_ms": 1000, "loop_age_ms": 100,
                 "stall_ms": 300_000})  # ---- workers and health probes
+SCALARS.update({"unique_for_ms": 3_600_000,
+                "job_unique_for_ms": 3_600_000})  # ---- idempotency windows
 LISTS = {
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
     "names": "testapp.noop", "queues": "default", "inputs": "{}", "keys": "k",
@@ -292,3 +294,28 @@ def test_the_live_job_of_a_key_is_found_through_the_live_key_index(engine, name)
         plan = "\n".join(row[0] for row in cursor.fetchall())
 
     assert "x_jobs_live_key_uniq" in plan, plan
+
+
+# ---- idempotency windows (docs/durable.md, "Idempotency windows")
+
+
+@pytest.mark.django_db
+def test_a_window_purge_batch_reads_its_batch_not_every_key_row(engine):
+    from django_xjobs.models import JobKey
+
+    now = engine.db_now()
+    JobKey.objects.bulk_create([
+        JobKey(name="testapp.noop", key=f"k{i}", job_id=uuid.uuid4(),
+               unique_for_ms=None if i % 3 == 0 else 1000,  # "forever" rows stay
+               finished_at=None if i % 3 == 1 else now - timedelta(days=30, seconds=i))
+        for i in range(6_000)
+    ])
+    with connection.cursor() as cursor:
+        cursor.execute("analyze x_job_keys")
+    purge = engine.statements()["job_keys_purge_expired"]
+    plan = _explain_analyze(purge.sql, {"batch": 100})
+
+    # Only rows with a finished window are candidates (the partial expiry index), oldest first:
+    # the batch to choose, then the batch to delete.
+    assert _rows_read(plan, "x_job_keys") <= 2 * 100, _rows_read(plan, "x_job_keys")
+    assert plan["Actual Rows"] == 0 and engine.job_keys_purge_expired(batch_size=100) == 2_000

@@ -39,6 +39,7 @@ from ...exceptions import (
     fail_for_good,
 )
 from ...records import (
+    UNIQUE_FOREVER,
     BackfillRecord,
     ChangeResult,
     ChildState,
@@ -395,6 +396,8 @@ class PostgresEngine(Engine):
         }
 
     def job_enqueue(self, params: EnqueueParams) -> EnqueueResult:
+        if params.unique_for_ms is not None:
+            return self._enqueue_windowed(params)
         args = self._enqueue_args(params)
         if params.idempotency_key is None:
             id_, run_id, state, _notified = self._run(S.JOB_ENQUEUE_UNKEYED, args, fetch="one")
@@ -432,7 +435,8 @@ class PostgresEngine(Engine):
                 p = batch[i]
                 results[i] = EnqueueResult(id=p.id, run_id=p.run_id, created=True,
                                            state=states[p.id])
-        pending = [i for i, p in enumerate(batch) if p.idempotency_key is not None]
+        pending = [i for i, p in enumerate(batch)
+                   if p.idempotency_key is not None and p.unique_for_ms is None]
         # The same race in bulk: an item that conflicted with a job which finished before the
         # read-back is inserted again with the next round.
         for _ in range(20):
@@ -462,6 +466,12 @@ class PostgresEngine(Engine):
             pending = [i for i in missing if results[i] is None]
         if pending:  # pragma: no cover - needs keys finishing 20 times in a row
             raise DatabaseError("bulk enqueue kept conflicting with live jobs that finished")
+        # Items with an idempotency window, one at a time after the rest (so a key given with
+        # and without a window in one batch still names one job): each is the upsert of its
+        # key's row and the insert, which no batch statement can do for two items of one key.
+        for i, p in enumerate(batch):
+            if p.unique_for_ms is not None:
+                results[i] = self._enqueue_windowed(p)
         return [r for r in results if r is not None]
 
     def _copy_jobs(self, batch: Sequence[EnqueueParams]) -> int:
@@ -541,7 +551,7 @@ class PostgresEngine(Engine):
             # won the race, a follow-up): the next round finds and moves it.
             for _ in range(20):
                 row = self._run(S.JOB_DEBOUNCE_LIVE, live, fetch="one")
-                if row is not None and row[0] == "moved":
+                if row is not None and row[0] in ("moved", "held"):  # held: a windowed run
                     return EnqueueResult(id=row[1], run_id=row[2], created=False, state=row[3])
                 rows = self._run(S.JOB_ENQUEUE, insert)
                 if rows:
@@ -550,6 +560,47 @@ class PostgresEngine(Engine):
         raise DatabaseError(  # pragma: no cover - needs the key to change hands 20 times
             f"debounced enqueue of {params.name!r} kept losing its key to other enqueues"
         )
+
+    # --------------------------------------------------------------- idempotency windows --
+    def _enqueue_windowed(self, params: EnqueueParams) -> EnqueueResult:
+        """job_enqueue with ``params.unique_for_ms`` (docs/durable.md, "Idempotency windows"),
+        in one transaction (the caller's, or its own): job_enqueue_windowed says why the key's
+        row, not a check, decides."""
+        key = params.idempotency_key
+        assert key is not None, "api.py refuses unique_for without an idempotency key"
+        forever = params.unique_for_ms == UNIQUE_FOREVER
+        args = {**self._enqueue_args(params), "job_unique_for_ms": params.unique_for_ms,
+                "unique_for_ms": None if forever else params.unique_for_ms}
+        where = {"name": params.name, "tenant_id": params.tenant_id, "key": key}
+        # The key and its giving back commit together, or neither does. Inside the caller's
+        # transaction this joins it (no savepoint).
+        with db_transaction.atomic(using=self.alias, savepoint=False):
+            # Each round ends in an answer unless the key changed hands between two statements
+            # (a live job that finished, a key row deleted); the next round then starts over.
+            for _ in range(20):
+                taken, id_, run_id, state, _notified = self._run(
+                    S.JOB_ENQUEUE_WINDOWED, args, fetch="one")
+                if id_ is not None:
+                    return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
+                if taken:  # a live job of the key without a window holds it
+                    self._run(S.JOB_KEY_RELEASE, {**where, "id": params.id}, fetch="count")
+                    found = self.job_find_live_by_key(params.name, params.tenant_id, key)
+                    if found is not None:
+                        return found
+                    continue
+                holder = self._run(S.JOB_KEY_HOLDER, where, fetch="one")
+                if holder is not None:
+                    job_id, run_id, state = holder
+                    # A holder deleted by retention has no row left to read: its id still
+                    # answers, with the id for run_id and "purged" for state.
+                    return EnqueueResult(id=job_id, run_id=run_id or job_id, created=False,
+                                         state=state or "purged")
+        raise DatabaseError(  # pragma: no cover - needs the key to change hands 20 times
+            f"windowed enqueue of {params.name!r} kept losing its key to other enqueues"
+        )
+
+    def job_keys_purge_expired(self, *, batch_size: int = 1000) -> int:
+        return self._purge(S.JOB_KEYS_PURGE_EXPIRED, {}, batch_size)
 
     # ----------------------------------------------------------------------- worker side --
     def jobs_claim(
@@ -1081,7 +1132,8 @@ class PostgresEngine(Engine):
             "run_at": row.run_at, "delay_ms": row.delay_ms, "priority": row.priority,
             "tenant_id": row.tenant_id, "traceparent": row.traceparent,
             "enqueued_by": row.enqueued_by, "concurrency_key": row.concurrency_key,
-            "rate_key": row.rate_key, "notify": self.notify,
+            "rate_key": row.rate_key, "unique_for_ms": row.unique_for_ms,
+            "notify": self.notify,
         }, fetch="one")
 
     def outbox_claim(self, batch_size: int) -> list[OutboxRow]:
@@ -1090,6 +1142,7 @@ class PostgresEngine(Engine):
                 id=r[0], name=r[1], queue=r[2], input_json=r[3], idempotency_key=r[4],
                 max_attempts=r[5], run_at=r[6], priority=r[7], tenant_id=r[8],
                 traceparent=r[9], enqueued_by=r[10], concurrency_key=r[11], rate_key=r[12],
+                unique_for_ms=r[13],
             )
             for r in self._run(S.OUTBOX_CLAIM, {"batch": batch_size})
         ]

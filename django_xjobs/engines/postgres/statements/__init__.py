@@ -50,6 +50,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 * ``reads``: whole job rows for people: one by id (job_get), a filtered listing (jobs_list).
 * ``why``: what holds a waiting job back (why_job) and a rate-limit key's window
   (why_rate_window), for ``manage.py xjobs why``.
+* ``windows``: x_job_keys: idempotency windows: the windowed enqueue, the read of a key's
+  holder, the give-back of a key whose job was not inserted, and the purge of ended windows.
 * ``connections``: no table: a connection's label, LISTEN on the job channel, the clock.
 * ``fragments``: SQL text several statements share (``CHANNEL``, ``LIVE``, ``JOB_COLUMNS``, the
   enqueue's insert); it declares no statement.
@@ -188,6 +190,12 @@ from .why import (
     WHY_JOB,
     WHY_RATE_WINDOW,
 )
+from .windows import (
+    JOB_ENQUEUE_WINDOWED,
+    JOB_KEY_HOLDER,
+    JOB_KEY_RELEASE,
+    JOB_KEYS_PURGE_EXPIRED,
+)
 from .workers import WORKER_GONE, WORKER_SEEN, WORKERS_LIST
 
 # Every statement by name, each listed once (tests/unit/test_statement_lint.py fails on a
@@ -218,4 +226,6 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     # child jobs (docs/durable.md, "Child jobs")
     JOBS_ENQUEUE_CHILDREN, JOBS_CANCEL_TREE, STEP_INVOKE_OPEN_IF_OWNED,
     STEP_INVOKE_PENDING_IF_OWNED, JOBS_CHILDREN, JOBS_CHILDREN_ARCHIVED,
+    # idempotency windows
+    JOB_ENQUEUE_WINDOWED, JOB_KEY_HOLDER, JOB_KEY_RELEASE, JOB_KEYS_PURGE_EXPIRED,
 )}

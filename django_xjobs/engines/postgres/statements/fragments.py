@@ -36,19 +36,26 @@ ON_LIVE_KEY_CONFLICT = f"""    on conflict (name, (coalesce(tenant_id, '')), ide
        do nothing"""
 
 
-def insert_job_sql(key: str, *, indent: str = "") -> str:
+def insert_job_sql(key: str, *, indent: str = "", window: str = "") -> str:
     """The insert of one job (job_enqueue, job_enqueue_unkeyed): ``key`` is the SQL of its
     idempotency key, the caller's or the job's own id. The job is ``delayed`` while its run_at
-    (the given time, or now() plus the delay) is in the future, else ``ready``."""
+    (the given time, or now() plus the delay) is in the future, else ``ready``.
+
+    ``window`` (job_enqueue_windowed): the name of the CTE that took the key's row in
+    x_job_keys; the job gets %(job_unique_for_ms)s and is inserted only if that CTE took it."""
+    columns = ", unique_for_ms" if window else ""
+    values = ", %(job_unique_for_ms)s::bigint" if window else ""
+    only_if = f"\n where exists (select 1 from {window})" if window else ""
     return textwrap.indent(f"""insert into x_jobs
     (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
-     tenant_id, traceparent, enqueued_by, concurrency_key, rate_key)
+     tenant_id, traceparent, enqueued_by, concurrency_key, rate_key{columns})
 select %(id)s::uuid, %(name)s, %(queue)s, %(input)s::jsonb, {key},
        %(run_id)s::uuid, %(max_attempts)s::int, %(priority)s::int,
        case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
-       %(tenant_id)s, %(traceparent)s, %(enqueued_by)s, %(concurrency_key)s, %(rate_key)s
+       %(tenant_id)s, %(traceparent)s, %(enqueued_by)s, %(concurrency_key)s, %(rate_key)s{values}
   from (select coalesce(%(run_at)s::timestamptz,
-                        now() + %(delay_ms)s * interval '1 millisecond') as run_at) t""", indent)
+                        now() + %(delay_ms)s * interval '1 millisecond') as run_at) t{only_if}""",
+                           indent)
 
 
 def enqueue_one_sql(key: str, on_conflict: str = "") -> str:
