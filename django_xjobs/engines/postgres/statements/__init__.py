@@ -50,6 +50,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 * ``reads``: whole job rows for people: one by id (job_get), a filtered listing (jobs_list).
 * ``why``: what holds a waiting job back (why_job) and a rate-limit key's window
   (why_rate_window), for ``manage.py xjobs why``.
+* ``deploy``: x_jobs and x_job_steps, read only: the suspended runs the deploy check replays
+  and their steps in recorded order.
 * ``connections``: no table: a connection's label, LISTEN on the job channel, the clock.
 * ``fragments``: SQL text several statements share (``CHANNEL``, ``LIVE``, ``JOB_COLUMNS``, the
   enqueue's insert); it declares no statement.
@@ -74,6 +76,10 @@ from .connections import (
     SESSION_LABEL,
 )
 from .debounce import JOB_DEBOUNCE_LIVE
+# ---- deploy check ----
+from .deploy import RUNS_SUSPENDED_LIST, STEPS_OF_RUN_IN_ORDER
+
+# ---- end deploy check ----
 from .flow import JOBS_UNBLOCK, RATE_TAKE
 from .fragments import CHANNEL as CHANNEL
 from .fragments import JOB_COLUMNS as JOB_COLUMNS
@@ -209,4 +215,7 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     PAUSE_RESUME_KEY, PAUSES_LIST, JOB_PAUSE_KEY_IF_OWNED, JOB_PROGRESS_IF_OWNED, STATS_ROLLUP,
     STATS_PRUNE, STATS_SERIES, STATS_TOTALS, QUEUE_DEPTH,
     WORKERS_LIST, JOBS_PURGE_ALL, JOBS_ARCHIVE, HISTORY_DROP, HISTORY_TABLES, JOB_UNARCHIVE,
+    # ---- deploy check ----
+    RUNS_SUSPENDED_LIST, STEPS_OF_RUN_IN_ORDER,
+    # ---- end deploy check ----
 )}
