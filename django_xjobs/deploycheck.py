@@ -42,7 +42,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -301,17 +301,17 @@ def _error_line(exc: BaseException) -> str:
 
 def replay(job: JobRecord, steps: Sequence[StepRecord]) -> Verdict:
     """Replay one run's code against its recorded ``steps`` (in recorded order). The caller
-    provides the rolled-back transaction (:func:`check`)."""
+    provides the rolled-back transaction (:func:`_replay_rolled_back`)."""
     recorded = [Recorded(s, recorded_kinds(s)) for s in steps]
-    base = {"job_id": str(job.id), "name": job.name, "run_id": str(job.run_id),
-            "state": job.state, "recorded": len(recorded)}
+    matched = Verdict(job_id=str(job.id), name=job.name, run_id=str(job.run_id),
+                      state=job.state, recorded=len(recorded), diverges=False)
     definition = registry.lookup(job.name)
     if definition is None:
-        return Verdict(**base, diverges=True, reason=(
+        return replace(matched, diverges=True, reason=(
             f"job no longer exists: no job named {job.name!r} is registered"))
     if job.input_error is not None or not isinstance(job.input, dict):
         problem = job.input_error or f"it is a {type(job.input).__name__}, not a JSON object"
-        return Verdict(**base, diverges=True,
+        return replace(matched, diverges=True,
                        reason=f"its stored input cannot be passed to the code: {problem}")
     ctx = JobContext(job_id=str(job.id), run_id=str(job.run_id), name=job.name,
                      queue=job.queue, attempt=max(job.attempt, 1),
@@ -332,20 +332,20 @@ def replay(job: JobRecord, steps: Sequence[StepRecord]) -> Verdict:
     except BaseException as exc:  # the code's own, SystemExit included: reported
         raised = exc
     if replayer.stopped is not None:
-        return Verdict(**base, diverges=bool(replayer.stopped), **replayer.stopped)
+        return replace(matched, diverges=bool(replayer.stopped), **replayer.stopped)
     position = replayer.position
     missing = recorded[position] if position < len(recorded) else None
     if raised is not None and raised is replayer.replayed_failure and missing is None:
-        return Verdict(**base, diverges=False)
+        return matched
     if raised is None and missing is None:
-        return Verdict(**base, diverges=False)
+        return matched
     if missing is None:
         assert raised is not None
-        return Verdict(**base, diverges=True, reason=(
+        return replace(matched, diverges=True, reason=(
             f"after the last recorded step the code raised {_error_line(raised)}"))
     what = ("returned before reaching it" if raised is None
             else f"raised {_error_line(raised)} before reaching it")
-    return Verdict(**base, diverges=True, position=position + 1,
+    return replace(matched, diverges=True, position=position + 1,
                    expected=missing.record.name, expected_kind=missing.kind_text,
                    reason=(f"step {position + 1}: recorded {missing.record.name!r} "
                            f"({missing.kind_text}), the code {what}"))

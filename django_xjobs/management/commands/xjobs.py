@@ -46,8 +46,7 @@ from ...records import (
     progress_from_json,
 )
 from ...values import parse_duration
-from .. import cli, console_cli, pauses_cli, schedule_cli
-from .. import deploy_cli  # ---- deploy check ----
+from .. import cli, console_cli, deploy_cli, pauses_cli, schedule_cli
 
 
 def _age(seconds: float | None) -> str:

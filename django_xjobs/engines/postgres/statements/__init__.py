@@ -76,10 +76,7 @@ from .connections import (
     SESSION_LABEL,
 )
 from .debounce import JOB_DEBOUNCE_LIVE
-# ---- deploy check ----
-from .deploy import RUNS_SUSPENDED_LIST, STEPS_OF_RUN_IN_ORDER
-
-# ---- end deploy check ----
+from .deploy import RUNS_SUSPENDED_LIST, STEPS_OF_RUN_IN_ORDER  # the deploy check
 from .flow import JOBS_UNBLOCK, RATE_TAKE
 from .fragments import CHANNEL as CHANNEL
 from .fragments import JOB_COLUMNS as JOB_COLUMNS
