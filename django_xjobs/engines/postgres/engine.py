@@ -684,7 +684,7 @@ class PostgresEngine(Engine):
     def runs_suspended_list(self, *, name: str | None = None, after_id: str | None = None,
                             limit: int = 500) -> list[JobRecord]:
         return [_job_record(r) for r in self._run(
-            S.RUNS_SUSPENDED_LIST, {"name": name, "after_id": after_id, "limit": limit})]
+            S.RUNS_SUSPENDED_LIST, {"name": name, "after_job_id": after_id, "limit": limit})]
 
     def steps_of_run_in_order(self, run_id: str) -> list[StepRecord]:
         return [

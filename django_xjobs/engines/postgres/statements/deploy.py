@@ -15,16 +15,16 @@ RUNS_SUSPENDED_LIST = Statement(
 One page of the durable runs the deploy check replays: suspended jobs, and blocked jobs whose
 blocked_resume says a suspended run's resume is what flow control holds back (a blocked job
 that never started has no run to replay). A job without step rows has not taken a step, so it
-has no recorded path to compare and is left out. Paged by id (after_id) so a long list is read
-in bounded pieces, each an ordinary snapshot; a job that changes state between pages is simply
-checked or not, the check is advisory and reads no lock.
+has no recorded path to compare and is left out. Paged by id (after_job_id) so a long list is
+read in bounded pieces, each an ordinary snapshot; a job that changes state between pages is
+simply checked or not: the check is advisory and takes no lock.
 """,
     sql=f"""
 select {JOB_COLUMNS}
   from only x_jobs j
  where (j.state = 'suspended' or (j.state = 'blocked' and j.blocked_resume))
    and (%(name)s::text is null or j.name = %(name)s::text)
-   and j.id > coalesce(%(after_id)s::uuid, '00000000-0000-0000-0000-000000000000'::uuid)
+   and j.id > coalesce(%(after_job_id)s::uuid, '00000000-0000-0000-0000-000000000000'::uuid)
    and exists (select 1 from only x_job_steps s where s.run_id = j.run_id)
  order by j.id
  limit %(limit)s
