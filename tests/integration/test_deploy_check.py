@@ -317,3 +317,14 @@ def test_bad_arguments_are_refused():
         deploycheck.check(limit=0)
     with pytest.raises(CommandError, match="job name"):
         call_command("xjobs", "check-deploy", "--job", "")
+
+
+def test_verbosity_2_also_lists_the_runs_that_pass_and_json_is_taken_before_the_action(version):
+    job = flow_a()
+    out = StringIO()
+    call_command("xjobs", "check-deploy", verbosity=2, stdout=out)
+    assert f"ok        job {job.id} (testapp.deploy_flow): 2 recorded step(s) reached in " \
+           "order" in out.getvalue()
+    out = StringIO()
+    call_command("xjobs", "--json", "check-deploy", stdout=out)
+    assert json.loads(out.getvalue())["checked"] == 1

@@ -18,7 +18,7 @@ from django_xjobs.deploycheck import (
 )
 from django_xjobs.exceptions import ChildFailed, InvalidJobInput, StepNameReused
 from django_xjobs.records import StepRecord
-from django_xjobs.steps import EventWon
+from django_xjobs.steps import AsyncSteps, EventWon, Steps
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)
 
@@ -132,3 +132,14 @@ def test_the_async_steps_await_the_same_replay():
     with pytest.raises(_ReplayOver):
         asyncio.run(code())
     assert steps.stopped == {} and steps.position == 3
+
+
+def test_the_replay_offers_every_step_of_a_worker():
+    # A step method added to Steps must be replayed too, or the check would report every run
+    # that uses it as raising AttributeError.
+    def public(cls: type) -> set[str]:
+        return {n for n in vars(cls) if not n.startswith("_") and callable(getattr(cls, n))}
+
+    assert public(Steps) <= public(ReplaySteps)
+    assert public(AsyncSteps) <= public(AsyncReplaySteps)
+    assert {"invoke", "gather"} <= public(ReplaySteps) & public(AsyncReplaySteps)
