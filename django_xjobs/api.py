@@ -313,6 +313,30 @@ def build_params(definition: registry.JobDefinition[..., Any], input: Any,
     return template.params(input, job_id, run_id)
 
 
+# A child job is made once per parent step, by the step: these options would deduplicate or
+# delay it by other means (docs/durable.md, "Child jobs").
+CHILD_REFUSED_OPTIONS = frozenset({"idempotency_key", "debounce", "debounce_max_wait",
+                                   "unique_for"})
+
+
+def child_params(definition: registry.JobDefinition[..., Any], input: Any,
+                 options: Mapping[str, Any], *, parent_id: UUID | str,
+                 tenant_id: str | None, traceparent: str | None,
+                 what: str) -> EnqueueParams:
+    """One child of a parent's ``ctx.step.invoke`` / ``gather``, validated like any enqueue:
+    the parent's tenant and trace unless the options say otherwise, ``enqueued_by`` naming the
+    parent. Raises before anything is written."""
+    refused = CHILD_REFUSED_OPTIONS & set(options)
+    if refused:
+        raise InvalidJobInput(
+            f"{what}: a child job takes no {', '.join(sorted(refused))}: the parent's step "
+            "enqueues it once, and its replays return the same child"
+        )
+    defaults = {"tenant_id": tenant_id, "enqueued_by": f"job:{parent_id}",
+                "traceparent": tracing.current_traceparent() or traceparent}
+    return build_params(definition, input, {**defaults, **options}, what=what)
+
+
 # --------------------------------------------------------------------------------- handles --
 
 

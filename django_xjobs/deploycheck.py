@@ -40,7 +40,7 @@ the first stop recorded.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -54,7 +54,7 @@ from .context import JobContext
 from .engines import get_engine
 from .exceptions import ChildFailed, InvalidJobInput, StepNameReused
 from .records import JobRecord, StepRecord
-from .steps import MAX_STEP_NAME, EventWon, _aware, _event_name
+from .steps import MAX_STEP_NAME, EventWon, _aware, _children_outcome, _event_name
 from .values import check_text, milliseconds_of
 
 KINDS = ("run", "sleep", "event", "event_any", "invoke")
@@ -215,16 +215,16 @@ class ReplaySteps:
         return EventWon(event=record.event or "", payload=output)
 
     def invoke(self, name: str, job: Any, input: Any = None, *, timeout: Any = None,
-               tenant_id: str | None = None, queue: str | None = None) -> Any:
+               **options: Any) -> Any:
         results = self._children(self._reach(name, "invoke"))
         if not results:
             raise InvalidJobInput(f"invoke {name!r}: its record holds no child's result")
         return results[0]
 
-    def gather(self, name: str, calls: Sequence[Any], *, timeout: Any = None) -> list[Any]:
-        if isinstance(calls, str | bytes) or not isinstance(calls, Sequence):
-            raise InvalidJobInput(f"gather {name!r}: calls must be a list of (job, input) "
-                                  f"pairs, got {type(calls).__name__}")
+    def gather(self, name: str, calls: Any, *, timeout: Any = None) -> list[Any]:
+        if isinstance(calls, str | bytes | Mapping) or not isinstance(calls, Iterable):
+            raise InvalidJobInput(f"ctx.step.gather({name!r}): expected a list of (job, input) "
+                                  "pairs")
         return self._children(self._reach(name, "invoke"))
 
     @staticmethod
@@ -237,24 +237,17 @@ class ReplaySteps:
         milliseconds_of(timeout, "timeout")
 
     def _children(self, record: StepRecord) -> list[Any]:
-        """The results a completed invoke step recorded, or its ChildFailed raised again."""
+        """The results a completed invoke step recorded, or its ChildFailed raised again, as
+        a worker's replay does (``steps._children_outcome``)."""
         output = record.output if isinstance(record.output, dict) else {}
-        failed = output.get("failed")
-        if isinstance(failed, dict):
-            error = failed.get("error")
-            state = str(failed.get("state"))
-            child = str(failed.get("id"))
-            summary = f": {error.strip().splitlines()[0]}" if isinstance(error, str) and \
-                error.strip() else ""
-            self.replayed_failure = ChildFailed(
-                f"child job {child} of step {record.name!r} ended {state}{summary}",
-                child_id=child, state=state, error=error, index=int(failed.get("index") or 0),
-            )
-            raise self.replayed_failure
-        results = output.get("results")
-        if not isinstance(results, list):
-            raise InvalidJobInput(f"step {record.name!r}: its record holds no results")
-        return results
+        if not (isinstance(output.get("failed"), dict) or isinstance(output.get("results"), list)):
+            raise InvalidJobInput(f"step {record.name!r}: its record holds no children's "
+                                  "outcome")
+        try:
+            return _children_outcome(record.name, record.output)
+        except ChildFailed as exc:
+            self.replayed_failure = exc
+            raise
 
 
 class AsyncReplaySteps:
@@ -285,12 +278,10 @@ class AsyncReplaySteps:
                                         timeout=timeout)
 
     async def invoke(self, name: str, job: Any, input: Any = None, *, timeout: Any = None,
-                     tenant_id: str | None = None, queue: str | None = None) -> Any:
-        return self._steps.invoke(name, job, input, timeout=timeout, tenant_id=tenant_id,
-                                  queue=queue)
+                     **options: Any) -> Any:
+        return self._steps.invoke(name, job, input, timeout=timeout, **options)
 
-    async def gather(self, name: str, calls: Sequence[Any], *,
-                     timeout: Any = None) -> list[Any]:
+    async def gather(self, name: str, calls: Any, *, timeout: Any = None) -> list[Any]:
         return self._steps.gather(name, calls, timeout=timeout)
 
 

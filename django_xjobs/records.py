@@ -534,6 +534,30 @@ class StepRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InvokeStep:
+    """An invoke or gather step, opened or locked (docs/durable.md, "Child jobs"): its
+    children's ids, whether this call opened it, whether its timeout has come, and when the
+    parent is claimed again if no child wakes it first."""
+
+    children: list[str]
+    opened: bool
+    due: bool
+    park_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildState:
+    """One child of an invoke or gather step as its parent reads it; ``state`` None: the child
+    is gone (purged)."""
+
+    id: UUID
+    name: str | None
+    state: str | None
+    result: Any
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ParkedStep:
     """A step that waits: since when, until when, and whether that moment has come."""
 

@@ -28,6 +28,7 @@ from uuid import UUID
 from ..records import (
     BackfillRecord,
     ChangeResult,
+    ChildState,
     Claim,
     ClaimBatch,
     ClaimedJob,
@@ -41,6 +42,7 @@ from ..records import (
     FenceReport,
     FlowFacts,
     HistoryTable,
+    InvokeStep,
     JobRecord,
     KeyPauseRequeue,
     LeaderFence,
@@ -249,6 +251,35 @@ class Engine(abc.ABC):
         """A run's steps in the order it recorded them, without wait_for_any's per-event
         rows."""
     # ---- end deploy check ----
+
+    # ----------------------------------------------------------------------- children --
+    @abc.abstractmethod
+    def step_invoke_open_if_owned(self, owner: RunOwner, name: str, *, children: Sequence[str],
+                                  timeout_ms: int | None) -> InvokeStep | None:
+        """Open an invoke or gather step with these children's ids, or lock the open one (its
+        recorded ids win); None if the run lost its job. Call it first in the transaction that
+        reads the children and parks the parent."""
+
+    @abc.abstractmethod
+    def step_invoke_pending_if_owned(self, owner: RunOwner, name: str, pending: int) -> bool:
+        """Record how many of the open step's children are live; False if the run lost its
+        job."""
+
+    @abc.abstractmethod
+    def jobs_enqueue_children(self, batch: Sequence[EnqueueParams], *, parent_id: UUID,
+                              parent_step: str) -> None:
+        """Insert the children of a parent's step (in the caller's transaction)."""
+
+    @abc.abstractmethod
+    def jobs_children(self, ids: Sequence[str]) -> list[ChildState]:
+        """The children's states, results and errors, in the order of ``ids``, archived ones
+        included."""
+
+    @abc.abstractmethod
+    def jobs_cancel_tree(self, *, ids: Sequence[str] = (), parents: Sequence[str] = (),
+                         reason: str | None) -> int:
+        """Cancel the live jobs ``ids`` and the live children of ``parents``, with their live
+        descendants; how many were cancelled."""
 
     # ------------------------------------------------------------------------ events --
     @abc.abstractmethod

@@ -42,6 +42,10 @@ SCALARS.update({  # ---- backfills
     "checksum": "0" * 64, "app_version": "1.0", "processed": 100, "cursor": "100",
 })
 SCALARS.update({"shift_ms": 60_000})  # ---- test support (django_xjobs/testing)
+SCALARS.update({  # ---- child jobs
+    "parent_id": uuid.uuid4(), "parent_step": "fan", "children": '["0190a1b2-0000-7000-8000-0"]',
+    "pending": 1, "timeout_ms": None,
+})
 SCALARS.update({"rate_key": None, "slot_ttl_ms": 30_000, "host": "h", "pid": 1,
                 "queues": '["default"]', "stale_ms": 1000})  # ---- flow control, workers
 SCALARS.update({"period_ms": 60_000, "cost": 1})  # ---- why a job is not running
@@ -62,6 +66,7 @@ LISTS = {
     "concurrency_keys": None, "max_attempts": 3, "priorities": 0, "delays_ms": 0, "limits": 10,
     "states": "done", "run_ats": None,
     "job_ids": uuid.uuid4(),  # outbox_mark_published
+    "parents": uuid.uuid4(),  # jobs_cancel_tree
     "holders": "job/token/worker", "slots": 0, "spent": True, "resumed": False,  # slots
     "notes": None, "outcomes": "handed_back", "counts": 1,
     # ---- flow control

@@ -71,13 +71,14 @@ def test_each_completed_step_hands_back_what_it_recorded_and_calls_nothing():
 def test_a_failed_child_is_raised_again_with_its_details():
     steps = replaying(step("kids", "invoke", {
         "children": ["c1", "c2"],
-        "failed": {"index": 1, "id": "c2", "state": "cancelled", "error": "stopped\ntrace"}}))
+        "results": [5, None],
+        "failed": {"index": 1, "id": "c2", "job": "j", "state": "cancelled", "error": "stop"}}))
     with pytest.raises(ChildFailed) as raised:
         steps.gather("kids", [("j", {}), ("j", {})])
     failure = raised.value
     assert (failure.child_id, failure.state, failure.error, failure.index) == \
-        ("c2", "cancelled", "stopped\ntrace", 1)
-    assert str(failure) == "child job c2 of step 'kids' ended cancelled: stopped"
+        ("c2", "cancelled", "stop", 1)
+    assert str(failure) == "child 1 of step 'kids' (j c2) ended cancelled: stop"
     assert steps.replayed_failure is failure
 
 
@@ -115,7 +116,7 @@ def test_the_step_rules_of_a_worker_hold_in_a_replay():
         steps.wait_for_any("b", events="a", timeout=1)
     with pytest.raises(InvalidJobInput):
         steps.sleep_until("b", datetime(2026, 1, 1))  # naive
-    with pytest.raises(InvalidJobInput, match="calls must be a list"):
+    with pytest.raises(InvalidJobInput, match="expected a list of"):
         steps.gather("b", "not a list")
 
 

@@ -31,10 +31,17 @@ from django.db import (
 )
 from django.db import transaction as db_transaction
 
-from ...exceptions import LiveJobExists, SchemaMissing, UndecodableValue, fail_for_good
+from ...exceptions import (
+    LiveJobExists,
+    SchemaMissing,
+    StepNameReused,
+    UndecodableValue,
+    fail_for_good,
+)
 from ...records import (
     BackfillRecord,
     ChangeResult,
+    ChildState,
     Claim,
     ClaimBatch,
     ClaimedJob,
@@ -48,6 +55,7 @@ from ...records import (
     FenceReport,
     FlowFacts,
     HistoryTable,
+    InvokeStep,
     JobRecord,
     KeyPauseRequeue,
     LeaderFence,
@@ -111,6 +119,10 @@ def _try_decode_json(value: Any) -> tuple[Any, str | None]:
     if not isinstance(value, str):
         return value, None
     return decode_stored_json(value)
+
+
+class _Unchanged(Exception):
+    """Rolls back an operator's change that turned out to change nothing (its savepoint)."""
 
 
 def _decode_json_for_run(value: Any, what: str) -> Any:
@@ -741,6 +753,48 @@ class PostgresEngine(Engine):
         self._run(S.STEP_CANCEL_SIBLINGS, {**self._owner(owner), "prefix": _like_prefix(prefix)},
                   fetch="count")
 
+    # -------------------------------------------------------------------------- children --
+    def step_invoke_open_if_owned(self, owner: RunOwner, name: str, *, children: Sequence[str],
+                                  timeout_ms: int | None) -> InvokeStep | None:
+        row = self._run(S.STEP_INVOKE_OPEN_IF_OWNED, {
+            **self._owner(owner), "name": name, "children": json.dumps(list(children)),
+            "pending": len(children), "timeout_ms": timeout_ms,
+        }, fetch="one")
+        if row is None:
+            return None
+        output, opened, due, park_at = row
+        recorded = _decode_json_for_run(output, f"output of step {name!r}")
+        if not isinstance(recorded, dict) or not isinstance(recorded.get("children"), list):
+            raise StepNameReused(
+                f"step {name!r} of this run was recorded as another kind of step (a deploy "
+                "renamed it?); give the invoke or gather a name of its own")
+        return InvokeStep(children=list(recorded["children"]), opened=opened, due=due,
+                          park_at=park_at)
+
+    def step_invoke_pending_if_owned(self, owner: RunOwner, name: str, pending: int) -> bool:
+        return self._run(S.STEP_INVOKE_PENDING_IF_OWNED, {
+            **self._owner(owner), "name": name, "pending": pending}, fetch="one") is not None
+
+    def jobs_enqueue_children(self, batch: Sequence[EnqueueParams], *, parent_id: UUID,
+                              parent_step: str) -> None:
+        self._run(S.JOBS_ENQUEUE_CHILDREN, {
+            **self._batch_args(batch), "parent_id": parent_id, "parent_step": parent_step,
+        }, fetch="count")
+
+    def jobs_children(self, ids: Sequence[str]) -> list[ChildState]:
+        rows = self._run(S.JOBS_CHILDREN, {"ids": list(ids)})
+        if any(r[2] is None for r in rows):  # one was archived (or purged): look further
+            rows = self._run(S.JOBS_CHILDREN_ARCHIVED, {"ids": list(ids)})
+        return [ChildState(id=r[0], name=r[1], state=r[2],
+                           result=_decode_json_for_run(r[3], f"result of child job {r[0]}"),
+                           error=r[4]) for r in rows]
+
+    def jobs_cancel_tree(self, *, ids: Sequence[str] = (), parents: Sequence[str] = (),
+                         reason: str | None) -> int:
+        (cancelled,) = self._run(S.JOBS_CANCEL_TREE, {
+            "ids": list(ids), "parents": list(parents), "reason": reason}, fetch="one")
+        return int(cancelled)
+
     # ---------------------------------------------------------------------------- events --
     def event_lock(self, names: Sequence[str]) -> None:
         self._run(S.EVENT_LOCK, {"names": list(names)}, fetch="one")
@@ -814,12 +868,20 @@ class PostgresEngine(Engine):
         job_uuid = _as_uuid(job_id)
         if job_uuid is None:
             return ChangeResult(job=None, changed=False, reason="not found")
-        # A savepoint: the job's move back from its history table and the cancel are one.
-        with db_transaction.atomic(using=self.alias):
-            self._unarchive(job_uuid, tenant_ids)
-            row = self._run(S.JOB_CANCEL, {
-                "id": job_uuid, "reason": reason, "tenant_ids": _tenants(tenant_ids),
-            }, fetch="one")
+        # A savepoint: the job's move back from its history table, its live children's cancel
+        # and its own are one. The children go first (jobs_cancel_tree says why); when the job
+        # itself cannot be cancelled (finished, another tenant's), neither are they.
+        try:
+            with db_transaction.atomic(using=self.alias):
+                self._unarchive(job_uuid, tenant_ids)
+                self.jobs_cancel_tree(parents=[str(job_uuid)], reason=reason)
+                row = self._run(S.JOB_CANCEL, {
+                    "id": job_uuid, "reason": reason, "tenant_ids": _tenants(tenant_ids),
+                }, fetch="one")
+                if row is None:
+                    raise _Unchanged
+        except _Unchanged:
+            row = None
         return self._change_result(row, job_id, tenant_ids, unchanged="already {state}")
 
     def _unarchive(self, job_uuid: UUID, tenant_ids: Iterable[str] | None) -> None:
