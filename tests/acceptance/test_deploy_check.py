@@ -73,3 +73,20 @@ def test_a_deploy_that_renames_a_recorded_step_fails_the_check_and_one_that_chan
                 .values_list("name", "status", "kind", "output")) == recorded
     assert [e.kind for e in effects(handle.id)] == ["step"]
     assert not Job.objects.filter(name="testapp.record").exists()
+
+
+def test_a_parent_waiting_for_its_child_in_a_real_worker_passes_the_check(start_worker):
+    from django_xjobs.models import JobStep
+    from tests.testapp import jobs
+
+    start_worker("deploy-parent", "--concurrency", "2")
+    handle = jobs.parent_invoke.enqueue(n=3, seconds=60)
+    row = wait_state(handle.id, "suspended")  # its child runs for a minute
+    [waiting] = JobStep.objects.filter(run_id=row.run_id)
+    assert (waiting.name, waiting.status, waiting.kind) == ("square", "invoking", "invoke")
+
+    result = check_deploy("A", "--json", "--job", "testapp.parent_invoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    [verdict] = json.loads(result.stdout)["runs"]
+    assert (verdict["job_id"], verdict["diverges"], verdict["recorded"]) == \
+        (str(handle.id), False, 1)
