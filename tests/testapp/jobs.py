@@ -595,3 +595,80 @@ async def parent_gather_async(ctx, count=3):
 def parent_of_parent(ctx):
     """A parent whose child is itself a parent (cancel reaches the grandchild)."""
     return ctx.step.invoke("inner", parent_invoke, {"n": 2, "seconds": 30.0})
+
+
+# ---- deploy check ---- (tests/*/test_deploy_check.py)
+# The code of these jobs is picked by XJOBS_TEST_FLOW_VERSION, read at every call: a worker runs
+# version A until the run suspends, then `manage.py xjobs check-deploy` replays it against
+# another version, as a deploy of new code would.
+
+
+def _flow_version():
+    return os.environ.get("XJOBS_TEST_FLOW_VERSION", "A")
+
+
+@job
+def deploy_flow(ctx, nap=3600.0):
+    version = _flow_version()
+    if version == "B":  # step "a" renamed
+        ctx.step.run("a-renamed", lambda: {"n": 1})
+    elif version == "kind":  # step "a" is now a sleep
+        ctx.step.sleep("a", 1)
+    else:
+        first = ctx.step.run("a", lambda: _effect(ctx, "step", "a") or {"n": 1})
+        if first != {"n": 1}:  # the recorded output is handed back, so never taken
+            ctx.step.run("a-was-not-replayed", lambda: None)
+    if version == "early":
+        return "early"
+    if version == "raise":
+        raise ValueError("the new code breaks before the nap")
+    if version == "C":  # writes between steps (a replay rolls them back) and changes the tail
+        _effect(ctx, "outside", "C")
+        record.enqueue(tag="from-the-replay")
+    ctx.step.sleep("nap", nap)
+    if version == "C":
+        ctx.step.run("after-v2", lambda: _effect(ctx, "step", "after-v2"))
+        ctx.step.run("extra", lambda: None)
+    else:
+        ctx.step.run("after", lambda: _effect(ctx, "step", "after"))
+    return version
+
+
+@job
+async def async_deploy_flow(ctx):
+    if _flow_version() == "B":
+        await ctx.step.run("a-renamed", lambda: {"n": 1})
+    else:
+        await ctx.step.run("a", lambda: {"n": 1})
+    await ctx.step.sleep("nap", 3600)
+    return "done"
+
+
+@job
+def deploy_children(ctx):
+    """Child jobs replayed: the path to the later steps depends on what invoke and gather hand
+    back, so a replay that handed back something else would diverge."""
+    one = ctx.step.invoke("one", record, {"tag": "one"})
+    try:
+        many = ctx.step.gather("many", [(record, {"tag": "x"}), (record, {"tag": "y"})])
+        label = "all-" + "-".join(str(r) for r in many)
+    except ChildFailed as exc:
+        label = f"failed-{exc.index}-{exc.state}-{exc.child_id}"
+    ctx.step.run(f"got-{one}-{label}", lambda: None)
+    if _flow_version() == "kind":
+        ctx.step.sleep("last", 1)
+    else:
+        ctx.step.invoke("last", record, {"tag": "last"})
+    return "done"
+
+
+@job
+def deploy_loose(ctx):
+    """Catches everything, the end of a replay included: the verdict still stands."""
+    for name in ("first", "second"):
+        try:
+            ctx.step.run(name, lambda: None)
+        except BaseException:  # what the test is about: even the end of the replay
+            pass
+    return "done"
+# ---- end deploy check ----

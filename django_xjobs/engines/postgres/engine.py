@@ -743,6 +743,25 @@ class PostgresEngine(Engine):
             for r in self._run(S.STEPS_OF_RUN, {"run_id": run_id})
         ]
 
+    # ---- deploy check ----
+    def runs_suspended_list(self, *, name: str | None = None, after_id: str | None = None,
+                            limit: int = 500) -> list[JobRecord]:
+        return [_job_record(r) for r in self._run(
+            S.RUNS_SUSPENDED_LIST, {"name": name, "after_job_id": after_id, "limit": limit})]
+
+    def steps_of_run_in_order(self, run_id: str) -> list[StepRecord]:
+        return [
+            StepRecord(
+                name=r[0], status=r[1],
+                output=_decode_json_for_run(r[2], f"output of step {r[0]!r}"),
+                attempts=r[3], error=r[4], started_at=r[5], completed_at=r[6], wake_at=r[7],
+                event=r[8], correlation_key=r[9], event_id=r[10], event_published_at=r[11],
+                kind=r[12],
+            )
+            for r in self._run(S.STEPS_OF_RUN_IN_ORDER, {"run_id": run_id})
+        ]
+    # ---- end deploy check ----
+
     @staticmethod
     def _owner(owner: RunOwner) -> dict[str, Any]:
         return {"job_id": owner.claim.job_id, "token": owner.claim.lease_token,

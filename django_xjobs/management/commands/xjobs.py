@@ -16,6 +16,8 @@
     manage.py xjobs resume-key KEY        and hand back the jobs blocked on KEY
     manage.py xjobs pauses                the pauses in force
     manage.py xjobs maintenance           run the retention deletes once
+    manage.py xjobs check-deploy [--job NAME] [--limit N]   replay the suspended durable runs
+                                          against this code; exit 1 if any would diverge
 
 and the operations console's views (``management/console_cli.py``): dashboard, health,
 workers, jobs, why, steps, outbox, slots, backfills, scheduler, delete.
@@ -44,7 +46,7 @@ from ...records import (
     progress_from_json,
 )
 from ...values import parse_duration
-from .. import cli, console_cli, pauses_cli, schedule_cli
+from .. import cli, console_cli, deploy_cli, pauses_cli, schedule_cli
 
 
 def _age(seconds: float | None) -> str:
@@ -86,7 +88,8 @@ class Command(BaseCommand):
         console_parsers = console_cli.add_parsers(sub)
         # ---- end console ----
         for p in (show, cancel, retry, run_now, events, purge, slots_cmd, *console_parsers,
-                  *schedule_cli.add_arguments(sub), *pauses_cli.add_arguments(sub)):
+                  *schedule_cli.add_arguments(sub), *pauses_cli.add_arguments(sub),
+                  *deploy_cli.add_arguments(sub)):  # ---- deploy check ----
             cli.add_json_flag(p)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -119,6 +122,8 @@ class Command(BaseCommand):
                 schedule_cli.handle(self, options, as_json)
             elif action in pauses_cli.ACTIONS:  # ---- pauses ----
                 pauses_cli.handle(self, action, options, as_json)
+            elif action in deploy_cli.ACTIONS:  # ---- deploy check ----
+                deploy_cli.handle(self, options, as_json)
             # ---- console ----
             elif action in console_cli.ACTIONS:
                 console_cli.run(self, action, options, as_json)

@@ -52,6 +52,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
   (why_rate_window), for ``manage.py xjobs why``.
 * ``windows``: x_job_keys: idempotency windows: the windowed enqueue, the read of a key's
   holder, the give-back of a key whose job was not inserted, and the purge of ended windows.
+* ``deploy``: x_jobs and x_job_steps, read only: the suspended runs the deploy check replays
+  and their steps in recorded order.
 * ``connections``: no table: a connection's label, LISTEN on the job channel, the clock.
 * ``fragments``: SQL text several statements share (``CHANNEL``, ``LIVE``, ``JOB_COLUMNS``, the
   enqueue's insert); it declares no statement.
@@ -76,6 +78,7 @@ from .connections import (
     SESSION_LABEL,
 )
 from .debounce import JOB_DEBOUNCE_LIVE
+from .deploy import RUNS_SUSPENDED_LIST, STEPS_OF_RUN_IN_ORDER  # the deploy check
 from .flow import JOBS_UNBLOCK, RATE_TAKE
 from .fragments import CHANNEL as CHANNEL
 from .fragments import JOB_COLUMNS as JOB_COLUMNS
@@ -223,6 +226,9 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     PAUSE_RESUME_KEY, PAUSES_LIST, JOB_PAUSE_KEY_IF_OWNED, JOB_PROGRESS_IF_OWNED, STATS_ROLLUP,
     STATS_PRUNE, STATS_SERIES, STATS_TOTALS, QUEUE_DEPTH,
     WORKERS_LIST, JOBS_PURGE_ALL, JOBS_ARCHIVE, HISTORY_DROP, HISTORY_TABLES, JOB_UNARCHIVE,
+    # ---- deploy check ----
+    RUNS_SUSPENDED_LIST, STEPS_OF_RUN_IN_ORDER,
+    # ---- end deploy check ----
     # child jobs (docs/durable.md, "Child jobs")
     JOBS_ENQUEUE_CHILDREN, JOBS_CANCEL_TREE, STEP_INVOKE_OPEN_IF_OWNED,
     STEP_INVOKE_PENDING_IF_OWNED, JOBS_CHILDREN, JOBS_CHILDREN_ARCHIVED,
