@@ -210,3 +210,15 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     STATS_PRUNE, STATS_SERIES, STATS_TOTALS, QUEUE_DEPTH,
     WORKERS_LIST, JOBS_PURGE_ALL, JOBS_ARCHIVE, HISTORY_DROP, HISTORY_TABLES, JOB_UNARCHIVE,
 )}
+
+# ---- cron overlap (docs/scheduling.md, "Overlap") ----
+from .scheduler import (  # noqa: E402 - its own block, beside the others' additions
+    CRON_RUNS_CANCEL,
+    CRON_RUNS_HOLD,
+    CRON_RUNS_LOCK_LIVE,
+    SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,
+)
+
+ALL.update({s.name: s for s in (
+    CRON_RUNS_LOCK_LIVE, CRON_RUNS_HOLD, CRON_RUNS_CANCEL, SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,
+)})

@@ -312,3 +312,18 @@ def tenant_walk_sql() -> str:
                   select t from after where t is not null
                   union all
                   select t from wrap where t is not null and t <= w.cursor"""
+
+
+# ------------------------------------------------------------------------------------ cancel --
+# What a cancel from outside writes (job_cancel says why; cron_runs_cancel, the cancel_previous
+# overlap policy of a cron task, writes the same): the run it stops (if running) ends
+# `cancelled` in the attempt history, and its token is cleared, so its late ack reads as lost.
+
+
+def cancel_set_sql(reason: str) -> str:
+    """The SET clause of a cancel, ``reason`` being SQL text (a placeholder) for last_error."""
+    return f"""set state = 'cancelled', visible_at = null, lease_token = null, finished_at = now(),
+           last_error = coalesce({reason}, last_error), updated_at = now(),
+           attempts = case when state = 'running'
+                           then {attempt_entry_sql("'cancelled'", error=f"{reason}::text")}
+                           else attempts end"""
