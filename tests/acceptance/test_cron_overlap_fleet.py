@@ -10,6 +10,7 @@ key twice) or counted as skipped on the task's state row, never both and never n
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -141,7 +142,7 @@ def test_skip_never_enqueues_while_a_run_is_live(start_worker, stop):
     assert max(r + o + w for r, o, w in samples) == 1, "never two live runs"
     assert SchedulerState.objects.get(task_name=TASK).overlap_skipped > 0
     # Each run was enqueued after the one before it had finished.
-    for before, after in zip(runs, runs[1:], strict=False):
+    for before, after in itertools.pairwise(runs):
         assert before.finished_at is not None and after.created_at > before.finished_at, (
             before.idempotency_key, after.idempotency_key)
 
@@ -157,7 +158,7 @@ def test_buffer_one_never_holds_two_waiting_nor_runs_two_at_once(start_worker, s
     assert max(r + o for r, o, _ in samples) == 1, "one live run besides the buffered one"
     assert all(j.state == "done" for j in runs[:-2]), [j.state for j in runs]
     done = sorted((j.started_at, j.finished_at) for j in runs if j.state == "done")
-    for (_, finished), (started, _) in zip(done, done[1:], strict=False):
+    for (_, finished), (started, _) in itertools.pairwise(done):
         assert started >= finished, "a buffered run started before the run before it ended"
 
 
