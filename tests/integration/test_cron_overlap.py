@@ -329,3 +329,14 @@ def test_the_live_runs_of_a_task_are_read_through_the_cron_index(fake_clock):
         cur.execute("explain " + S.CRON_RUNS_LOCK_LIVE.sql, {"enqueued_by": ["cron:t"]})
         plan = "\n".join(r[0] for r in cur.fetchall())
     assert "x_jobs_cron_live_idx" in plan, plan
+
+
+def test_why_says_a_buffered_run_waits_behind_the_live_one(fake_clock):
+    s = start(fake_clock, "buffer_one")
+    next_minute(s, fake_clock)
+    next_minute(s, fake_clock)
+    buffered = runs()[1]
+    out = StringIO()
+    call_command("xjobs", "why", str(buffered.id), stdout=out)
+
+    assert "waits behind the live run of cron task t (overlap=buffer_one)" in out.getvalue()
