@@ -167,7 +167,8 @@ def _buffered_cron_run(job: Any) -> bool:
     """A run that ``overlap="buffer_one"`` holds behind its task's live run: blocked on its own
     ``enqueued_by``, ``cron:<task>`` (scheduler/runner.py)."""
     by = getattr(job, "enqueued_by", None)
-    return bool(by) and by.startswith("cron:") and getattr(job, "blocked_on", None) == by
+    return (isinstance(by, str) and by.startswith("cron:")
+            and getattr(job, "blocked_on", None) == by)
 
 
 def _at(moment: datetime) -> str:
