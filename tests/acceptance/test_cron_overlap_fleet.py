@@ -24,7 +24,7 @@ from django_xjobs.models import Job, SchedulerState
 from django_xjobs.scheduler import cron
 from tests.conftest import wait_until
 
-from .conftest import SETTLE, wait_exit
+from .conftest import SETTLE, backends, wait_exit
 from .test_scheduler_fleet import lease_holder
 
 pytestmark = pytest.mark.acceptance
@@ -174,3 +174,39 @@ def test_cancel_previous_leaves_exactly_one_live_run(start_worker, stop):
     assert all("superseded by its occurrence" in j.last_error for j in cancelled)
     assert [j.state for j in runs if j.state not in ("cancelled", "done")] in ([], ["ready"],
                                                                                ["running"])
+
+
+@pytest.mark.parametrize("policy", ["skip", "buffer_one", "cancel_previous"])
+def test_a_leader_killed_inside_a_round_leaves_none_of_its_decisions(start_worker, policy):
+    """A lingers in each round's transaction after the mark, before the commit: killed there,
+    its cancels, enqueues, holds and skip counts are rolled back together with its watermark,
+    and B decides those seconds again, once."""
+    start = start_row()
+    settings = settings_for(policy)
+    sampler = LiveSampler()
+    sampler.start()
+    a = start_worker("a", settings=settings,
+                     faults="after:scheduler_states_mark_if_leading=sleep:0.3")
+    wait_until(lambda: lease_holder() == a.id, timeout=SETTLE, message="A to lead")
+    b = start_worker("b", settings=settings)
+    wait_fired(3)
+
+    label = f"xjobs:{a.id}:scheduler"
+    wait_until(lambda: any(state == "idle in transaction" for _, state in backends(label)),
+               timeout=SETTLE, interval=0.005, message="A inside a round's transaction")
+    os.kill(a.pid, signal.SIGKILL)
+    a.wait(timeout=30)
+    before = len(fired())
+    wait_until(lambda: lease_holder() == b.id, timeout=SETTLE, interval=0.05,
+               message="B to take over after A's lease")
+    wait_fired(before + 3)
+    b.signal(signal.SIGTERM)
+    assert wait_exit(b) == 0
+    samples = sampler.stop()
+
+    assert_each_second_decided_once(start)
+    if policy == "buffer_one":
+        assert max(w for _, _, w in samples) <= 1 and max(r for r, _, _ in samples) == 1
+        assert max(r + o for r, o, _ in samples) == 1
+    else:
+        assert max(r + o + w for r, o, w in samples) == 1
