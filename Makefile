@@ -100,6 +100,9 @@ bench: install
 bench-flow: install
 	$(PY) bench/run.py --workloads W8,W11,W12,W13 $(BENCH_ARGS)
 
+bench-children: install
+	$(PY) bench/run.py --workloads W14 $(BENCH_ARGS)
+
 bench-scale: install
 	$(PY) bench/scale.py $(BENCH_ARGS)
 

@@ -1,6 +1,6 @@
 """django-xjobs benchmark (``make bench``): the peers' harness workloads, for us alone.
 
-    python bench/run.py [--quick] [--workloads W1,...,W13] [--concurrency 10] [--prefetch auto]
+    python bench/run.py [--quick] [--workloads W1,...,W14] [--concurrency 10] [--prefetch auto]
                         [--rate-limit 2000]
 
 W1 enqueue-single   5,000 no-op jobs, one enqueue = one transaction, one process      jobs/s x3
@@ -31,6 +31,10 @@ W12 rate limit      20,000 no-op jobs under RateLimit(limit=2,000, period=1 s) (
                     in any 1 s window of started_at (at most the limit)    starts/s, count
 W13 slot hand-over  Concurrency(limit=1) on one key, 20 ms jobs, 2 workers: finished_at of
                     one run -> started_at of the next on the other worker, ~200    p50/p95
+W14 child jobs      a parent gathers 1,000 no-op children (ctx.step.gather), 2 workers,
+                    5 rounds: the gather's start -> the parent's resumed step recorded
+                    (children/s), and the last child's settle -> the parent's resumed
+                    claim (the wake)                                          jobs/s, p50/max
 W8 and W11-W13 print beside them one unlimited no-op drain of the same run.
 Spawned workers start from bytecode compiled before the first workload, as an installed
 package's would (compile_sources; ``--from-source`` measures them compiling it).
@@ -70,6 +74,10 @@ sys.path[:0] = [str(HERE), str(SOURCE), str(ROOT)]
 
 FULL = {"w1": 5000, "w2": 50000, "w3": 20000, "w4": 500, "reps": 3, "w9": 100_000}
 QUICK = {"w1": 500, "w2": 5000, "w3": 2000, "w4": 50, "reps": 1, "w9": 10_000}
+
+
+W14_CHILDREN = 1000
+W14_ROUNDS = 5
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -324,6 +332,43 @@ class Bench:
         steps = self.sql("select count(*) from x_job_steps where status = 'completed'")[0][0]
         assert steps == 3 * n, f"{steps} steps for {n} jobs"
         return {"rate": n / (float(last) - t0), "steady": n / (float(last) - float(first))}
+
+    def w14(self) -> dict[str, float]:
+        """Fan-out / fan-in (docs/durable.md, "Child jobs"): rounds of one parent gathering
+        W14_CHILDREN no-op children, drained by 2 workers; every figure is read back from
+        the database's own timestamps."""
+        self.reset()
+        procs = self.spawn_workers()
+        time.sleep(3)
+        rates, wakes, recorded = [], [], []
+        try:
+            for _ in range(W14_ROUNDS):
+                parent = self.jobs.fan.enqueue(n=W14_CHILDREN)
+                deadline = time.monotonic() + 300
+                while self.sql(f"select state from x_jobs where id = '{parent.id}'"
+                               )[0][0] != "done":
+                    self.check_alive(procs, "W14")
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("W14 parent did not finish in 300 s")
+                    time.sleep(0.05)
+                opened, done, resumed, last_child, children = self.sql(f"""
+                    select extract(epoch from s.started_at), extract(epoch from s.completed_at),
+                           extract(epoch from p.started_at),
+                           (select extract(epoch from max(c.finished_at)) from x_jobs c
+                             where c.parent_id = p.id),
+                           (select count(*) from x_jobs c where c.parent_id = p.id
+                               and c.state = 'done')
+                      from x_jobs p join x_job_steps s on s.run_id = p.run_id
+                     where p.id = '{parent.id}' and s.name = 'fan'""")[0]
+                assert children == W14_CHILDREN, f"{children} children done"
+                rates.append(W14_CHILDREN / (float(done) - float(opened)))
+                wakes.append((float(resumed) - float(last_child)) * 1000)
+                recorded.append((float(done) - float(last_child)) * 1000)
+        finally:
+            self.stop_workers(procs)
+        return {"rate": statistics.median(rates), "min_rate": min(rates),
+                "wake_p50": percentile(wakes, 50), "wake_max": max(wakes),
+                "recorded_p50": percentile(recorded, 50)}
 
     # ---- W8, W11-W13: flow control (docs/flow-control.md) ----
     def _drain(self, items: list[tuple], what: str, *, args: tuple[str, ...] = (),
@@ -720,7 +765,8 @@ class Bench:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6,W7,W8,W9,W10,W11,W12,W13")
+    p.add_argument("--workloads",
+                   default="W1,W2,W3,W4,W5,W6,W7,W8,W9,W10,W11,W12,W13,W14")
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--prefetch", default="auto")
     p.add_argument("--source", default=str(ROOT),
@@ -821,6 +867,14 @@ def main() -> None:
                      f"{r13['p50']:.1f} / {r13['p95']:.1f} ms ({r13['n']} hand-overs; same "
                      f"worker p50 {r13['same_p50']:.1f} ms over {r13['same_n']}; "
                      f"{r13['overlaps']} overlaps)"))
+    if "W14" in chosen:
+        r14 = bench.w14()
+        rows.append((f"W14 gather of {W14_CHILDREN:,} no-op children, 2 workers (gather -> "
+                     "resumed)", f"{r14['rate']:,.0f} children/s (slowest round "
+                     f"{r14['min_rate']:,.0f})"))
+        rows.append(("W14 last child's settle -> parent resumed, p50 / max",
+                     f"{r14['wake_p50']:.1f} / {r14['wake_max']:.1f} ms (-> outcome recorded "
+                     f"p50 {r14['recorded_p50']:.1f} ms)"))
     if "W10" in chosen:
         r10 = bench.w10()
         rows.append(("W10 scheduler round, 100 due cron tasks", f"{r10['round_ms']:.0f} ms"))

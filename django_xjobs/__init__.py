@@ -20,6 +20,7 @@ from __future__ import annotations
 
 __all__ = [
     "Batch",
+    "ChildFailed",
     "Concurrency",
     "JobContext",
     "JobHandle",
@@ -61,7 +62,7 @@ from .backfills import Batch, backfill
 from .base import job
 from .conf import VERSION as __version__
 from .context import JobContext
-from .exceptions import PauseKey, PermanentError, Snooze
+from .exceptions import ChildFailed, PauseKey, PermanentError, Snooze
 from .outbox import StagedJob
 from .pauses import pause_key, pause_queue, pauses, resume_key, resume_queue
 from .ratelimits import RateLimit

@@ -653,14 +653,46 @@ class JobAdmin(ConsoleAdmin):
                                "updated", "lease")}),
         ("Run", {"fields": ("claimed_by", "workers", "rescues", "id", "run_id",
                             "idempotency_key", "concurrency_key", "traceparent",
-                            "lease_token")}),
+                            "lease_token", "parent_link", "children_links")}),
         ("Input", {"fields": ("pretty_input",)}),
         ("Result", {"fields": ("pretty_result",)}),
         ("Last error", {"fields": ("error",)}),
     )
     readonly_fields = ("state_badge", "attempt_of", "created", "due", "waited", "started",
                        "ran_for", "finished", "updated", "lease", "workers", "pretty_input",
-                       "pretty_result", "error")
+                       "pretty_result", "error", "parent_link", "children_links")
+
+    def get_object(self, request: Any, object_id: str, from_field: str | None = None) -> Any:
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:  # children_links lists only the children the viewer may see
+            obj._xjobs_tenants = reads.tenant_scope(request)
+        return obj
+
+    # ------------------------------------------------------------ parent and children --
+    # docs/durable.md, "Child jobs": a child links to its parent, a parent lists its children.
+    @admin.display(description="parent")
+    def parent_link(self, obj: Job) -> str:
+        if obj.parent_id is None:
+            return "—"
+        return format_html('<a href="{}{}/change/" class="xjobs-parent">{}</a> (step {})',
+                           self.url("django_xjobs_job_changelist"), obj.parent_id,
+                           obj.parent_id, obj.parent_step)
+
+    @admin.display(description="children")
+    def children_links(self, obj: Job) -> str:
+        # The viewer's tenant scope, set by get_object; none set shows no child (fails closed).
+        children = reads.run_children(obj.run_id,
+                                      tenants=getattr(obj, "_xjobs_tenants", frozenset()))
+        if not children.total:
+            return "—"
+        url = self.url("django_xjobs_job_changelist")
+        items = format_html_join(
+            "", '<li><a href="{}{}/change/" class="xjobs-child">{}</a> {} {} (step {})</li>',
+            ((url, child.pk, child.pk, child.name, badge(child.state), step)
+             for step, child in children.shown))
+        more = (format_html("<li>… {} more</li>", children.total - len(children.shown))
+                if children.total > len(children.shown) else "")
+        return format_html('<ul class="xjobs-children">{}{}</ul>', items, more)
 
     # -------------------------------------------------------------------------- columns --
     @admin.display(description="job")

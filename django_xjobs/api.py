@@ -40,7 +40,15 @@ from .exceptions import (
 )
 from .outbox import StagedJob
 from .ratelimits import RateLimit, rate_limit_of
-from .records import TERMINAL_STATES, ChangeResult, EnqueueParams, EnqueueResult, JobRecord, new_ids
+from .records import (
+    TERMINAL_STATES,
+    UNIQUE_FOREVER,
+    ChangeResult,
+    EnqueueParams,
+    EnqueueResult,
+    JobRecord,
+    new_ids,
+)
 from .values import (
     INT32,
     check_name,
@@ -78,6 +86,9 @@ class EnqueueOptions(TypedDict, total=False):
     # (docs/flow-control.md, "Debounce"); seconds, a timedelta or a string such as "5s"
     debounce: timedelta | float | str | None
     debounce_max_wait: timedelta | float | str | None  # >= debounce; from the first enqueue
+    # with idempotency_key only: a job of the key that finished less than this ago also
+    # dedupes (docs/durable.md, "Idempotency windows"); seconds, a timedelta, "24h", "forever"
+    unique_for: timedelta | float | str | None
 
 
 ENQUEUE_OPTIONS = frozenset(EnqueueOptions.__optional_keys__)
@@ -179,6 +190,42 @@ def _debounce(definition: registry.JobDefinition[..., Any], options: Mapping[str
                      concurrency_key=slots.debounce_key(definition.name, tenant_id, key))
 
 
+# -- idempotency windows (docs/durable.md, "Idempotency windows") --
+
+
+def _unique_for_ms(options: Mapping[str, Any], key: str | None) -> int | None:
+    """Validate ``unique_for=``: None without it, else its window in milliseconds
+    (UNIQUE_FOREVER for "forever")."""
+    value = options.get("unique_for")
+    if value is None:
+        return None
+    if key is None:
+        raise InvalidJobInput(
+            "unique_for needs idempotency_key: the window holds one key "
+            "(.using(idempotency_key=..., unique_for=...))"
+        )
+    if options.get("debounce") is not None:
+        raise InvalidJobInput(
+            "give debounce or unique_for, not both: a debounced key's run changes while it "
+            "waits, a windowed key's job is fixed when it is enqueued"
+        )
+    if value == "forever":
+        return UNIQUE_FOREVER
+    try:
+        seconds = parse_duration(value, what="unique_for")
+    except ConfigurationError as exc:  # an enqueue's bad input, not a bad declaration
+        raise InvalidJobInput(f'{exc} (or "forever")') from None
+    if seconds > MAX_DELAY_SECONDS:
+        raise InvalidJobInput(f'unique_for {value!r} is more than 100 years; use "forever"')
+    ms = round(seconds * 1000)
+    if ms <= 0:
+        raise InvalidJobInput(f"unique_for must be more than zero (at least 1ms), got {value!r}")
+    return ms
+
+
+# -- end idempotency windows --
+
+
 @dataclass(frozen=True, slots=True)
 class _Template:
     """Everything about an enqueue but its input and ids: validated once per call (per batch,
@@ -198,6 +245,7 @@ class _Template:
     slot_keys: slots.EnqueueKeys | None = None  # None: the job is not slot-limited
     rate_limit: RateLimit | None = None  # None: the job is not rate-limited
     debounce: _Debounce | None = None  # None: a plain enqueue
+    unique_for_ms: int | None = None  # None: no idempotency window
 
     def params(self, input: Any, job_id: UUID, run_id: UUID) -> EnqueueParams:
         input = keyword_input(input, f"input of {self.definition.name}")
@@ -217,6 +265,7 @@ class _Template:
             priority=self.priority, run_at=self.run_at, delay_ms=self.delay_ms,
             tenant_id=self.tenant_id, traceparent=self.traceparent,
             enqueued_by=self.enqueued_by, concurrency_key=concurrency_key, rate_key=rate_key,
+            unique_for_ms=self.unique_for_ms,
         )
 
 
@@ -281,6 +330,7 @@ def _template(definition: registry.JobDefinition[..., Any],
         debounce = _debounce(definition, options, key, tenant_id)
     if debounce is not None:
         delay_ms = debounce.debounce_ms  # a new job is due debounce after its enqueue
+    unique_for_ms = _unique_for_ms(options, key) if "unique_for" in options else None
     return _Template(
         definition=definition, queue=queue, key=key, max_attempts=max_attempts,
         priority=priority, run_at=run_at, delay_ms=delay_ms, tenant_id=tenant_id,
@@ -290,6 +340,7 @@ def _template(definition: registry.JobDefinition[..., Any],
             definition, options.get("concurrency_key"), tenant_id, settings),
         rate_limit=rate_limit_of(definition),
         debounce=debounce,
+        unique_for_ms=unique_for_ms,
     )
 
 
@@ -311,6 +362,30 @@ def build_params(definition: registry.JobDefinition[..., Any], input: Any,
     _refuse_debounce(template, what)
     job_id, run_id = new_ids(2)
     return template.params(input, job_id, run_id)
+
+
+# A child job is made once per parent step, by the step: these options would deduplicate or
+# delay it by other means (docs/durable.md, "Child jobs").
+CHILD_REFUSED_OPTIONS = frozenset({"idempotency_key", "debounce", "debounce_max_wait",
+                                   "unique_for"})
+
+
+def child_params(definition: registry.JobDefinition[..., Any], input: Any,
+                 options: Mapping[str, Any], *, parent_id: UUID | str,
+                 tenant_id: str | None, traceparent: str | None,
+                 what: str) -> EnqueueParams:
+    """One child of a parent's ``ctx.step.invoke`` / ``gather``, validated like any enqueue:
+    the parent's tenant and trace unless the options say otherwise, ``enqueued_by`` naming the
+    parent. Raises before anything is written."""
+    refused = CHILD_REFUSED_OPTIONS & set(options)
+    if refused:
+        raise InvalidJobInput(
+            f"{what}: a child job takes no {', '.join(sorted(refused))}: the parent's step "
+            "enqueues it once, and its replays return the same child"
+        )
+    defaults = {"tenant_id": tenant_id, "enqueued_by": f"job:{parent_id}",
+                "traceparent": tracing.current_traceparent() or traceparent}
+    return build_params(definition, input, {**defaults, **options}, what=what)
 
 
 # --------------------------------------------------------------------------------- handles --

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .context import JobContext
     from .outbox import StagedJob
     from .ratelimits import RateLimit
+    from .records import EnqueueParams
     from .slots import Concurrency
 
 _NO_OPTIONS: Mapping[str, Any] = {}
@@ -152,3 +153,23 @@ def job(func: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
     if func is not None:
         return decorate(func)
     return decorate
+
+
+def child_params(job: Any, input: Any, options: Mapping[str, Any], ctx: JobContext, *,
+                 what: str) -> EnqueueParams:
+    """What ``ctx.step.invoke`` / ``gather`` enqueue for ``(job, input, options)``: ``job`` is a
+    ``@job`` function, ``my_job.using(...)`` (its options, under ``options``) or a registered
+    name (docs/durable.md, "Child jobs")."""
+    if isinstance(job, BoundJob):
+        definition, options = job.definition, {**job.options, **options}
+    elif isinstance(job, JobDefinition):
+        definition = job
+    elif isinstance(job, str):
+        definition = registry.get(job)
+    else:
+        raise InvalidJobInput(
+            f"{what}: expected a registered job (the @job function, my_job.using(...)) or its "
+            f"name, got {job!r}"
+        )
+    return api.child_params(definition, input, options, parent_id=ctx.job_id,
+                            tenant_id=ctx.tenant_id, traceparent=ctx.traceparent, what=what)

@@ -371,6 +371,8 @@ class OutboxEntry(models.Model):
     concurrency_key = models.TextField(null=True, blank=True)
     job_id = models.UUIDField(null=True, blank=True)  # the job it became
     rate_key = models.TextField(null=True, blank=True)
+    # The idempotency window in ms, -1 for "forever" (docs/durable.md, "Idempotency windows").
+    unique_for_ms = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "x_outbox"

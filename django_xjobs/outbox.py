@@ -116,6 +116,7 @@ def stage(params: EnqueueParams, *, using: str, enqueued_by: str | None) -> Stag
         priority=params.priority, run_at=params.run_at, delay_ms=params.delay_ms,
         tenant_id=params.tenant_id, traceparent=params.traceparent, enqueued_by=enqueued_by,
         concurrency_key=params.concurrency_key, rate_key=params.rate_key,
+        unique_for_ms=params.unique_for_ms,
     )
     get_engine(using).outbox_stage(row)
     # Registered after the insert succeeded: a failed staging wakes nobody. Inside a savepoint
@@ -137,6 +138,7 @@ def _job_params(rows: list[OutboxRow], default_max_attempts: int) -> list[Enqueu
             run_at=row.run_at, delay_ms=0, tenant_id=row.tenant_id,
             traceparent=row.traceparent, enqueued_by=row.enqueued_by or DEFAULT_ENQUEUED_BY,
             concurrency_key=row.concurrency_key, rate_key=row.rate_key,
+            unique_for_ms=row.unique_for_ms,
         )
         for row, run_id in zip(rows, run_ids, strict=True)
     ]

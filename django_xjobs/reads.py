@@ -825,9 +825,15 @@ def diagnose(job: Any, steps: Sequence[Any], now: datetime) -> list[str]:
                 "worker's next heartbeat."
             )
     elif state == "suspended":
-        open_steps = [s for s in steps if s.status in ("sleeping", "waiting")]
+        open_steps = [s for s in steps if s.status in ("sleeping", "waiting", "invoking")]
         for s in open_steps:
-            if s.status == "sleeping":
+            if s.status == "invoking":
+                timeout = f"; it times out {ago(s.wake_at, now)}" if s.wake_at else ""
+                lines.append(
+                    f"Suspended waiting for {s.pending} child job(s) of step '{s.name}' (listed "
+                    f"under children){timeout}. The last one to finish resumes it at once; "
+                    "no worker thread is held.")
+            elif s.status == "sleeping":
                 lines.append(f"Suspended in a durable sleep (step '{s.name}') until "
                              f"{ago(s.wake_at, now)}; no worker thread is held.")
             else:
@@ -922,6 +928,29 @@ def run_steps(run_id: Any, *, limit: int | None = JSON_PAGE_CHARS) -> list[Any]:
 
     return list(with_json_text(JobStep.objects.filter(run_id=run_id), limit)
                 .order_by("started_at", "id"))
+
+
+@dataclass(frozen=True, slots=True)
+class Children:
+    """A parent's child jobs as the console and ``xjobs show`` list them: the first ``shown``
+    (step name and job row, in the steps' order) of ``total``."""
+
+    shown: list[tuple[str, Any]]
+    total: int
+
+
+def run_children(run_id: Any, *, tenants: TenantScope = None, limit: int = 50) -> Children:
+    """The child jobs of a run's invoke and gather steps (docs/durable.md, "Child jobs"), read
+    from the ids the steps recorded: primary-key lookups, archived children included."""
+
+    ids = [(step, UUID(child)) for step, output in JobStep.objects.filter(
+               run_id=run_id, kind="invoke").order_by("started_at", "id")
+               .values_list("name", "output")
+           for child in (output or {}).get("children", ())]
+    wanted = ids[:limit]
+    rows = {j.pk: j for j in scoped(Job.objects.filter(pk__in=[c for _, c in wanted]), tenants)
+            .only("id", "name", "state", "parent_step")}
+    return Children(shown=[(step, rows[c]) for step, c in wanted if c in rows], total=len(ids))
 
 
 def event_rows(*, name: str | None = None, limit: int = 50) -> list[Any]:

@@ -122,6 +122,13 @@ class JobSpec:
     enqueued_by: str | None = None
     concurrency_key: str | None = None
     rate_key: str | None = None  # ratelimits.py
+    # The idempotency window in ms (docs/durable.md, "Idempotency windows"): None for none,
+    # UNIQUE_FOREVER for a key that never frees.
+    unique_for_ms: int | None = None
+
+
+# JobSpec.unique_for_ms of ``unique_for="forever"``, as x_jobs.unique_for_ms stores it.
+UNIQUE_FOREVER = -1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,6 +146,7 @@ class EnqueueResult:
     id: UUID
     run_id: UUID
     created: bool
+    # "purged" (and run_id the id) for an idempotency window's holder that retention deleted
     state: str
 
 
@@ -531,6 +539,30 @@ class StepRecord:
     due: bool = False
     # run, sleep, event, event_any, invoke; None on rows recorded before kinds were.
     kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InvokeStep:
+    """An invoke or gather step, opened or locked (docs/durable.md, "Child jobs"): its
+    children's ids, whether this call opened it, whether its timeout has come, and when the
+    parent is claimed again if no child wakes it first."""
+
+    children: list[str]
+    opened: bool
+    due: bool
+    park_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildState:
+    """One child of an invoke or gather step as its parent reads it; ``state`` None: the child
+    is gone (purged)."""
+
+    id: UUID
+    name: str | None
+    state: str | None
+    result: Any
+    error: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

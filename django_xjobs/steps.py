@@ -58,15 +58,17 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from . import conf, faults
 from .context import in_thread
 from .engines import get_engine
 from .exceptions import (
+    ChildFailed,
     InvalidJobInput,
     JobCancelled,
     PayloadTooLarge,
@@ -76,7 +78,15 @@ from .exceptions import (
     StepSuspended,
     SuspendInTransaction,
 )
-from .records import EventRecord, RunOwner, StepRecord, Suspension
+from .records import (
+    LIVE_STATES,
+    ChildState,
+    EnqueueParams,
+    EventRecord,
+    RunOwner,
+    StepRecord,
+    Suspension,
+)
 from .values import check_name, check_text, encode_json, format_error, milliseconds_of
 
 DEFAULT_EVENT_TTL = timedelta(days=7)
@@ -102,11 +112,15 @@ class Steps:
 
     def __init__(self, engine: Any, owner: RunOwner, ctx: Any,
                  on_park: Callable[[], None] | None = None,
-                 guard: Callable[[], None] | None = None) -> None:
+                 guard: Callable[[], None] | None = None,
+                 child_params: Callable[..., EnqueueParams] | None = None) -> None:
         self._engine = engine
         self._owner = owner
         self._ctx = ctx
         self._on_park = on_park
+        # Validates a child of invoke / gather into what to insert (base.child_params; it sits
+        # above this module, which cannot import the enqueue API).
+        self._child_params = child_params
         # Raises before a step write the run may no longer make (a lapsed concurrency slot).
         self._guard = guard
         self._records: dict[str, StepRecord] | None = None
@@ -134,6 +148,7 @@ class Steps:
         return JobCancelled(f"{what}: this run no longer owns the job (lease lost or cancelled)")
 
     def _complete(self, name: str, output_json: str | None, **event: Any) -> None:
+        # ``event`` also carries the step's ``kind`` when it is not a run
         if self._guard is not None:
             self._guard()
         if not self._engine.step_complete_if_owned(self._owner, name, output_json, **event):
@@ -229,6 +244,98 @@ class Steps:
                 return
             signal = self._park(parked.wake_at)
         raise signal
+
+    # -------------------------------------------------------------------- children --
+    def invoke(self, name: str, job: Any, input: Mapping[str, Any] | None = None, *,
+               timeout: timedelta | float | int | None = None, **options: Any) -> Any:
+        """Enqueue ``job`` as a child of this run (once: the step is memoised), suspend until
+        it finishes, and return its result; :class:`ChildFailed` when it ended dead or
+        cancelled, or ``timeout`` passed first. ``options`` are enqueue options (``queue``,
+        ``tenant_id``, ``priority``, ...); tenant and trace default to this job's."""
+        return self._children(name, [(job, input, options)], timeout,
+                              what=f"ctx.step.invoke({name!r})")[0]
+
+    def gather(self, name: str, calls: Iterable[Sequence[Any]], *,
+               timeout: timedelta | float | int | None = None) -> list[Any]:
+        """Fan out: enqueue every ``(job, input)`` or ``(job, input, options)`` of ``calls`` as
+        children, suspend until all finished, return their results in the order of ``calls``
+        (fan-in). :class:`ChildFailed` names the first child, in that order, that failed."""
+        return self._children(name, calls, timeout, what=f"ctx.step.gather({name!r})")
+
+    def _children(self, name: str, calls: Iterable[Sequence[Any]],
+                  timeout: timedelta | float | int | None, *, what: str) -> list[Any]:
+        timeout_ms = None if timeout is None else milliseconds_of(timeout, "timeout")
+        if timeout_ms is not None and timeout_ms <= 0:
+            raise InvalidJobInput(f"{what}: timeout must be greater than zero")
+        record = self._begin(name)
+        if record is not None and record.status == "completed":
+            return _children_outcome(name, record.output)
+        self._refuse_in_transaction(what)
+        params = None if record is not None else self._child_batch(calls, what)
+        engine, owner = self._engine, self._owner
+        if self._guard is not None:
+            self._guard()
+        signal: StepSuspended | None
+        with engine.atomic():
+            step = engine.step_invoke_open_if_owned(
+                owner, name, children=[str(p.id) for p in params or ()], timeout_ms=timeout_ms)
+            if step is None:
+                raise self._lost(f"step {name!r} not recorded")
+            if step.opened:
+                if params is None:  # a row this run's first read did not see: not ours
+                    raise self._lost(f"step {name!r} opened by another run")
+                engine.jobs_enqueue_children(params, parent_id=UUID(str(owner.claim.job_id)),
+                                             parent_step=name)
+                if faults.armed:
+                    faults.hit("step:children-enqueued")
+                signal = self._park(step.park_at)
+            else:
+                children = engine.jobs_children(step.children)
+                if faults.armed:
+                    faults.hit("step:children-read")
+                live = [c for c in children if c.state in LIVE_STATES]
+                if live and not (step.due and timeout_ms is not None):
+                    if not engine.step_invoke_pending_if_owned(owner, name, len(live)):
+                        raise self._lost(f"step {name!r} not recorded")
+                    signal = self._park(step.park_at)
+                else:
+                    if live:  # timed out: the children still running are no longer awaited
+                        engine.jobs_cancel_tree(
+                            ids=[str(c.id) for c in live],
+                            reason=f"cancelled: the parent's step {name!r} timed out")
+                    output = _children_output(children, timed_out={c.id for c in live})
+                    self._complete(name, encode_json(output, what=f"outcome of {what}",
+                                                     limit=None), kind="invoke")
+                    signal = None
+        if signal is not None:
+            raise signal
+        # After the commit: a ChildFailed raised inside the block would roll the record back.
+        return _children_outcome(name, output)
+
+    def _child_batch(self, calls: Iterable[Sequence[Any]], what: str) -> list[EnqueueParams]:
+        """Every child validated into its insert before anything is written."""
+        if self._child_params is None:
+            raise InvalidJobInput(
+                f"{what}: child jobs need a worker's run (or the inline test mode); this "
+                "context cannot enqueue them")
+        if isinstance(calls, str | bytes | Mapping):
+            raise InvalidJobInput(f"{what}: expected a list of (job, input) pairs")
+        batch = []
+        for n, call in enumerate(calls):
+            if isinstance(call, str | bytes) or not isinstance(call, Sequence) or not (
+                    2 <= len(call) <= 3):
+                raise InvalidJobInput(
+                    f"{what}: item {n} must be (job, input) or (job, input, options), "
+                    f"got {call!r}")
+            job, input, *rest = call
+            options = rest[0] if rest else {}
+            if not isinstance(options, Mapping):
+                raise InvalidJobInput(f"{what}: the options of item {n} must be a dict")
+            batch.append(self._child_params(job, input, options, self._ctx,
+                                            what=f"{what} item {n}"))
+        if not batch:
+            raise InvalidJobInput(f"{what}: no children given")
+        return batch
 
     # ---------------------------------------------------------------------- events --
     def wait_for_event(self, name: str, *, event: str, correlation_key: str | None = None,
@@ -330,6 +437,40 @@ class Steps:
         return EventWon(event=record.event or "", payload=record.output)
 
 
+def _children_output(children: Sequence[ChildState], *, timed_out: set[Any]) -> dict[str, Any]:
+    """What an invoke or gather step records once its children are settled: their ids and
+    results in order, and the first that failed (dead, cancelled, gone, or still live at the
+    timeout)."""
+    output: dict[str, Any] = {"children": [str(c.id) for c in children],
+                              "results": [c.result if c.state == "done" else None
+                                          for c in children]}
+    for n, child in enumerate(children):
+        if child.state != "done":
+            output["failed"] = {
+                "index": n, "id": str(child.id), "job": child.name,
+                "state": "timeout" if child.id in timed_out else child.state or "gone",
+                "error": child.error,
+            }
+            break
+    return output
+
+
+def _children_outcome(name: str, output: Any) -> list[Any]:
+    """The results an invoke or gather step returns, or the ChildFailed it raises, from its
+    record: the same on the first run and on every replay."""
+    failed = output.get("failed")
+    if failed:
+        reason = {"timeout": "was still running when the step's timeout passed",
+                  "gone": "no longer exists"}.get(failed["state"], f"ended {failed['state']}")
+        error = f": {failed['error']}" if failed.get("error") else ""
+        raise ChildFailed(
+            f"child {failed['index']} of step {name!r} ({failed.get('job')} {failed['id']}) "
+            f"{reason}{error}",
+            child_id=failed["id"], state=failed["state"], error=failed.get("error"),
+            index=failed["index"])
+    return list(output["results"])
+
+
 class AsyncSteps:
     """``ctx.step`` of an ``async def`` job: the same steps, awaitable.
 
@@ -362,6 +503,16 @@ class AsyncSteps:
 
     async def sleep_until(self, name: str, when: datetime) -> None:
         await in_thread(self._steps.sleep_until, name, when)
+
+    async def invoke(self, name: str, job: Any, input: Mapping[str, Any] | None = None, *,
+                     timeout: timedelta | float | int | None = None, **options: Any) -> Any:
+        return await in_thread(
+            lambda: self._steps.invoke(name, job, input, timeout=timeout, **options))
+
+    async def gather(self, name: str, calls: Iterable[Sequence[Any]], *,
+                     timeout: timedelta | float | int | None = None) -> list[Any]:
+        calls = list(calls)  # read here, not in the thread
+        return await in_thread(lambda: self._steps.gather(name, calls, timeout=timeout))
 
     async def wait_for_event(self, name: str, *, event: str, correlation_key: str | None = None,
                              timeout: timedelta | float | int) -> Any:

@@ -134,11 +134,15 @@ class XJobsTask(Task):
     * ``retry_base`` / ``retry_cap``: the backoff between attempts.
     * ``idempotency_key``: a string, or a function of the task's arguments returning one; while
       a task with that key is live (not finished), enqueueing it again returns the live one.
+    * ``unique_for``: with ``idempotency_key``, a task of that key that finished less than this
+      ago also dedupes, and ``"forever"`` never frees the key (docs/durable.md, "Idempotency
+      windows"); a timedelta, seconds or a string such as ``"24h"``.
     * ``concurrency``: passed to the job registry's ``concurrency`` option (``@job(concurrency=
       Concurrency(...))``); its key template sees ``args`` and ``kwargs``
       (``"user:{kwargs[user_id]}"``).
 
-    ``using()`` also takes ``idempotency_key`` and ``max_attempts`` per enqueue. ``timeout``,
+    ``using()`` also takes ``idempotency_key``, ``unique_for`` and ``max_attempts`` per
+    enqueue. ``timeout``,
     the retry policy and ``concurrency`` belong to the declaration: the worker applies the
     declared ones, so a copy cannot change them.
     """
@@ -149,6 +153,7 @@ class XJobsTask(Task):
     retry_cap: timedelta | float | str | None = None
     idempotency_key: str | Callable[..., str] | None = None
     concurrency: Any = None
+    unique_for: timedelta | float | str | None = None
 
     def __post_init__(self) -> None:
         # Django's own rules first (module-level function, takes_context, priority, queue,
@@ -166,11 +171,13 @@ class XJobsTask(Task):
         backend: str | None = None,
         idempotency_key: str | Callable[..., str] | None = None,
         max_attempts: int | None = None,
+        unique_for: timedelta | float | str | None = None,
     ) -> XJobsTask:
         """A copy with other enqueue defaults (validated again, as ``Task.using``)."""
         given: dict[str, Any] = {
             "priority": priority, "queue_name": queue_name, "run_after": run_after,
             "backend": backend, "idempotency_key": idempotency_key, "max_attempts": max_attempts,
+            "unique_for": unique_for,
         }
         return replace(self, **{k: v for k, v in given.items() if v is not None})
 
@@ -207,6 +214,19 @@ def _check_options(task: XJobsTask) -> None:
             f"{task.module_path}: idempotency_key must be a non-empty string or a function of "
             f"the task's arguments returning one, got {key!r:.80}"
         )
+    if task.unique_for is not None:
+        if key is None:
+            raise InvalidTask(
+                f"{task.module_path}: unique_for needs idempotency_key: the window holds one key"
+            )
+        if task.unique_for != "forever":
+            try:
+                window = values.parse_duration(task.unique_for, what="unique_for")
+            except ConfigurationError as exc:
+                raise InvalidTask(f'{task.module_path}: {exc} (or "forever")') from None
+            if window <= 0:
+                raise InvalidTask(f"{task.module_path}: unique_for must be more than zero, "
+                                  f"got {task.unique_for!r}")
     try:
         definition: registry.JobDefinition[..., Any] = registry.JobDefinition.build(
             task.func, name=_job_name(task), **_options(task))
@@ -670,6 +690,9 @@ class XJobsBackend(BaseTaskBackend):
             key = key(*call_args, **call_kwargs)
         if key is not None:
             options["idempotency_key"] = key
+        unique_for = getattr(task, "unique_for", None)
+        if unique_for is not None:
+            options["unique_for"] = unique_for
         return BoundJob(definition, options), stored
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:

@@ -28,6 +28,7 @@ from uuid import UUID
 from ..records import (
     BackfillRecord,
     ChangeResult,
+    ChildState,
     Claim,
     ClaimBatch,
     ClaimedJob,
@@ -42,6 +43,7 @@ from ..records import (
     FenceReport,
     FlowFacts,
     HistoryTable,
+    InvokeStep,
     JobRecord,
     KeyPauseRequeue,
     LeaderFence,
@@ -169,6 +171,15 @@ class Engine(abc.ABC):
         due after ``debounce_ms``, as it is when no job is live (``created`` True).
         """
 
+    # ----------------------------------------------------------- idempotency windows --
+    # job_enqueue and jobs_enqueue take params.unique_for_ms (docs/durable.md, "Idempotency
+    # windows"): a windowed enqueue returns the live job of the key, or the job that finished
+    # less than its window ago, created False.
+    @abc.abstractmethod
+    def job_keys_purge_expired(self, *, batch_size: int = 1000) -> int:
+        """Delete the idempotency-window rows whose window ended, in bounded batches; how
+        many."""
+
     # ------------------------------------------------------------------ worker side --
     @abc.abstractmethod
     def jobs_claim(
@@ -237,6 +248,35 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def step_cancel_siblings(self, owner: RunOwner, prefix: str) -> None:
         """Close the open waits whose names start with ``prefix`` (wait_for_any's losers)."""
+
+    # ----------------------------------------------------------------------- children --
+    @abc.abstractmethod
+    def step_invoke_open_if_owned(self, owner: RunOwner, name: str, *, children: Sequence[str],
+                                  timeout_ms: int | None) -> InvokeStep | None:
+        """Open an invoke or gather step with these children's ids, or lock the open one (its
+        recorded ids win); None if the run lost its job. Call it first in the transaction that
+        reads the children and parks the parent."""
+
+    @abc.abstractmethod
+    def step_invoke_pending_if_owned(self, owner: RunOwner, name: str, pending: int) -> bool:
+        """Record how many of the open step's children are live; False if the run lost its
+        job."""
+
+    @abc.abstractmethod
+    def jobs_enqueue_children(self, batch: Sequence[EnqueueParams], *, parent_id: UUID,
+                              parent_step: str) -> None:
+        """Insert the children of a parent's step (in the caller's transaction)."""
+
+    @abc.abstractmethod
+    def jobs_children(self, ids: Sequence[str]) -> list[ChildState]:
+        """The children's states, results and errors, in the order of ``ids``, archived ones
+        included."""
+
+    @abc.abstractmethod
+    def jobs_cancel_tree(self, *, ids: Sequence[str] = (), parents: Sequence[str] = (),
+                         reason: str | None) -> int:
+        """Cancel the live jobs ``ids`` and the live children of ``parents``, with their live
+        descendants; how many were cancelled."""
 
     # ------------------------------------------------------------------------ events --
     @abc.abstractmethod
@@ -596,20 +636,16 @@ class Engine(abc.ABC):
     # A cron task's live runs, which its overlap policy reads and acts on inside the round's
     # transaction, after the round locked the task's state row (docs/scheduling.md, "Overlap").
     @abc.abstractmethod
-    def cron_runs_lock_live(self, enqueued_by: Sequence[str]) -> list[CronRun]:
+    def cron_runs_live(self, enqueued_by: Sequence[str], *, lock: bool) -> list[CronRun]:
         """The live runs (any live state) whose ``enqueued_by`` is one of ``enqueued_by``
-        (each ``cron:<task>``), locked until the end of the current transaction, by id."""
+        (each ``cron:<task>``), by id; with ``lock``, locked until the end of the current
+        transaction."""
 
     @abc.abstractmethod
     def cron_runs_hold(self, ids: Sequence[str]) -> list[str]:
         """Hold back runs this transaction enqueued (still ready or delayed) behind their
         task's live run: blocked on their own ``enqueued_by``, released when the task's other
         live runs have finished. The ids held."""
-
-    @abc.abstractmethod
-    def cron_runs_cancel(self, ids: Sequence[str], reason: str) -> int:
-        """Cancel the live runs ``ids`` as an operator's cancel does (a running one's token is
-        cleared: its late ack reads as lost); how many were cancelled."""
 
     @abc.abstractmethod
     def scheduler_states_note_skips_if_leading(

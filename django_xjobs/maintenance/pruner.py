@@ -11,7 +11,9 @@ What goes, and after how long (docs/scheduling.md, "Maintenance and retention"):
   never touched (``outbox_purge_published``);
 * concurrency slot rows expired for more than ``XJOBS["SLOT_PURGE_GRACE"]``
   (``slots_purge_expired``; why the grace: see that statement);
-* the counters' minute, hour and day buckets past ``counters.RETENTION`` (``stats_prune``).
+* the counters' minute, hour and day buckets past ``counters.RETENTION`` (``stats_prune``);
+* idempotency-window rows whose window ended (``job_keys_purge_expired``, docs/durable.md,
+  "Idempotency windows").
 
 Before that, finished jobs older than ``XJOBS["ARCHIVE_AFTER"]`` move out of ``x_jobs`` into
 the history tables (:func:`archive`, which the scheduler's maintenance thread also runs every
@@ -55,18 +57,20 @@ class PruneReport:
     outbox: int = 0
     slots: int = 0
     stats: int = 0
+    keys: int = 0  # idempotency-window rows whose window ended
     stopped: bool = False
 
     @property
     def total(self) -> int:
         return (sum(self.jobs.values()) + self.archived + len(self.days) + self.events
-                + self.outbox + self.slots + self.stats)
+                + self.outbox + self.slots + self.stats + self.keys)
 
     def summary(self) -> str:
         jobs = ", ".join(f"{n} {state}" for state, n in sorted(self.jobs.items()) if n)
         parts = [f"jobs: {jobs or 0}", f"history tables: {', '.join(self.days) or 0}",
                  f"events: {self.events}", f"outbox: {self.outbox}",
-                 f"slots: {self.slots}", f"counters: {self.stats}"]
+                 f"slots: {self.slots}", f"counters: {self.stats}",
+                 f"idempotency windows: {self.keys}"]
         return (f"archived {self.archived} finished jobs; deleted " + "; ".join(parts)
                 + (" (stopped early)" if self.stopped else ""))
 
@@ -100,7 +104,7 @@ def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | Non
     now = engine.db_now()
     jobs: dict[str, int] = {}
     days: list[str] = []
-    counts = {"events": 0, "outbox": 0, "slots": 0, "stats": 0}
+    counts = {"events": 0, "outbox": 0, "slots": 0, "stats": 0, "keys": 0}
     archived = archive(engine=engine, settings=settings, batch_size=batch_size, now=now,
                        keep_going=keep_going)
 
@@ -123,6 +127,7 @@ def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | Non
         ("slots", lambda: engine.slots_purge_expired(
             grace_ms=round(settings.slot_purge_grace * 1000), batch_size=batch)),
         ("stats", lambda: counters.prune(engine, batch_size=batch)),
+        ("keys", lambda: engine.job_keys_purge_expired(batch_size=batch)),
     ]
     for name, purge in steps:
         if not keep_going():

@@ -78,7 +78,7 @@ def add_parsers(sub: Any) -> list[Any]:
     steps = sub.add_parser("steps", help="durable step records, newest first")
     steps.add_argument("--run-id")
     steps.add_argument("--status", choices=("completed", "failed", "sleeping", "waiting",
-                                            "cancelled"))
+                                            "invoking", "cancelled"))
     steps.add_argument("--limit", type=int, default=50)
     outbox = sub.add_parser("outbox", help="staged outbox entries")
     which = outbox.add_mutually_exclusive_group()

@@ -25,6 +25,7 @@ create or replace function xjobs_job_transition() returns trigger
 language plpgsql as $fn$
 declare
     v_finished boolean := new.state in ('done', 'dead', 'cancelled');
+    v_pending integer;
     v_queue text;
 begin
     if new.unique_for_ms is not null then
@@ -34,21 +35,24 @@ begin
            and key = new.idempotency_key and job_id = new.id;
     end if;
     if new.parent_id is not null then
-        with counted as (
-            update only x_job_steps s
-               set pending = s.pending + case when v_finished then -1 else 1 end
-              from only x_jobs p
-             where p.id = new.parent_id and s.run_id = p.run_id
-               and s.name = new.parent_step and s.status = 'invoking'
-            returning s.pending
-        )
-        update only x_jobs p
-           set run_at = now(), updated_at = now()
-         where p.id = new.parent_id and p.state = 'suspended'
-           and exists (select 1 from counted where counted.pending <= 0)
-        returning p.queue into v_queue;
-        if v_queue is not null then
-            perform pg_notify('xjobs', v_queue);
+        -- Waits while the parent holds its step row (checking its children), then counts.
+        update only x_job_steps s
+           set pending = s.pending + case when v_finished then -1 else 1 end
+          from only x_jobs p
+         where p.id = new.parent_id and s.run_id = p.run_id
+           and s.name = new.parent_step and s.status = 'invoking'
+        returning s.pending into v_pending;
+        -- A statement of its own: its snapshot is taken after that wait, so it sees the
+        -- parent's suspension committed. In the same statement as the count, the parent's row
+        -- would be judged by the older snapshot (still running) and never woken.
+        if v_pending <= 0 then
+            update only x_jobs
+               set run_at = now(), updated_at = now()
+             where id = new.parent_id and state = 'suspended'
+            returning queue into v_queue;
+            if v_queue is not null then
+                perform pg_notify('xjobs', v_queue);
+            end if;
         end if;
     end if;
     return null;

@@ -15,7 +15,7 @@ One round (``Scheduler.round``), one transaction for every task that is due:
    (``cron.due``); a paused task fires nothing. Every job is built and validated before the
    first write; a task whose job cannot be built is left out (not marked: retried next round).
    **Overlap**: for the tasks with an overlap policy other than ``allow`` and something to
-   fire, read their live runs (``cron_runs_lock_live``, locked) and decide what each
+   fire, read their live runs (``cron_runs_live``; locked for buffer_one) and decide what each
    occurrence does: fire, wait behind the live run (buffer_one), cancel the live runs
    (cancel_previous) or nothing (skipped). Under the state-row lock of step 3, so two
    overlapping rounds decide one after the other (docs/scheduling.md, "Overlap").
@@ -198,7 +198,11 @@ class Scheduler:
             if not self.leadership.is_leader():
                 raise LeadershipLost("the leadership deadline passed during the round")
             for name, ids in plan.cancel.items():
-                report.cancelled[name] = self.engine.cron_runs_cancel(ids, plan.reasons[name])
+                # The runs' child jobs (a durable run's invoke/gather) first, then the runs: the
+                # order of an operator's cancel (jobs_cancel_tree says why).
+                self.engine.jobs_cancel_tree(parents=ids, reason=plan.reasons[name])
+                report.cancelled[name] = self.engine.jobs_cancel_tree(
+                    ids=ids, reason=plan.reasons[name])
             results: list[EnqueueResult] = []
             for start in range(0, len(jobs), ENQUEUE_BATCH):
                 results += self.engine.jobs_enqueue(jobs[start:start + ENQUEUE_BATCH])
@@ -239,8 +243,13 @@ class Scheduler:
         if not policed:
             return plan
         live: dict[str, list[CronRun]] = {}
-        for run in self.engine.cron_runs_lock_live([tasks[n].enqueued_by for n in policed]):
-            live.setdefault(run.enqueued_by, []).append(run)
+        # buffer_one locks the live runs: a run finishing meanwhile then finishes after this
+        # round committed, and its trigger sees the run buffered behind it (cron_runs_lock_live).
+        for lock in (False, True):
+            by = [tasks[n].enqueued_by for n in policed
+                  if (tasks[n].overlap == "buffer_one") is lock]
+            for run in self.engine.cron_runs_live(by, lock=lock):
+                live.setdefault(run.enqueued_by, []).append(run)
         for name in policed:
             task, fire = tasks[name], built[name]
             runs = live.get(task.enqueued_by, [])

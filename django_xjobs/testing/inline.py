@@ -35,6 +35,7 @@ from django.core.signals import setting_changed
 from django.db import connections, transaction
 
 from .. import api, conf, registry
+from ..base import child_params
 from ..context import JobContext
 from ..engines import Engine, get_engine
 from ..exceptions import ConfigurationError
@@ -140,7 +141,8 @@ def run_claimed(engine: Engine, claimed: ClaimedJob) -> str:
         elif definition.is_async:
             # Its database work runs in threads of its own (context.in_thread), on their own
             # connections, as in a worker.
-            ctx.step_factory = lambda c: AsyncSteps(Steps(engine, owner, c))
+            ctx.step_factory = lambda c: AsyncSteps(Steps(engine, owner, c,
+                                                          child_params=child_params))
             outcome = asyncio.run(executor.execute_async(definition, claimed, ctx, settings))
         else:
             outcome = _execute_sync(engine, definition, claimed, ctx, owner)
@@ -160,7 +162,8 @@ def _execute_sync(engine: Engine, definition: registry.JobDefinition, claimed: C
         contextlib.nullcontext())
     with scope:
         depth = len(conn.atomic_blocks)
-        ctx.step_factory = lambda c: Steps(_RunEngine(engine, depth), owner, c)
+        ctx.step_factory = lambda c: Steps(_RunEngine(engine, depth), owner, c,
+                                           child_params=child_params)
         return executor.execute(definition, claimed, ctx, conf.get(), cleanup=False)
 
 

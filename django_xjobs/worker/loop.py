@@ -72,6 +72,7 @@ from django.conf import settings as django_settings
 from django.db import connections, reset_queries
 
 from .. import clock, conf, faults, registry
+from ..base import child_params
 from ..context import JobContext
 from ..engines import get_engine
 from ..exceptions import SLOT_LOST, JobCancelled, SlotLost, XJobsError
@@ -247,7 +248,8 @@ class Run:
 
         owner = RunOwner(claim=self.job.claim, run_id=self.job.run_id)
         steps = Steps(get_engine(), owner, ctx, on_park,
-                      self._slot_guard if self.slot is not None else None)
+                      self._slot_guard if self.slot is not None else None,
+                      child_params=child_params)
         return AsyncSteps(steps) if self.definition and self.definition.is_async else steps
 
     def _slot_guard(self) -> None:

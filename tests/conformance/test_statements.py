@@ -42,6 +42,10 @@ SCALARS.update({  # ---- backfills
     "checksum": "0" * 64, "app_version": "1.0", "processed": 100, "cursor": "100",
 })
 SCALARS.update({"shift_ms": 60_000})  # ---- test support (django_xjobs/testing)
+SCALARS.update({  # ---- child jobs
+    "parent_id": uuid.uuid4(), "parent_step": "fan", "children": '["0190a1b2-0000-7000-8000-0"]',
+    "pending": 1, "timeout_ms": None,
+})
 SCALARS.update({"rate_key": None, "slot_ttl_ms": 30_000, "host": "h", "pid": 1,
                 "queues": '["default"]', "stale_ms": 1000})  # ---- flow control, workers
 SCALARS.update({"period_ms": 60_000, "cost": 1})  # ---- why a job is not running
@@ -54,6 +58,8 @@ SCALARS.update({"outcome": "failed", "done": 1.0, "total": 10.0, "message": None
 SCALARS.update({"version": "1.0", "concurrency": 4, "running": 1, "finished": 10,
                 "claimed_age_ms": 1000, "loop_age_ms": 100,
                 "stall_ms": 300_000})  # ---- workers and health probes
+SCALARS.update({"unique_for_ms": 3_600_000,
+                "job_unique_for_ms": 3_600_000})  # ---- idempotency windows
 LISTS = {
     "enqueued_by": "cron:nightly",  # ---- cron overlap
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
@@ -62,6 +68,7 @@ LISTS = {
     "concurrency_keys": None, "max_attempts": 3, "priorities": 0, "delays_ms": 0, "limits": 10,
     "states": "done", "run_ats": None,
     "job_ids": uuid.uuid4(),  # outbox_mark_published
+    "parents": uuid.uuid4(),  # jobs_cancel_tree
     "holders": "job/token/worker", "slots": 0, "spent": True, "resumed": False,  # slots
     "notes": None, "outcomes": "handed_back", "counts": 1,
     # ---- flow control
@@ -288,3 +295,28 @@ def test_the_live_job_of_a_key_is_found_through_the_live_key_index(engine, name)
         plan = "\n".join(row[0] for row in cursor.fetchall())
 
     assert "x_jobs_live_key_uniq" in plan, plan
+
+
+# ---- idempotency windows (docs/durable.md, "Idempotency windows")
+
+
+@pytest.mark.django_db
+def test_a_window_purge_batch_reads_its_batch_not_every_key_row(engine):
+    from django_xjobs.models import JobKey
+
+    now = engine.db_now()
+    JobKey.objects.bulk_create([
+        JobKey(name="testapp.noop", key=f"k{i}", job_id=uuid.uuid4(),
+               unique_for_ms=None if i % 3 == 0 else 1000,  # "forever" rows stay
+               finished_at=None if i % 3 == 1 else now - timedelta(days=30, seconds=i))
+        for i in range(6_000)
+    ])
+    with connection.cursor() as cursor:
+        cursor.execute("analyze x_job_keys")
+    purge = engine.statements()["job_keys_purge_expired"]
+    plan = _explain_analyze(purge.sql, {"batch": 100})
+
+    # Only rows with a finished window are candidates (the partial expiry index), oldest first:
+    # the batch to choose, then the batch to delete.
+    assert _rows_read(plan, "x_job_keys") <= 2 * 100, _rows_read(plan, "x_job_keys")
+    assert plan["Actual Rows"] == 0 and engine.job_keys_purge_expired(batch_size=100) == 2_000

@@ -245,6 +245,22 @@ def test_cancel_previous_cancels_the_running_run_and_its_late_ack_changes_nothin
     assert len(live()) == 1
 
 
+def test_cancel_previous_cancels_the_child_jobs_of_the_run_it_cancels(fake_clock):
+    s = start(fake_clock, "cancel_previous")
+    next_minute(s, fake_clock)
+    parent = runs()[0]
+    # A durable run waiting for a child it invoked (docs/durable.md, "Child jobs").
+    child = api.enqueue("testapp.noop", {}, idempotency_key="child")
+    Job.objects.filter(pk=child.id).update(parent_id=parent.id, parent_step="invoke")
+    Job.objects.filter(pk=parent.id).update(state="suspended")
+
+    next_minute(s, fake_clock)
+
+    assert Job.objects.get(pk=child.id).state == "cancelled"
+    assert Job.objects.get(pk=parent.id).state == "cancelled"
+    assert [j.state for j in live()] == ["ready"]
+
+
 def test_cancel_previous_cancels_every_live_run_and_fires_only_the_newest(fake_clock):
     s = start(fake_clock, "cancel_previous", misfire="all")
     # A run of the task from outside the round (`xjobs schedule trigger` enqueues it so).
@@ -324,11 +340,12 @@ def test_the_live_runs_of_a_task_are_read_through_the_cron_index(fake_clock):
     """The statements repeat x_jobs_cron_live_idx's predicate, so the planner can use it: a
     probe per task, not a walk of the queue's backlog (at 1,000,000 rows the read costs a
     handful of buffers, docs/scheduling.md, "What each policy costs")."""
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("set local enable_seqscan = off")
-        cur.execute("explain " + S.CRON_RUNS_LOCK_LIVE.sql, {"enqueued_by": ["cron:t"]})
-        plan = "\n".join(r[0] for r in cur.fetchall())
-    assert "x_jobs_cron_live_idx" in plan, plan
+    for statement in (S.CRON_RUNS_LIVE, S.CRON_RUNS_LOCK_LIVE):
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("set local enable_seqscan = off")
+            cur.execute("explain " + statement.sql, {"enqueued_by": ["cron:t"]})
+            plan = "\n".join(r[0] for r in cur.fetchall())
+        assert "x_jobs_cron_live_idx" in plan, (statement.name, plan)
 
 
 def test_why_says_a_buffered_run_waits_behind_the_live_one(fake_clock):

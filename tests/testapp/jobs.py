@@ -8,7 +8,16 @@ from datetime import timedelta
 
 from django.db.models import F
 
-from django_xjobs import Batch, Concurrency, PauseKey, PermanentError, Snooze, backfill, job
+from django_xjobs import (
+    Batch,
+    ChildFailed,
+    Concurrency,
+    PauseKey,
+    PermanentError,
+    Snooze,
+    backfill,
+    job,
+)
 
 from .models import Counted, Effect
 
@@ -535,3 +544,54 @@ def reports_progress(ctx, items=60, pause=0.1):
         time.sleep(pause)
         ctx.progress(i, items, f"item {i} of {items}")
     return {"items": items}
+
+
+# ------------------------------------------------------------------------------ child jobs --
+# docs/durable.md, "Child jobs".
+
+
+@job(max_attempts=2)
+def child_square(ctx, n, fail=False, seconds=0.0):
+    """A child: n squared, after ``seconds``; raises when ``fail`` (up to its attempts)."""
+    _effect(ctx, "child", n)
+    if seconds:
+        ctx.cancelled.wait(seconds)
+    if fail:
+        raise RuntimeError(f"child {n} failed")
+    return {"n": n, "square": n * n}
+
+
+@job(max_attempts=1)
+def parent_invoke(ctx, n=3, fail=False, seconds=0.0, timeout=None):
+    """Invokes one child and returns what it gave, or the ChildFailed it raised."""
+    _effect(ctx, "parent", "start")
+    try:
+        got = ctx.step.invoke("square", child_square, {"n": n, "fail": fail, "seconds": seconds},
+                              timeout=timeout)
+    except ChildFailed as exc:
+        _effect(ctx, "parent", "failed")
+        return {"failed": str(exc), "child_id": exc.child_id, "state": exc.state,
+                "error": exc.error}
+    after = ctx.step.run("after", lambda: got["square"] + 1)
+    return {"got": got, "after": after, "tenant": ctx.tenant_id}
+
+
+@job(max_attempts=1)
+def parent_gather(ctx, count=5, fail_at=None, queue=None):
+    """Fans out ``count`` children and returns their squares in order."""
+    calls = [(child_square, {"n": i, "fail": i == fail_at},
+              {"queue": queue} if queue else {}) for i in range(count)]
+    results = ctx.step.gather("fan", calls)
+    return {"squares": [r["square"] for r in results]}
+
+
+@job(max_attempts=1)
+async def parent_gather_async(ctx, count=3):
+    results = await ctx.step.gather("fan", [(child_square, {"n": i}) for i in range(count)])
+    return {"squares": [r["square"] for r in results]}
+
+
+@job(max_attempts=1)
+def parent_of_parent(ctx):
+    """A parent whose child is itself a parent (cancel reaches the grandchild)."""
+    return ctx.step.invoke("inner", parent_invoke, {"n": 2, "seconds": 30.0})

@@ -46,6 +46,12 @@ def wait_lat(ctx, i):
 
 
 @job
+def fan(ctx, n):
+    """W14: fan out n no-op children and fan their results back in."""
+    ctx.step.gather("fan", [(noop, {"i": i}) for i in range(n)])
+
+
+@job
 def three_steps(ctx, i):
     """W6: a multi-step job: three durable steps, each a stored output."""
     a = ctx.step.run("a", lambda: i)

@@ -31,10 +31,18 @@ from django.db import (
 )
 from django.db import transaction as db_transaction
 
-from ...exceptions import LiveJobExists, SchemaMissing, UndecodableValue, fail_for_good
+from ...exceptions import (
+    LiveJobExists,
+    SchemaMissing,
+    StepNameReused,
+    UndecodableValue,
+    fail_for_good,
+)
 from ...records import (
+    UNIQUE_FOREVER,
     BackfillRecord,
     ChangeResult,
+    ChildState,
     Claim,
     ClaimBatch,
     ClaimedJob,
@@ -49,6 +57,7 @@ from ...records import (
     FenceReport,
     FlowFacts,
     HistoryTable,
+    InvokeStep,
     JobRecord,
     KeyPauseRequeue,
     LeaderFence,
@@ -112,6 +121,10 @@ def _try_decode_json(value: Any) -> tuple[Any, str | None]:
     if not isinstance(value, str):
         return value, None
     return decode_stored_json(value)
+
+
+class _Unchanged(Exception):
+    """Rolls back an operator's change that turned out to change nothing (its savepoint)."""
 
 
 def _decode_json_for_run(value: Any, what: str) -> Any:
@@ -384,6 +397,8 @@ class PostgresEngine(Engine):
         }
 
     def job_enqueue(self, params: EnqueueParams) -> EnqueueResult:
+        if params.unique_for_ms is not None:
+            return self._enqueue_windowed(params)
         args = self._enqueue_args(params)
         if params.idempotency_key is None:
             id_, run_id, state, _notified = self._run(S.JOB_ENQUEUE_UNKEYED, args, fetch="one")
@@ -421,7 +436,8 @@ class PostgresEngine(Engine):
                 p = batch[i]
                 results[i] = EnqueueResult(id=p.id, run_id=p.run_id, created=True,
                                            state=states[p.id])
-        pending = [i for i, p in enumerate(batch) if p.idempotency_key is not None]
+        pending = [i for i, p in enumerate(batch)
+                   if p.idempotency_key is not None and p.unique_for_ms is None]
         # The same race in bulk: an item that conflicted with a job which finished before the
         # read-back is inserted again with the next round.
         for _ in range(20):
@@ -451,6 +467,12 @@ class PostgresEngine(Engine):
             pending = [i for i in missing if results[i] is None]
         if pending:  # pragma: no cover - needs keys finishing 20 times in a row
             raise DatabaseError("bulk enqueue kept conflicting with live jobs that finished")
+        # Items with an idempotency window, one at a time after the rest (so a key given with
+        # and without a window in one batch still names one job): each is the upsert of its
+        # key's row and the insert, which no batch statement can do for two items of one key.
+        for i, p in enumerate(batch):
+            if p.unique_for_ms is not None:
+                results[i] = self._enqueue_windowed(p)
         return [r for r in results if r is not None]
 
     def _copy_jobs(self, batch: Sequence[EnqueueParams]) -> int:
@@ -530,7 +552,7 @@ class PostgresEngine(Engine):
             # won the race, a follow-up): the next round finds and moves it.
             for _ in range(20):
                 row = self._run(S.JOB_DEBOUNCE_LIVE, live, fetch="one")
-                if row is not None and row[0] == "moved":
+                if row is not None and row[0] in ("moved", "held"):  # held: a windowed run
                     return EnqueueResult(id=row[1], run_id=row[2], created=False, state=row[3])
                 rows = self._run(S.JOB_ENQUEUE, insert)
                 if rows:
@@ -539,6 +561,47 @@ class PostgresEngine(Engine):
         raise DatabaseError(  # pragma: no cover - needs the key to change hands 20 times
             f"debounced enqueue of {params.name!r} kept losing its key to other enqueues"
         )
+
+    # --------------------------------------------------------------- idempotency windows --
+    def _enqueue_windowed(self, params: EnqueueParams) -> EnqueueResult:
+        """job_enqueue with ``params.unique_for_ms`` (docs/durable.md, "Idempotency windows"),
+        in one transaction (the caller's, or its own): job_enqueue_windowed says why the key's
+        row, not a check, decides."""
+        key = params.idempotency_key
+        assert key is not None, "api.py refuses unique_for without an idempotency key"
+        forever = params.unique_for_ms == UNIQUE_FOREVER
+        args = {**self._enqueue_args(params), "job_unique_for_ms": params.unique_for_ms,
+                "unique_for_ms": None if forever else params.unique_for_ms}
+        where = {"name": params.name, "tenant_id": params.tenant_id, "key": key}
+        # The key and its giving back commit together, or neither does. Inside the caller's
+        # transaction this joins it (no savepoint).
+        with db_transaction.atomic(using=self.alias, savepoint=False):
+            # Each round ends in an answer unless the key changed hands between two statements
+            # (a live job that finished, a key row deleted); the next round then starts over.
+            for _ in range(20):
+                taken, id_, run_id, state, _notified = self._run(
+                    S.JOB_ENQUEUE_WINDOWED, args, fetch="one")
+                if id_ is not None:
+                    return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
+                if taken:  # a live job of the key without a window holds it
+                    self._run(S.JOB_KEY_RELEASE, {**where, "id": params.id}, fetch="count")
+                    found = self.job_find_live_by_key(params.name, params.tenant_id, key)
+                    if found is not None:
+                        return found
+                    continue
+                holder = self._run(S.JOB_KEY_HOLDER, where, fetch="one")
+                if holder is not None:
+                    job_id, run_id, state = holder
+                    # A holder deleted by retention has no row left to read: its id still
+                    # answers, with the id for run_id and "purged" for state.
+                    return EnqueueResult(id=job_id, run_id=run_id or job_id, created=False,
+                                         state=state or "purged")
+        raise DatabaseError(  # pragma: no cover - needs the key to change hands 20 times
+            f"windowed enqueue of {params.name!r} kept losing its key to other enqueues"
+        )
+
+    def job_keys_purge_expired(self, *, batch_size: int = 1000) -> int:
+        return self._purge(S.JOB_KEYS_PURGE_EXPIRED, {}, batch_size)
 
     # ----------------------------------------------------------------------- worker side --
     def jobs_claim(
@@ -723,6 +786,48 @@ class PostgresEngine(Engine):
         self._run(S.STEP_CANCEL_SIBLINGS, {**self._owner(owner), "prefix": _like_prefix(prefix)},
                   fetch="count")
 
+    # -------------------------------------------------------------------------- children --
+    def step_invoke_open_if_owned(self, owner: RunOwner, name: str, *, children: Sequence[str],
+                                  timeout_ms: int | None) -> InvokeStep | None:
+        row = self._run(S.STEP_INVOKE_OPEN_IF_OWNED, {
+            **self._owner(owner), "name": name, "children": json.dumps(list(children)),
+            "pending": len(children), "timeout_ms": timeout_ms,
+        }, fetch="one")
+        if row is None:
+            return None
+        output, opened, due, park_at = row
+        recorded = _decode_json_for_run(output, f"output of step {name!r}")
+        if not isinstance(recorded, dict) or not isinstance(recorded.get("children"), list):
+            raise StepNameReused(
+                f"step {name!r} of this run was recorded as another kind of step (a deploy "
+                "renamed it?); give the invoke or gather a name of its own")
+        return InvokeStep(children=list(recorded["children"]), opened=opened, due=due,
+                          park_at=park_at)
+
+    def step_invoke_pending_if_owned(self, owner: RunOwner, name: str, pending: int) -> bool:
+        return self._run(S.STEP_INVOKE_PENDING_IF_OWNED, {
+            **self._owner(owner), "name": name, "pending": pending}, fetch="one") is not None
+
+    def jobs_enqueue_children(self, batch: Sequence[EnqueueParams], *, parent_id: UUID,
+                              parent_step: str) -> None:
+        self._run(S.JOBS_ENQUEUE_CHILDREN, {
+            **self._batch_args(batch), "parent_id": parent_id, "parent_step": parent_step,
+        }, fetch="count")
+
+    def jobs_children(self, ids: Sequence[str]) -> list[ChildState]:
+        rows = self._run(S.JOBS_CHILDREN, {"ids": list(ids)})
+        if any(r[2] is None for r in rows):  # one was archived (or purged): look further
+            rows = self._run(S.JOBS_CHILDREN_ARCHIVED, {"ids": list(ids)})
+        return [ChildState(id=r[0], name=r[1], state=r[2],
+                           result=_decode_json_for_run(r[3], f"result of child job {r[0]}"),
+                           error=r[4]) for r in rows]
+
+    def jobs_cancel_tree(self, *, ids: Sequence[str] = (), parents: Sequence[str] = (),
+                         reason: str | None) -> int:
+        (cancelled,) = self._run(S.JOBS_CANCEL_TREE, {
+            "ids": list(ids), "parents": list(parents), "reason": reason}, fetch="one")
+        return int(cancelled)
+
     # ---------------------------------------------------------------------------- events --
     def event_lock(self, names: Sequence[str]) -> None:
         self._run(S.EVENT_LOCK, {"names": list(names)}, fetch="one")
@@ -796,12 +901,20 @@ class PostgresEngine(Engine):
         job_uuid = _as_uuid(job_id)
         if job_uuid is None:
             return ChangeResult(job=None, changed=False, reason="not found")
-        # A savepoint: the job's move back from its history table and the cancel are one.
-        with db_transaction.atomic(using=self.alias):
-            self._unarchive(job_uuid, tenant_ids)
-            row = self._run(S.JOB_CANCEL, {
-                "id": job_uuid, "reason": reason, "tenant_ids": _tenants(tenant_ids),
-            }, fetch="one")
+        # A savepoint: the job's move back from its history table, its live children's cancel
+        # and its own are one. The children go first (jobs_cancel_tree says why); when the job
+        # itself cannot be cancelled (finished, another tenant's), neither are they.
+        try:
+            with db_transaction.atomic(using=self.alias):
+                self._unarchive(job_uuid, tenant_ids)
+                self.jobs_cancel_tree(parents=[str(job_uuid)], reason=reason)
+                row = self._run(S.JOB_CANCEL, {
+                    "id": job_uuid, "reason": reason, "tenant_ids": _tenants(tenant_ids),
+                }, fetch="one")
+                if row is None:
+                    raise _Unchanged
+        except _Unchanged:
+            row = None
         return self._change_result(row, job_id, tenant_ids, unchanged="already {state}")
 
     def _unarchive(self, job_uuid: UUID, tenant_ids: Iterable[str] | None) -> None:
@@ -1020,7 +1133,8 @@ class PostgresEngine(Engine):
             "run_at": row.run_at, "delay_ms": row.delay_ms, "priority": row.priority,
             "tenant_id": row.tenant_id, "traceparent": row.traceparent,
             "enqueued_by": row.enqueued_by, "concurrency_key": row.concurrency_key,
-            "rate_key": row.rate_key, "notify": self.notify,
+            "rate_key": row.rate_key, "unique_for_ms": row.unique_for_ms,
+            "notify": self.notify,
         }, fetch="one")
 
     def outbox_claim(self, batch_size: int) -> list[OutboxRow]:
@@ -1029,6 +1143,7 @@ class PostgresEngine(Engine):
                 id=r[0], name=r[1], queue=r[2], input_json=r[3], idempotency_key=r[4],
                 max_attempts=r[5], run_at=r[6], priority=r[7], tenant_id=r[8],
                 traceparent=r[9], enqueued_by=r[10], concurrency_key=r[11], rate_key=r[12],
+                unique_for_ms=r[13],
             )
             for r in self._run(S.OUTBOX_CLAIM, {"batch": batch_size})
         ]
@@ -1289,23 +1404,17 @@ class PostgresEngine(Engine):
 
     # ---------------------------------------------------------------------- cron overlap --
     # docs/scheduling.md, "Overlap"; the scheduler round calls these inside its transaction.
-    def cron_runs_lock_live(self, enqueued_by: Sequence[str]) -> list[CronRun]:
+    def cron_runs_live(self, enqueued_by: Sequence[str], *, lock: bool) -> list[CronRun]:
         if not enqueued_by:
             return []
+        stmt = S.CRON_RUNS_LOCK_LIVE if lock else S.CRON_RUNS_LIVE
         return [CronRun(enqueued_by=r[0], id=r[1], state=r[2], blocked_on=r[3])
-                for r in self._run(S.CRON_RUNS_LOCK_LIVE, {"enqueued_by": list(enqueued_by)})]
+                for r in self._run(stmt, {"enqueued_by": list(enqueued_by)})]
 
     def cron_runs_hold(self, ids: Sequence[str]) -> list[str]:
         if not ids:
             return []
         return [r[0] for r in self._run(S.CRON_RUNS_HOLD, {"ids": [str(i) for i in ids]})]
-
-    def cron_runs_cancel(self, ids: Sequence[str], reason: str) -> int:
-        if not ids:
-            return 0
-        row = self._run(S.CRON_RUNS_CANCEL, {"ids": [str(i) for i in ids], "reason": reason},
-                        fetch="one")
-        return int(row[0])
 
     def scheduler_states_note_skips_if_leading(
         self, skips: Mapping[str, tuple[int, datetime]], fence: LeaderFence

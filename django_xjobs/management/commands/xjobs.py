@@ -181,6 +181,7 @@ class Command(BaseCommand):
         decode is printed as stored, with a note, instead of ending the command), then its
         progress and its attempt history (docs/observability.md)."""
         steps = reads.run_steps(job.run_id, limit=None)
+        children = reads.run_children(job.run_id, limit=CHILDREN_SHOWN)
         attempts = attempt_history(job.attempts, state=job.state, attempt=job.attempt,
                                    worker=job.claimed_by, started_at=_aware(job.started_at),
                                    finished_at=_aware(job.finished_at))
@@ -192,6 +193,9 @@ class Command(BaseCommand):
         if as_json:
             cli.emit(self, {
                 **reads.as_json(job), "steps": reads.as_json(steps),
+                "children": [{"step": step, "id": str(c.pk), "name": c.name, "state": c.state}
+                             for step, c in children.shown],
+                "children_total": children.total,
                 "attempts": [{**cli.record_dict(a), "duration": a.duration} for a in attempts],
                 "progress": None if progress is None else {
                     **cli.record_dict(progress), "fraction": progress.fraction,
@@ -203,7 +207,7 @@ class Command(BaseCommand):
         fields = ("id", "name", "queue", "state", "attempt", "max_attempts", "priority",
                   "run_at", "created_at", "updated_at", "started_at", "finished_at",
                   "claimed_by", "tenant_id", "idempotency_key", "run_id", "enqueued_by",
-                  "traceparent", "rescues", "concurrency_key")
+                  "traceparent", "rescues", "concurrency_key", "parent_id", "parent_step")
         for name in fields:
             self.stdout.write(f"{name:>16}: {cli.jsonable(getattr(job, name))}")
         shown = reads.shown_json(job, "input", limit=None)
@@ -220,6 +224,8 @@ class Command(BaseCommand):
                 detail = ""
                 if step.status == "completed":
                     detail = console_cli.preview(reads.shown_json(step, "output", limit=None))
+                elif step.status == "invoking":
+                    detail = f"waiting for {step.pending} child job(s)"
                 elif step.status in ("sleeping", "waiting"):
                     detail = f"until {cli.jsonable(step.wake_at)}" + (
                         f" for event {step.event!r}" if step.event else "")
@@ -227,6 +233,12 @@ class Command(BaseCommand):
                     detail = step.error.strip().splitlines()[-1]
                 self.stdout.write(f"  {step.name:<24} {step.status:<10} attempts {step.attempts}"
                                   f"  {when}  {detail}")
+        if children.total:
+            self.stdout.write(f"\nchildren ({children.total}):")
+            for step, child in children.shown:
+                self.stdout.write(f"  {step:<24} {child.pk}  {child.state:<10} {child.name}")
+            if children.total > len(children.shown):
+                self.stdout.write(f"  ... {children.total - len(children.shown)} more")
         if progress is not None:
             self.stdout.write(f"\n{'progress':>16}: {_progress_text(progress)}")
             if eta is not None:
@@ -308,6 +320,7 @@ class Command(BaseCommand):
 
 
 STATS_SLOT_KEYS = 20  # keys the stats list; `xjobs slots` lists them all
+CHILDREN_SHOWN = 50  # child jobs `xjobs show` lists; --json and the console say how many in all
 
 
 def _aware(moment: datetime | None) -> datetime | None:

@@ -50,6 +50,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 * ``reads``: whole job rows for people: one by id (job_get), a filtered listing (jobs_list).
 * ``why``: what holds a waiting job back (why_job) and a rate-limit key's window
   (why_rate_window), for ``manage.py xjobs why``.
+* ``windows``: x_job_keys: idempotency windows: the windowed enqueue, the read of a key's
+  holder, the give-back of a key whose job was not inserted, and the purge of ended windows.
 * ``connections``: no table: a connection's label, LISTEN on the job channel, the clock.
 * ``fragments``: SQL text several statements share (``CHANNEL``, ``LIVE``, ``JOB_COLUMNS``, the
   enqueue's insert); it declares no statement.
@@ -91,10 +93,12 @@ from .jobs import (
     JOB_RETRY,
     JOB_RUN_NOW,
     JOB_SUSPEND_IF_OWNED,
+    JOBS_CANCEL_TREE,
     JOBS_CLAIM,
     JOBS_COMPLETE_IF_OWNED,
     JOBS_COPY,
     JOBS_ENQUEUE,
+    JOBS_ENQUEUE_CHILDREN,
     JOBS_ENQUEUE_UNKEYED,
     JOBS_FENCE_CHECK,
     JOBS_FIND_LIVE_BY_KEYS,
@@ -172,15 +176,25 @@ from .steps import (
     EVENT_PUBLISH,
     EVENT_WAKE_WAITERS,
     EVENTS_LIST,
+    JOBS_CHILDREN,
+    JOBS_CHILDREN_ARCHIVED,
     STEP_CANCEL_SIBLINGS,
     STEP_COMPLETE_IF_OWNED,
     STEP_FAIL_IF_OWNED,
+    STEP_INVOKE_OPEN_IF_OWNED,
+    STEP_INVOKE_PENDING_IF_OWNED,
     STEP_PARK_IF_OWNED,
     STEPS_OF_RUN,
 )
 from .why import (
     WHY_JOB,
     WHY_RATE_WINDOW,
+)
+from .windows import (
+    JOB_ENQUEUE_WINDOWED,
+    JOB_KEY_HOLDER,
+    JOB_KEY_RELEASE,
+    JOB_KEYS_PURGE_EXPIRED,
 )
 from .workers import WORKER_GONE, WORKER_SEEN, WORKERS_LIST
 
@@ -209,16 +223,21 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     PAUSE_RESUME_KEY, PAUSES_LIST, JOB_PAUSE_KEY_IF_OWNED, JOB_PROGRESS_IF_OWNED, STATS_ROLLUP,
     STATS_PRUNE, STATS_SERIES, STATS_TOTALS, QUEUE_DEPTH,
     WORKERS_LIST, JOBS_PURGE_ALL, JOBS_ARCHIVE, HISTORY_DROP, HISTORY_TABLES, JOB_UNARCHIVE,
+    # child jobs (docs/durable.md, "Child jobs")
+    JOBS_ENQUEUE_CHILDREN, JOBS_CANCEL_TREE, STEP_INVOKE_OPEN_IF_OWNED,
+    STEP_INVOKE_PENDING_IF_OWNED, JOBS_CHILDREN, JOBS_CHILDREN_ARCHIVED,
+    # idempotency windows
+    JOB_ENQUEUE_WINDOWED, JOB_KEY_HOLDER, JOB_KEY_RELEASE, JOB_KEYS_PURGE_EXPIRED,
 )}
 
 # ---- cron overlap (docs/scheduling.md, "Overlap") ----
 from .scheduler import (  # noqa: E402 - its own block, beside the others' additions
-    CRON_RUNS_CANCEL,
     CRON_RUNS_HOLD,
+    CRON_RUNS_LIVE,
     CRON_RUNS_LOCK_LIVE,
     SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,
 )
 
 ALL.update({s.name: s for s in (
-    CRON_RUNS_LOCK_LIVE, CRON_RUNS_HOLD, CRON_RUNS_CANCEL, SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,
+    CRON_RUNS_LIVE, CRON_RUNS_LOCK_LIVE, CRON_RUNS_HOLD, SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,
 )})

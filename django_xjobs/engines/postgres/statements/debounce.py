@@ -34,13 +34,18 @@ are serialised and each sees what the other did. Then, by the state of the locke
   follow-up with job_enqueue in the same transaction; the follow-up's debounce concurrency key
   (limit 1) keeps it from starting before the run it follows released that slot.
 
+A run under way that holds an idempotency window (unique_for_ms, docs/durable.md, "Idempotency
+windows") is neither moved nor set aside: its key's row in x_job_keys follows the job by its key,
+so a job taken out of the key would never close its window. It is returned as it is (`held`),
+as a live job of the key is to a plain enqueue.
+
 No row: nothing live holds the key (or the one that did finished while we waited for its lock:
 the re-check of `for update` drops it); the caller inserts. Its `on conflict do nothing` settles
 a race of two first enqueues, and the loser runs this statement again and finds the winner.
 """,
     sql=f"""
 with live as (
-    select id,
+    select id, run_id, state, unique_for_ms is not null as windowed,
            attempt = 0 and state in ('ready', 'delayed', 'blocked')
            and not exists (select 1 from only x_job_steps s where s.run_id = x_jobs.run_id)
              as pending,
@@ -71,7 +76,7 @@ with live as (
     update only x_jobs j
        set idempotency_key = j.id::text, updated_at = now()
       from live l
-     where j.id = l.id and not l.pending
+     where j.id = l.id and not l.pending and not l.windowed
     returning j.id, j.run_id, j.state
 )
 select 'moved' as outcome, id, run_id, state,
@@ -80,5 +85,9 @@ select 'moved' as outcome, id, run_id, state,
  union all
 select 'detached', id, run_id, state, null
   from detached
+ union all
+select 'held', id, run_id, state, null
+  from live
+ where not pending and windowed
 """,
 )

@@ -36,19 +36,26 @@ ON_LIVE_KEY_CONFLICT = f"""    on conflict (name, (coalesce(tenant_id, '')), ide
        do nothing"""
 
 
-def insert_job_sql(key: str, *, indent: str = "") -> str:
+def insert_job_sql(key: str, *, indent: str = "", window: str = "") -> str:
     """The insert of one job (job_enqueue, job_enqueue_unkeyed): ``key`` is the SQL of its
     idempotency key, the caller's or the job's own id. The job is ``delayed`` while its run_at
-    (the given time, or now() plus the delay) is in the future, else ``ready``."""
+    (the given time, or now() plus the delay) is in the future, else ``ready``.
+
+    ``window`` (job_enqueue_windowed): the name of the CTE that took the key's row in
+    x_job_keys; the job gets %(job_unique_for_ms)s and is inserted only if that CTE took it."""
+    columns = ", unique_for_ms" if window else ""
+    values = ", %(job_unique_for_ms)s::bigint" if window else ""
+    only_if = f"\n where exists (select 1 from {window})" if window else ""
     return textwrap.indent(f"""insert into x_jobs
     (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
-     tenant_id, traceparent, enqueued_by, concurrency_key, rate_key)
+     tenant_id, traceparent, enqueued_by, concurrency_key, rate_key{columns})
 select %(id)s::uuid, %(name)s, %(queue)s, %(input)s::jsonb, {key},
        %(run_id)s::uuid, %(max_attempts)s::int, %(priority)s::int,
        case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
-       %(tenant_id)s, %(traceparent)s, %(enqueued_by)s, %(concurrency_key)s, %(rate_key)s
+       %(tenant_id)s, %(traceparent)s, %(enqueued_by)s, %(concurrency_key)s, %(rate_key)s{values}
   from (select coalesce(%(run_at)s::timestamptz,
-                        now() + %(delay_ms)s * interval '1 millisecond') as run_at) t""", indent)
+                        now() + %(delay_ms)s * interval '1 millisecond') as run_at) t{only_if}""",
+                           indent)
 
 
 def enqueue_one_sql(key: str, on_conflict: str = "") -> str:
@@ -69,10 +76,13 @@ select id, run_id, state,
 """
 
 
-def enqueue_batch_sql(key: str, on_conflict: str = "") -> str:
-    """The text of jobs_enqueue (``key`` the item's, ``on_conflict`` the live-key target) and
-    of jobs_enqueue_unkeyed (``key`` the job's own id, no conflict target)."""
+def enqueue_batch_sql(key: str, on_conflict: str = "", *, children: bool = False) -> str:
+    """The text of jobs_enqueue (``key`` the item's, ``on_conflict`` the live-key target), of
+    jobs_enqueue_unkeyed (``key`` the job's own id, no conflict target) and, with ``children``,
+    of jobs_enqueue_children (every row also names the parent job and its waiting step)."""
     conflict = f"\n{on_conflict}" if on_conflict else ""
+    parent_columns = ", parent_id, parent_step" if children else ""
+    parent_values = ", %(parent_id)s::uuid, %(parent_step)s::text" if children else ""
     return f"""
 with rows as (
     select (m.e->>0)::uuid as id, m.e->>1 as name, m.e->>2 as queue, i.e as input,
@@ -85,10 +95,10 @@ with rows as (
 ), inserted as (
     insert into x_jobs
         (id, name, queue, input, idempotency_key, run_id, max_attempts, priority, state, run_at,
-         tenant_id, traceparent, enqueued_by, concurrency_key, rate_key)
+         tenant_id, traceparent, enqueued_by, concurrency_key, rate_key{parent_columns})
     select r.id, r.name, r.queue, r.input, {key}, r.run_id, r.max_attempts,
            r.priority, case when t.run_at > now() then 'delayed' else 'ready' end, t.run_at,
-           r.tenant_id, r.traceparent, r.enqueued_by, r.concurrency_key, r.rate_key
+           r.tenant_id, r.traceparent, r.enqueued_by, r.concurrency_key, r.rate_key{parent_values}
       from rows r
       cross join lateral (
           select coalesce(r.run_at, now() + r.delay_ms * interval '1 millisecond') as run_at
@@ -120,6 +130,18 @@ def attempt_entry_sql(outcome: str, *, alias: str = "", error: str = "null",
     return (f"xjobs_attempt_push({a}attempts, jsonb_strip_nulls(jsonb_build_object("
             f"'attempt', {a}attempt, 'worker', {a}claimed_by, 'started_at', {a}started_at, "
             f"'finished_at', {finished}, 'outcome', {outcome}, 'error', {error})))")
+
+
+def cancel_set_sql(reason: str) -> str:
+    """The SET clause of a cancel (job_cancel, jobs_cancel_tree): ``cancelled``, the lease token
+    cleared so the stopped run's late ack or nack reads as lost, ``reason`` (SQL) as the last
+    error when given, and the entry of the run it stops when the job was running."""
+    return f"""set state = 'cancelled', visible_at = null, lease_token = null, finished_at = now(),
+           last_error = coalesce({reason}, last_error), updated_at = now(),
+           -- the run it stops (if running) ends `cancelled`
+           attempts = case when state = 'running'
+                           then {attempt_entry_sql("'cancelled'", error=f"{reason}::text")}
+                           else attempts end"""
 
 
 def elapsed_ms_sql(since: str) -> str:
@@ -312,18 +334,3 @@ def tenant_walk_sql() -> str:
                   select t from after where t is not null
                   union all
                   select t from wrap where t is not null and t <= w.cursor"""
-
-
-# ------------------------------------------------------------------------------------ cancel --
-# What a cancel from outside writes (job_cancel says why; cron_runs_cancel, the cancel_previous
-# overlap policy of a cron task, writes the same): the run it stops (if running) ends
-# `cancelled` in the attempt history, and its token is cleared, so its late ack reads as lost.
-
-
-def cancel_set_sql(reason: str) -> str:
-    """The SET clause of a cancel, ``reason`` being SQL text (a placeholder) for last_error."""
-    return f"""set state = 'cancelled', visible_at = null, lease_token = null, finished_at = now(),
-           last_error = coalesce({reason}, last_error), updated_at = now(),
-           attempts = case when state = 'running'
-                           then {attempt_entry_sql("'cancelled'", error=f"{reason}::text")}
-                           else attempts end"""

@@ -18,6 +18,7 @@ from .fragments import (
     ON_LIVE_KEY_CONFLICT,
     REQUEUE_SET,
     attempt_entry_sql,
+    cancel_set_sql,
     count_sql,
     elapsed_ms_sql,
     enqueue_batch_sql,
@@ -92,6 +93,20 @@ jobs_enqueue for items without a key (each keyed by its own id): a plain insert,
 given at job_enqueue_unkeyed. Same batch format and NOTIFY rule as jobs_enqueue.
 """,
     sql=enqueue_batch_sql("r.id::text"),
+)
+
+JOBS_ENQUEUE_CHILDREN = Statement(
+    "jobs_enqueue_children",
+    why="""
+The children of a parent's invoke or gather step (docs/durable.md, "Child jobs"), in the
+parent's transaction that opens the step and suspends the parent: the children exist if and
+only if that transaction commits, so a crash between the enqueue and the step's record leaves
+neither, and the next run makes them once. Each row names its parent and the parent's step:
+the x_jobs_transition trigger reads them when the child finishes, to wake the parent. Keyed by
+their own ids (a child is deduplicated by its parent's step, not by a key); same batch format
+and NOTIFY rule as jobs_enqueue.
+""",
+    sql=enqueue_batch_sql("r.id::text", children=True),
 )
 
 JOBS_COPY = Statement(
@@ -648,12 +663,7 @@ ack or nack reads as lost and the cancel is never undone by the run it stopped.
     sql=f"""
 with cancelled as (
     update x_jobs
-       set state = 'cancelled', visible_at = null, lease_token = null, finished_at = now(),
-           last_error = coalesce(%(reason)s, last_error), updated_at = now(),
-           -- the run it stops (if running) ends `cancelled`
-           attempts = case when state = 'running'
-                           then {attempt_entry_sql("'cancelled'", error="%(reason)s::text")}
-                           else attempts end
+       {cancel_set_sql("%(reason)s")}
      where id = %(id)s and state not in ('done', 'cancelled')
        and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
     returning {JOB_COLUMNS}
@@ -661,6 +671,36 @@ with cancelled as (
     {count_sql("cancelled", cancelled="count(*)")}
 )
 select {JOB_COLUMNS} from cancelled
+""",
+)
+
+JOBS_CANCEL_TREE = Statement(
+    "jobs_cancel_tree",
+    why="""
+Cancel live jobs and, through parent_id, their live descendants, in one statement: the live
+children of a job an operator cancels (`parents`), or the children a parent stopped waiting
+for when its invoke timed out (`ids`). Run BEFORE the parent's own cancel, so the locks go
+child first, then parent, the order an acknowledging child takes them (its trigger wakes the
+parent): the other order could deadlock against a child finishing at that moment. Same changes
+as job_cancel, counters included.
+""",
+    sql=f"""
+with recursive tree(id) as (
+    select id from only x_jobs
+     where (id = any(%(ids)s::uuid[]) or parent_id = any(%(parents)s::uuid[]))
+       and state in {LIVE}
+    union
+    select c.id from only x_jobs c join tree t on c.parent_id = t.id
+     where c.state in {LIVE}
+), cancelled as (
+    update only x_jobs
+       {cancel_set_sql("%(reason)s")}
+     where id in (select id from tree) and state in {LIVE}
+    returning queue, name
+), tallied as (
+    {count_sql("cancelled", cancelled="count(*)")}
+)
+select count(*) from cancelled
 """,
 )
 

@@ -29,11 +29,11 @@ one, so staging a thousand jobs in one transaction wakes the relays once.
 with staged as (
     insert into x_outbox
         (id, job, queue, input, idempotency_key, max_attempts, run_at, delay_ms, priority,
-         tenant_id, traceparent, enqueued_by, concurrency_key, rate_key)
+         tenant_id, traceparent, enqueued_by, concurrency_key, rate_key, unique_for_ms)
     values (%(id)s::uuid, %(name)s, %(queue)s, %(input)s::jsonb, %(key)s::text,
             %(max_attempts)s::int, %(run_at)s::timestamptz, %(delay_ms)s::bigint,
             %(priority)s::int, %(tenant_id)s, %(traceparent)s, %(enqueued_by)s,
-            %(concurrency_key)s, %(rate_key)s)
+            %(concurrency_key)s, %(rate_key)s, %(unique_for_ms)s::bigint)
     returning id
 )
 select id, case when %(notify)s then pg_notify('{OUTBOX_CHANNEL}', '') end from staged
@@ -58,7 +58,7 @@ read as text: it goes back to the database as the job's input without being deco
 select id, job, queue, input::text, idempotency_key, max_attempts,
        coalesce(run_at, case when delay_ms > 0
                              then staged_at + delay_ms * interval '1 millisecond' end),
-       priority, tenant_id, traceparent, enqueued_by, concurrency_key, rate_key
+       priority, tenant_id, traceparent, enqueued_by, concurrency_key, rate_key, unique_for_ms
   from x_outbox
  where published_at is null
  order by staged_at

@@ -9,7 +9,7 @@ is fenced on still leading (``_LEADING``). See django_xjobs/scheduler/ and docs/
 from __future__ import annotations
 
 from ...base import Statement
-from .fragments import LIVE, cancel_set_sql, count_sql
+from .fragments import LIVE
 
 # The two-int form of the session advisory lock: (this class, a 31-bit hash of the lock key),
 # so it shows in pg_locks as classid/objid with objsubid = 2 and never collides with the
@@ -232,16 +232,35 @@ returning task_name, last_fired_at, paused, updated_at
 # ------------------------------------------------------------------------------ cron overlap --
 # docs/scheduling.md, "Overlap". A run of task T is a job with enqueued_by = 'cron:T' (what the
 # round and `xjobs schedule trigger` write). Every read of a task's runs repeats the predicate
-# of x_jobs_cron_live_idx (migration 0008), so the planner can prove the index applies.
+# of x_jobs_cron_live_idx (migration 0009), so the planner can prove the index applies.
 _CRON_RUN = "enqueued_by like 'cron:%%'"
+
+CRON_RUNS_LIVE = Statement(
+    "cron_runs_live",
+    why="""
+A round's view of the live runs of its due tasks whose overlap policy is skip or
+cancel_previous, read AFTER the round locked their state rows (scheduler_states_lock_if_leading),
+so two overlapping rounds (two leaders across a rolling restart) decide one after the other,
+the second seeing the runs the first enqueued or cancelled. Not locked: skip only looks, and
+cancel_previous cancels through jobs_cancel_tree, which takes a run's children before the run
+itself, the order an acknowledging child takes them (a lock on the run taken here first could
+deadlock against a child finishing). Through x_jobs_cron_live_idx (the predicate
+`enqueued_by like 'cron:%'` is that index's): a probe per task, whatever the size of x_jobs.
+""",
+    sql=f"""
+select enqueued_by, id::text, state, blocked_on
+  from only x_jobs
+ where enqueued_by = any(%(enqueued_by)s::text[]) and {_CRON_RUN}
+   and state in {LIVE}
+ order by id
+""",
+)
 
 CRON_RUNS_LOCK_LIVE = Statement(
     "cron_runs_lock_live",
     why="""
-A round's view of the live runs of its due tasks that have an overlap policy, read AFTER the
-round locked their state rows (scheduler_states_lock_if_leading), so two overlapping rounds
-(two leaders across a rolling restart) decide one after the other, the second seeing the runs
-the first enqueued, held or cancelled. `for update`: a run that is finishing right now finishes
+cron_runs_live for the tasks whose overlap policy is buffer_one, locked: `for update`. A
+run that is finishing right now finishes
 either before this read (and is not live here) or after the round commits (and then its
 finish, through the trigger x_jobs_cron_overlap, sees the run the round buffered behind it and
 releases it): without the lock, a finish between this read and the commit would leave a
@@ -273,29 +292,6 @@ update only x_jobs
    set state = 'blocked', blocked_on = enqueued_by, blocked_resume = false, updated_at = now()
  where id = any(%(ids)s::uuid[]) and state in ('ready', 'delayed') and {_CRON_RUN}
 returning id::text
-""",
-)
-
-CRON_RUNS_CANCEL = Statement(
-    "cron_runs_cancel",
-    why="""
-overlap="cancel_previous": cancel the live runs of a task that cron_runs_lock_live returned
-(locked by this transaction), in the round that enqueues their successor, so the fleet never
-sees both live. The same write as an operator's cancel (job_cancel, cancel_set_sql): a running
-one's worker learns at its next heartbeat, and its token is cleared, so its late ack reads as
-lost and never undoes the cancel. Live states only: a run that finished meanwhile is left as it
-ended. Counted like any cancel.
-""",
-    sql=f"""
-with cancelled as (
-    update only x_jobs
-       {cancel_set_sql("%(reason)s")}
-     where id = any(%(ids)s::uuid[]) and state in {LIVE}
-    returning queue, name
-), tallied as (
-    {count_sql("cancelled", cancelled="count(*)")}
-)
-select count(*) from cancelled
 """,
 )
 

@@ -39,10 +39,10 @@ STEP_COMPLETE_IF_OWNED = Statement(
     "step_complete_if_owned",
     why="""
 Record a step's output (a new row is a `run` step's: the other kinds opened theirs when they
-began, and kind says which it is for the deploy check). Fenced on the job's ownership: the EXISTS on the job row is the fence,
-so a run whose lease lapsed (and whose job another run holds) cannot record an output the new
-run would then take as done. attempts counts the step's executions: a step that failed twice
-and then succeeded says 3.
+began, and kind says which it is for the deploy check). Fenced on the job's ownership: the
+EXISTS on the job row is the fence, so a run whose lease lapsed (and whose job another run
+holds) cannot record an output the new run would then take as done. attempts counts the step's
+executions: a step that failed twice and then succeeded says 3.
 For an event wait, event_id/event_published_at name the event consumed.
 """,
     sql=f"""
@@ -114,6 +114,86 @@ update only x_job_steps
    set status = 'cancelled', completed_at = now()
  where run_id = %(run_id)s::uuid and name like %(prefix)s and status = 'waiting'
    and {_OWNED}
+""",
+)
+
+# -------------------------------------------------------------------------------- children --
+# docs/durable.md, "Child jobs": the parent's step row is the rendezvous between a parent that
+# checks its children and a child that finishes. Both lock it before they look at the other.
+
+STEP_INVOKE_OPEN_IF_OWNED = Statement(
+    "step_invoke_open_if_owned",
+    why="""
+Open an invoke or gather step, or lock the one already open: the row (status `invoking`, kind
+`invoke`) records the children's ids in its output and, in `pending`, how many are live. A
+child that finishes updates this row (its trigger), so holding the row's lock while the parent
+reads its children's states means no child can finish unseen between that read and the
+parent's suspension: a child finishing meanwhile waits for the lock, then finds the parent
+suspended and wakes it. `opened` tells a new step (enqueue the children now, in this
+transaction) from one already open (read them). wake_at is the timeout (NULL: none); park_at
+is when the parent is claimed again if no child wakes it first: the timeout, else a re-check
+an hour on (a safety net only: the children's trigger is what wakes it). Fenced like every step
+write.
+""",
+    sql=f"""
+insert into x_job_steps
+    (run_id, name, status, kind, output, pending, started_at, wake_at, attempts)
+select %(run_id)s::uuid, %(name)s, 'invoking', 'invoke',
+       jsonb_build_object('children', %(children)s::jsonb), %(pending)s::int, now(),
+       now() + %(timeout_ms)s::bigint * interval '1 millisecond', 1
+ where {_OWNED}
+on conflict (run_id, name) do update set pending = x_job_steps.pending
+returning output, xmax = 0 as opened, coalesce(wake_at <= now(), false) as due,
+          coalesce(wake_at, now() + interval '1 hour') as park_at
+""",
+)
+
+STEP_INVOKE_PENDING_IF_OWNED = Statement(
+    "step_invoke_pending_if_owned",
+    why="""
+An open invoke step's count of live children, as the parent just read it under the step row's
+lock (step_invoke_open_if_owned): each child that finishes after this counts one down, and the
+one that reaches 0 wakes the parent. The parent re-counts at every check, so a count that
+drifted (an operator retried a child after the parent had counted it finished) is mended at the
+next one. Fenced like every step write.
+""",
+    sql=f"""
+update only x_job_steps
+   set pending = %(pending)s::int
+ where run_id = %(run_id)s::uuid and name = %(name)s and status = 'invoking'
+   and {_OWNED}
+returning pending
+""",
+)
+
+JOBS_CHILDREN = Statement(
+    "jobs_children",
+    why="""
+The children of an invoke or gather step, in the step's order: state, result and last error.
+`only x_jobs`: the worker's statements never plan the history tables; a child that finished
+long enough ago to be archived is not found here, and the engine then reads the children again
+with jobs_children_archived. A child found nowhere (purged) comes back with no state.
+""",
+    sql="""
+select c.id, j.name, j.state, j.result, j.last_error
+  from unnest(%(ids)s::uuid[]) with ordinality as c(id, n)
+  left join only x_jobs j on j.id = c.id
+ order by c.n
+""",
+)
+
+JOBS_CHILDREN_ARCHIVED = Statement(
+    "jobs_children_archived",
+    why="""
+jobs_children for the children it did not find in x_jobs itself: a read of x_jobs with its
+history tables (docs/design.md, "History tables"), one primary-key probe per table, made only
+when a child was archived before its parent checked it.
+""",
+    sql="""
+select c.id, j.name, j.state, j.result, j.last_error
+  from unnest(%(ids)s::uuid[]) with ordinality as c(id, n)
+  left join x_jobs j on j.id = c.id
+ order by c.n
 """,
 )
 

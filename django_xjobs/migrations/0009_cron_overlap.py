@@ -63,7 +63,7 @@ drop function if exists xjobs_cron_overlap_release();
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_xjobs', '0007_durable_further'),
+        ('django_xjobs', '0008_outbox_unique_for'),
     ]
 
     operations = [

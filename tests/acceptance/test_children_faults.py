@@ -1,0 +1,85 @@
+"""Child jobs (ctx.step.invoke / gather) with real worker processes, under faults."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import effects, wait_exit, wait_state
+
+pytestmark = pytest.mark.acceptance
+
+
+def children(parent_id):
+    from django_xjobs.models import Job
+
+    return list(Job.objects.filter(parent_id=parent_id).order_by("id"))
+
+
+def test_a_worker_killed_between_the_childs_enqueue_and_the_parents_record_makes_one_child(
+    start_worker,
+):
+    from tests.testapp import jobs
+
+    parent = jobs.parent_invoke.using(max_attempts=3).enqueue(n=7)
+    # The parent's worker dies inside the transaction that inserted the child and was about
+    # to record the step and suspend the parent: neither the child nor the record may remain.
+    first = start_worker("first", faults="step:children-enqueued=exit*1")
+    wait_exit(first)
+    assert children(parent.id) == []
+    start_worker("second")
+    done = wait_state(parent.id, "done", timeout=60)
+    [child] = children(parent.id)
+    assert child.state == "done"
+    assert done.result["got"] == {"n": 7, "square": 49}
+    assert [e.tag for e in effects(child.id, "child")] == ["7"]  # the child ran once
+
+
+def test_a_child_that_dies_fails_the_parents_step_after_the_childs_own_attempts(start_worker):
+    from tests.testapp import jobs
+
+    parent = jobs.parent_invoke.enqueue(n=3, fail=True)
+    start_worker("one")
+    start_worker("two")
+    done = wait_state(parent.id, "done", timeout=60)
+    [child] = children(parent.id)
+    assert (child.state, child.attempt) == ("dead", 2)
+    assert len(effects(child.id, "child")) == 2
+    assert done.result["state"] == "dead" and done.result["child_id"] == str(child.id)
+    assert "child 3 failed" in done.result["error"]
+
+
+def test_a_killed_childs_worker_is_replaced_and_the_parent_gets_the_result_once(start_worker):
+    import signal
+
+    from tests.testapp import jobs
+
+    parent = jobs.parent_invoke.using(max_attempts=3).enqueue(n=5, seconds=3.0)
+    first = start_worker("first")
+    child = None
+    from tests.conftest import wait_until
+
+    child = wait_until(lambda: (c := children(parent.id)) and c[0].state == "running" and c[0],
+                       message="the child to run")
+    first.signal(signal.SIGKILL)
+    wait_exit(first)
+    start_worker("second")
+    done = wait_state(parent.id, "done", timeout=60)
+    assert done.result["got"] == {"n": 5, "square": 25}
+    assert wait_state(child.id, "done").rescues == 1
+
+
+def test_fan_out_of_500_children_over_two_workers_returns_in_order(start_worker):
+    from django_xjobs.models import JobStep
+    from tests.testapp import jobs
+
+    parent = jobs.parent_gather.enqueue(count=500)
+    start_worker("one", "--concurrency", "8")
+    start_worker("two", "--concurrency", "8")
+    done = wait_state(parent.id, "done", "dead", timeout=120)
+    assert done.state == "done", done.last_error
+    assert done.result == {"squares": [i * i for i in range(500)]}
+    kids = children(parent.id)
+    assert len(kids) == 500 and {k.state for k in kids} == {"done"}
+    assert len({k.claimed_by for k in kids}) == 2  # both workers ran children
+    step = JobStep.objects.get(run_id=done.run_id, name="fan")
+    assert step.status == "completed" and step.pending == 0
