@@ -259,14 +259,13 @@ select enqueued_by, id::text, state, blocked_on
 CRON_RUNS_LOCK_LIVE = Statement(
     "cron_runs_lock_live",
     why="""
-cron_runs_live for the tasks whose overlap policy is buffer_one, locked: `for update`. A
-run that is finishing right now finishes
-either before this read (and is not live here) or after the round commits (and then its
-finish, through the trigger x_jobs_cron_overlap, sees the run the round buffered behind it and
-releases it): without the lock, a finish between this read and the commit would leave a
-buffered run blocked until jobs_unblock. Locked in id order. Through x_jobs_cron_live_idx (the
-predicate `enqueued_by like 'cron:%'` is that index's): a probe per task, whatever the size of
-x_jobs.
+cron_runs_live for the tasks whose overlap policy is buffer_one, locked `for update`: a run
+that is finishing right now finishes either before this read (and is not live here) or after
+the round commits (and then its finish, through the trigger x_jobs_cron_overlap, sees the run
+the round buffered behind it and releases it). Without the lock, a finish between this read and
+the commit would leave the buffered run blocked until jobs_unblock. Locked in id order. The
+round touches none of these runs' children, so a child finishing (which locks the child, then
+its parent) cannot deadlock with it. Through x_jobs_cron_live_idx: a probe per task.
 """,
     sql=f"""
 select enqueued_by, id::text, state, blocked_on
