@@ -126,6 +126,8 @@ def job(
     cron: str | None = ...,  # scheduler/options.py (docs/scheduling.md)
     timezone: str = ...,
     misfire: Literal["latest", "all", "skip"] = ...,
+    # scheduler/options.py (docs/scheduling.md, "Overlap")
+    overlap: Literal["allow", "skip", "buffer_one", "cancel_previous"] = ...,
 ) -> JobDecorator: ...
 def job(func: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
     """Register a function as a job: ``@job`` or ``@job(queue="emails", max_attempts=5)``.

@@ -527,11 +527,15 @@ _SCHEDULER_KEYS = {
 }
 _KNOWN_KEYS.update(_SCHEDULER_KEYS)
 LEADER_MODES = ("lease", "advisory")
-SCHEDULE_ENTRY_KEYS = {"job", "cron", "timezone", "input", "misfire"}
+SCHEDULE_ENTRY_KEYS = {"job", "cron", "timezone", "input", "misfire", "overlap"}
+# What an occurrence does while an earlier run of its task is still live (docs/scheduling.md,
+# "Overlap"), for @job(overlap=...) and a SCHEDULE entry's "overlap"; the first is the default.
+OVERLAP_POLICIES = ("allow", "skip", "buffer_one", "cancel_previous")
 
 
 def _schedule(raw: Mapping[str, Any], problems: _Problems) -> dict[str, dict[str, Any]]:
-    """``XJOBS["SCHEDULE"]``: task name -> {"job", "cron", "timezone", "input", "misfire"}.
+    """``XJOBS["SCHEDULE"]``: task name -> {"job", "cron", "timezone", "input", "misfire",
+    "overlap"}.
 
     Each entry is a task of its own: every bad one is reported, and the good ones are kept."""
     schedule = raw.get("SCHEDULE", {})
@@ -587,8 +591,14 @@ def _schedule_entry(task: Any, entry: Any) -> dict[str, Any]:
         raise ConfigurationError(
             f'{where}["misfire"] must be "latest", "all" or "skip", got {misfire!r}'
         )
+    overlap = entry.get("overlap", "allow")
+    if not isinstance(overlap, str) or overlap not in OVERLAP_POLICIES:
+        raise ConfigurationError(
+            f'{where}["overlap"] must be one of {", ".join(repr(p) for p in OVERLAP_POLICIES)}, '
+            f"got {type(overlap).__name__} {overlap!r:.80}"
+        )
     return {"job": job, "cron": cron, "timezone": timezone, "input": dict(input_),
-            "misfire": misfire}
+            "misfire": misfire, "overlap": overlap}
 
 
 def _leader(raw: Mapping[str, Any], key: str, default: str) -> str:

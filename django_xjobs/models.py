@@ -25,6 +25,9 @@ change indexed columns and cannot be HOT updates; so only what a statement needs
   insert, claim and ack (they are not HOT updates), a BRIN summary is rewritten only when a row
   lands in a range of pages a vacuum has summarized (the table's end is not) and its values
   widen that summary.
+* ``x_jobs_cron_live_idx``: the live runs of each cron task by ``enqueued_by``
+  (``cron:<task>``), for the overlap policies (docs/scheduling.md, "Overlap"); rows of other
+  jobs have no entry.
 * ids are UUIDv7, so "newest first" in the admin is the primary key in reverse.
 """
 
@@ -223,6 +226,16 @@ class Job(models.Model):
                     "timestamptz_minmax_multi_ops",
                 ],
                 name="x_jobs_console_brin",
+            ),
+            # ---- cron overlap (docs/scheduling.md, "Overlap") ----
+            # The live runs of one cron task (enqueued_by = "cron:<task>"): what a fire of a
+            # task with an overlap policy looks at, and what a finished run checks before it
+            # lets the run buffered behind it start. Only live rows of cron tasks have an entry,
+            # so every other job's enqueue, claim and ack pay nothing for it.
+            models.Index(
+                fields=["enqueued_by"],
+                condition=Q(state__in=LIVE_STATES) & Q(enqueued_by__startswith="cron:"),
+                name="x_jobs_cron_live_idx",
             ),
         ]
         permissions = [
@@ -424,6 +437,11 @@ class SchedulerState(models.Model):
     last_fired_at = models.DateTimeField()
     updated_at = models.DateTimeField(db_default=Now())
     paused = models.BooleanField(default=False, db_default=False)
+    # ---- cron overlap (docs/scheduling.md, "Overlap") ----
+    # Occurrences the task's overlap policy did not enqueue (skip, buffer_one's drops,
+    # cancel_previous's superseded ones), and the latest of them.
+    overlap_skipped = models.BigIntegerField(default=0, db_default=0)
+    overlap_skipped_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "x_scheduler_state"

@@ -196,6 +196,11 @@ class ScheduleRow:
     updated_at: datetime | None
     next_fire_at: datetime | None = None
     configured: bool = False  # named in XJOBS["SCHEDULE"] / a @job(cron=...)
+    # Its overlap policy and the occurrences that policy did not enqueue, with the latest
+    # (docs/scheduling.md, "Overlap").
+    overlap: str | None = None
+    overlap_skipped: int = 0
+    overlap_skipped_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -598,7 +603,9 @@ def schedule_rows() -> list[ScheduleRow]:
 
     return [ScheduleRow(task=t.name, last_fired_at=orm_time(t.watermark), paused=t.paused,
                         updated_at=orm_time(t.updated_at), next_fire_at=orm_time(t.next_fire_at),
-                        configured=t.configured)
+                        configured=t.configured, overlap=t.overlap,
+                        overlap_skipped=t.overlap_skipped,
+                        overlap_skipped_at=orm_time(t.overlap_skipped_at))
             for t in scheduler.describe(now=get_engine().db_now()).tasks]
 
 

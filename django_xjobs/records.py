@@ -980,6 +980,10 @@ class SchedulerStateRecord:
     last_fired_at: datetime
     paused: bool
     updated_at: datetime
+    # Occurrences its overlap policy did not enqueue, and the latest (docs/scheduling.md,
+    # "Overlap").
+    overlap_skipped: int = 0
+    overlap_skipped_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -994,6 +998,26 @@ class LockedStates:
     leading: bool
     watermarks: Mapping[str, datetime] = field(default_factory=dict)
     paused: frozenset[str] = frozenset()
+
+
+# ---- cron overlap (docs/scheduling.md, "Overlap") ----
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CronRun:
+    """A live run of a cron task (``enqueued_by = "cron:<task>"``), as a round's overlap
+    policy sees it. ``buffered``: a run held back by ``overlap="buffer_one"`` until the runs
+    before it finish (blocked on its own ``enqueued_by``)."""
+
+    enqueued_by: str
+    id: str
+    state: str
+    blocked_on: str | None = None
+
+    @property
+    def buffered(self) -> bool:
+        return self.state == "blocked" and self.blocked_on == self.enqueued_by
+
 # ------------------------------------------------------------------------------ console --
 # Monitoring reads for the operations console (django_xjobs/reads.py): the catalog figures
 # that say whether PostgreSQL can still clean up after the queue.

@@ -146,6 +146,10 @@ def summary(job: Any, reasons: tuple[BlockedBy, ...], now: datetime) -> str:
         return f"running on worker {job.claimed_by}{since}"
     if state in records.TERMINAL_STATES:
         return f"finished as {state}"
+    if state == "blocked" and _buffered_cron_run(job):
+        return (f"blocked: waits behind the live run of cron task {job.blocked_on[5:]} "
+                "(overlap=buffer_one), released when the task's earlier runs have finished "
+                "(docs/scheduling.md, \"Overlap\")")
     if reasons:
         return f"{state}, not running: {len(reasons)} reason(s), most binding first"
     if state == "blocked":
@@ -157,6 +161,14 @@ def summary(job: Any, reasons: tuple[BlockedBy, ...], now: datetime) -> str:
     if state == "suspended":
         return "suspended and due: the next claim resumes it"
     return f"{state}: the next claim takes it"
+
+
+def _buffered_cron_run(job: Any) -> bool:
+    """A run that ``overlap="buffer_one"`` holds behind its task's live run: blocked on its own
+    ``enqueued_by``, ``cron:<task>`` (scheduler/runner.py)."""
+    by = getattr(job, "enqueued_by", None)
+    return (isinstance(by, str) and by.startswith("cron:")
+            and getattr(job, "blocked_on", None) == by)
 
 
 def _at(moment: datetime) -> str:

@@ -35,6 +35,7 @@ from ..records import (
     ClaimFlow,
     Completion,
     Counters,
+    CronRun,
     EnqueueParams,
     EnqueueResult,
     EventRecord,
@@ -643,6 +644,29 @@ class Engine(abc.ABC):
                                    at: datetime) -> SchedulerStateRecord:
         """Pause or resume a task (an operator's act, not fenced). Resuming moves the
         watermark to at least ``at``, so the paused stretch is never replayed."""
+
+    # --------------------------------------------------------------- cron overlap --
+    # A cron task's live runs, which its overlap policy reads and acts on inside the round's
+    # transaction, after the round locked the task's state row (docs/scheduling.md, "Overlap").
+    @abc.abstractmethod
+    def cron_runs_live(self, enqueued_by: Sequence[str], *, lock: bool) -> list[CronRun]:
+        """The live runs (any live state) whose ``enqueued_by`` is one of ``enqueued_by``
+        (each ``cron:<task>``), by id; with ``lock``, locked until the end of the current
+        transaction."""
+
+    @abc.abstractmethod
+    def cron_runs_hold(self, ids: Sequence[str]) -> list[str]:
+        """Hold back runs this transaction enqueued (still ready or delayed) behind their
+        task's live run: blocked on their own ``enqueued_by``, released when the task's other
+        live runs have finished. The ids held."""
+
+    @abc.abstractmethod
+    def scheduler_states_note_skips_if_leading(
+        self, skips: Mapping[str, tuple[int, datetime]], fence: LeaderFence
+    ) -> list[str]:
+        """Add to each task's count of occurrences its overlap policy did not enqueue, and
+        keep the latest (``{task: (count, latest occurrence)}``), fenced on still leading; the
+        tasks noted ([] if the fence failed)."""
 
     # ---------------------------------------------------------------- maintenance --
     @abc.abstractmethod

@@ -68,6 +68,13 @@ def _when(value: datetime | None) -> str:
     return value.astimezone(UTC).isoformat(timespec="seconds")
 
 
+def _skipped(info: Any) -> str:
+    """How many occurrences the task's overlap policy did not enqueue, and the latest."""
+    if not info.overlap_skipped:
+        return "-"
+    return f"{info.overlap_skipped} ({_when(info.overlap_skipped_at)})"
+
+
 def _list(command: Any, overview: Any, as_json: bool) -> None:
     leader = overview.leader
     if as_json:
@@ -78,11 +85,13 @@ def _list(command: Any, overview: Any, as_json: bool) -> None:
             "tasks": [_task_dict(t) for t in overview.tasks],
         })
         return
-    columns = ("task", "job", "cron", "timezone", "misfire", "state", "watermark", "next fire")
+    columns = ("task", "job", "cron", "timezone", "misfire", "overlap", "state", "watermark",
+               "next fire", "skipped (last)")
     rows = [columns] + [
         (t.name, t.job or "-", t.cron or "-", t.timezone or "-", t.misfire or "-",
+         t.overlap or "-",
          "paused" if t.paused else ("active" if t.configured else "not configured"),
-         _when(t.watermark), _when(t.next_fire_at))
+         _when(t.watermark), _when(t.next_fire_at), _skipped(t))
         for t in overview.tasks
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]

@@ -30,6 +30,11 @@ class TaskInfo:
     watermark: datetime | None  # occurrences up to here have been handled
     next_fire_at: datetime | None  # None: paused, or not configured
     updated_at: datetime | None
+    # Overlap (docs/scheduling.md, "Overlap"): the policy, how many occurrences it did not
+    # enqueue (skipped, dropped behind a buffered run, superseded), and the latest of them.
+    overlap: str | None = None
+    overlap_skipped: int = 0
+    overlap_skipped_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +58,9 @@ def _info(task: Task | None, name: str, state: SchedulerStateRecord | None,
         misfire=task.misfire if task else None, source=task.source if task else None,
         configured=task is not None, paused=paused, watermark=watermark,
         next_fire_at=next_fire, updated_at=state.updated_at if state else None,
+        overlap=task.overlap if task else None,
+        overlap_skipped=state.overlap_skipped if state else 0,
+        overlap_skipped_at=state.overlap_skipped_at if state else None,
     )
 
 

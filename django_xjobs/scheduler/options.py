@@ -1,4 +1,5 @@
-"""``@job(cron=..., timezone=..., misfire=...)``: the options the scheduler adds to ``@job``.
+"""``@job(cron=..., timezone=..., misfire=..., overlap=...)``: the options the scheduler adds
+to ``@job``.
 
 The package's ``__init__`` registers :data:`CHECKS` (``registry.register_option``): the options
 are known wherever ``@job`` is importable, also in a module imported before the app registry is
@@ -18,7 +19,7 @@ from typing import Any
 from .. import registry
 from ..exceptions import ConfigurationError
 
-OPTIONS = ("cron", "timezone", "misfire")
+OPTIONS = ("cron", "timezone", "misfire", "overlap")
 
 
 def validate(definition: registry.JobDefinition[..., Any]) -> None:
@@ -48,13 +49,16 @@ def validate(definition: registry.JobDefinition[..., Any]) -> None:
     options["timezone"] = schedule.timezone
     options["misfire"] = cron.parse_misfire(options.get("misfire", "latest"),
                                             what=f"{definition.name}: misfire")
+    options["overlap"] = cron.parse_overlap(options.get("overlap", "allow"),
+                                            what=f"{definition.name}: overlap")
 
 
 def _validated_with_cron(definition: registry.JobDefinition[..., Any]) -> None:
-    """timezone= and misfire= are judged together with cron= by :func:`validate`."""
+    """timezone=, misfire= and overlap= are judged together with cron= by :func:`validate`."""
 
 
 # Each option and its check, for ``registry.register_option``.
 CHECKS: dict[str, registry.OptionCheck] = {
     "cron": validate, "timezone": _validated_with_cron, "misfire": _validated_with_cron,
+    "overlap": _validated_with_cron,
 }

@@ -14,8 +14,15 @@ One round (``Scheduler.round``), one transaction for every task that is due:
 4. **Compute** each task's occurrences in ``(watermark, now]`` under its misfire policy
    (``cron.due``); a paused task fires nothing. Every job is built and validated before the
    first write; a task whose job cannot be built is left out (not marked: retried next round).
-5. **Self-check again, then enqueue** every occurrence in one statement per 1,000, each with
-   the key ``cron:<task>:<occurrence ISO>`` and ``enqueued_by = "cron:<task>"``.
+   **Overlap**: for the tasks with an overlap policy other than ``allow`` and something to
+   fire, read their live runs (``cron_runs_live``; locked for buffer_one) and decide what each
+   occurrence does: fire, wait behind the live run (buffer_one), cancel the live runs
+   (cancel_previous) or nothing (skipped). Under the state-row lock of step 3, so two
+   overlapping rounds decide one after the other (docs/scheduling.md, "Overlap").
+5. **Self-check again, then cancel and enqueue**: cancel_previous's cancels first, then every
+   occurrence in one statement per 1,000, each with the key ``cron:<task>:<occurrence ISO>``
+   and ``enqueued_by = "cron:<task>"``; buffer_one's waiting run is then held (``blocked``)
+   before anyone can see it, and the skips are counted on the state rows.
 6. **Mark**: the watermarks move to the round's time with ``greatest`` (never back), fenced on
    still leading, as the last statement before the commit. Enqueue and mark commit together or
    not at all: a crash in between leaves neither, and the next leader fires those occurrences
@@ -54,7 +61,7 @@ from .. import api, clock, conf, faults, registry
 from ..engines import Engine
 from ..exceptions import InvalidJobInput, UnknownJob
 from ..maintenance import pruner
-from ..records import EnqueueParams, LeaderFence
+from ..records import CronRun, EnqueueParams, EnqueueResult, LeaderFence
 from ..worker import reachability
 from ..worker.duties import Duty
 from . import cron, leadership
@@ -89,10 +96,27 @@ class RoundReport:
     paused: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     stopped: str = ""  # why the round ended early ("" = it did not)
+    # Overlap (docs/scheduling.md, "Overlap"): occurrences not enqueued, occurrences enqueued
+    # to wait behind the live run, and how many live runs were cancelled, per task.
+    skipped: dict[str, list[datetime]] = field(default_factory=dict)
+    held: dict[str, list[datetime]] = field(default_factory=dict)
+    cancelled: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
         return sum(len(v) for v in self.fired.values())
+
+
+@dataclass(slots=True)
+class _OverlapPlan:
+    """What a round enqueues after the overlap policies (``Scheduler._overlap``): the
+    occurrences to fire per task, the keys of those to hold behind their task's live run
+    (buffer_one), and the live runs to cancel first, with the reason (cancel_previous)."""
+
+    fire: dict[str, list[tuple[datetime, EnqueueParams]]]
+    hold: set[str] = field(default_factory=set)
+    cancel: dict[str, list[str]] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -135,6 +159,7 @@ class Scheduler:
         except LeadershipLost as exc:
             self.leadership.lost(str(exc))
             report.fired, report.stopped = {}, str(exc)
+            report.skipped, report.held, report.cancelled = {}, {}, {}
             log.warning("scheduler round stopped and rolled back: %s", exc)
         return report
 
@@ -146,7 +171,7 @@ class Scheduler:
             if not locked.leading:
                 raise LeadershipLost("the leader fence failed locking the due tasks")
             report.busy = [n for n in tasks if n not in locked.watermarks]
-            jobs: list[EnqueueParams] = []
+            built: dict[str, list[tuple[datetime, EnqueueParams]]] = {}
             for name, watermark in locked.watermarks.items():
                 task = tasks[name]
                 if name in locked.paused:
@@ -155,21 +180,40 @@ class Scheduler:
                 fire = self._occurrences(task, watermark, now)
                 try:
                     definition = registry.get(task.job)
-                    jobs += [api.build_params(definition, task.input, {
+                    built[name] = [(occurrence, api.build_params(definition, task.input, {
                         "idempotency_key": cron.occurrence_key(name, occurrence),
                         "enqueued_by": task.enqueued_by,
-                    }) for occurrence in fire]
+                    })) for occurrence in fire]
                 except (InvalidJobInput, UnknownJob) as exc:
                     report.failed.append(name)
                     log.error("cron task %s cannot enqueue its job (%s); it is retried at the "
                               "next round", name, exc)
                     continue
-                if fire:
-                    report.fired[name] = list(fire)
+            plan = self._overlap(tasks, built, report)
+            jobs: list[EnqueueParams] = []
+            for name, fired in plan.fire.items():
+                if fired:
+                    report.fired[name] = [occurrence for occurrence, _ in fired]
+                    jobs += [params for _, params in fired]
             if not self.leadership.is_leader():
                 raise LeadershipLost("the leadership deadline passed during the round")
+            for name, ids in plan.cancel.items():
+                # The runs' child jobs (a durable run's invoke/gather) first, then the runs: the
+                # order of an operator's cancel (jobs_cancel_tree says why).
+                self.engine.jobs_cancel_tree(parents=ids, reason=plan.reasons[name])
+                report.cancelled[name] = self.engine.jobs_cancel_tree(
+                    ids=ids, reason=plan.reasons[name])
+            results: list[EnqueueResult] = []
             for start in range(0, len(jobs), ENQUEUE_BATCH):
-                self.engine.jobs_enqueue(jobs[start:start + ENQUEUE_BATCH])
+                results += self.engine.jobs_enqueue(jobs[start:start + ENQUEUE_BATCH])
+            if plan.hold:
+                self.engine.cron_runs_hold([str(r.id) for p, r in zip(jobs, results, strict=True)
+                                            if r.created and p.idempotency_key in plan.hold])
+            if report.skipped:
+                skips = {n: (len(o), max(o)) for n, o in report.skipped.items()}
+                noted = self.engine.scheduler_states_note_skips_if_leading(skips, fence)
+                if len(noted) != len(skips):
+                    raise LeadershipLost("the leader fence failed counting the skips")
             if faults.armed:
                 faults.hit("scheduler:before-mark")
             names = [n for n in locked.watermarks if n not in report.failed]
@@ -187,6 +231,63 @@ class Scheduler:
                 self._next_due[name] = now + timedelta(seconds=RETRY_BUSY)
         if report.fired:
             log.debug("scheduler round: enqueued %s", {n: len(f) for n, f in report.fired.items()})
+
+    def _overlap(self, tasks: dict[str, Task],
+                 built: dict[str, list[tuple[datetime, EnqueueParams]]],
+                 report: RoundReport) -> _OverlapPlan:
+        """What each occurrence does under its task's overlap policy (docs/scheduling.md,
+        "Overlap"), given the task's live runs as this transaction reads them under the
+        state-row lock. ``allow`` tasks, and tasks with nothing to fire, cost no statement."""
+        plan = _OverlapPlan(fire=dict(built))
+        policed = [n for n, fire in built.items() if fire and tasks[n].overlap != "allow"]
+        if not policed:
+            return plan
+        live: dict[str, list[CronRun]] = {}
+        # buffer_one locks the live runs: a run finishing meanwhile then finishes after this
+        # round committed, and its trigger sees the run buffered behind it (cron_runs_lock_live).
+        for lock in (False, True):
+            by = [tasks[n].enqueued_by for n in policed
+                  if (tasks[n].overlap == "buffer_one") is lock]
+            for run in self.engine.cron_runs_live(by, lock=lock):
+                live.setdefault(run.enqueued_by, []).append(run)
+        for name in policed:
+            task, fire = tasks[name], built[name]
+            runs = live.get(task.enqueued_by, [])
+            kept: list[tuple[datetime, EnqueueParams]] = []
+            if task.overlap == "cancel_previous":
+                # Each occurrence would cancel the one before it: only the newest is enqueued.
+                kept = fire[-1:]
+                if runs:
+                    plan.cancel[name] = [r.id for r in runs]
+                    plan.reasons[name] = (
+                        f"cancelled by cron task {name} (overlap=cancel_previous): superseded by "
+                        f"its occurrence at {fire[-1][0].isoformat()}"
+                    )
+            else:
+                running = any(not r.buffered for r in runs)
+                waiting = any(r.buffered for r in runs)
+                for occurrence, params in fire:
+                    if not running:
+                        kept.append((occurrence, params))
+                        running = True
+                    elif task.overlap == "buffer_one" and not waiting:
+                        kept.append((occurrence, params))
+                        plan.hold.add(params.idempotency_key or "")
+                        report.held.setdefault(name, []).append(occurrence)
+                        waiting = True
+            plan.fire[name] = kept
+            enqueued = {k for k, _ in kept}
+            skipped = [o for o, _ in fire if o not in enqueued]
+            if skipped:
+                report.skipped[name] = skipped
+                if task.overlap == "cancel_previous":
+                    why = f"superseded by {fire[-1][0].isoformat()}"
+                else:
+                    why = "run(s) still live: " + (", ".join(r.id for r in runs)
+                                                   or "the one this round enqueued")
+                log.info("cron task %s (overlap=%s): %d occurrence(s) up to %s not enqueued, "
+                         "%s", name, task.overlap, len(skipped), skipped[-1].isoformat(), why)
+        return plan
 
     def _occurrences(self, task: Task, watermark: datetime, now: datetime
                      ) -> tuple[datetime, ...]:

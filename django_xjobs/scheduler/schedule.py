@@ -23,6 +23,7 @@ class Task:
     job: str
     schedule: cron.CronSchedule
     misfire: str = "latest"
+    overlap: str = "allow"  # docs/scheduling.md, "Overlap"
     input: Mapping[str, Any] = field(default_factory=dict)
     source: str = "settings"  # "job": @job(cron=...); "settings": XJOBS["SCHEDULE"]
 
@@ -58,6 +59,7 @@ def _from_jobs() -> dict[str, Task]:
             schedule=cron.parse(options["cron"], options.get("timezone", "UTC"),
                                 what=f"{definition.name}: cron"),
             misfire=options.get("misfire", "latest"), source="job",
+            overlap=options.get("overlap", "allow"),
         )
     return tasks
 
@@ -94,7 +96,7 @@ def _settings_entry(task: str, entry: Mapping[str, Any], payload_limit: int) -> 
     except InvalidJobInput as exc:
         return Problem(BAD_INPUT, task, str(exc))
     return Task(name=task, job=entry["job"], schedule=schedule, misfire=entry["misfire"],
-                input=dict(entry["input"]), source="settings")
+                overlap=entry["overlap"], input=dict(entry["input"]), source="settings")
 
 
 def collect() -> tuple[dict[str, Task], list[Problem]]:

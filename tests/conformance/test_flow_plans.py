@@ -109,7 +109,10 @@ def explain_generic(sql: str, params: dict) -> dict:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("set local jit = off")
         cursor.execute("set local plan_cache_mode = force_generic_plan")
-        cursor.execute(f"prepare xjobs_generic as {text}".replace("%", "%%"))
+        # With parameters (none), so the driver turns the doubled `%%` back into one: without
+        # them it sends the text as it is, and a literal `like 'cron:%'` would reach the
+        # planner as 'cron:%%', matching no partial index's predicate.
+        cursor.execute(f"prepare xjobs_generic as {text}".replace("%", "%%"), [])
         raw = connection.connection
         values = pgsql.SQL(", ").join(pgsql.Literal(params[name]) for name in order)
         query = pgsql.SQL("explain (analyze, buffers, format json) execute xjobs_generic ({})")

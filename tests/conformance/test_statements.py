@@ -62,6 +62,7 @@ SCALARS.update({"version": "1.0", "concurrency": 4, "running": 1, "finished": 10
 SCALARS.update({"unique_for_ms": 3_600_000,
                 "job_unique_for_ms": 3_600_000})  # ---- idempotency windows
 LISTS = {
+    "enqueued_by": "cron:nightly",  # ---- cron overlap
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
     "names": "testapp.noop", "queues": "default", "inputs": "{}", "keys": "k",
     "results": "{}", "tenant_ids": "acme", "traceparents": None, "enqueued_bys": "tests",
@@ -77,7 +78,7 @@ LISTS = {
     "rate_periods": 1000, "rate_costs": 1, "weight_queues": "default", "weight_tenants": "acme",
     "weight_values": 2, "periods": 1000, "costs": 1,
 }
-TIMES = {"run_at", "wake_at", "before", "after_at", "at"}  # filled with the database clock
+TIMES = {"run_at", "wake_at", "before", "after_at", "at", "ats"}  # filled with the database clock
 
 
 def placeholders(sql: str) -> dict[str, bool]:

@@ -75,8 +75,8 @@ def test_xjobs_schedule_prints_a_table_and_the_leader():
     out = xjobs("schedule")
 
     lines = out.splitlines()
-    assert lines[0].split() == ["task", "job", "cron", "timezone", "misfire", "state",
-                                "watermark", "next", "fire"]
+    assert lines[0].split() == ["task", "job", "cron", "timezone", "misfire", "overlap",
+                                "state", "watermark", "next", "fire", "skipped", "(last)"]
     nightly = next(line for line in lines if line.startswith("nightly"))
     assert "testapp.record" in nightly and "Europe/Paris" in nightly and "active" in nightly
     assert "2026-05-05T01:00:00+00:00" in nightly

@@ -253,7 +253,7 @@ from django_xjobs.exceptions import ConfigurationError
 import tests.testapp.early_jobs as early
 
 assert early.nightly.options == {"cron": "0 3 * * *", "timezone": "Europe/Paris",
-                                 "misfire": "skip"}, early.nightly.options
+                                 "misfire": "skip", "overlap": "allow"}, early.nightly.options
 assert early.export.options["concurrency"].limit == 1
 try:
     @job(name="early.bad", cron="61 * * * *")

@@ -89,7 +89,8 @@ def test_a_schedule_entry_gets_its_defaults():
     s = conf.build({"SCHEDULE": {"nightly": GOOD}})
 
     assert s.schedule == {"nightly": {"job": "testapp.noop", "cron": "0 3 * * *",
-                                      "timezone": "UTC", "input": {}, "misfire": "latest"}}
+                                      "timezone": "UTC", "input": {}, "misfire": "latest",
+                                      "overlap": "allow"}}
 
 
 @pytest.mark.parametrize(
@@ -109,6 +110,12 @@ def test_a_schedule_entry_gets_its_defaults():
         ({"t": {**GOOD, "timezone": 1}}, '"timezone"'),
         ({"t": {**GOOD, "input": [1, 2]}}, '"input"'),
         ({"t": {**GOOD, "misfire": "never"}}, '"misfire"'),
+        ({"t": {**GOOD, "overlap": "queue"}},
+         '["overlap"] must be one of \'allow\', \'skip\', \'buffer_one\', \'cancel_previous\''),
+        ({"t": {**GOOD, "overlap": "Skip"}}, "got str 'Skip'"),
+        ({"t": {**GOOD, "overlap": None}}, "got NoneType None"),
+        ({"t": {**GOOD, "overlap": ["skip"]}}, "got list ['skip']"),
+        ({"t": {**GOOD, "overlap": True}}, "got bool True"),
     ],
 )
 def test_a_malformed_schedule_entry_is_refused_naming_the_entry(schedule, fragment):
@@ -126,7 +133,22 @@ def test_job_takes_cron_timezone_and_misfire_and_stores_them_normalised():
         return None
 
     assert cron_job.options == {"cron": "*/5 * * * *", "timezone": "Europe/Paris",
-                                "misfire": "all"}
+                                "misfire": "all", "overlap": "allow"}
+
+
+@pytest.mark.parametrize("policy", ["allow", "skip", "buffer_one", "cancel_previous"])
+def test_job_takes_each_overlap_policy(policy):
+    @job(name=f"tests.cron_overlap_{policy}", cron="0 3 * * *", overlap=policy)
+    def cron_overlap(ctx):
+        return None
+
+    assert cron_overlap.options["overlap"] == policy
+
+
+def test_a_schedule_entry_takes_an_overlap_policy():
+    s = conf.build({"SCHEDULE": {"nightly": {**GOOD, "overlap": "cancel_previous"}}})
+
+    assert s.schedule["nightly"]["overlap"] == "cancel_previous"
 
 
 def test_job_cron_defaults_to_utc_and_latest():
@@ -135,7 +157,7 @@ def test_job_cron_defaults_to_utc_and_latest():
         return None
 
     assert cron_defaults.options == {"cron": "0 3 * * *", "timezone": "UTC",
-                                     "misfire": "latest"}
+                                     "misfire": "latest", "overlap": "allow"}
 
 
 @pytest.mark.parametrize(
@@ -147,6 +169,11 @@ def test_job_cron_defaults_to_utc_and_latest():
         ({"cron": "0 3 * * *", "misfire": "twice"}, "misfire must be one of"),
         ({"timezone": "Europe/Paris"}, "timezone= needs cron="),
         ({"misfire": "all"}, "misfire= needs cron="),
+        ({"cron": "0 3 * * *", "overlap": "buffer"}, "overlap must be one of allow, skip, "
+                                                      "buffer_one, cancel_previous, got 'buffer'"),
+        ({"cron": "0 3 * * *", "overlap": 1}, "overlap must be a string"),
+        ({"cron": "0 3 * * *", "overlap": None}, "got NoneType None"),
+        ({"overlap": "skip"}, "overlap= needs cron="),
     ],
 )
 def test_job_refuses_bad_cron_options_when_decorated(options, fragment):

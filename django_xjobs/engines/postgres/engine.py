@@ -49,6 +49,7 @@ from ...records import (
     ClaimFlow,
     Completion,
     Counters,
+    CronRun,
     EnqueueParams,
     EnqueueResult,
     EventRecord,
@@ -1408,7 +1409,8 @@ class PostgresEngine(Engine):
     def scheduler_states_list(self) -> list[SchedulerStateRecord]:
         return [
             SchedulerStateRecord(task_name=r[0], last_fired_at=r[1], paused=r[2],
-                                 updated_at=r[3])
+                                 updated_at=r[3], overlap_skipped=r[4],
+                                 overlap_skipped_at=r[5])
             for r in self._run(S.SCHEDULER_STATES_LIST, {})
         ]
 
@@ -1418,6 +1420,31 @@ class PostgresEngine(Engine):
                       fetch="one")
         return SchedulerStateRecord(task_name=r[0], last_fired_at=r[1], paused=r[2],
                                     updated_at=r[3])
+
+    # ---------------------------------------------------------------------- cron overlap --
+    # docs/scheduling.md, "Overlap"; the scheduler round calls these inside its transaction.
+    def cron_runs_live(self, enqueued_by: Sequence[str], *, lock: bool) -> list[CronRun]:
+        if not enqueued_by:
+            return []
+        stmt = S.CRON_RUNS_LOCK_LIVE if lock else S.CRON_RUNS_LIVE
+        return [CronRun(enqueued_by=r[0], id=r[1], state=r[2], blocked_on=r[3])
+                for r in self._run(stmt, {"enqueued_by": list(enqueued_by)})]
+
+    def cron_runs_hold(self, ids: Sequence[str]) -> list[str]:
+        if not ids:
+            return []
+        return [r[0] for r in self._run(S.CRON_RUNS_HOLD, {"ids": [str(i) for i in ids]})]
+
+    def scheduler_states_note_skips_if_leading(
+        self, skips: Mapping[str, tuple[int, datetime]], fence: LeaderFence
+    ) -> list[str]:
+        if not skips:
+            return []
+        names = list(skips)
+        return [r[0] for r in self._run(S.SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING, {
+            "names": names, "counts": [skips[n][0] for n in names],
+            "ats": [skips[n][1] for n in names], **self._leader_fence(fence),
+        })]
 
     # ----------------------------------------------------------------------- maintenance --
     def outbox_purge_published(self, *, published_before: datetime,

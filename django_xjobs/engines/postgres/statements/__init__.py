@@ -235,3 +235,15 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     # idempotency windows
     JOB_ENQUEUE_WINDOWED, JOB_KEY_HOLDER, JOB_KEY_RELEASE, JOB_KEYS_PURGE_EXPIRED,
 )}
+
+# ---- cron overlap (docs/scheduling.md, "Overlap") ----
+from .scheduler import (  # noqa: E402 - its own block, beside the others' additions
+    CRON_RUNS_HOLD,
+    CRON_RUNS_LIVE,
+    CRON_RUNS_LOCK_LIVE,
+    SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,
+)
+
+ALL.update({s.name: s for s in (
+    CRON_RUNS_LIVE, CRON_RUNS_LOCK_LIVE, CRON_RUNS_HOLD, SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,
+)})

@@ -6,7 +6,7 @@ is jobs_claim in jobs.py; slots are in slots.py.
 from __future__ import annotations
 
 from ...base import Statement
-from .fragments import key_limit_sql, notify_queues_sql, wake_blocked_sql
+from .fragments import LIVE, key_limit_sql, notify_queues_sql, wake_blocked_sql
 
 JOBS_UNBLOCK = Statement(
     "jobs_unblock",
@@ -17,7 +17,10 @@ crashed and their slots lapsed; a block that raced a release; a limit raised), o
 pause ended. Per blocked key (a loose index scan over x_jobs_blocked_idx, one probe per key):
 nothing while a pause of the key is in force; else as many as the key's free slots under its
 limit (the limit of its first blocked job, as the claim computes it), or up to `batch` when the
-key is no concurrency key (a rate-limit key whose pause ended). Woken jobs go back to `ready`
+key is no concurrency key (a rate-limit key whose pause ended). A run of a cron task buffered
+behind the live one (overlap="buffer_one", blocked on its own enqueued_by `cron:<task>`) is
+woken, one, only once no other run of the task is live (x_jobs_cron_live_idx; docs/scheduling.md,
+"Overlap"): the trigger that normally releases it missed nothing then. Woken jobs go back to `ready`
 (or `suspended`) and their queues are NOTIFYed. Over-waking is harmless (the claim blocks a job
 again if its key is full); under-waking would leave work idle.
 """,
@@ -30,14 +33,20 @@ with recursive keys(k) as (
       from keys where keys.k is not null
 ), room as (
     select ks.k,
-           case when f.concurrency_key is distinct from ks.k then %(batch)s
+           case when f.enqueued_by = ks.k and f.enqueued_by like 'cron:%%'
+                then (not exists (select 1 from only x_jobs r
+                                   where r.enqueued_by = ks.k and r.enqueued_by like 'cron:%%'
+                                     and r.state in {LIVE}
+                                     and not (r.state = 'blocked'
+                                              and r.blocked_on = r.enqueued_by)))::int
+                when f.concurrency_key is distinct from ks.k then %(batch)s
                 else {key_limit_sql("ks.k", "f.name")}
                      - (select count(*) from x_job_leases l
                          where l.lease_key = ks.k and l.expires_at > now())
            end as n
       from keys ks
       cross join lateral (
-          select name, concurrency_key from only x_jobs
+          select name, concurrency_key, enqueued_by from only x_jobs
            where state = 'blocked' and blocked_on = ks.k
            order by priority desc, run_at limit 1) f
      where ks.k is not null

@@ -1,4 +1,6 @@
-"""x_scheduler_leader and x_scheduler_state: leader election and the cron watermark.
+"""x_scheduler_leader and x_scheduler_state: leader election and the cron watermark; and the
+x_jobs rows of a cron task's live runs, which its overlap policy reads and acts on in the
+round's transaction (docs/scheduling.md, "Overlap").
 
 The leader is a lease row or a session advisory lock (XJOBS["LEADER"]); every write of a round
 is fenced on still leading (``_LEADING``). See django_xjobs/scheduler/ and docs/scheduling.md.
@@ -7,6 +9,7 @@ is fenced on still leading (``_LEADING``). See django_xjobs/scheduler/ and docs/
 from __future__ import annotations
 
 from ...base import Statement
+from .fragments import LIVE
 
 # The two-int form of the session advisory lock: (this class, a 31-bit hash of the lock key),
 # so it shows in pg_locks as classid/objid with objsubid = 2 and never collides with the
@@ -195,10 +198,11 @@ SCHEDULER_STATES_LIST = Statement(
     "scheduler_states_list",
     why="""
 Every task's watermark and pause flag, for `manage.py xjobs schedule` and the console; includes
-rows of tasks no longer configured, so an operator can see them.
+rows of tasks no longer configured, so an operator can see them. With them, how many
+occurrences the task's overlap policy did not enqueue, and the latest of them.
 """,
     sql="""
-select task_name, last_fired_at, paused, updated_at
+select task_name, last_fired_at, paused, updated_at, overlap_skipped, overlap_skipped_at
   from x_scheduler_state
  order by task_name
 """,
@@ -221,5 +225,89 @@ on conflict (task_name) do update
                                           excluded.last_fired_at) end,
        updated_at = now()
 returning task_name, last_fired_at, paused, updated_at
+""",
+)
+
+
+# ------------------------------------------------------------------------------ cron overlap --
+# docs/scheduling.md, "Overlap". A run of task T is a job with enqueued_by = 'cron:T' (what the
+# round and `xjobs schedule trigger` write). Every read of a task's runs repeats the predicate
+# of x_jobs_cron_live_idx (migration 0009), so the planner can prove the index applies.
+_CRON_RUN = "enqueued_by like 'cron:%%'"
+
+CRON_RUNS_LIVE = Statement(
+    "cron_runs_live",
+    why="""
+A round's view of the live runs of its due tasks whose overlap policy is skip or
+cancel_previous, read AFTER the round locked their state rows (scheduler_states_lock_if_leading),
+so two overlapping rounds (two leaders across a rolling restart) decide one after the other,
+the second seeing the runs the first enqueued or cancelled. Not locked: skip only looks, and
+cancel_previous cancels through jobs_cancel_tree, which takes a run's children before the run
+itself, the order an acknowledging child takes them (a lock on the run taken here first could
+deadlock against a child finishing). Through x_jobs_cron_live_idx (the predicate
+`enqueued_by like 'cron:%'` is that index's): a probe per task, whatever the size of x_jobs.
+""",
+    sql=f"""
+select enqueued_by, id::text, state, blocked_on
+  from only x_jobs
+ where enqueued_by = any(%(enqueued_by)s::text[]) and {_CRON_RUN}
+   and state in {LIVE}
+ order by id
+""",
+)
+
+CRON_RUNS_LOCK_LIVE = Statement(
+    "cron_runs_lock_live",
+    why="""
+cron_runs_live for the tasks whose overlap policy is buffer_one, locked `for update`: a run
+that is finishing right now finishes either before this read (and is not live here) or after
+the round commits (and then its finish, through the trigger x_jobs_cron_overlap, sees the run
+the round buffered behind it and releases it). Without the lock, a finish between this read and
+the commit would leave the buffered run blocked until jobs_unblock. Locked in id order. The
+round touches none of these runs' children, so a child finishing (which locks the child, then
+its parent) cannot deadlock with it. Through x_jobs_cron_live_idx: a probe per task.
+""",
+    sql=f"""
+select enqueued_by, id::text, state, blocked_on
+  from only x_jobs
+ where enqueued_by = any(%(enqueued_by)s::text[]) and {_CRON_RUN}
+   and state in {LIVE}
+ order by id
+   for update
+""",
+)
+
+CRON_RUNS_HOLD = Statement(
+    "cron_runs_hold",
+    why="""
+overlap="buffer_one": the run a round just enqueued (in this transaction, so no worker has
+seen it) waits behind its task's live run: `blocked`, on its own enqueued_by, so no claim picks
+it (a claim never takes a `blocked` row). It is released by the trigger x_jobs_cron_overlap
+when the last other live run of the task finishes, or by jobs_unblock, the safety net. Only a
+row still `ready` or `delayed` and a run of a cron task (`enqueued_by like 'cron:%'`) is held.
+""",
+    sql=f"""
+update only x_jobs
+   set state = 'blocked', blocked_on = enqueued_by, blocked_resume = false, updated_at = now()
+ where id = any(%(ids)s::uuid[]) and state in ('ready', 'delayed') and {_CRON_RUN}
+returning id::text
+""",
+)
+
+SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING = Statement(
+    "scheduler_states_note_skips_if_leading",
+    why="""
+Record, in the round that decided it, the occurrences a task's overlap policy did not enqueue
+(skip; buffer_one's drops; cancel_previous's superseded ones): a count and the latest, for
+`manage.py xjobs schedule`. Fenced on leading like every write of the round, and sent only by a
+round that skipped something.
+""",
+    sql=f"""
+update x_scheduler_state s
+   set overlap_skipped = s.overlap_skipped + k.n,
+       overlap_skipped_at = greatest(s.overlap_skipped_at, k.at)
+  from unnest(%(names)s::text[], %(counts)s::int[], %(ats)s::timestamptz[]) as k(name, n, at)
+ where s.task_name = k.name and {_LEADING}
+returning s.task_name
 """,
 )
