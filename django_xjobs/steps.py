@@ -264,18 +264,45 @@ class Steps:
 
     def _children(self, name: str, calls: Iterable[Sequence[Any]],
                   timeout: timedelta | float | int | None, *, what: str) -> list[Any]:
-        timeout_ms = None if timeout is None else milliseconds_of(timeout, "timeout")
-        if timeout_ms is not None and timeout_ms <= 0:
-            raise InvalidJobInput(f"{what}: timeout must be greater than zero")
         record = self._begin(name)
         if record is not None and record.status == "completed":
             return _children_outcome(name, record.output)
         self._refuse_in_transaction(what)
-        params = None if record is not None else self._child_batch(calls, what)
+        timeout_ms = None
+        params = None
+        if record is None:  # a new step: its timeout and children are validated, then written
+            timeout_ms = None if timeout is None else milliseconds_of(timeout, "timeout")
+            if timeout_ms is not None and timeout_ms <= 0:
+                raise InvalidJobInput(f"{what}: timeout must be greater than zero")
+            params = self._child_batch(calls, what)
+        timed_out: set[Any] = set()
+        while True:
+            outcome = self._check_children(name, params, timeout_ms, timed_out)
+            if not isinstance(outcome, list):
+                break
+            # Timed out with children live: cancel them outside the step row's lock (a child
+            # finishing at this moment holds its row and waits for the step row: cancelling
+            # under that lock would deadlock with it), then check again and record.
+            self._engine.jobs_cancel_tree(
+                ids=[str(c.id) for c in outcome],
+                reason=f"cancelled: the parent's step {name!r} timed out")
+            timed_out.update(c.id for c in outcome)
+            params = None
+        if isinstance(outcome, StepSuspended):
+            raise outcome
+        # After the commit: a ChildFailed raised inside the block would roll the record back.
+        return _children_outcome(name, outcome)
+
+    def _check_children(self, name: str, params: list[EnqueueParams] | None,
+                        timeout_ms: int | None,
+                        timed_out: set[Any]) -> StepSuspended | dict[str, Any] | list[ChildState]:
+        """One transaction under the step row's lock: open the step and enqueue the children
+        (``params``), or read them. Returns the suspension to raise, the outcome recorded, or
+        the children still live when the step's timeout has passed (to cancel, then check
+        again). The timeout is the one recorded when the step opened."""
         engine, owner = self._engine, self._owner
         if self._guard is not None:
             self._guard()
-        signal: StepSuspended | None
         with engine.atomic():
             step = engine.step_invoke_open_if_owned(
                 owner, name, children=[str(p.id) for p in params or ()], timeout_ms=timeout_ms)
@@ -288,29 +315,21 @@ class Steps:
                                              parent_step=name)
                 if faults.armed:
                     faults.hit("step:children-enqueued")
-                signal = self._park(step.park_at)
-            else:
-                children = engine.jobs_children(step.children)
-                if faults.armed:
-                    faults.hit("step:children-read")
-                live = [c for c in children if c.state in LIVE_STATES]
-                if live and not (step.due and timeout_ms is not None):
-                    if not engine.step_invoke_pending_if_owned(owner, name, len(live)):
-                        raise self._lost(f"step {name!r} not recorded")
-                    signal = self._park(step.park_at)
-                else:
-                    if live:  # timed out: the children still running are no longer awaited
-                        engine.jobs_cancel_tree(
-                            ids=[str(c.id) for c in live],
-                            reason=f"cancelled: the parent's step {name!r} timed out")
-                    output = _children_output(children, timed_out={c.id for c in live})
-                    self._complete(name, encode_json(output, what=f"outcome of {what}",
-                                                     limit=None), kind="invoke")
-                    signal = None
-        if signal is not None:
-            raise signal
-        # After the commit: a ChildFailed raised inside the block would roll the record back.
-        return _children_outcome(name, output)
+                return self._park(step.park_at)
+            children = engine.jobs_children(step.children)
+            if faults.armed:
+                faults.hit("step:children-read")
+            live = [c for c in children if c.state in LIVE_STATES]
+            if live and step.due:
+                return live
+            if live:
+                if not engine.step_invoke_pending_if_owned(owner, name, len(live)):
+                    raise self._lost(f"step {name!r} not recorded")
+                return self._park(step.park_at)
+            output = _children_output(children, timed_out=timed_out)
+            self._complete(name, encode_json(output, what=f"outcome of step {name!r}",
+                                             limit=None), kind="invoke")
+            return output
 
     def _child_batch(self, calls: Iterable[Sequence[Any]], what: str) -> list[EnqueueParams]:
         """Every child validated into its insert before anything is written."""
@@ -458,6 +477,10 @@ def _children_output(children: Sequence[ChildState], *, timed_out: set[Any]) -> 
 def _children_outcome(name: str, output: Any) -> list[Any]:
     """The results an invoke or gather step returns, or the ChildFailed it raises, from its
     record: the same on the first run and on every replay."""
+    if not isinstance(output, dict) or not isinstance(output.get("results"), list):
+        raise StepNameReused(
+            f"step {name!r} of this run was recorded as another kind of step (a deploy "
+            "renamed it?); give the invoke or gather a name of its own")
     failed = output.get("failed")
     if failed:
         reason = {"timeout": "was still running when the step's timeout passed",

@@ -761,30 +761,16 @@ class Worker:
         done = [r for r in batch if isinstance(r.outcome, Done)]
         others = [r for r in batch if not isinstance(r.outcome, Done)]
         unsettled: list[Run] = []
+        # A child job's acknowledgement locks its parent's step row (x_jobs_transition): acks
+        # of several children in one statement would lock several parents' rows in no set
+        # order, and two workers' batches could deadlock. Alone, an ack holds one at most.
+        if any(r.job.child for r in done):
+            children = [r for r in done if r.job.child]
+            done = [r for r in done if not r.job.child]
+            for r in children:
+                unsettled.extend(self._acknowledge([r]))
         if done:
-            try:
-                report = self.engine.jobs_complete_if_owned([
-                    Completion(claim=r.job.claim,
-                               result_json=r.outcome.result_json)  # type: ignore[union-attr]
-                    for r in done
-                ])
-            except Exception as exc:
-                self._db_error("acknowledge", exc)
-                unsettled.extend(done)
-            else:
-                if (len(report.owned) == len(done) and not log.isEnabledFor(logging.DEBUG)
-                        and not announcing()):
-                    # The usual case: every run still owned its job. Settle them in one go.
-                    with self._lock:
-                        for r in done:
-                            r.phase = SETTLED
-                            del self._runs[r.job.lease_token]
-                    for r in done:
-                        r.let_go_of_ctx()  # a Done run's code has returned
-                    self.stats["done"] += len(done)
-                else:
-                    for r in done:
-                        self._settled(r, report.outcome(r.job.lease_token), "done")
+            unsettled.extend(self._acknowledge(done))
         for i, r in enumerate(others):
             try:
                 fence, state = self._write_outcome(r)
@@ -808,6 +794,34 @@ class Worker:
                 self._db_error("slot release", exc)
             else:
                 self._more_likely = True  # the release woke the jobs of its keys: claim them
+
+    def _acknowledge(self, done: list[Run]) -> list[Run]:
+        """One ``jobs_complete_if_owned`` for these runs; returns them when it failed (a
+        database error: the next settle writes them again), else nothing."""
+        try:
+            report = self.engine.jobs_complete_if_owned([
+                Completion(claim=r.job.claim,
+                           result_json=r.outcome.result_json)  # type: ignore[union-attr]
+                for r in done
+            ])
+        except Exception as exc:
+            self._db_error("acknowledge", exc)
+            return done
+        else:
+            if (len(report.owned) == len(done) and not log.isEnabledFor(logging.DEBUG)
+                    and not announcing()):
+                # The usual case: every run still owned its job. Settle them in one go.
+                with self._lock:
+                    for r in done:
+                        r.phase = SETTLED
+                        del self._runs[r.job.lease_token]
+                for r in done:
+                    r.let_go_of_ctx()  # a Done run's code has returned
+                self.stats["done"] += len(done)
+            else:
+                for r in done:
+                    self._settled(r, report.outcome(r.job.lease_token), "done")
+        return []
 
     def _write_outcome(self, run: Run) -> tuple[Fence, str]:
         assert run.outcome is not None

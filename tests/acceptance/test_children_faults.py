@@ -68,13 +68,27 @@ def test_a_killed_childs_worker_is_replaced_and_the_parent_gets_the_result_once(
     assert wait_state(child.id, "done").rescues == 1
 
 
+def deadlocks() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("select pg_stat_force_next_flush()")
+        cursor.execute("select deadlocks from pg_stat_database where datname = current_database()")
+        return cursor.fetchone()[0]
+
+
 def test_fan_out_of_500_children_over_two_workers_returns_in_order(start_worker):
     from django_xjobs.models import JobStep
     from tests.testapp import jobs
 
+    before = deadlocks()
     parent = jobs.parent_gather.enqueue(count=500)
+    # A second fan-out at the same time: the two workers' acknowledgements of children of two
+    # parents must never lock the parents' step rows in opposite orders.
+    other = jobs.parent_gather.enqueue(count=200)
     start_worker("one", "--concurrency", "8")
     start_worker("two", "--concurrency", "8")
+    assert wait_state(other.id, "done", "dead", timeout=120).state == "done"
     done = wait_state(parent.id, "done", "dead", timeout=120)
     assert done.state == "done", done.last_error
     assert done.result == {"squares": [i * i for i in range(500)]}
@@ -83,3 +97,4 @@ def test_fan_out_of_500_children_over_two_workers_returns_in_order(start_worker)
     assert len({k.claimed_by for k in kids}) == 2  # both workers ran children
     step = JobStep.objects.get(run_id=done.run_id, name="fan")
     assert step.status == "completed" and step.pending == 0
+    assert deadlocks() == before

@@ -288,3 +288,28 @@ def test_an_invoke_reusing_the_name_of_a_recorded_run_step_fails_the_job_for_goo
     assert done.state == "dead"
     assert "recorded as another kind of step" in done.last_error
     assert children_of(parent) == []
+
+
+def test_a_completed_run_step_under_the_invokes_name_fails_the_job_for_good():
+    parent = jobs.parent_invoke.enqueue(n=2)
+    JobStep.objects.create(run_id=parent.run_id, name="square", status="completed", kind="run",
+                           output={"n": 2})
+    with running_worker():
+        done = finished(parent)
+    assert done.state == "dead"
+    assert "recorded as another kind of step" in done.last_error
+
+
+def test_a_timeout_recorded_when_the_step_opened_holds_whatever_the_code_passes_later():
+    """A deploy that drops the timeout does not make a step past its recorded timeout re-park
+    in a loop: the step decides by the timeout it recorded."""
+    parent = jobs.parent_invoke.enqueue(n=5, seconds=30.0, timeout=3600)
+    with running_worker(queues=("default",)):
+        wait_until(lambda: row(parent).state == "suspended", message="the parent to suspend")
+        JobStep.objects.filter(run_id=row(parent).run_id, name="square").update(
+            wake_at=row(parent).created_at)  # the recorded timeout has passed
+        Job.objects.filter(pk=parent.id).update(input={"n": 5, "seconds": 30.0})  # no timeout now
+        api.run_now(parent.id)
+        done = finished(parent)
+    assert done.result["state"] == "timeout"
+    assert children_of(parent)[0].state == "cancelled"
