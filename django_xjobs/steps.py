@@ -313,9 +313,10 @@ class Steps:
                     raise self._lost(f"step {name!r} opened by another run")
                 engine.jobs_enqueue_children(params, parent_id=UUID(str(owner.claim.job_id)),
                                              parent_step=name)
-                if faults.armed:
+                signal = self._park(step.park_at)
+                if faults.armed:  # the children and the suspension written, not committed
                     faults.hit("step:children-enqueued")
-                return self._park(step.park_at)
+                return signal
             children = engine.jobs_children(step.children)
             if faults.armed:
                 faults.hit("step:children-read")

@@ -313,3 +313,30 @@ def test_a_timeout_recorded_when_the_step_opened_holds_whatever_the_code_passes_
         done = finished(parent)
     assert done.result["state"] == "timeout"
     assert children_of(parent)[0].state == "cancelled"
+
+
+def test_a_cancel_racing_the_parents_enqueue_of_its_children_cancels_them_too():
+    """The cancel's first pass over the children runs while the parent's transaction that
+    inserts them is still open (it sees none); the cancel of the parent then waits for that
+    transaction. The children must not outlive their cancelled parent."""
+    parent = jobs.parent_gather.enqueue(count=3, queue="elsewhere")  # no worker runs a child
+    cancelled = threading.Event()
+
+    def cancel_meanwhile(point):
+        def run():
+            cancel(parent.id, reason="racing")
+            connections["default"].close()
+            cancelled.set()
+        threading.Thread(target=run, daemon=True).start()
+        time.sleep(0.5)  # the cancel now waits for the parent's row
+        assert not cancelled.is_set()
+
+    faults.inject_hook("step:children-enqueued", cancel_meanwhile)
+    try:
+        with running_worker(queues=("default",)):
+            wait_until(cancelled.is_set, message="the cancel to return")
+    finally:
+        faults.clear()
+    assert row(parent).state == "cancelled"
+    kids = list(Job.objects.filter(parent_id=parent.id))
+    assert len(kids) == 3 and {k.state for k in kids} == {"cancelled"}

@@ -933,6 +933,10 @@ class PostgresEngine(Engine):
                 }, fetch="one")
                 if row is None:
                     raise _Unchanged
+                # Children a parent inserted while the first pass ran were not visible to it;
+                # the cancel above waited for that parent's transaction, so this statement's
+                # snapshot sees them.
+                self.jobs_cancel_tree(parents=[str(job_uuid)], reason=reason)
         except _Unchanged:
             row = None
         return self._change_result(row, job_id, tenant_ids, unchanged="already {state}")
