@@ -71,7 +71,7 @@ def test_a_key_whose_job_finished_done_inside_the_window_returns_that_job():
     assert key_row("w:done").finished_at is not None
 
 
-def test_a_windowed_enqueue_is_one_statement_and_a_duplicate_two():
+def test_a_windowed_enqueue_is_two_statements_and_a_duplicate_one_that_locks_nothing():
     bound = record.using(idempotency_key="w:cost", unique_for="1h")
     with CaptureQueriesContext(connection) as made:
         bound.enqueue()
@@ -80,11 +80,30 @@ def test_a_windowed_enqueue_is_one_statement_and_a_duplicate_two():
         bound.enqueue()
     # Outside the caller's transaction it opens one of its own (BEGIN, COMMIT): a key given
     # back must never be seen taken.
-    assert statements(made) == ["BEGIN", "job_enqueue_windowed", "COMMIT"]
-    assert statements(found) == ["BEGIN", "job_enqueue_windowed", "job_key_holder", "COMMIT"]
+    assert statements(made) == ["BEGIN", "job_key_held", "job_enqueue_windowed", "COMMIT"]
+    assert statements(found) == ["BEGIN", "job_key_held", "COMMIT"]
     with transaction.atomic(), CaptureQueriesContext(connection) as inside:
         bound.enqueue()
-    assert statements(inside) == ["job_enqueue_windowed", "job_key_holder"]
+        # The duplicate read took no lock on the key's row: another session can write it now
+        # (as the holder's acknowledgement does, through its trigger).
+        touched: list[int] = []
+        other = threading.Thread(target=_touch_key_row, args=("w:cost", touched))
+        other.start()
+        other.join(timeout=10)
+        assert touched == [1], "the key's row stayed locked by a duplicate enqueue"
+    assert statements(inside) == ["job_key_held"]
+
+
+def _touch_key_row(key: str, touched: list[int]) -> None:
+    """Update the key's row from a connection of this thread's own, with a short lock timeout;
+    ``touched`` gets the rows updated (none when the lock timed out)."""
+    try:
+        with connections["default"].cursor() as cursor:
+            cursor.execute("set lock_timeout = '3s'")
+            cursor.execute("update x_job_keys set created_at = created_at where key = %s", [key])
+            touched.append(cursor.rowcount)
+    finally:
+        connections["default"].close()
 
 
 def statements(captured: CaptureQueriesContext) -> list[str]:

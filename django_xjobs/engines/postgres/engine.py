@@ -580,8 +580,15 @@ class PostgresEngine(Engine):
             # Each round ends in an answer unless the key changed hands between two statements
             # (a live job that finished, a key row deleted); the next round then starts over.
             for _ in range(20):
-                taken, id_, run_id, state, _notified = self._run(
-                    S.JOB_ENQUEUE_WINDOWED, args, fetch="one")
+                held = self._run(S.JOB_KEY_HELD, {**where, "unique_for_ms": args["unique_for_ms"]},
+                                 fetch="one")
+                if held is not None and held[1] is not None:
+                    return EnqueueResult(id=held[0], run_id=held[1], created=False, state=held[2])
+                if held is None:
+                    taken, id_, run_id, state, _notified = self._run(
+                        S.JOB_ENQUEUE_WINDOWED, args, fetch="one")
+                else:  # held by a job no longer in x_jobs itself: read it with the history
+                    taken, id_ = False, None
                 if id_ is not None:
                     return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
                 if taken:  # a live job of the key without a window holds it

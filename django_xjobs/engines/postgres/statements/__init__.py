@@ -195,6 +195,7 @@ from .why import (
 )
 from .windows import (
     JOB_ENQUEUE_WINDOWED,
+    JOB_KEY_HELD,
     JOB_KEY_HOLDER,
     JOB_KEY_RELEASE,
     JOB_KEYS_PURGE_EXPIRED,
@@ -233,7 +234,7 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     JOBS_ENQUEUE_CHILDREN, JOBS_CANCEL_TREE, STEP_INVOKE_OPEN_IF_OWNED,
     STEP_INVOKE_PENDING_IF_OWNED, JOBS_CHILDREN, JOBS_CHILDREN_ARCHIVED,
     # idempotency windows
-    JOB_ENQUEUE_WINDOWED, JOB_KEY_HOLDER, JOB_KEY_RELEASE, JOB_KEYS_PURGE_EXPIRED,
+    JOB_ENQUEUE_WINDOWED, JOB_KEY_HELD, JOB_KEY_HOLDER, JOB_KEY_RELEASE, JOB_KEYS_PURGE_EXPIRED,
 )}
 
 # ---- cron overlap (docs/scheduling.md, "Overlap") ----

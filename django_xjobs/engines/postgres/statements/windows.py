@@ -65,6 +65,31 @@ select exists (select 1 from claimed), i.id, i.run_id, i.state,
 """,
 )
 
+JOB_KEY_HELD = Statement(
+    "job_key_held",
+    why="""
+Read first, before job_enqueue_windowed: the key's row if its window still holds (the
+negation of the upsert's condition), with its holder from `only x_jobs`. A duplicate, the
+usual case for a windowed key, is answered by this read alone, and takes no lock: the upsert's
+`on conflict do update ... where` locks the row even when its condition is false, until the
+caller's transaction ends (a request under ATOMIC_REQUESTS), and the holder's acknowledgement,
+whose trigger writes that row, would wait for it. The answer is right as of the read: the
+window held then. A holder not in x_jobs itself (archived, or deleted by retention) comes back
+without run id and state; the engine then reads it with job_key_holder.
+""",
+    sql="""
+select k.job_id, j.run_id, j.state
+  from x_job_keys k
+  left join only x_jobs j on j.id = k.job_id
+ where k.name = %(name)s and k.tenant = coalesce(%(tenant_id)s, '') and k.key = %(key)s::text
+   and not (k.finished_at is not null
+            and k.unique_for_ms is not null
+            and %(unique_for_ms)s::bigint is not null
+            and k.finished_at <= now() - greatest(k.unique_for_ms, %(unique_for_ms)s::bigint)
+                                         * interval '1 millisecond')
+""",
+)
+
 JOB_KEY_HOLDER = Statement(
     "job_key_holder",
     why="""
