@@ -209,6 +209,12 @@ def _unique_for_ms(options: Mapping[str, Any], key: str | None) -> int | None:
             "give debounce or unique_for, not both: a debounced key's run changes while it "
             "waits, a windowed key's job is fixed when it is enqueued"
         )
+    return window_ms(value)
+
+
+def window_ms(value: Any) -> int:
+    """A ``unique_for`` value in milliseconds (UNIQUE_FOREVER for "forever"); InvalidJobInput
+    for anything else (the django.tasks backend checks a task's with it too)."""
     if value == "forever":
         return UNIQUE_FOREVER
     try:

@@ -947,8 +947,12 @@ def run_children(run_id: Any, *, tenants: TenantScope = None, limit: int = 50) -
                run_id=run_id, kind="invoke").order_by("started_at", "id")
                .values_list("name", "output")
            for child in (output or {}).get("children", ())]
+    if tenants is not None:  # another tenant's child is neither shown nor counted
+        visible = set(scoped(Job.objects.filter(pk__in=[c for _, c in ids]), tenants)
+                      .values_list("pk", flat=True))
+        ids = [(step, c) for step, c in ids if c in visible]
     wanted = ids[:limit]
-    rows = {j.pk: j for j in scoped(Job.objects.filter(pk__in=[c for _, c in wanted]), tenants)
+    rows = {j.pk: j for j in Job.objects.filter(pk__in=[c for _, c in wanted])
             .only("id", "name", "state", "parent_step")}
     return Children(shown=[(step, rows[c]) for step, c in wanted if c in rows], total=len(ids))
 

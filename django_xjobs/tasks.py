@@ -99,7 +99,7 @@ from django.utils.module_loading import autodiscover_modules, import_string
 from . import api, conf, exceptions, registry, values
 from .base import BoundJob
 from .context import JobContext, in_thread
-from .exceptions import ConfigurationError, JobNotFound, PermanentError
+from .exceptions import ConfigurationError, InvalidJobInput, JobNotFound, PermanentError
 from .records import JobRecord
 
 __all__ = [
@@ -219,14 +219,10 @@ def _check_options(task: XJobsTask) -> None:
             raise InvalidTask(
                 f"{task.module_path}: unique_for needs idempotency_key: the window holds one key"
             )
-        if task.unique_for != "forever":
-            try:
-                window = values.parse_duration(task.unique_for, what="unique_for")
-            except ConfigurationError as exc:
-                raise InvalidTask(f'{task.module_path}: {exc} (or "forever")') from None
-            if window <= 0:
-                raise InvalidTask(f"{task.module_path}: unique_for must be more than zero, "
-                                  f"got {task.unique_for!r}")
+        try:  # the rules of an enqueue's unique_for, checked once when the task is declared
+            api.window_ms(task.unique_for)
+        except InvalidJobInput as exc:
+            raise InvalidTask(f"{task.module_path}: {exc}") from None
     try:
         definition: registry.JobDefinition[..., Any] = registry.JobDefinition.build(
             task.func, name=_job_name(task), **_options(task))

@@ -197,6 +197,8 @@ def test_the_console_links_a_parent_and_its_children_both_ways(admin_client):
         page = admin_client.get(f"/admin/django_xjobs/job/{parent.id}/change/").content.decode()
     linked = re.findall(r'/job/([0-9a-f-]{36})/change/" class="xjobs-child"', page)
     assert linked == [str(kids[0].id), str(kids[2].id)]
+    assert "more</li>" not in page  # nor counted
+    assert reads.run_children(done.run_id, tenants={"acme"}, limit=1).total == 2
 
 
 def test_xjobs_show_lists_the_children_and_names_the_parent():

@@ -68,6 +68,9 @@ def test_a_declared_window_and_the_outbox_path_carry_it(declare):
     ({"idempotency_key": "k", "unique_for": "soon"}, "is not a duration"),
     ({"idempotency_key": "k", "unique_for": 0}, "more than zero"),
     ({"idempotency_key": "k", "unique_for": -1}, "must not be negative"),
+    # the enqueue's own rules, so a task declared fine never fails at every enqueue
+    ({"idempotency_key": "k", "unique_for": 200 * 365 * 86400}, "more than 100 years"),
+    ({"idempotency_key": "k", "unique_for": 0.0001}, "at least 1ms"),
 ])
 def test_a_bad_unique_for_is_an_invalid_task_at_decoration_time(declare, options, fragment):
     with pytest.raises(InvalidTask, match=fragment):
