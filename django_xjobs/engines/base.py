@@ -655,6 +655,11 @@ class Engine(abc.ABC):
         transaction."""
 
     @abc.abstractmethod
+    def cron_runs_release(self, ids: Sequence[str]) -> list[str]:
+        """Release buffered runs (blocked on their own ``enqueued_by``) now, in the caller's
+        transaction; the ids released."""
+
+    @abc.abstractmethod
     def cron_runs_hold(self, ids: Sequence[str]) -> list[str]:
         """Hold back runs this transaction enqueued (still ready or delayed) behind their
         task's live run: blocked on their own ``enqueued_by``, released when the task's other

@@ -115,6 +115,7 @@ class _OverlapPlan:
 
     fire: dict[str, list[tuple[datetime, EnqueueParams]]]
     hold: set[str] = field(default_factory=set)
+    release: list[str] = field(default_factory=list)  # buffered runs found alone: run them now
     cancel: dict[str, list[str]] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
 
@@ -197,6 +198,7 @@ class Scheduler:
                     jobs += [params for _, params in fired]
             if not self.leadership.is_leader():
                 raise LeadershipLost("the leadership deadline passed during the round")
+            self.engine.cron_runs_release(plan.release)
             for name, ids in plan.cancel.items():
                 # The runs' child jobs (a durable run's invoke/gather) first, then the runs: the
                 # order of an operator's cancel (jobs_cancel_tree says why).
@@ -266,6 +268,11 @@ class Scheduler:
             else:
                 running = any(not r.buffered for r in runs)
                 waiting = any(r.buffered for r in runs)
+                if waiting and not running:
+                    # The run it waited for finished and its release was missed: release it
+                    # now, before anything newer, so the older occurrence runs first.
+                    plan.release += [r.id for r in runs if r.buffered]
+                    running, waiting = True, False
                 for occurrence, params in fire:
                     if not running:
                         kept.append((occurrence, params))

@@ -222,6 +222,30 @@ def test_jobs_unblock_releases_a_buffered_run_only_once_no_other_run_is_live(fak
     assert [j.state for j in runs()] == ["done", "ready"]
 
 
+def test_a_round_that_finds_a_buffered_run_alone_releases_it_before_the_next_occurrence(
+        fake_clock):
+    """The trigger's release missed (two runs finishing at once each saw the other live): the
+    next round runs the older, buffered occurrence first and buffers the new one behind it."""
+    s = start(fake_clock, "buffer_one")
+    next_minute(s, fake_clock)  # 12:01
+    running = claim_one()
+    next_minute(s, fake_clock)  # 12:02, buffered
+    with connection.cursor() as cur:
+        cur.execute("alter table x_jobs disable trigger x_jobs_cron_overlap")
+        try:
+            assert ack(running) is Fence.OWNED
+        finally:
+            cur.execute("alter table x_jobs enable trigger x_jobs_cron_overlap")
+    assert [j.state for j in runs()] == ["done", "blocked"]
+
+    report = next_minute(s, fake_clock)  # 12:03
+
+    assert report.held == {"t": [utc(2026, 1, 1, 12, 3)]}
+    assert [(j.state, j.blocked_on) for j in runs()] == [
+        ("done", None), ("ready", None), ("blocked", "cron:t")]
+    assert claim_one().id == str(runs()[1].id)  # 12:02 runs first
+
+
 # -------------------------------------------------------------------- cancel_previous --
 
 

@@ -1442,6 +1442,11 @@ class PostgresEngine(Engine):
         return [CronRun(enqueued_by=r[0], id=r[1], state=r[2], blocked_on=r[3])
                 for r in self._run(stmt, {"enqueued_by": list(enqueued_by)})]
 
+    def cron_runs_release(self, ids: Sequence[str]) -> list[str]:
+        if not ids:
+            return []
+        return [r[0] for r in self._run(S.CRON_RUNS_RELEASE, {"ids": [str(i) for i in ids]})]
+
     def cron_runs_hold(self, ids: Sequence[str]) -> list[str]:
         if not ids:
             return []

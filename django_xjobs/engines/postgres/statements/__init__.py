@@ -145,6 +145,10 @@ from .reads import (
 )
 from .scheduler import ADVISORY_LOCK_CLASS as ADVISORY_LOCK_CLASS
 from .scheduler import (
+    CRON_RUNS_HOLD,
+    CRON_RUNS_LIVE,
+    CRON_RUNS_LOCK_LIVE,
+    CRON_RUNS_RELEASE,
     LEADER_ADVISORY_HELD,
     LEADER_ADVISORY_HOLDER,
     LEADER_ADVISORY_LOCK_TRY,
@@ -157,6 +161,7 @@ from .scheduler import (
     SCHEDULER_STATES_LIST,
     SCHEDULER_STATES_LOCK_IF_LEADING,
     SCHEDULER_STATES_MARK_IF_LEADING,
+    SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,
 )
 from .slots import (
     SLOTS_ACQUIRE,
@@ -235,16 +240,7 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     STEP_INVOKE_PENDING_IF_OWNED, JOBS_CHILDREN, JOBS_CHILDREN_ARCHIVED,
     # idempotency windows
     JOB_ENQUEUE_WINDOWED, JOB_KEY_HELD, JOB_KEY_HOLDER, JOB_KEY_RELEASE, JOB_KEYS_PURGE_EXPIRED,
-)}
-
-# ---- cron overlap (docs/scheduling.md, "Overlap") ----
-from .scheduler import (  # noqa: E402 - its own block, beside the others' additions
-    CRON_RUNS_HOLD,
-    CRON_RUNS_LIVE,
-    CRON_RUNS_LOCK_LIVE,
+    # cron overlap (docs/scheduling.md, "Overlap")
+    CRON_RUNS_LIVE, CRON_RUNS_LOCK_LIVE, CRON_RUNS_HOLD, CRON_RUNS_RELEASE,
     SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,
-)
-
-ALL.update({s.name: s for s in (
-    CRON_RUNS_LIVE, CRON_RUNS_LOCK_LIVE, CRON_RUNS_HOLD, SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,
-)})
+)}

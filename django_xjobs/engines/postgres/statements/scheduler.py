@@ -9,7 +9,7 @@ is fenced on still leading (``_LEADING``). See django_xjobs/scheduler/ and docs/
 from __future__ import annotations
 
 from ...base import Statement
-from .fragments import LIVE
+from .fragments import CHANNEL, LIVE
 
 # The two-int form of the session advisory lock: (this class, a 31-bit hash of the lock key),
 # so it shows in pg_locks as classid/objid with objsubid = 2 and never collides with the
@@ -291,6 +291,28 @@ update only x_jobs
    set state = 'blocked', blocked_on = enqueued_by, blocked_resume = false, updated_at = now()
  where id = any(%(ids)s::uuid[]) and state in ('ready', 'delayed') and {_CRON_RUN}
 returning id::text
+""",
+)
+
+CRON_RUNS_RELEASE = Statement(
+    "cron_runs_release",
+    why="""
+overlap="buffer_one": a round that finds a task's buffered run alone (the run it waited for
+finished, and its trigger's release was missed: two runs of the task that finished at once each
+saw the other still live) releases it first, in the round's transaction, before it enqueues
+anything newer: the older occurrence runs first. Then NOTIFY its queue. The rows were locked by
+cron_runs_lock_live in this transaction.
+""",
+    sql=f"""
+with released as (
+    update only x_jobs
+       set state = case when blocked_resume then 'suspended' else 'ready' end,
+           blocked_on = null, blocked_resume = false, updated_at = now()
+     where id = any(%(ids)s::uuid[]) and state = 'blocked' and blocked_on = enqueued_by
+       and {_CRON_RUN}
+    returning id, queue
+)
+select r.id::text, pg_notify('{CHANNEL}', r.queue) from released r
 """,
 )
 
