@@ -533,6 +533,17 @@ SCHEDULE_ENTRY_KEYS = {"job", "cron", "timezone", "input", "misfire", "overlap"}
 OVERLAP_POLICIES = ("allow", "skip", "buffer_one", "cancel_previous")
 
 
+def parse_overlap(value: object, *, what: str) -> str:
+    """A cron task's overlap policy (docs/scheduling.md, "Overlap"), from ``@job(overlap=...)``
+    or a schedule entry; ``what`` names where it was given."""
+    if not isinstance(value, str) or value not in OVERLAP_POLICIES:
+        raise ConfigurationError(
+            f"{what} must be one of {', '.join(repr(p) for p in OVERLAP_POLICIES)}, "
+            f"got {type(value).__name__} {value!r:.80}"
+        )
+    return value
+
+
 def _schedule(raw: Mapping[str, Any], problems: _Problems) -> dict[str, dict[str, Any]]:
     """``XJOBS["SCHEDULE"]``: task name -> {"job", "cron", "timezone", "input", "misfire",
     "overlap"}.
@@ -591,12 +602,7 @@ def _schedule_entry(task: Any, entry: Any) -> dict[str, Any]:
         raise ConfigurationError(
             f'{where}["misfire"] must be "latest", "all" or "skip", got {misfire!r}'
         )
-    overlap = entry.get("overlap", "allow")
-    if not isinstance(overlap, str) or overlap not in OVERLAP_POLICIES:
-        raise ConfigurationError(
-            f'{where}["overlap"] must be one of {", ".join(repr(p) for p in OVERLAP_POLICIES)}, '
-            f"got {type(overlap).__name__} {overlap!r:.80}"
-        )
+    overlap = parse_overlap(entry.get("overlap", "allow"), what=f'{where}["overlap"]')
     return {"job": job, "cron": cron, "timezone": timezone, "input": dict(input_),
             "misfire": misfire, "overlap": overlap}
 

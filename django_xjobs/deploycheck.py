@@ -52,9 +52,9 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from . import registry
 from .context import JobContext
 from .engines import get_engine
-from .exceptions import ChildFailed, InvalidJobInput, StepNameReused
+from .exceptions import ChildFailed, InvalidJobInput
 from .records import JobRecord, StepRecord
-from .steps import MAX_STEP_NAME, EventWon, _aware, _children_outcome, _event_name
+from .steps import EventWon, _aware, _children_outcome, _event_name, use_step_name
 from .values import check_text, milliseconds_of
 
 KINDS = ("run", "sleep", "event", "event_any", "invoke")
@@ -156,17 +156,8 @@ class ReplaySteps:
         end of the replay (matched, or diverged)."""
         if self.stopped is not None:  # the code swallowed the end and went on
             raise _ReplayOver()
-        # The rules of Steps._begin: new code breaking them fails like it would in a worker.
-        if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME or "#" in name:
-            raise InvalidJobInput(
-                f"step name must be a non-empty string of at most {MAX_STEP_NAME} characters "
-                f"without '#', got {name!r}"
-            )
-        if name in self._used:
-            raise StepNameReused(
-                f"step name {name!r} is used twice in one run; give every step its own name"
-            )
-        self._used.add(name)
+        # The rules of a worker's steps: new code breaking them fails as it would there.
+        use_step_name(name, self._used)
         if self._position >= len(self._recorded):
             raise self._stop()  # beyond the record: nothing more to compare
         expected = self._recorded[self._position]

@@ -101,6 +101,21 @@ class EventWon:
     payload: Any
 
 
+def use_step_name(name: Any, used: set[str]) -> None:
+    """A step name's rules (the replay of the deploy check follows them too): a non-empty
+    string without '#', not used before in the run (``used``, which it joins)."""
+    if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME or "#" in name:
+        raise InvalidJobInput(
+            f"step name must be a non-empty string of at most {MAX_STEP_NAME} characters "
+            f"without '#', got {name!r}"
+        )
+    if name in used:
+        raise StepNameReused(
+            f"step name {name!r} is used twice in one run; give every step its own name"
+        )
+    used.add(name)
+
+
 def _aware(value: Any, what: str) -> datetime:
     if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
         raise InvalidJobInput(f"{what} must be an aware datetime, got {value!r}")
@@ -130,16 +145,7 @@ class Steps:
     def _begin(self, name: Any) -> StepRecord | None:
         """Every step boundary: stop if asked to, refuse a reused name, return its record."""
         self._ctx.check_cancelled()
-        if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME or "#" in name:
-            raise InvalidJobInput(
-                f"step name must be a non-empty string of at most {MAX_STEP_NAME} characters "
-                f"without '#', got {name!r}"
-            )
-        if name in self._used:
-            raise StepNameReused(
-                f"step name {name!r} is used twice in one run; give every step its own name"
-            )
-        self._used.add(name)
+        use_step_name(name, self._used)
         if self._records is None:
             self._records = {r.name: r for r in self._engine.steps_of_run(self._owner.run_id)}
         return self._records.get(name)
@@ -478,7 +484,8 @@ def _children_output(children: Sequence[ChildState], *, timed_out: set[Any]) -> 
 def _children_outcome(name: str, output: Any) -> list[Any]:
     """The results an invoke or gather step returns, or the ChildFailed it raises, from its
     record: the same on the first run and on every replay."""
-    if not isinstance(output, dict) or not isinstance(output.get("results"), list):
+    if not isinstance(output, dict) or not (
+            output.get("failed") or isinstance(output.get("results"), list)):
         raise StepNameReused(
             f"step {name!r} of this run was recorded as another kind of step (a deploy "
             "renamed it?); give the invoke or gather a name of its own")

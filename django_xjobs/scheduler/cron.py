@@ -40,7 +40,6 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ..conf import OVERLAP_POLICIES
 from ..exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -160,19 +159,6 @@ def parse_misfire(value: object, *, what: str = "cron") -> str:
             f"{what}: misfire must be one of {', '.join(MISFIRE_POLICIES)}, got {value!r}"
         )
     return str(value)
-
-
-def parse_overlap(value: object, *, what: str = "cron") -> str:
-    if not isinstance(value, str):
-        raise ConfigurationError(
-            f"{what}: overlap must be a string, one of {', '.join(OVERLAP_POLICIES)}; got "
-            f"{type(value).__name__} {value!r:.80}"
-        )
-    if value not in OVERLAP_POLICIES:
-        raise ConfigurationError(
-            f"{what}: overlap must be one of {', '.join(OVERLAP_POLICIES)}, got {value!r:.80}"
-        )
-    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import registry
+from .. import conf, registry
 from ..exceptions import ConfigurationError
 
 OPTIONS = ("cron", "timezone", "misfire", "overlap")
@@ -49,7 +49,7 @@ def validate(definition: registry.JobDefinition[..., Any]) -> None:
     options["timezone"] = schedule.timezone
     options["misfire"] = cron.parse_misfire(options.get("misfire", "latest"),
                                             what=f"{definition.name}: misfire")
-    options["overlap"] = cron.parse_overlap(options.get("overlap", "allow"),
+    options["overlap"] = conf.parse_overlap(options.get("overlap", "allow"),
                                             what=f"{definition.name}: overlap")
 
 

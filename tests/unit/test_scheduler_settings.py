@@ -169,9 +169,10 @@ def test_job_cron_defaults_to_utc_and_latest():
         ({"cron": "0 3 * * *", "misfire": "twice"}, "misfire must be one of"),
         ({"timezone": "Europe/Paris"}, "timezone= needs cron="),
         ({"misfire": "all"}, "misfire= needs cron="),
-        ({"cron": "0 3 * * *", "overlap": "buffer"}, "overlap must be one of allow, skip, "
-                                                      "buffer_one, cancel_previous, got 'buffer'"),
-        ({"cron": "0 3 * * *", "overlap": 1}, "overlap must be a string"),
+        ({"cron": "0 3 * * *", "overlap": "buffer"},
+         "overlap must be one of 'allow', 'skip', 'buffer_one', 'cancel_previous', "
+         "got str 'buffer'"),
+        ({"cron": "0 3 * * *", "overlap": 1}, "got int 1"),
         ({"cron": "0 3 * * *", "overlap": None}, "got NoneType None"),
         ({"overlap": "skip"}, "overlap= needs cron="),
     ],
