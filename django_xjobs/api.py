@@ -139,8 +139,8 @@ class _Debounce:
 
 
 def _debounce_ms(value: Any, what: str) -> int:
-    """A debounce duration in milliseconds: a timedelta, seconds, or a string such as "5s"
-    (values.parse_duration); more than zero and at most 100 years."""
+    """A debounce duration (or a window) in milliseconds: a timedelta, seconds, or a string
+    such as "5s" (values.parse_duration); more than zero and at most 100 years."""
     try:
         seconds = parse_duration(value, what=what)
     except ConfigurationError as exc:  # an enqueue's bad input, not a bad declaration
@@ -218,15 +218,10 @@ def window_ms(value: Any) -> int:
     if value == "forever":
         return UNIQUE_FOREVER
     try:
-        seconds = parse_duration(value, what="unique_for")
-    except ConfigurationError as exc:  # an enqueue's bad input, not a bad declaration
-        raise InvalidJobInput(f'{exc} (or "forever")') from None
-    if seconds > MAX_DELAY_SECONDS:
-        raise InvalidJobInput(f'unique_for {value!r} is more than 100 years; use "forever"')
-    ms = round(seconds * 1000)
-    if ms <= 0:
-        raise InvalidJobInput(f"unique_for must be more than zero (at least 1ms), got {value!r}")
-    return ms
+        return _debounce_ms(value, "unique_for")
+    except InvalidJobInput as exc:  # the same rules as debounce's, and "forever" besides
+        hint = "; use \"forever\"" if "100 years" in str(exc) else ' (or "forever")'
+        raise InvalidJobInput(f"{exc}{hint}") from None
 
 
 # -- end idempotency windows --

@@ -9,7 +9,6 @@ import json
 import re
 import threading
 import time
-from contextlib import contextmanager
 from io import StringIO
 from uuid import UUID
 
@@ -21,27 +20,12 @@ from django.test import override_settings
 from django_xjobs import api, cancel, faults, reads
 from django_xjobs.exceptions import InvalidJobInput, JobNotFound
 from django_xjobs.models import Job, JobStep
-from django_xjobs.worker.loop import Worker, WorkerOptions
 from tests.conftest import wait_until
+from tests.integration.test_steps import running_worker
 from tests.testapp import jobs
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@contextmanager
-def running_worker(concurrency: int = 4, queues=None):
-    options = {"concurrency": concurrency, "install_signals": False}
-    if queues:
-        options["queues"] = queues
-    worker = Worker(WorkerOptions.from_settings(**options))
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop("test over")
-        thread.join(timeout=30)
 
 
 def row(handle_or_id) -> Job:

@@ -28,9 +28,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @contextmanager
-def running_worker(concurrency: int = 2):
-    """A real worker loop in a background thread (no signals), stopped on the way out."""
-    worker = Worker(WorkerOptions.from_settings(concurrency=concurrency, install_signals=False))
+def running_worker(concurrency: int = 2, **options):
+    """A real worker loop in a background thread (no signals), stopped on the way out;
+    ``options`` are more WorkerOptions (``queues=...``)."""
+    worker = Worker(WorkerOptions.from_settings(concurrency=concurrency, install_signals=False,
+                                                **options))
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:

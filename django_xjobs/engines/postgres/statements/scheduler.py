@@ -234,6 +234,14 @@ returning task_name, last_fired_at, paused, updated_at
 # round and `xjobs schedule trigger` write). Every read of a task's runs repeats the predicate
 # of x_jobs_cron_live_idx (migration 0009), so the planner can prove the index applies.
 _CRON_RUN = "enqueued_by like 'cron:%%'"
+# The live runs of some cron tasks (cron_runs_live, and locked, cron_runs_lock_live).
+_CRON_RUNS_LIVE_SQL = f"""
+select enqueued_by, id::text, state, blocked_on
+  from only x_jobs
+ where enqueued_by = any(%(enqueued_by)s::text[]) and {_CRON_RUN}
+   and state in {LIVE}
+ order by id
+"""
 
 CRON_RUNS_LIVE = Statement(
     "cron_runs_live",
@@ -247,13 +255,7 @@ itself, the order an acknowledging child takes them (a lock on the run taken her
 deadlock against a child finishing). Through x_jobs_cron_live_idx (the predicate
 `enqueued_by like 'cron:%'` is that index's): a probe per task, whatever the size of x_jobs.
 """,
-    sql=f"""
-select enqueued_by, id::text, state, blocked_on
-  from only x_jobs
- where enqueued_by = any(%(enqueued_by)s::text[]) and {_CRON_RUN}
-   and state in {LIVE}
- order by id
-""",
+    sql=_CRON_RUNS_LIVE_SQL,
 )
 
 CRON_RUNS_LOCK_LIVE = Statement(
@@ -267,14 +269,7 @@ the commit would leave the buffered run blocked until jobs_unblock. Locked in id
 round touches none of these runs' children, so a child finishing (which locks the child, then
 its parent) cannot deadlock with it. Through x_jobs_cron_live_idx: a probe per task.
 """,
-    sql=f"""
-select enqueued_by, id::text, state, blocked_on
-  from only x_jobs
- where enqueued_by = any(%(enqueued_by)s::text[]) and {_CRON_RUN}
-   and state in {LIVE}
- order by id
-   for update
-""",
+    sql=_CRON_RUNS_LIVE_SQL + "   for update\n",
 )
 
 CRON_RUNS_HOLD = Statement(
