@@ -1,6 +1,5 @@
 """The shop's jobs: each does visible work on an Order."""
 
-import asyncio
 
 from django.db import transaction
 from django.db.models import F
@@ -43,13 +42,26 @@ def ship_order(ctx, order_id: int) -> dict:
 
 
 @job
+def order_status(ctx, order_id: int) -> dict:
+    """One order's status: a child job of send_digest."""
+    return {"order": order_id, "status": Order.objects.get(pk=order_id).status}
+
+
+@job
 async def send_digest(ctx, batch: str) -> dict:
-    """An async job: summarise a batch once its orders are processed."""
-    await asyncio.sleep(0.05)
+    """An async job that fans out: one child job per order of the batch (ctx.step.gather), its
+    worker free while they run; the results come back in order once the last child finished."""
+
+    async def order_ids():
+        return [pk async for pk in Order.objects.filter(batch=batch).order_by("pk")
+                .values_list("pk", flat=True)]
+
+    ids = await ctx.step.run("orders", order_ids)
+    statuses = await ctx.step.gather("statuses", [(order_status, {"order_id": pk}) for pk in ids])
     counts = {}
-    async for order in Order.objects.filter(batch=batch):
-        counts[order.status] = counts.get(order.status, 0) + 1
-    return {"batch": batch, "orders": counts}
+    for child in statuses:
+        counts[child["status"]] = counts.get(child["status"], 0) + 1
+    return {"batch": batch, "orders": counts, "children": len(statuses)}
 
 
 def _note(order_id: int, entry: str) -> None:
@@ -125,10 +137,10 @@ def sync_partner(ctx, n: int) -> dict:
 # ---------------------------------------------------------- scheduler (shop/demo_scheduler.py) --
 
 
-@job(cron="*/3 * * * * *", misfire="skip")
+@job(cron="*/3 * * * * *", misfire="skip", overlap="skip")
 def count_orders(ctx) -> dict:
     """A scheduled job: every 3 seconds (six fields: seconds first), whichever worker leads the
     scheduler enqueues one run, keyed by its occurrence. `misfire="skip"`: while no worker runs,
-    nothing piles up."""
+    nothing piles up; `overlap="skip"`: while a run is still going, the next is not started."""
     return {"orders": Order.objects.count(),
             "shipped": Order.objects.filter(status="shipped").count()}

@@ -191,6 +191,7 @@ class Command(BaseCommand):
             self.say(f"      see: python manage.py xjobs show {job.id}")
 
         d = Job.objects.get(pk=digest.id)
-        self.say(self.style.MIGRATE_HEADING("\nasync digest job"))
+        self.say(self.style.MIGRATE_HEADING("\nasync digest job, fanned out to child jobs"))
         self.say(f"  {d.id}  {d.state}: {d.result}")
+        self.say(f"      its children: python manage.py xjobs show {d.id}")
 
