@@ -673,7 +673,7 @@ class JobAdmin(ConsoleAdmin):
     @admin.display(description="parent")
     def parent_link(self, obj: Job) -> str:
         if obj.parent_id is None:
-            return "—"
+            return self.get_empty_value_display()
         return format_html('<a href="{}{}/change/" class="xjobs-parent">{}</a> (step {})',
                            self.url("django_xjobs_job_changelist"), obj.parent_id,
                            obj.parent_id, obj.parent_step)
@@ -684,7 +684,7 @@ class JobAdmin(ConsoleAdmin):
         children = reads.run_children(obj.run_id,
                                       tenants=getattr(obj, "_xjobs_tenants", frozenset()))
         if not children.total:
-            return "—"
+            return self.get_empty_value_display()
         url = self.url("django_xjobs_job_changelist")
         items = format_html_join(
             "", '<li><a href="{}{}/change/" class="xjobs-child">{}</a> {} {} (step {})</li>',
