@@ -21,11 +21,17 @@ from django_xjobs import api, cancel, faults, reads
 from django_xjobs.exceptions import InvalidJobInput, JobNotFound
 from django_xjobs.models import Job, JobStep
 from tests.conftest import wait_until
-from tests.integration.test_steps import running_worker
+from tests.integration.test_steps import running_worker as steps_worker
 from tests.testapp import jobs
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def running_worker(concurrency: int = 4, **options):
+    """The steps tests' in-process worker with a short shutdown grace: children left running
+    by a test (cancelled ones learn it at a heartbeat) do not hold its end for the default."""
+    return steps_worker(concurrency, shutdown_grace=0.5, **options)
 
 
 def row(handle_or_id) -> Job:
