@@ -395,9 +395,9 @@ class ClaimedJob:
     # limit it was taken under; None for a job without a key.
     slot: int | None = None
     slot_limit: int | None = None
-    # A child job of a parent's invoke / gather: its acknowledgement goes in a statement of its
-    # own (worker/loop.py, Worker._settle says why).
-    child: bool = False
+    # A child job's parent (ctx.step.invoke / gather): the worker acknowledges the children of
+    # one parent in a statement of their own (worker/loop.py, Worker._settle says why).
+    parent_id: str | None = None
 
     @property
     def claim(self) -> Claim:

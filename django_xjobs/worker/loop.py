@@ -762,13 +762,17 @@ class Worker:
         others = [r for r in batch if not isinstance(r.outcome, Done)]
         unsettled: list[Run] = []
         # A child job's acknowledgement locks its parent's step row (x_jobs_transition): acks
-        # of several children in one statement would lock several parents' rows in no set
-        # order, and two workers' batches could deadlock. Alone, an ack holds one at most.
-        if any(r.job.child for r in done):
-            children = [r for r in done if r.job.child]
-            done = [r for r in done if not r.job.child]
-            for r in children:
-                unsettled.extend(self._acknowledge([r]))
+        # of children of several parents in one statement would lock their rows in no set
+        # order, and two workers' batches could deadlock. So one statement per parent: each
+        # holds one parent's row at most (a fan-out's children still go together).
+        if any(r.job.parent_id is not None for r in done):
+            families: dict[str, list[Run]] = {}
+            for r in done:
+                if r.job.parent_id is not None:
+                    families.setdefault(r.job.parent_id, []).append(r)
+            done = [r for r in done if r.job.parent_id is None]
+            for family in families.values():
+                unsettled.extend(self._acknowledge(family))
         if done:
             unsettled.extend(self._acknowledge(done))
         for i, r in enumerate(others):

@@ -176,7 +176,7 @@ def _claimed_job(r: Sequence[Any]) -> ClaimedJob:
         attempt=r[6], max_attempts=r[7], tenant_id=r[8], traceparent=r[9],
         concurrency_key=r[10], resumed=r[11], input_error=problem,
         slot=r[12] if len(r) > 12 else None, slot_limit=r[13] if len(r) > 13 else None,
-        child=bool(r[17]) if len(r) > 17 else False,
+        parent_id=r[17] if len(r) > 17 else None,
     )
 
 

@@ -477,7 +477,7 @@ with async_commit as (
        and j.id = any(array(select id from admitted))
  returning j.id, j.lease_token, j.name, j.queue, j.input, j.run_id, j.attempt, j.max_attempts,
            j.tenant_id, j.traceparent, j.concurrency_key, p.prev_state = 'suspended' as resumed,
-           j.state, p.slot, p.slot_limit, p.prev_state, j.run_at, j.parent_id is not null as child
+           j.state, p.slot, p.slot_limit, p.prev_state, j.run_at, j.parent_id
 ), tallied as (
     -- The starts with their waits (QUEUE_WAITS), and the jobs a lapsed last attempt buried.
     {count_sql("claimed", started="count(*) filter (where state = 'running')",
@@ -486,7 +486,7 @@ with async_commit as (
 )
 select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
        tenant_id, traceparent, concurrency_key, resumed, slot, slot_limit, null::timestamptz,
-       0::bigint, null::timestamptz, child
+       0::bigint, null::timestamptz, parent_id::text
   from claimed
  where state = 'running' and (select count(*) from async_commit) = 1
 union all
