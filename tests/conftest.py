@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,6 +54,32 @@ def pytest_report_header(config: Any) -> str:
     from django.conf import settings
 
     return f"database: {settings.DATABASE_SOURCE}"
+
+
+def in_threads(body: Callable[[], Any], n: int = 16) -> None:
+    """Run ``body`` in ``n`` threads let go at once (a barrier), each on database connections
+    of its own, closed when it ends; fail the test with the first exception one raised."""
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        from django.db import connections  # Django's, configured by the time a test runs
+
+        try:
+            barrier.wait()
+            body()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.02,

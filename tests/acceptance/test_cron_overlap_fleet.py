@@ -24,8 +24,8 @@ from django_xjobs.models import Job, SchedulerState
 from django_xjobs.scheduler import cron
 from tests.conftest import wait_until
 
-from .conftest import SETTLE, backends, wait_exit
-from .test_scheduler_fleet import lease_holder
+from .conftest import SETTLE, wait_exit
+from .test_scheduler_fleet import kill_the_leader_inside_a_round, lease_holder
 
 pytestmark = pytest.mark.acceptance
 
@@ -187,23 +187,7 @@ def test_a_leader_killed_inside_a_round_leaves_none_of_its_decisions(start_worke
     settings = settings_for(policy)
     sampler = LiveSampler()
     sampler.start()
-    a = start_worker("a", settings=settings,
-                     faults="after:scheduler_states_mark_if_leading=sleep:0.3")
-    wait_until(lambda: lease_holder() == a.id, timeout=SETTLE, message="A to lead")
-    b = start_worker("b", settings=settings)
-    wait_fired(3)
-
-    label = f"xjobs:{a.id}:scheduler"
-    wait_until(lambda: any(state == "idle in transaction" for _, state in backends(label)),
-               timeout=SETTLE, interval=0.005, message="A inside a round's transaction")
-    os.kill(a.pid, signal.SIGKILL)
-    a.wait(timeout=30)
-    before = len(fired())
-    wait_until(lambda: lease_holder() == b.id, timeout=SETTLE, interval=0.05,
-               message="B to take over after A's lease")
-    wait_fired(before + 3)
-    b.signal(signal.SIGTERM)
-    assert wait_exit(b) == 0
+    kill_the_leader_inside_a_round(start_worker, settings, lambda: len(fired()), more=3)
     samples = sampler.stop()
 
     assert_each_second_decided_once(start)

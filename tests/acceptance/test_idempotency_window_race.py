@@ -9,14 +9,12 @@ than the window after the previous one finished.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import connections
 
-from tests.conftest import wait_until
+from tests.conftest import in_threads, wait_until
 
 pytestmark = pytest.mark.acceptance
 
@@ -31,28 +29,15 @@ def test_sixteen_threads_racing_a_worker_make_one_job_per_window(start_worker):
 
     start_worker("a", "--concurrency", "4")
     key = "race:window"
-    barrier = threading.Barrier(16)
     stop = time.monotonic() + RACE_FOR
     seen: list = []
-    errors: list = []
 
     def enqueuer() -> None:
-        try:
-            barrier.wait()
-            bound = record.using(idempotency_key=key, unique_for=WINDOW)
-            while time.monotonic() < stop:
-                seen.append(bound.enqueue(tag="race").id)
-        except Exception as exc:  # reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        bound = record.using(idempotency_key=key, unique_for=WINDOW)
+        while time.monotonic() < stop:
+            seen.append(bound.enqueue(tag="race").id)
 
-    threads = [threading.Thread(target=enqueuer) for _ in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    in_threads(enqueuer)
 
     def all_finished():
         rows = list(Job.objects.filter(name="testapp.record", idempotency_key=key))

@@ -15,6 +15,7 @@ import signal
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -58,6 +59,32 @@ def fired(task: str = "tick") -> list[str]:
 def wait_fired(count: int, task: str = "tick") -> None:
     wait_until(lambda: len(fired(task)) >= count, timeout=SETTLE, interval=0.1,
                message=f"{count} occurrences of {task} enqueued")
+
+
+def kill_the_leader_inside_a_round(start_worker, settings: dict, count: Callable[[], int], *,
+                                   more: int) -> None:
+    """A leads and lingers in each round's transaction after the mark, before the commit; it is
+    SIGKILLed there, after it enqueued and moved the watermark and before either is committed.
+    B takes over after A's lease, fires ``more`` occurrences (``count()`` counts them all) and
+    stops cleanly."""
+    a = start_worker("a", settings=settings,
+                     faults="after:scheduler_states_mark_if_leading=sleep:0.3")
+    wait_until(lambda: lease_holder() == a.id, timeout=SETTLE, message="A to lead")
+    b = start_worker("b", settings=settings)
+    wait_until(lambda: count() >= 3, timeout=SETTLE, interval=0.1, message="3 occurrences")
+
+    label = f"xjobs:{a.id}:scheduler"
+    wait_until(lambda: any(state == "idle in transaction" for _, state in backends(label)),
+               timeout=SETTLE, interval=0.005, message="A inside a round's transaction")
+    os.kill(a.pid, signal.SIGKILL)
+    a.wait(timeout=30)
+    before = count()
+    wait_until(lambda: lease_holder() == b.id, timeout=SETTLE, interval=0.05,
+               message="B to take over after A's lease")
+    wait_until(lambda: count() >= before + more, timeout=SETTLE, interval=0.1,
+               message=f"{more} more occurrences")
+    b.signal(signal.SIGTERM)
+    assert wait_exit(b) == 0
 
 
 def lease_holder() -> str | None:
@@ -152,26 +179,7 @@ def test_a_leader_killed_mid_round_is_replaced_and_no_occurrence_is_missed_or_do
     start = start_row()
     sampler = Sampler()
     sampler.start()
-    # A lingers in each round's transaction after the mark, before the commit: a kill there
-    # lands after it enqueued and moved the watermark, and before either is committed.
-    a = start_worker("a", settings=SCHEDULED,
-                     faults="after:scheduler_states_mark_if_leading=sleep:0.3")
-    wait_until(lambda: lease_holder() == a.id, timeout=SETTLE, message="A to lead")
-    b = start_worker("b", settings=SCHEDULED)
-    wait_fired(3)
-
-    label = f"xjobs:{a.id}:scheduler"
-    wait_until(lambda: any(state == "idle in transaction" for _, state in backends(label)),
-               timeout=SETTLE, interval=0.005, message="A inside a round's transaction")
-    os.kill(a.pid, signal.SIGKILL)
-    a.wait(timeout=30)
-    before_takeover = len(fired())
-
-    wait_until(lambda: lease_holder() == b.id, timeout=SETTLE, interval=0.05,
-               message="B to take over after A's lease")
-    wait_fired(before_takeover + 4)
-    b.signal(signal.SIGTERM)
-    assert wait_exit(b) == 0
+    kill_the_leader_inside_a_round(start_worker, SCHEDULED, lambda: len(fired()), more=4)
     values = sampler.stop()
 
     keys = assert_exactly_once(start)

@@ -24,6 +24,7 @@ from django_xjobs.exceptions import InvalidJobInput
 from django_xjobs.maintenance import pruner
 from django_xjobs.models import Job, JobKey, OutboxEntry
 from django_xjobs.testing import drain
+from tests.conftest import in_threads
 from tests.testapp import jobs as testapp_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -365,27 +366,11 @@ def test_sixteen_threads_racing_on_a_finished_windowed_key_make_no_second_job():
     """Sixteen connections enqueue the same key at once, first while its job is live, then
     after it finished inside the window, then after the window ended: one job per window."""
     key = "w:race"
-    barrier = threading.Barrier(16)
 
     def race() -> set:
         ids: list = []
-        errors: list = []
-
-        def one() -> None:
-            try:
-                barrier.wait()
-                ids.append(record.using(idempotency_key=key, unique_for=1).enqueue().id)
-            except Exception as exc:  # reported below
-                errors.append(exc)
-            finally:
-                connections.close_all()
-
-        threads = [threading.Thread(target=one) for _ in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert errors == []
+        in_threads(lambda: ids.append(
+            record.using(idempotency_key=key, unique_for=1).enqueue().id))
         return set(ids)
 
     first = race()
