@@ -6,6 +6,7 @@ import signal
 
 import pytest
 
+from tests.conftest import wait_until
 from .conftest import effects, wait_effect, wait_exit, wait_state
 
 pytestmark = pytest.mark.acceptance
@@ -22,7 +23,10 @@ def test_a_step_that_committed_is_skipped_by_the_run_that_replaces_a_killed_work
     wait_effect(handle.id, "step")  # step 1 ran...
     wait_state(handle.id, "running")
     row = jobs_row(handle)
-    assert JobStep.objects.filter(run_id=row.run_id, name="first", status="completed").exists()
+    # The effect is written inside the step's body, before the step's row commits: wait for it.
+    wait_until(lambda: JobStep.objects.filter(run_id=row.run_id, name="first",
+                                              status="completed").exists(),
+               message="step 'first' recorded")
     first.signal(signal.SIGKILL)  # ...and committed; then the worker dies mid-run
     wait_exit(first)
 
