@@ -7,6 +7,7 @@ import signal
 import pytest
 
 from tests.conftest import wait_until
+
 from .conftest import effects, wait_effect, wait_exit, wait_state
 
 pytestmark = pytest.mark.acceptance
