@@ -133,8 +133,10 @@ class WorkerOptions:
     worker_id: str | None = None
     # Background duties to run beside the job loop (worker/duties.py); default: all of them.
     duties: tuple[str, ...] | None = None
-    # Run by a supervisor (--processes): a repeated SIGTERM/SIGINT is the same stop arriving
-    # twice, not a request to exit at once (worker/shutdown.py).
+    # Run by a supervisor (--processes, or the soak's pool): a repeated SIGTERM/SIGINT is the
+    # same stop arriving twice, not a request to exit at once (worker/shutdown.py); and the
+    # worker stops by itself once the process that started it is gone (SIGKILLed, say), rather
+    # than working on as an orphan nobody will stop.
     supervised: bool = False
     # Touched while the loop goes round (--health-file; worker/liveness.py).
     health_file: str | None = None
@@ -285,6 +287,7 @@ class Worker:
         self._labelled = False
         self._drain_deadline: float | None = None
         self._stop_reason = ""
+        self._parent = os.getppid() if options.supervised else None  # see _watch_main
         self._more_likely = True
         self._last_claim = -1e9
         self._next_queue = 0  # where the next split of free slots over the queues starts
@@ -875,6 +878,12 @@ class Worker:
                     self._wake.set()
             except Exception:  # pragma: no cover - a bug here must not end the watch
                 log.exception("watch failed")
+            # A supervised worker whose supervisor died (its parent is now another process)
+            # stops as if SIGTERMed: nobody is left to stop it, and a restarted supervisor
+            # would start a full set beside it.
+            if (self._parent is not None and not self._stopping
+                    and os.getppid() != self._parent):
+                self.stop("its supervisor is gone")
 
     def _watch(self) -> bool:
         """Stop what must stop; whether anything was stopped (the loop then settles it)."""

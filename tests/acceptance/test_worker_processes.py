@@ -25,6 +25,15 @@ def _children(supervisor_pid: int) -> list[int]:
         return []
 
 
+def _gone(pid: int) -> bool:
+    """Exited: no process, or a zombie nobody reaped (an orphan's parent may never wait)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def _worker_ids():
     from django_xjobs.models import Job
 
@@ -62,6 +71,29 @@ def test_n_processes_share_the_queue_and_a_dead_child_is_replaced(spawn_worker):
     assert wait_exit(supervisor) == 0
     wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in children),
                timeout=SETTLE, message="every worker process to be gone")
+
+
+def test_worker_processes_stop_by_themselves_when_their_supervisor_is_sigkilled(spawn_worker):
+    """A SIGKILLed supervisor forwards nothing: each worker process sees that its parent is gone
+    and stops as on a first SIGTERM (the job it runs finishes), rather than working on as an
+    orphan beside the full set a restarted supervisor would start."""
+    from tests.testapp import jobs
+
+    supervisor = spawn_worker("--processes", "2", "--concurrency", "1", settings=FAST,
+                              new_session=True)
+    wait_until(lambda: len(_children(supervisor.pid)) == 2, timeout=SETTLE,
+               message="two worker processes")
+    children = _children(supervisor.pid)
+    handle = jobs.sleepy_tagged.enqueue(seconds=2)
+    wait_effect(handle.id, "start")
+
+    supervisor.signal(signal.SIGKILL)
+    wait_exit(supervisor)
+    wait_until(lambda: all(_gone(pid) for pid in children), timeout=SETTLE,
+               message="the orphaned worker processes to stop")
+    row = handle.get()
+    assert (row.state, row.attempt) == ("done", 1)
+    assert supervisor.log().count("stopping (its supervisor is gone)") == 2, supervisor.log()
 
 
 def test_n_processes_in_burst_mode_drain_the_queue_and_exit(spawn_worker):
