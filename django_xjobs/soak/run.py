@@ -21,6 +21,7 @@ from .. import api
 from ..models import Job, JobLease, OutboxEntry, RateUnit, Stat, StatDelta, WorkerRow
 from ..reads import health
 from ..records import LIVE_STATES
+from ..worker.shutdown import ShutdownSignals
 from . import chaos, invariants, tables, workload
 from .invariants import Verdict
 from .observe import Observer
@@ -109,6 +110,31 @@ def _vacuum_verdict(pid: int | None) -> Verdict:
 
 
 def run(options: Options, say: Callable[[str], None]) -> Report:
+    """The soak; call it from the main thread. The first SIGTERM or SIGINT raises
+    KeyboardInterrupt out of it once the workers are stopped and what it enqueued is cancelled
+    and deleted; a second one exits at once (its workers then stop by themselves).
+
+    Python runs a signal's handler in the main thread only, and a signal the kernel delivers to
+    another thread (a producer waiting on its socket, say) does not cut the main thread's sleep
+    short: a Ctrl-C could wait for the whole run. So the signals are read off a socket by a
+    thread of their own (worker/shutdown.py), and the main thread waits on an event instead of
+    sleeping."""
+    interrupted = threading.Event()
+    signals = ShutdownSignals(lambda _name: interrupted.set())
+    signals.install()
+    try:
+        return _run(options, say, interrupted)
+    finally:
+        signals.uninstall()
+
+
+def _pause(interrupted: threading.Event, seconds: float) -> None:
+    """Sleep ``seconds``, or raise KeyboardInterrupt as soon as the soak is interrupted."""
+    if interrupted.wait(seconds):
+        raise KeyboardInterrupt
+
+
+def _run(options: Options, say: Callable[[str], None], interrupted: threading.Event) -> Report:
     seed = options.seed if options.seed is not None else random.randrange(1, 2**31)
     soak = f"soak{seed}x{secrets.token_hex(2)}"
     report = Report(seed=seed, soak=soak)
@@ -149,14 +175,14 @@ def run(options: Options, say: Callable[[str], None]) -> Report:
         say(f"seed {seed}: {options.workers} workers x {options.concurrency} threads, lease "
             f"{options.lease:g}s, {options.duration:g}s on queue {options.queue!r} "
             f"(logs in {log_dir})")
-        time.sleep(0.7 * options.duration)
+        _pause(interrupted, 0.7 * options.duration)
         work.stop.set()
         for p in producers:
             p.join()
         say(f"{work.enqueued} enqueue calls; draining")
         remaining = max(0.0, options.duration - (time.monotonic() - started))
-        time.sleep(remaining)
-        drained = _drain(options.queue, soak, options.drain_timeout)
+        _pause(interrupted, remaining)
+        drained = _drain(options.queue, soak, options.drain_timeout, interrupted)
         if not drained:
             report.problems.append(f"not drained {options.drain_timeout:g}s after the run: "
                                    f"{_live_jobs(options.queue)} jobs still live")
@@ -229,7 +255,7 @@ def abandon(soak: str, queue: str) -> None:
     clean_up(soak, queue, rows)
 
 
-def _drain(queue: str, soak: str, timeout: float) -> bool:
+def _drain(queue: str, soak: str, timeout: float, interrupted: threading.Event) -> bool:
     """Until nothing of the soak is live or waiting in the outbox."""
     deadline = time.monotonic() + timeout
     alias = tables.alias()
@@ -238,7 +264,7 @@ def _drain(queue: str, soak: str, timeout: float) -> bool:
             queue=queue, published_at__isnull=True, input__soak=soak).exists()
         if not pending and not _live_jobs(queue):
             return True
-        time.sleep(0.5)
+        _pause(interrupted, 0.5)
     return False
 
 

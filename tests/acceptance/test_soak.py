@@ -6,7 +6,9 @@ The checks themselves are shown to catch their violations in tests/unit/test_soa
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import signal
 from io import StringIO
 
@@ -45,7 +47,8 @@ def health_json() -> dict:
 def test_a_soak_under_chaos_holds_every_invariant_and_cleans_up(spawn_worker, tmp_path):
     # About a minute: CI's short soak, with a transaction held open for all of it.
     soak = spawn_worker("--duration", "45s", "--seed", SEED, "--hold-transaction",
-                        "--log-dir", str(tmp_path / "soak"), command="xjobs_soak")
+                        "--log-dir", str(tmp_path / "soak"), command="xjobs_soak",
+                        new_session=True)
     # While it runs, `xjobs health` names the transaction it holds open (what holds VACUUM
     # back); the soak checks the same through the health panel's reader at the end.
     def held_in_health():
@@ -73,7 +76,7 @@ def test_a_soak_behind_pgbouncer_holds_every_invariant(spawn_worker, pgbouncer, 
     mode (docs/deployment.md): NOTIFY off, or the LISTEN sessions straight to PostgreSQL."""
     xjobs, direct = MODES[mode]
     soak = spawn_worker("--duration", "20s", "--seed", SEED, "--log-dir", str(tmp_path / "soak"),
-                        command="xjobs_soak", settings=xjobs,
+                        command="xjobs_soak", settings=xjobs, new_session=True,
                         env=pgbouncer.worker_env(listen_direct=direct))
     code = soak.wait(timeout=300)
     log = soak.log()
@@ -85,11 +88,14 @@ def test_a_soak_behind_pgbouncer_holds_every_invariant(spawn_worker, pgbouncer, 
 
 
 def test_an_interrupted_soak_stops_its_workers_and_cleans_up(spawn_worker, tmp_path):
-    soak = spawn_worker("--duration", "60s", "--log-dir", str(tmp_path / "soak"),
-                        command="xjobs_soak")
+    """SIGINT reaches the soak at once, even when the kernel hands it to a thread other than
+    the main one (here on purpose: a Ctrl-C lands on whichever thread is free). Python would
+    run its handler only once the main thread wakes from the run's long wait (minutes here)."""
+    soak = spawn_worker("--duration", "300s", "--log-dir", str(tmp_path / "soak"),
+                        command="xjobs_soak", new_session=True)
     wait_until(lambda: Job.objects.filter(queue="xjobs_soak", state="done").count() > 20,
                timeout=60, message="the soak's jobs to run")
-    soak.signal(signal.SIGINT)
+    to_thread(soak.pid, signal.SIGINT)
     assert soak.wait(timeout=60) == 1
     assert "interrupted: its workers are stopped" in soak.log()
     assert not Job.objects.filter(queue="xjobs_soak").exists()
@@ -99,6 +105,38 @@ def test_an_interrupted_soak_stops_its_workers_and_cleans_up(spawn_worker, tmp_p
     assert workers  # it started some, and every one of them is gone:
     for name in workers:
         assert not backends_like(f"xjobs:{name.removesuffix('.log')}:%")
+
+
+def test_a_soak_killed_outright_leaves_no_worker_running(spawn_worker, tmp_path):
+    """SIGKILL gives the soak no chance to stop its workers: each sees its parent gone and stops
+    by itself. What the soak enqueued stays (documented); this test cleans it up as a user
+    would after reading the docs."""
+    from django_xjobs.soak.run import abandon
+    from tests.acceptance.test_worker_processes import _children, _gone
+
+    soak = spawn_worker("--duration", "60s", "--no-chaos", "--log-dir", str(tmp_path / "soak"),
+                        command="xjobs_soak", new_session=True)
+    wait_until(lambda: (len(_children(soak.pid)) == 4
+                        and len(backends_like("xjobs:soak%:heartbeat")) == 4),
+               timeout=60, message="the soak's four workers")
+    workers = _children(soak.pid)
+    soak_id = next((tmp_path / "soak").iterdir()).name.split("-w")[0]
+    soak.signal(signal.SIGKILL)
+    wait_until(lambda: all(_gone(pid) for pid in workers), timeout=30,
+               message="the killed soak's workers to stop by themselves")
+    assert not backends_like(f"xjobs:{soak_id}-%")
+    for log in (tmp_path / "soak").iterdir():
+        assert "stopping (its supervisor is gone)" in log.read_text(), log.read_text()
+    abandon(soak_id, "xjobs_soak")
+    assert soak_tables() == []
+
+
+def to_thread(pid: int, sig: int) -> None:
+    """Send ``sig`` to one thread of ``pid`` that is not its main thread (tgkill(2))."""
+    tid = next(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.tgkill(pid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill failed")
 
 
 def backends_like(pattern: str) -> list[int]:
