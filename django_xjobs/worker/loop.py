@@ -133,11 +133,12 @@ class WorkerOptions:
     worker_id: str | None = None
     # Background duties to run beside the job loop (worker/duties.py); default: all of them.
     duties: tuple[str, ...] | None = None
-    # Run by a supervisor (--processes, or the soak's pool): a repeated SIGTERM/SIGINT is the
-    # same stop arriving twice, not a request to exit at once (worker/shutdown.py); and the
-    # worker stops by itself once the process that started it is gone (SIGKILLed, say), rather
-    # than working on as an orphan nobody will stop.
-    supervised: bool = False
+    # The process id of the supervisor that runs this worker (--processes, or the soak's pool):
+    # a repeated SIGTERM/SIGINT is the same stop arriving twice, not a request to exit at once
+    # (worker/shutdown.py); and the worker stops by itself once that process is gone (SIGKILLed,
+    # say), rather than working on as an orphan nobody will stop. Given by the supervisor, not
+    # read here: a supervisor that dies while this process starts up would otherwise be missed.
+    supervisor: int | None = None
     # Touched while the loop goes round (--health-file; worker/liveness.py).
     health_file: str | None = None
 
@@ -287,7 +288,6 @@ class Worker:
         self._labelled = False
         self._drain_deadline: float | None = None
         self._stop_reason = ""
-        self._parent = os.getppid() if options.supervised else None  # see _watch_main
         self._more_likely = True
         self._last_claim = -1e9
         self._next_queue = 0  # where the next split of free slots over the queues starts
@@ -318,7 +318,7 @@ class Worker:
     # ------------------------------------------------------------------------ public --
     def run(self) -> None:
         """Run until stopped (signal, :meth:`stop`, or burst mode running dry)."""
-        signals = (ShutdownSignals(self.stop, repeat_exits=not self.options.supervised)
+        signals = (ShutdownSignals(self.stop, repeat_exits=self.options.supervisor is None)
                    if self.options.install_signals else None)
         if signals:
             signals.install()
@@ -881,8 +881,8 @@ class Worker:
             # A supervised worker whose supervisor died (its parent is now another process)
             # stops as if SIGTERMed: nobody is left to stop it, and a restarted supervisor
             # would start a full set beside it.
-            if (self._parent is not None and not self._stopping
-                    and os.getppid() != self._parent):
+            supervisor = self.options.supervisor
+            if supervisor is not None and not self._stopping and os.getppid() != supervisor:
                 self.stop("its supervisor is gone")
 
     def _watch(self) -> bool:

@@ -9,7 +9,7 @@ The supervisor starts N ordinary worker processes (the same command, one process
 * forwards the first SIGTERM/SIGINT to every child (each finishes its in-flight jobs within its
   grace period) and waits for them; a second signal kills the children at once (SIGKILL: their
   jobs are re-claimed once their leases lapse). A child ignores a repeated SIGTERM/SIGINT
-  (``--supervised``, worker/shutdown.py): a signal sent to the whole process group or control
+  (``--supervised PID``, worker/shutdown.py): a signal sent to the whole process group or control
   group reaches it directly and forwarded, and that is one stop, not two. A child started while
   the first signal came (its ``Popen`` still running) gets it as soon as it is known;
 * has no way to stop its children if it is SIGKILLed itself: each child watches its parent and
@@ -55,7 +55,8 @@ class Supervisor:
         self._backoff = 0.0
 
     def _spawn(self, slot: int) -> None:
-        argv = [sys.executable, "-m", "django", "xjobs_worker", *self.child_args, "--supervised"]
+        argv = [sys.executable, "-m", "django", "xjobs_worker", *self.child_args,
+                "--supervised", str(os.getpid())]
         proc = subprocess.Popen(argv, env=self.env)
         self.children[slot] = proc
         self.started_at[slot] = time.monotonic()

@@ -91,8 +91,9 @@ class Command(BaseCommand):
                             help="serve Prometheus metrics over HTTP on PORT, every interface "
                                  "(needs django-xjobs[prometheus]; with --processes the "
                                  "supervisor serves them; docs/observability.md)")
-        # Set by the supervisor on the processes it starts (worker/shutdown.py).
-        parser.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)
+        # Set by the supervisor on the processes it starts, with its own process id
+        # (worker/shutdown.py; worker/loop.py, _watch_main).
+        parser.add_argument("--supervised", type=int, metavar="PID", help=argparse.SUPPRESS)
         parser.add_argument("--processes", type=int, default=1,
                             help="run N worker processes under a supervisor that restarts any "
                                  "that dies (default 1: this process is the worker)")
@@ -119,7 +120,7 @@ class Command(BaseCommand):
             "prefetch": options["prefetch"],
             "burst": options["burst"],
             "worker_id": options["worker_id"],
-            "supervised": options["supervised"],
+            "supervisor": options["supervised"],
             "health_file": health_file,
             "duties": tuple(
                 name for name in duties.AVAILABLE
