@@ -116,11 +116,15 @@ def test_a_soak_killed_outright_leaves_no_worker_running(spawn_worker, tmp_path)
 
     soak = spawn_worker("--duration", "60s", "--no-chaos", "--log-dir", str(tmp_path / "soak"),
                         command="xjobs_soak", new_session=True)
-    wait_until(lambda: (len(_children(soak.pid)) == 4
-                        and len(backends_like("xjobs:soak%:heartbeat")) == 4),
-               timeout=60, message="the soak's four workers")
+    logs = tmp_path / "soak"
+    wait_until(lambda: logs.exists() and any(logs.iterdir()), timeout=60,
+               message="the soak's first worker")
+    soak_id = next(logs.iterdir()).name.split("-w")[0]
+    # Running, not starting up: each has its heartbeat session (this soak's own, by name).
+    wait_until(lambda: len(backends_like(f"xjobs:{soak_id}-%:heartbeat")) == 4, timeout=60,
+               message="the soak's four workers")
     workers = _children(soak.pid)
-    soak_id = next((tmp_path / "soak").iterdir()).name.split("-w")[0]
+    assert len(workers) == 4
     soak.signal(signal.SIGKILL)
     wait_until(lambda: all(_gone(pid) for pid in workers), timeout=30,
                message="the killed soak's workers to stop by themselves")
