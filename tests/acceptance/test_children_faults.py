@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import effects, wait_exit, wait_state
+from .conftest import effects, wait_exit, wait_started, wait_state
 
 pytestmark = pytest.mark.acceptance
 
@@ -82,12 +82,15 @@ def test_fan_out_of_500_children_over_two_workers_returns_in_order(start_worker)
     from tests.testapp import jobs
 
     before = deadlocks()
+    # Both workers up before the work exists: a worker started first drained all 700 children
+    # before the second had started, in a CI run.
+    workers = [start_worker(role, "--concurrency", "8", wait=False) for role in ("one", "two")]
+    for worker in workers:
+        wait_started(worker)
     parent = jobs.parent_gather.enqueue(count=500)
     # A second fan-out at the same time: the two workers' acknowledgements of children of two
     # parents must never lock the parents' step rows in opposite orders.
     other = jobs.parent_gather.enqueue(count=200)
-    start_worker("one", "--concurrency", "8")
-    start_worker("two", "--concurrency", "8")
     assert wait_state(other.id, "done", "dead", timeout=120).state == "done"
     done = wait_state(parent.id, "done", "dead", timeout=120)
     assert done.state == "done", done.last_error
