@@ -22,16 +22,30 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # The acceptance modules whose tests run fleets of worker processes under faults: one group,
-# run one test at a time (see pytest_collection_modifyitems).
+# run one test at a time (see pytest_xdist_make_scheduler).
 FLEET_MODULES = frozenset(f"tests/acceptance/{name}.py" for name in (
     "test_soak", "test_worker_faults", "test_pooler", "test_postgres_restart",
     "test_worker_clock", "test_flow_fleet", "test_slots_fleet", "test_scheduler_fleet",
     "test_lease_proof", "test_worker_health", "test_worker_processes", "test_backfills",
     "test_worker_signals", "test_history_fleet", "test_children_faults",
 ))
+FLEET = "fleet"
+
+
+def test_group(nodeid: str) -> str:
+    """The group of a test: ``fleet`` for the fleet modules, else its module."""
+    module = nodeid.split("::", 1)[0]
+    return FLEET if module in FLEET_MODULES else module
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """The fleet group first (see pytest_xdist_make_scheduler), the rest in file order."""
+    if config.pluginmanager.hasplugin("xdist"):
+        items.sort(key=lambda item: test_group(item.nodeid) != FLEET)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
     """How ``make test`` shares the suite between its pytest-xdist processes (``-n 2 --dist
     loadgroup``; docs/development.md, "Running the tests").
 
@@ -39,21 +53,68 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     in one process: two such fleets on two cores would starve each other's heartbeats into false
     lease lapses. The group goes first, so its long run starts at once while the other process
     takes everything else. Every other module is a group of its own, so a module-scoped fixture
-    (the million rows of the plan tests) is built once. Without pytest-xdist (plain ``pytest``)
-    nothing changes.
+    (the million rows of the plan tests) is built once.
+
+    The groups are decided here, from each test's id, rather than by ``xdist_group`` marks:
+    pytest-xdist 3.8 passes a mark to its scheduler by appending it to the test's id, which
+    pytest 9.2 no longer lets it change, and every test then went out on its own.
     """
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group("fleet" if module in FLEET_MODULES else module))
-    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in FLEET_MODULES)
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # pytest-xdist is a test extra
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_group(nodeid)
+
+    # In collection order (the fleet first), not the largest group first.
+    config.option.loadscopereorder = False
+    return ByGroup(config, log)
 
 
 def pytest_report_header(config: Any) -> str:
     from django.conf import settings
 
     return f"database: {settings.DATABASE_SOURCE}"
+
+
+# Tables whose rows migrate writes (post_migrate) and no test changes: kept between tests.
+MIGRATED_ROWS = frozenset({"django_content_type", "auth_permission"})
+
+
+def _empty_the_tables_the_test_wrote(self: Any) -> None:
+    """``TransactionTestCase._fixture_teardown`` (transactional_db) in one statement per database.
+
+    Django's flush truncates every table and then writes the content types and permissions
+    again (post_migrate): about 0.2 s after each of the suite's 900 committing tests, most of
+    it spent making new files for tables the test never touched. Here one statement finds the
+    tables that hold rows and one TRUNCATE empties them (no dead rows left for a later test's
+    plans to read); the content types and permissions migrate wrote stay as they are.
+    """
+    from django.db import connections
+
+    for alias in self._databases_names(include_mirrors=False):
+        connection = connections[alias]
+        quote = connection.ops.quote_name
+        tables = [t for t in connection.introspection.django_table_names(
+                      only_existing=True, include_views=False) if t not in MIGRATED_ROWS]
+        if not tables:
+            continue
+        with connection.cursor() as cursor:
+            cursor.execute(" union all ".join(
+                f"select {i} from (select from {quote(t)} limit 1) s"
+                for i, t in enumerate(tables)))
+            written = [tables[i] for (i,) in cursor.fetchall()]
+            if written:
+                # cascade: a table other tables reference (auth_user) goes with them
+                cursor.execute(f"truncate {', '.join(map(quote, written))} cascade")
+
+
+def pytest_configure(config: Any) -> None:
+    from django.test import TransactionTestCase
+
+    teardown = _empty_the_tables_the_test_wrote
+    TransactionTestCase._fixture_teardown = teardown  # type: ignore[method-assign]
 
 
 def in_threads(body: Callable[[], Any], n: int = 16) -> None:
