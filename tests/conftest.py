@@ -32,7 +32,7 @@ FLEET_MODULES = frozenset(f"tests/acceptance/{name}.py" for name in (
 FLEET = "fleet"
 
 
-def test_group(nodeid: str) -> str:
+def group_of(nodeid: str) -> str:
     """The group of a test: ``fleet`` for the fleet modules, else its module."""
     module = nodeid.split("::", 1)[0]
     return FLEET if module in FLEET_MODULES else module
@@ -41,7 +41,7 @@ def test_group(nodeid: str) -> str:
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     """The fleet group first (see pytest_xdist_make_scheduler), the rest in file order."""
     if config.pluginmanager.hasplugin("xdist"):
-        items.sort(key=lambda item: test_group(item.nodeid) != FLEET)
+        items.sort(key=lambda item: group_of(item.nodeid) != FLEET)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -65,7 +65,7 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return test_group(nodeid)
+            return group_of(nodeid)
 
     # In collection order (the fleet first), not the largest group first.
     config.option.loadscopereorder = False
@@ -91,7 +91,7 @@ def _empty_the_tables_the_test_wrote(self: Any) -> None:
     tables that hold rows and one TRUNCATE empties them (no dead rows left for a later test's
     plans to read); the content types and permissions migrate wrote stay as they are.
     """
-    from django.db import connections
+    from django.db import connections  # Django's, configured by the time a test ends
 
     for alias in self._databases_names(include_mirrors=False):
         connection = connections[alias]
@@ -111,7 +111,7 @@ def _empty_the_tables_the_test_wrote(self: Any) -> None:
 
 
 def pytest_configure(config: Any) -> None:
-    from django.test import TransactionTestCase
+    from django.test import TransactionTestCase  # imported once pytest-django set Django up
 
     teardown = _empty_the_tables_the_test_wrote
     TransactionTestCase._fixture_teardown = teardown  # type: ignore[method-assign]
