@@ -23,7 +23,6 @@ from django.test import RequestFactory
 
 from django_xjobs import api
 from django_xjobs.api import acting_as
-from django_xjobs.engines import get_engine
 from django_xjobs.middleware import EnqueuedByMiddleware
 from django_xjobs.models import Job
 from django_xjobs.testing import drain
@@ -117,7 +116,6 @@ def test_a_flaky_job_is_retried_then_done():
 
 
 def test_a_failed_attempt_is_retried_after_a_backoff_within_the_jobs_window():
-    engine = get_engine()
     handle = testapp_jobs.fails_with_long_backoff.enqueue()
 
     stats = drain()
@@ -125,8 +123,9 @@ def test_a_failed_attempt_is_retried_after_a_backoff_within_the_jobs_window():
     assert stats["delayed"] == 1
     assert (row.state, row.attempt) == ("delayed", 1)
     assert "RuntimeError: failure on attempt 1" in row.last_error
-    assert row.run_at > engine.db_now()
     # run_at and updated_at come from one now(): their gap is the backoff, uniform(0, 30 s).
+    # (Not "run_at is still ahead": a backoff drawn under the few ms the drain took to end is
+    # due already, as a CI run found.)
     assert timedelta(0) < row.run_at - row.updated_at <= timedelta(seconds=30)
     assert starts(handle.id) == [1]
 
