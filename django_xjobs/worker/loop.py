@@ -41,9 +41,11 @@ round a NOTIFY started, where the claim goes first (the pick-up of a job just en
 wait for it) and what it woke is claimed in the next round.
 
 Burst mode (``--burst``, ``testing.drain``) runs until nothing is due: a sweep of every queue
-found nothing, nothing is in flight, and every background duty had finished its first pass
-before that sweep began (the scheduler's first round may fire late cron occurrences). A burst
-that cannot claim (the database unreachable) stops with :attr:`Worker.error` set.
+found nothing, nothing is in flight, no run finished since that sweep began (a run may enqueue
+or wake work in a queue the sweep had already asked), and every background duty had finished
+its first pass before that sweep began (the scheduler's first round may fire late cron
+occurrences). A burst that cannot claim (the database unreachable) stops with
+:attr:`Worker.error` set.
 
 Shutdown (first SIGTERM/SIGINT): stop claiming, hand queued runs back at once, let running ones
 finish within ``shutdown_grace``, then stop them and hand their jobs back without spending an
@@ -758,6 +760,12 @@ class Worker:
     def _settle(self) -> None:
         if not self._finished:
             return
+        if self.options.burst:
+            # What finished may have enqueued or woken work (a job it enqueued, its children,
+            # the parent its ack wakes) in a queue the current sweep already asked: the sweep
+            # that may end a burst starts again from here.
+            self._unswept = set(self.options.queues)
+            self._dry = False
         batch: list[Run] = []
         while self._finished:
             batch.append(self._finished.popleft())

@@ -104,6 +104,49 @@ def test_drain_with_its_defaults_runs_every_queue_of_many():
     assert {h.get().state for h in handles} == {"done"}
 
 
+@pytest.mark.parametrize("queue", ["q-0", "q-1", "q-2"])
+def test_a_burst_runs_what_a_run_enqueued_in_a_queue_its_sweep_had_already_asked(queue):
+    """A burst may end only on a sweep that began after its last run finished. Here the run
+    finishes just after a claim that asked some queue and found it empty, and it had enqueued a
+    job there: a sweep counted from before that finish would end the burst with the job due
+    (each queue in turn, so one of them is the queue the sweep had already asked; a CI run saw
+    it with a parent its children woke)."""
+    from django_xjobs import faults
+    from django_xjobs.worker.loop import Worker, WorkerOptions
+
+    queues = ("q-0", "q-1", "q-2")
+    worker = Worker(WorkerOptions.from_settings(
+        queues=queues, concurrency=2, prefetch=0, burst=True, install_signals=False,
+        notify=False, duties=()))
+    running, finish = threading.Event(), threading.Event()
+    later: list = []
+
+    def hold_the_run(point: str) -> None:  # the executor thread, before the job's code
+        running.set()
+        finish.wait(10)
+
+    def enqueue_and_finish(point: str) -> None:  # the loop thread, after a claim
+        if not running.is_set() or later:
+            return
+        later.append(testapp_jobs.record.using(queue=queue).enqueue(tag="later"))
+        finish.set()
+        # Until the run's outcome waits to be settled: the loop settles it next.
+        wait_until(lambda: worker._finished, timeout=10, message="the run's outcome")
+
+    first = testapp_jobs.record.using(queue="q-0").enqueue(tag="first")
+    faults.inject_hook("worker:job-start", hold_the_run, times=1)
+    faults.inject_hook("after:jobs_claim", enqueue_and_finish, times=None)
+    try:
+        worker.run()
+    finally:
+        faults.clear()
+
+    assert first.get().state == "done"
+    [handle] = later
+    assert handle.get().state == "done", "the burst ended with a job due"
+    assert worker.stats["done"] == 2
+
+
 def test_a_flaky_job_is_retried_then_done():
     handle = testapp_jobs.flaky.enqueue(fail_times=2)
     row, totals = drain_until(handle)
