@@ -99,17 +99,26 @@ class Observer(threading.Thread):
         with connections[alias].cursor() as cur:
             # A transaction open longer than a lease, idle in it or not: a worker's transactions
             # are single statements or a claim's or settle's few.
+            # With what tells a stalled client from a transaction left open: how long since
+            # the last statement began and since the session's state changed, and whether the
+            # transaction wrote (has an xid).
             cur.execute(
                 "select application_name, pid, state, extract(epoch from now() - xact_start),"
-                " coalesce(wait_event, ''), left(query, 60)"
+                " coalesce(wait_event, ''), left(query, 60),"
+                " coalesce(extract(epoch from now() - query_start), 0),"
+                " coalesce(extract(epoch from now() - state_change), 0),"
+                " backend_xid is not null"
                 " from pg_stat_activity where application_name like %s"
                 " and now() - xact_start > make_interval(secs => %s)", [label, self.lease])
-            for name, pid, state, age, wait, query in cur.fetchall():
+            for name, pid, state, age, wait, query, since_query, since_state, wrote in (
+                    cur.fetchall()):
                 worker_id = name.split(":")[1] if name.count(":") >= 2 else name
                 if self.excused(worker_id):
                     continue
                 finding = (f"{name} (pid {pid}) {state} in a transaction of {age:.1f}s "
-                           f"(waiting on {wait or 'nothing'}; last statement {query!r})")
+                           f"(waiting on {wait or 'nothing'}; last statement {query!r}, "
+                           f"begun {since_query:.1f}s ago; state since {since_state:.1f}s; "
+                           f"{'wrote' if wrote else 'no writes'})")
                 if name.endswith("listen"):
                     self.seen.listen_in_transaction.append(finding)
                 else:
