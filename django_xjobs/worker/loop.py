@@ -516,16 +516,19 @@ class Worker:
         """After a claim: claim again at once while a sweep that found nothing so far has not
         asked every queue yet (docs/guide.md, "The worker")."""
         if claimed:
-            self._unswept = set(self.options.queues)
-            self._dry = False
+            self._new_sweep(dry=False)
             return
         self._unswept.difference_update(wants)
         if self._unswept:
             self._more_likely = True
             self._dry = False
         else:
-            self._unswept = set(self.options.queues)
-            self._dry = True
+            self._new_sweep(dry=True)
+
+    def _new_sweep(self, *, dry: bool) -> None:
+        """Every queue is to be asked again; ``dry``: the sweep just ended found nothing."""
+        self._unswept = set(self.options.queues)
+        self._dry = dry
 
     def _claim(self) -> int:
         free = self._free()
@@ -764,8 +767,7 @@ class Worker:
             # What finished may have enqueued or woken work (a job it enqueued, its children,
             # the parent its ack wakes) in a queue the current sweep already asked: the sweep
             # that may end a burst starts again from here.
-            self._unswept = set(self.options.queues)
-            self._dry = False
+            self._new_sweep(dry=False)
         batch: list[Run] = []
         while self._finished:
             batch.append(self._finished.popleft())
