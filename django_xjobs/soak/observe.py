@@ -98,10 +98,9 @@ class Observer(threading.Thread):
         label = f"xjobs:{self.soak}-%"
         with connections[alias].cursor() as cur:
             # A transaction open longer than a lease, idle in it or not: a worker's transactions
-            # are single statements or a claim's or settle's few.
-            # With what tells a stalled client from a transaction left open: how long since
-            # the last statement began and since the session's state changed, and whether the
-            # transaction wrote (has an xid).
+            # are single statements or a claim's or settle's few. With what tells a stalled
+            # client from a transaction left open: since when its last statement began and its
+            # state holds, and whether it wrote (has an xid).
             cur.execute(
                 "select application_name, pid, state, extract(epoch from now() - xact_start),"
                 " coalesce(wait_event, ''), left(query, 60),"
