@@ -38,9 +38,14 @@ def group_of(nodeid: str) -> str:
     return FLEET if module in FLEET_MODULES else module
 
 
+def grouped(config: Any) -> bool:
+    """Whether the run shares its tests out by group (``make test``: ``--dist loadgroup``)."""
+    return config.pluginmanager.hasplugin("xdist") and config.getvalue("dist") == "loadgroup"
+
+
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     """The fleet group first (see pytest_xdist_make_scheduler), the rest in file order."""
-    if config.pluginmanager.hasplugin("xdist"):
+    if grouped(config):
         items.sort(key=lambda item: group_of(item.nodeid) != FLEET)
 
 
@@ -59,7 +64,7 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
     pytest-xdist 3.8 passes a mark to its scheduler by appending it to the test's id, which
     pytest 9.2 no longer lets it change, and every test then went out on its own.
     """
-    if config.getvalue("dist") != "loadgroup":
+    if not grouped(config):
         return None
     from xdist.scheduler import LoadScopeScheduling  # pytest-xdist is a test extra
 
@@ -115,6 +120,17 @@ def pytest_configure(config: Any) -> None:
 
     teardown = _empty_the_tables_the_test_wrote
     TransactionTestCase._fixture_teardown = teardown  # type: ignore[method-assign]
+
+
+def raw_connection(**options: Any) -> Any:
+    """A psycopg connection of its own (not Django's) to the test database, with ``options``
+    over Django's parameters (``autocommit=True``, ``application_name=...``, ``dbname=...``)."""
+    import psycopg  # the driver; Django is set up by the time a test calls this
+    from django.db import connection
+
+    params = dict(connection.get_connection_params())
+    params.pop("cursor_factory", None)
+    return psycopg.connect(**{**params, **options})
 
 
 def in_threads(body: Callable[[], Any], n: int = 16) -> None:

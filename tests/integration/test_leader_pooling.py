@@ -25,14 +25,13 @@ from django_xjobs.engines import get_engine
 from django_xjobs.engines.postgres import statements as S
 from django_xjobs.engines.postgres.sessions import advisory_key
 from django_xjobs.scheduler.leadership import LOCK_KEY, AdvisoryLeadership, LeaseLeadership
+from tests.conftest import raw_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def connect() -> psycopg.Connection:
-    params = dict(connection.get_connection_params())
-    params.pop("cursor_factory", None)
-    return psycopg.connect(**params, autocommit=True)
+    return raw_connection(autocommit=True)
 
 
 class OnePool:
@@ -199,11 +198,8 @@ def test_an_advisory_lock_of_the_same_key_in_another_database_is_not_our_leader(
     """Advisory locks live per database: a project sharing the server (or another test
     database) may hold the same key. Its holder is not this database's leader, and the lock
     does not stop ours from being taken."""
-    params = dict(connection.get_connection_params())
-    params.pop("cursor_factory", None)
-    params["dbname"] = "postgres"
     key = advisory_key(LOCK_KEY)
-    with psycopg.connect(**params, autocommit=True) as elsewhere:
+    with raw_connection(dbname="postgres", autocommit=True) as elsewhere:
         elsewhere.execute("select set_config('application_name', 'another-project', false)")
         assert elsewhere.execute("select pg_try_advisory_lock(%(lock_class)s::int, "
                                  "%(lock_id)s::int)", key).fetchone() == (True,)

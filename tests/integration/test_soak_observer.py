@@ -7,25 +7,18 @@ from __future__ import annotations
 import threading
 import time
 
-import psycopg
 import pytest
 from django.db import connection
 
 from django_xjobs.soak.observe import Observer
+from tests.conftest import raw_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def session(label: str) -> psycopg.Connection:
-    params = {**connection.get_connection_params(), "application_name": label}
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    return psycopg.connect(**params)
-
-
 def test_a_session_in_a_transaction_past_a_lease_is_a_finding_that_says_how_it_stands():
-    held, other, excused = (session(f"xjobs:{name}:heartbeat") for name in
-                            ("soak1-w0.1", "soak2-w0.1", "soak1-w1.1"))
+    held, other, excused = (raw_connection(application_name=f"xjobs:{name}:heartbeat")
+                            for name in ("soak1-w0.1", "soak2-w0.1", "soak1-w1.1"))
     try:
         for conn in (held, other, excused):
             conn.execute("select txid_current()")  # a write's xid, in an open transaction
