@@ -77,7 +77,7 @@ from django.conf import settings
 
 from . import api, conf, faults, registry, values
 from .api import acting_as
-from .context import JobContext, StopSignal
+from .context import JobContext, StopSignal, until_free
 from .engines import Engine, get_engine
 from .exceptions import (
     BackfillNotFound,
@@ -564,9 +564,9 @@ class _Pass:
         owner = RunOwner(claim=Claim(job_id=ctx.job_id, lease_token=ctx.lease_token),
                          run_id=ctx.run_id)
         version = app_version(definition)
-        record = engine.backfill_start_if_owned(
+        record = until_free(lambda: engine.backfill_start_if_owned(
             owner, name=definition.name, checksum=definition.checksum, app_version=version,
-        )
+        ), ctx.cancelled, ctx.check_cancelled)
         if record is None:
             raise JobCancelled("backfill pass not opened: this run no longer owns its job")
         if record.status == "completed":
@@ -627,11 +627,18 @@ class _Pass:
                 next_cursor, processed, cursor_json = _validated(definition, result)
                 if faults.armed:
                     faults.hit("backfill:before-progress")
+                # A job row another transaction holds is waited for here, polling inside the
+                # batch's transaction (its writes stay uncommitted meanwhile), never in the
+                # lock queue (docs/design.md, "Lock order").
                 if cursor_json is None:
-                    rows = engine.backfill_complete_if_owned(owner, processed=processed)
+                    rows = until_free(
+                        lambda: engine.backfill_complete_if_owned(owner, processed=processed),
+                        self.ctx.cancelled, self.ctx.check_cancelled)
                 else:
-                    rows = engine.backfill_progress_if_owned(owner, processed=processed,
-                                                             cursor_json=cursor_json)
+                    rows = until_free(
+                        lambda: engine.backfill_progress_if_owned(
+                            owner, processed=processed, cursor_json=cursor_json),
+                        self.ctx.cancelled, self.ctx.check_cancelled)
                 if rows is None:
                     raise _NotOwned
         except _NotOwned:

@@ -8,12 +8,12 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections
 
 from . import clock, values
-from .exceptions import InvalidJobInput, JobCancelled
+from .exceptions import InvalidJobInput, JobCancelled, RowBusy
 
 _logger = logging.getLogger("django_xjobs.job")
 log = logging.getLogger("django_xjobs.worker")
@@ -23,6 +23,16 @@ log = logging.getLogger("django_xjobs.worker")
 PROGRESS_INTERVAL = 1.0
 # A progress message longer than this is cut (ending in "...").
 MAX_PROGRESS_MESSAGE = 200
+
+# A run's write that found its job's row held by another transaction (RowBusy: a request's
+# lock, an operator's change not committed yet) is written again after BUSY_RETRY_FIRST seconds,
+# then at doubling intervals up to BUSY_RETRY_MAX: the run never waits in PostgreSQL's lock
+# queue, and is settled within BUSY_RETRY_MAX of the row's release (docs/design.md, "Lock
+# order"). The worker's acknowledgements follow the same schedule (worker/loop.py).
+BUSY_RETRY_FIRST = 0.05
+BUSY_RETRY_MAX = 1.0
+
+T = TypeVar("T")
 
 # What a run's progress writer receives: done, total (or None), message (or None).
 ProgressValues = tuple[float, float | None, str | None]
@@ -313,3 +323,18 @@ async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
                     conn.close_if_unusable_or_obsolete()
 
     return await asyncio.to_thread(call)
+
+
+def until_free(write: Callable[[], T], stop: StopSignal | threading.Event,
+               check: Callable[[], None]) -> T:
+    """``write()`` again while it raises RowBusy, on BUSY_RETRY_FIRST..BUSY_RETRY_MAX: a step's
+    or a batch's fenced write whose job row another transaction holds. Between tries the run
+    may be stopped (``stop`` set: its lease lost, the job cancelled): ``check()`` then raises."""
+    pause = BUSY_RETRY_FIRST
+    while True:
+        try:
+            return write()
+        except RowBusy:
+            if stop.wait(pause):
+                check()
+            pause = min(BUSY_RETRY_MAX, pause * 2)

@@ -68,6 +68,18 @@ class LiveJobExists(XJobsError):
         self.live_job_id = live_job_id
 
 
+class RowBusy(XJobsError):
+    """A run's write found its job's row held by another transaction (a request, an operator's
+    action not committed yet): nothing was written and nothing waited. The run writes again
+    once the row is free (docs/design.md, "Lock order"); it never reaches a job's code."""
+
+
+class IsolationLevelRefused(XJobsError):
+    """A call that is exact only under READ COMMITTED (a rate limit's budget, an event's
+    wake-ups) was made inside a transaction of a stricter level: refused, nothing written
+    (docs/guarantees.md, "Isolation levels")."""
+
+
 class InvalidTransition(XJobsError):
     """An operator action does not apply to the job's current state (e.g. retrying a done job)."""
 

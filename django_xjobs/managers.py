@@ -173,10 +173,11 @@ class JobManager(EngineManager):
     def renew(self, claims: Claim | ClaimedJob | Iterable[Claim | ClaimedJob], *,
               lease: Duration) -> frozenset[str]:
         """Extend the lease of each run that still owns its job to ``lease`` from now
-        (``Engine.jobs_renew_if_owned``, one statement): the lease tokens renewed. A token
-        missing from the answer is a run that lost its job."""
+        (``Engine.jobs_renew_if_owned``, one statement): the lease tokens whose lease holds,
+        renewed on the job's row or, when another transaction holds that row, kept beside it.
+        A token missing from the answer is a run that lost its job."""
         return self.engine().jobs_renew_if_owned(
-            _claims(claims, method="renew"), milliseconds(lease, what="renew(lease=)"))
+            _claims(claims, method="renew"), milliseconds(lease, what="renew(lease=)")).held
 
     def wake_refused(self, claims: Claim | ClaimedJob | Iterable[Claim | ClaimedJob]) -> int:
         """Make due now each job still waiting since its claim was refused a concurrency slot
@@ -202,14 +203,20 @@ class SlotManager(EngineManager):
 
     def renew(self, holds: SlotHold | Iterable[SlotHold], *, ttl: Duration) -> frozenset[str]:
         """Extend each slot still held by its holder and not yet lapsed to ``ttl`` from now
-        (``Engine.slots_renew_if_held``): the holders renewed."""
+        (``Engine.slots_renew_if_held``): the holders that still hold their slot, renewed or,
+        when another transaction holds the slot's row this moment, not renewed this time (ask
+        again). A holder missing from the answer lost its slot."""
         return self.engine().slots_renew_if_held(
-            _records(holds, (SlotHold,), method="renew"), milliseconds(ttl, what="renew(ttl=)"))
+            _records(holds, (SlotHold,), method="renew"),
+            milliseconds(ttl, what="renew(ttl=)")).held
 
     def release(self, holds: SlotHold | Iterable[SlotHold]) -> int:
         """Free each slot its holder still has, lapsed or not (``Engine.slots_release_if_held``);
-        how many rows went."""
-        return self.engine().slots_release_if_held(_records(holds, (SlotHold,), method="release"))
+        how many rows went (a slot row another transaction holds this moment is not waited
+        for: release it again)."""
+        released, _held = self.engine().slots_release_if_held(
+            _records(holds, (SlotHold,), method="release"))
+        return released
 
     def live(self, *, slot_key: str | None = None, limit: int = 1000) -> list[SlotRecord]:
         """The live slots (of ``slot_key``), by key then slot, with the seconds each has left

@@ -290,10 +290,37 @@ class JobStep(models.Model):
                 fields=["event", "correlation_key"], condition=Q(status="waiting"),
                 name="x_job_steps_waiting_idx",
             ),
+            # The invoke steps whose last child finished: jobs_unblock wakes a suspended parent
+            # the child's trigger could not (another transaction held the parent's row).
+            models.Index(
+                fields=["run_id"], condition=Q(status="invoking", pending__lte=0),
+                name="x_job_steps_fanin_idx",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.name} [{self.status}]"
+
+
+class LeaseExtension(models.Model):
+    """A running job's lease, kept beside its row while another transaction holds the row.
+
+    The heartbeat never waits on a row lock: a row it cannot lock now (a request holding it, an
+    operator's change not committed yet) has its lease written here instead, keyed by the run's
+    lease token, and the claim takes no lapsed lease whose extension still runs. The run goes on,
+    and its row is renewed as soon as it is free (docs/design.md, "Lease extensions").
+    """
+
+    lease_token = models.UUIDField(primary_key=True)
+    job_id = models.UUIDField()
+    until = models.DateTimeField()
+
+    class Meta:
+        db_table = "x_lease_extensions"
+        verbose_name = "lease extension"
+
+    def __str__(self) -> str:
+        return f"{self.job_id} until {self.until}"
 
 
 class JobKey(models.Model):

@@ -444,6 +444,10 @@ class Fence(enum.Enum):
     OWNED = "owned"  # this call applied the write
     ALREADY_APPLIED = "already_applied"  # an earlier try of the same write committed (ambiguous)
     LOST = "lost"  # the run no longer owns the job: cancelled, re-claimed, or gone
+    # Another transaction holds the job's row (a request, an operator, a report): nothing was
+    # written and nothing was waited for; write again once the row is free (docs/design.md,
+    # "Lock order").
+    BUSY = "busy"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -501,15 +505,34 @@ class FenceReport:
     owned: frozenset[str] = frozenset()
     already_applied: frozenset[str] = frozenset()
     lost: frozenset[str] = frozenset()
+    # Rows another transaction holds: not written, not lost; the caller writes them again later.
+    busy: frozenset[str] = frozenset()
     # For already-applied writes: the state the earlier, committed try left the job in.
     states: Mapping[str, str] = field(default_factory=dict)
 
     def outcome(self, lease_token: str) -> Fence:
         if lease_token in self.owned:
             return Fence.OWNED
+        if lease_token in self.busy:
+            return Fence.BUSY
         if lease_token in self.already_applied:
             return Fence.ALREADY_APPLIED
         return Fence.LOST
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Renewal:
+    """A heartbeat's answer, per lease token: the leases it renewed on their rows, and those it
+    kept beside a row another transaction holds (``x_lease_extensions``: no claim takes them
+    over until the extension ends). Both hold for a whole lease from the moment it was sent;
+    every other token lost its job."""
+
+    renewed: frozenset[str] = frozenset()
+    kept: frozenset[str] = frozenset()
+
+    @property
+    def held(self) -> frozenset[str]:
+        return self.renewed | self.kept
 
 
 # --------------------------------------------------------------------------- steps, events --
@@ -1016,6 +1039,9 @@ class CronRun:
     id: str
     state: str
     blocked_on: str | None = None
+    # Read locked (buffer_one, cancel_previous) but another transaction holds its row: the
+    # round leaves the task for a later round rather than wait (cron_runs_lock_live).
+    held: bool = False
 
     @property
     def buffered(self) -> bool:

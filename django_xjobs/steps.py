@@ -61,17 +61,18 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from . import conf, faults
-from .context import in_thread
+from .context import BUSY_RETRY_FIRST, BUSY_RETRY_MAX, in_thread, until_free
 from .engines import get_engine
 from .exceptions import (
     ChildFailed,
     InvalidJobInput,
     JobCancelled,
     PayloadTooLarge,
+    RowBusy,
     StepNameReused,
     StepOutputError,
     StepOutputTooLarge,
@@ -90,6 +91,8 @@ from .records import (
 from .values import check_name, check_text, encode_json, format_error, milliseconds_of
 
 DEFAULT_EVENT_TTL = timedelta(days=7)
+
+T = TypeVar("T")
 MAX_STEP_NAME = 200
 
 
@@ -140,6 +143,10 @@ class Steps:
         self._guard = guard
         self._records: dict[str, StepRecord] | None = None
         self._used: set[str] = set()
+        # Inside one of this class's own transactions (a sleep's, an invoke's, a wait's): a
+        # write that finds the job's row held (RowBusy) rolls the whole block back and the
+        # block is tried again; outside one, the write alone is (docs/design.md, "Lock order").
+        self._in_block = False
 
     # --------------------------------------------------------------------- plumbing --
     def _begin(self, name: Any) -> StepRecord | None:
@@ -153,11 +160,32 @@ class Steps:
     def _lost(self, what: str) -> JobCancelled:
         return JobCancelled(f"{what}: this run no longer owns the job (lease lost or cancelled)")
 
+    def _until_free(self, write: Callable[[], T]) -> T:
+        """``write`` (a step write, or a whole block of this class's) again while the job's row
+        is held by another transaction: the run polls for its own row, never in PostgreSQL's
+        lock queue, and only this run waits. Inside a block, RowBusy goes up to the block."""
+        if self._in_block:
+            return write()
+        return until_free(write, self._ctx.cancelled, self._ctx.check_cancelled)
+
+    def _block(self, body: Callable[[], T]) -> T:
+        """``body`` in one transaction of this class's own, tried again as a whole while a
+        write in it finds the job's row held by another transaction."""
+        def attempt() -> T:
+            self._in_block = True
+            try:
+                with self._engine.atomic():
+                    return body()
+            finally:
+                self._in_block = False
+        return until_free(attempt, self._ctx.cancelled, self._ctx.check_cancelled)
+
     def _complete(self, name: str, output_json: str | None, **event: Any) -> None:
         # ``event`` also carries the step's ``kind`` when it is not a run
         if self._guard is not None:
             self._guard()
-        if not self._engine.step_complete_if_owned(self._owner, name, output_json, **event):
+        if not self._until_free(lambda: self._engine.step_complete_if_owned(
+                self._owner, name, output_json, **event)):
             raise self._lost(f"step {name!r} not recorded")
 
     def _refuse_in_transaction(self, what: str) -> None:
@@ -174,6 +202,8 @@ class Steps:
             self._on_park()
         report = self._engine.job_suspend_if_owned(
             Suspension(claim=self._owner.claim, wake_at=wake_at))
+        if self._owner.claim.lease_token in report.busy:
+            raise RowBusy("job not suspended: its row is held by another transaction")
         if self._owner.claim.lease_token not in report.owned:
             raise self._lost("job not suspended")
         return StepSuspended(wake_at)
@@ -202,7 +232,9 @@ class Steps:
     def _record_failure(self, name: str, exc: BaseException) -> None:
         if self._guard is not None:
             self._guard()
-        if self._engine.step_fail_if_owned(self._owner, name, format_error(exc)) is None:
+        error = format_error(exc)
+        if self._until_free(lambda: self._engine.step_fail_if_owned(
+                self._owner, name, error)) is None:
             raise self._lost(f"step {name!r} failure not recorded") from exc
 
     def _record_output(self, name: str, value: Any) -> Any:
@@ -238,7 +270,8 @@ class Steps:
         self._refuse_in_transaction(f"ctx.step.sleep({name!r})")
         if self._guard is not None:
             self._guard()
-        with self._engine.atomic():
+
+        def block() -> StepSuspended | None:
             parked = self._engine.step_park_if_owned(
                 self._owner, name, status="sleeping", wake_at=wake_at, duration_ms=duration_ms,
                 kind="sleep",
@@ -247,9 +280,12 @@ class Steps:
                 raise self._lost(f"sleep {name!r} not recorded")
             if parked.due:
                 self._complete(name, None)
-                return
-            signal = self._park(parked.wake_at)
-        raise signal
+                return None
+            return self._park(parked.wake_at)
+
+        signal = self._block(block)
+        if signal is not None:
+            raise signal
 
     # -------------------------------------------------------------------- children --
     def invoke(self, name: str, job: Any, input: Mapping[str, Any] | None = None, *,
@@ -282,18 +318,23 @@ class Steps:
                 raise InvalidJobInput(f"{what}: timeout must be greater than zero")
             params = self._child_batch(calls, what)
         timed_out: set[Any] = set()
+        pause = 0.0
         while True:
             outcome = self._check_children(name, params, timeout_ms, timed_out)
             if not isinstance(outcome, list):
                 break
-            # Timed out with children live: cancel them outside the step row's lock (a child
-            # finishing at this moment holds its row and waits for the step row: cancelling
-            # under that lock would deadlock with it), then check again and record.
-            self._engine.jobs_cancel_tree(
+            # Timed out with children live: cancel them outside the step row's lock, skipping a
+            # child another transaction holds (tried again after a pause), then check again
+            # and record.
+            cancelled = self._engine.jobs_cancel_tree(
                 ids=[str(c.id) for c in outcome],
-                reason=f"cancelled: the parent's step {name!r} timed out")
+                reason=f"cancelled: the parent's step {name!r} timed out", wait=False)
             timed_out.update(c.id for c in outcome)
             params = None
+            if cancelled < len(outcome):
+                pause = min(BUSY_RETRY_MAX, pause * 2) if pause else BUSY_RETRY_FIRST
+                if self._ctx.cancelled.wait(pause):
+                    self._ctx.check_cancelled()
         if isinstance(outcome, StepSuspended):
             raise outcome
         # After the commit: a ChildFailed raised inside the block would roll the record back.
@@ -306,37 +347,42 @@ class Steps:
         (``params``), or read them. Returns the suspension to raise, the outcome recorded, or
         the children still live when the step's timeout has passed (to cancel, then check
         again). The timeout is the one recorded when the step opened."""
-        engine, owner = self._engine, self._owner
         if self._guard is not None:
             self._guard()
-        with engine.atomic():
-            step = engine.step_invoke_open_if_owned(
-                owner, name, children=[str(p.id) for p in params or ()], timeout_ms=timeout_ms)
-            if step is None:
+        return self._block(lambda: self._check_children_in(name, params, timeout_ms, timed_out))
+
+    def _check_children_in(self, name: str, params: list[EnqueueParams] | None,
+                           timeout_ms: int | None, timed_out: set[Any]
+                           ) -> StepSuspended | dict[str, Any] | list[ChildState]:
+        """_check_children's transaction."""
+        engine, owner = self._engine, self._owner
+        step = engine.step_invoke_open_if_owned(
+            owner, name, children=[str(p.id) for p in params or ()], timeout_ms=timeout_ms)
+        if step is None:
+            raise self._lost(f"step {name!r} not recorded")
+        if step.opened:
+            if params is None:  # a row this run's first read did not see: not ours
+                raise self._lost(f"step {name!r} opened by another run")
+            engine.jobs_enqueue_children(params, parent_id=UUID(str(owner.claim.job_id)),
+                                         parent_step=name)
+            signal = self._park(step.park_at)
+            if faults.armed:  # the children and the suspension written, not committed
+                faults.hit("step:children-enqueued")
+            return signal
+        children = engine.jobs_children(step.children)
+        if faults.armed:
+            faults.hit("step:children-read")
+        live = [c for c in children if c.state in LIVE_STATES]
+        if live and step.due:
+            return live
+        if live:
+            if not engine.step_invoke_pending_if_owned(owner, name, len(live)):
                 raise self._lost(f"step {name!r} not recorded")
-            if step.opened:
-                if params is None:  # a row this run's first read did not see: not ours
-                    raise self._lost(f"step {name!r} opened by another run")
-                engine.jobs_enqueue_children(params, parent_id=UUID(str(owner.claim.job_id)),
-                                             parent_step=name)
-                signal = self._park(step.park_at)
-                if faults.armed:  # the children and the suspension written, not committed
-                    faults.hit("step:children-enqueued")
-                return signal
-            children = engine.jobs_children(step.children)
-            if faults.armed:
-                faults.hit("step:children-read")
-            live = [c for c in children if c.state in LIVE_STATES]
-            if live and step.due:
-                return live
-            if live:
-                if not engine.step_invoke_pending_if_owned(owner, name, len(live)):
-                    raise self._lost(f"step {name!r} not recorded")
-                return self._park(step.park_at)
-            output = _children_output(children, timed_out=timed_out)
-            self._complete(name, encode_json(output, what=f"outcome of step {name!r}",
-                                             limit=None), kind="invoke")
-            return output
+            return self._park(step.park_at)
+        output = _children_output(children, timed_out=timed_out)
+        self._complete(name, encode_json(output, what=f"outcome of step {name!r}",
+                                         limit=None), kind="invoke")
+        return output
 
     def _child_batch(self, calls: Iterable[Sequence[Any]], what: str) -> list[EnqueueParams]:
         """Every child validated into its insert before anything is written."""
@@ -394,7 +440,8 @@ class Steps:
         engine, owner = self._engine, self._owner
         if self._guard is not None:
             self._guard()
-        with engine.atomic():
+
+        def block() -> EventWon | StepSuspended | None:
             engine.event_lock(events)
             parked = engine.step_park_if_owned(
                 owner, name, status="waiting", duration_ms=timeout_ms,
@@ -421,8 +468,12 @@ class Steps:
                 if wait_any:
                     engine.step_cancel_siblings(owner, f"{name}#")
                 return None
-            signal = self._park(parked.wake_at)
-        raise signal
+            return self._park(parked.wake_at)
+
+        outcome = self._block(block)
+        if isinstance(outcome, StepSuspended):
+            raise outcome
+        return outcome
 
     def _cursor(self, events: list[str], started_at: datetime) -> tuple[datetime, int]:
         """Events after the last one this run consumed from these names, else after the start."""

@@ -57,6 +57,7 @@ from ..records import (
     QueueStats,
     RateRequest,
     RateWindow,
+    Renewal,
     Requeue,
     RunOwner,
     SchedulerStateRecord,
@@ -191,6 +192,9 @@ class Engine(abc.ABC):
         concurrency slots are decided here, and what they hold back is not claimed. A fair
         queue starts after ``cursors[queue]``, the last tenant this worker served there."""
 
+    # The fenced writes of runs never wait on a row another transaction holds (docs/design.md,
+    # "Lock order"): such a run is answered busy in the report (nothing written), and the
+    # worker writes it again later.
     @abc.abstractmethod
     def jobs_complete_if_owned(self, batch: Sequence[Completion]) -> FenceReport: ...
 
@@ -206,9 +210,10 @@ class Engine(abc.ABC):
     def job_suspend_if_owned(self, suspension: Suspension) -> FenceReport: ...
 
     @abc.abstractmethod
-    def jobs_renew_if_owned(self, claims: Sequence[Claim], lease_ms: int) -> frozenset[str]:
-        """Extend every lease still owned; return the lease TOKENS renewed (a missing token =
-        that run lost the job)."""
+    def jobs_renew_if_owned(self, claims: Sequence[Claim], lease_ms: int) -> Renewal:
+        """Extend every lease still owned, without waiting: the lease TOKENS renewed on their
+        rows, and those kept beside a row another transaction holds (no claim takes them over
+        meanwhile); a missing token = that run lost the job."""
 
     # ------------------------------------------------------------------------- steps --
     @abc.abstractmethod
@@ -287,9 +292,10 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def jobs_cancel_tree(self, *, ids: Sequence[str] = (), parents: Sequence[str] = (),
-                         reason: str | None) -> int:
+                         reason: str | None, wait: bool = True) -> int:
         """Cancel the live jobs ``ids`` and the live children of ``parents``, with their live
-        descendants; how many were cancelled."""
+        descendants; how many were cancelled. ``wait`` False (a worker's cancel): a job held
+        by another transaction is left live rather than waited for."""
 
     # ------------------------------------------------------------------------ events --
     @abc.abstractmethod
@@ -504,15 +510,18 @@ class Engine(abc.ABC):
         to two requests of one batch or to two concurrent callers."""
 
     @abc.abstractmethod
-    def slots_renew_if_held(self, holds: Sequence[SlotHold], ttl_ms: int) -> frozenset[str]:
-        """Extend each slot still held by its holder AND not yet expired; the holders renewed
-        (a missing holder = that run lost its slot; a lapsed slot is never revived)."""
+    def slots_renew_if_held(self, holds: Sequence[SlotHold], ttl_ms: int) -> Renewal:
+        """Extend each slot still held by its holder AND not yet expired, without waiting: the
+        holders renewed, and those whose row another transaction holds this moment (``kept``:
+        not renewed, not lost); a missing holder = that run lost its slot (a lapsed slot is
+        never revived)."""
 
     @abc.abstractmethod
-    def slots_release_if_held(self, holds: Sequence[SlotHold]) -> int:
+    def slots_release_if_held(self, holds: Sequence[SlotHold]) -> tuple[int, list[SlotHold]]:
         """Free each slot its holder still has (lapsed or not), and wake as many jobs blocked
-        on each key as it has free slots under the hold's limit (a NOTIFY of their queues);
-        how many slot rows went."""
+        on each key as it has free slots under the hold's limit (a NOTIFY of their queues):
+        how many slot rows went, and the holds whose row another transaction holds this moment
+        (not waited for; release them again later)."""
 
     @abc.abstractmethod
     def slots_list(self, *, slot_key: str | None = None, limit: int = 1000) -> list[SlotRecord]:
@@ -683,6 +692,11 @@ class Engine(abc.ABC):
     def slots_purge_expired(self, *, grace_ms: int, batch_size: int = 1000) -> int:
         """Delete concurrency slot rows expired for longer than ``grace_ms``, in bounded
         batches."""
+
+    @abc.abstractmethod
+    def lease_extensions_purge(self, *, batch_size: int = 1000) -> int:
+        """Delete the leases kept beside held rows that ended (jobs_renew_if_owned), in
+        bounded batches."""
     # ----------------------------------------------------------------------- console --
     @abc.abstractmethod
     def jobs_delete_finished(
@@ -722,9 +736,20 @@ class Engine(abc.ABC):
 
     # ---------------------------------------------------------------- connections --
     @abc.abstractmethod
-    def session_label(self, label: str) -> None:
-        """Name this thread's connection (``application_name``) so operators and fault tests
-        can find it in ``pg_stat_activity``."""
+    def name_session(self, label: str) -> bool:
+        """Name this thread's connection (``application_name``, set when it connects, so a
+        pooler hands the name to every server connection it lends this one) so operators and
+        fault tests can find it in ``pg_stat_activity``; False when it cannot be named at
+        connect (session_label then names the session)."""
+
+    @abc.abstractmethod
+    def forget_session_name(self) -> None:
+        """Undo name_session for this thread's connection, from its next connect."""
+
+    @abc.abstractmethod
+    def session_label(self, label: str) -> str:
+        """name_session, and set up the session of a worker's own thread (its loop, heartbeat,
+        duties); the isolation level its statements run at by default."""
 
     @abc.abstractmethod
     def listener(self, channel_label: str) -> Listener:

@@ -13,7 +13,9 @@ What goes, and after how long (docs/scheduling.md, "Maintenance and retention"):
   (``slots_purge_expired``; why the grace: see that statement);
 * the counters' minute, hour and day buckets past ``counters.RETENTION`` (``stats_prune``);
 * idempotency-window rows whose window ended (``job_keys_purge_expired``, docs/durable.md,
-  "Idempotency windows").
+  "Idempotency windows");
+* leases kept beside a held row that ended a minute ago (``lease_extensions_purge``,
+  docs/design.md, "Lease extensions").
 
 Before that, finished jobs older than ``XJOBS["ARCHIVE_AFTER"]`` move out of ``x_jobs`` into
 the history tables (:func:`archive`, which the scheduler's maintenance thread also runs every
@@ -58,19 +60,20 @@ class PruneReport:
     slots: int = 0
     stats: int = 0
     keys: int = 0  # idempotency-window rows whose window ended
+    extensions: int = 0  # leases kept beside held rows, ended
     stopped: bool = False
 
     @property
     def total(self) -> int:
         return (sum(self.jobs.values()) + self.archived + len(self.days) + self.events
-                + self.outbox + self.slots + self.stats + self.keys)
+                + self.outbox + self.slots + self.stats + self.keys + self.extensions)
 
     def summary(self) -> str:
         jobs = ", ".join(f"{n} {state}" for state, n in sorted(self.jobs.items()) if n)
         parts = [f"jobs: {jobs or 0}", f"history tables: {', '.join(self.days) or 0}",
                  f"events: {self.events}", f"outbox: {self.outbox}",
                  f"slots: {self.slots}", f"counters: {self.stats}",
-                 f"idempotency windows: {self.keys}"]
+                 f"idempotency windows: {self.keys}", f"lease extensions: {self.extensions}"]
         return (f"archived {self.archived} finished jobs; deleted " + "; ".join(parts)
                 + (" (stopped early)" if self.stopped else ""))
 
@@ -128,6 +131,7 @@ def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | Non
             grace_ms=round(settings.slot_purge_grace * 1000), batch_size=batch)),
         ("stats", lambda: counters.prune(engine, batch_size=batch)),
         ("keys", lambda: engine.job_keys_purge_expired(batch_size=batch)),
+        ("extensions", lambda: engine.lease_extensions_purge(batch_size=batch)),
     ]
     for name, purge in steps:
         if not keep_going():

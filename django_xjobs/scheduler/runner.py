@@ -202,9 +202,11 @@ class Scheduler:
             for name, ids in plan.cancel.items():
                 # The runs' child jobs (a durable run's invoke/gather) first, then the runs: the
                 # order of an operator's cancel (jobs_cancel_tree says why).
-                self.engine.jobs_cancel_tree(parents=ids, reason=plan.reasons[name])
+                # Skipping what another transaction holds (a child of a run held by a request
+                # finishes on its own; the runs themselves are locked by this round).
+                self.engine.jobs_cancel_tree(parents=ids, reason=plan.reasons[name], wait=False)
                 report.cancelled[name] = self.engine.jobs_cancel_tree(
-                    ids=ids, reason=plan.reasons[name])
+                    ids=ids, reason=plan.reasons[name], wait=False)
             results: list[EnqueueResult] = []
             for start in range(0, len(jobs), ENQUEUE_BATCH):
                 results += self.engine.jobs_enqueue(jobs[start:start + ENQUEUE_BATCH])
@@ -218,7 +220,8 @@ class Scheduler:
                     raise LeadershipLost("the leader fence failed counting the skips")
             if faults.armed:
                 faults.hit("scheduler:before-mark")
-            names = [n for n in locked.watermarks if n not in report.failed]
+            names = [n for n in locked.watermarks
+                     if n not in report.failed and n not in report.busy]
             marked = self.engine.scheduler_states_mark_if_leading(names, now, fence)
             if len(marked) != len(names):
                 raise LeadershipLost("the leader fence failed marking the watermarks")
@@ -245,16 +248,24 @@ class Scheduler:
         if not policed:
             return plan
         live: dict[str, list[CronRun]] = {}
-        # buffer_one locks the live runs: a run finishing meanwhile then finishes after this
-        # round committed, and its trigger sees the run buffered behind it (cron_runs_lock_live).
+        # buffer_one and cancel_previous lock the live runs: a run finishing meanwhile then
+        # finishes after this round committed (and its trigger sees the run buffered behind
+        # it), and the runs to cancel are the round's until it commits (cron_runs_lock_live).
         for lock in (False, True):
             by = [tasks[n].enqueued_by for n in policed
-                  if (tasks[n].overlap == "buffer_one") is lock]
+                  if (tasks[n].overlap != "skip") is lock]
             for run in self.engine.cron_runs_live(by, lock=lock):
                 live.setdefault(run.enqueued_by, []).append(run)
         for name in policed:
             task, fire = tasks[name], built[name]
             runs = live.get(task.enqueued_by, [])
+            if any(r.held for r in runs):
+                # Another transaction holds one of its runs (a request, an operator): the
+                # round does not wait for it; the task fires at a later round, from the same
+                # watermark, so nothing is lost (docs/design.md, "Lock order").
+                report.busy.append(name)
+                plan.fire[name] = []
+                continue
             kept: list[tuple[datetime, EnqueueParams]] = []
             if task.overlap == "cancel_previous":
                 # Each occurrence would cancel the one before it: only the newest is enqueued.

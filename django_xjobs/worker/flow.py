@@ -31,10 +31,11 @@ from typing import Protocol, TypeVar
 
 from .. import clock, registry, slots
 from ..conf import XJobsSettings
+from ..context import BUSY_RETRY_FIRST, BUSY_RETRY_MAX
 from ..engines import Engine
 from ..exceptions import SLOT_LOST
 from ..ratelimits import rate_limit_of
-from ..records import ClaimBatch, ClaimedJob, ClaimFlow, SlotHold
+from ..records import ClaimBatch, ClaimedJob, ClaimFlow, Renewal, SlotHold
 from .executor import GiveBack
 
 log = logging.getLogger("django_xjobs.worker")
@@ -98,6 +99,10 @@ class Flow:
         self.retry_at: float | None = None
         self._holding = 0  # runs holding a slot not yet handed to a release
         self._releases: list[SlotHold] = []  # slots of settled runs, released at the next try
+        # Slots a release found held by another transaction: released again then (monotonic),
+        # the pause doubling as the loop's set-aside settles do.
+        self.release_retry_at: float | None = None
+        self._release_pause = 0.0
         # The first claim's round runs it: a worker starting (a burst run, a restart after a
         # crash) wakes at once what waits on keys with room.
         self._next_unblock = clock.monotonic()
@@ -173,32 +178,45 @@ class Flow:
         """Release the slots of settled runs (and any left from a failed release) in one
         statement, which also wakes the jobs blocked on their keys. A failure raises, and the
         release is retried with the next settle (at worst the slots free themselves at
-        expiry)."""
+        expiry); a slot row another transaction holds this moment is not waited for, and is
+        released again a moment later (release_due)."""
         for run in settled:
             hold = run.slot
             if hold is not None:
                 run.slot = None
                 self._holding -= 1
                 self._releases.append(hold)
+        if not self._releases:
+            return
+        _released, self._releases = self.engine.slots_release_if_held(self._releases)
         if self._releases:
-            self.engine.slots_release_if_held(self._releases)
-            self._releases = []
+            self._release_pause = (BUSY_RETRY_FIRST if not self._release_pause
+                                   else min(BUSY_RETRY_MAX, 2 * self._release_pause))
+            self.release_retry_at = clock.monotonic() + self._release_pause
+        else:
+            self._release_pause, self.release_retry_at = 0.0, None
+
+    def release_due(self, now: float) -> bool:
+        """Whether slots a held row turned away are due to be released again."""
+        return self.release_retry_at is not None and now >= self.release_retry_at
 
     def slot_lapsed(self, run: SlotRun, now: float) -> bool:
         """Whether ``run`` can no longer prove it holds its slot: no renewal for a SLOT_TTL."""
         return run.slot is not None and now - run.slot_renewed_at >= self.slot_ttl
 
-    def renewed(self, runs: Sequence[R], renewed: frozenset[str], sent_at: float) -> list[R]:
-        """A heartbeat's slot answer (renewed holders): move the renewed runs' clocks; the
-        runs whose slot was not renewed lost it (it lapsed, and may have been taken)."""
+    def renewed(self, runs: Sequence[R], renewal: Renewal, sent_at: float) -> list[R]:
+        """A heartbeat's slot answer (per holder): move the renewed runs' clocks; a slot whose
+        row another transaction held this moment keeps its clock (renewed at the next round,
+        or lost after a whole SLOT_TTL: slot_lapsed); the runs whose slot was neither lost it
+        (it lapsed, and may have been taken)."""
         lost = []
         for run in runs:
             hold = run.slot
             if hold is None:
                 continue
-            if hold.holder in renewed:
+            if hold.holder in renewal.renewed:
                 run.slot_renewed_at = sent_at
-            else:
+            elif hold.holder not in renewal.kept:
                 lost.append(run)
         return lost
 

@@ -7,6 +7,11 @@ Protocol (the database is authoritative for ownership):
   acknowledged): an acknowledgement waiting in the batch buffer still needs its lease;
 * an id missing from the answer means the run lost the job: the worker stops that run and
   discards its result (``Worker.on_renewed``);
+* the statement never waits on a row lock: a row another transaction holds (a request's lock,
+  an operator's change not committed yet) has its lease KEPT beside it instead
+  (``x_lease_extensions``), which no claim takes over; the run goes on, and its row is renewed
+  at the first round it is free. One held row delays nothing else (docs/design.md, "Lock
+  order");
 * a renewal that landed moves the run's ``renewed_at`` to the moment the statement was SENT, not
   answered: the database's ``now() + lease`` was computed at or after that moment, so the
   worker's belief about the lease never outlives the database's. A run proves its lease from it
@@ -15,8 +20,9 @@ Protocol (the database is authoritative for ownership):
 Concurrency slots (``slots.py``): when some of those runs hold a slot, the same round sends ONE
 more statement, ``slots_renew_if_held``, fenced on the holder and on the slot not having expired
 (a lapsed slot is never revived); a run whose slot is missing from the answer lost it
-(``Worker.on_slots_renewed``: ``X_JOB_SLOT_LOST``). Its ``sent_at`` is taken the same way. A
-round with no slot held sends nothing more.
+(``Worker.on_slots_renewed``: ``X_JOB_SLOT_LOST``); a slot row another transaction holds this
+moment is skipped (not renewed, not lost) and renewed at the next round. Its ``sent_at`` is
+taken the same way. A round with no slot held sends nothing more.
 
 Every ``XJOBS["WORKER_SEEN_INTERVAL"]`` (at most once a round, busy or idle, with or without
 leases to renew) the round also refreshes the worker's x_workers row (``Worker.seen``): it is
@@ -40,6 +46,7 @@ from django.db import connections
 
 from .. import clock
 from ..engines import Engine
+from ..records import Renewal
 from . import reachability
 
 log = logging.getLogger("django_xjobs.worker")
@@ -52,12 +59,11 @@ class Renewer(Protocol):
     def unsettled(self) -> Sequence[Any]:
         """The runs whose leases to renew (every run not yet settled)."""
 
-    def on_renewed(self, runs: Sequence[Any], renewed: frozenset[str], sent_at: float) -> None:
-        """The answer of a lease renewal: the lease tokens renewed."""
+    def on_renewed(self, runs: Sequence[Any], renewal: Renewal, sent_at: float) -> None:
+        """The answer of a lease renewal, per lease token."""
 
-    def on_slots_renewed(self, runs: Sequence[Any], renewed: frozenset[str],
-                         sent_at: float) -> None:
-        """The answer of a slot renewal: the holders renewed."""
+    def on_slots_renewed(self, runs: Sequence[Any], renewal: Renewal, sent_at: float) -> None:
+        """The answer of a slot renewal, per holder."""
 
     def seen(self) -> None:
         """Record in the database that the worker is alive (x_workers); may raise."""

@@ -7,7 +7,10 @@ The loop, in the order one iteration runs it (``Worker._iterate``):
    iteration in ONE ``jobs_complete_if_owned``, other outcomes one statement each. A write that
    matches no row means the run lost the job: logged, result discarded, never raised. A write
    whose connection died is retried as is; if the first try had committed, the fence check
-   recognises it as already applied (the ambiguous commit).
+   recognises it as already applied (the ambiguous commit). No write waits on a row lock: a
+   run whose row another transaction holds is answered busy, set aside, and written again at a
+   later settle (after BUSY_RETRY_FIRST, doubling up to BUSY_RETRY_MAX), while the heartbeat
+   keeps its lease; the other runs of the batch settle at once (docs/design.md, "Lock order").
 2. **Watch** (on a thread of its own, ``xjobs-watch``, which never touches the database: a loop
    stuck in a statement must not stop it). Runs past their ``timeout`` are stopped and failed
    with a timeout error. Runs that have gone a whole lease period without a renewal (the
@@ -66,7 +69,7 @@ import socket
 import threading
 import weakref
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,10 +78,10 @@ from django.db import connections, reset_queries
 
 from .. import clock, conf, faults, registry
 from ..base import child_params
-from ..context import JobContext
+from ..context import BUSY_RETRY_FIRST, BUSY_RETRY_MAX, JobContext
 from ..engines import get_engine
-from ..exceptions import SLOT_LOST, JobCancelled, SlotLost, XJobsError
-from ..records import ClaimedJob, Completion, Fence, RunOwner, SlotHold
+from ..exceptions import SLOT_LOST, ConfigurationError, JobCancelled, SlotLost, XJobsError
+from ..records import ClaimedJob, Completion, Fence, Renewal, RunOwner, SlotHold
 from ..steps import AsyncSteps, Steps
 from . import duties, executor, reachability
 from .executor import Discard, Done, GiveBack, Outcome, Retry
@@ -175,9 +178,9 @@ class WorkerOptions:
 class Run:
     """One claim of one job, from the claim until its fenced write settles it."""
 
-    __slots__ = ("_ctx", "_ctx_ref", "abandoned", "budget", "deadline", "definition", "future",
-                 "job", "on_unproven", "outcome", "parking", "phase", "renewed_at", "slot",
-                 "slot_renewed_at", "slot_ttl")
+    __slots__ = ("_ctx", "_ctx_ref", "abandoned", "budget", "busy_pause", "deadline",
+                 "definition", "future", "held_since", "job", "on_unproven", "outcome", "parking",
+                 "phase", "renewed_at", "retry_at", "slot", "slot_renewed_at", "slot_ttl")
 
     def __init__(self, job: ClaimedJob, definition: registry.JobDefinition | None, now: float, *,
                  budget: float, on_unproven: Callable[[Run, str], None]) -> None:
@@ -203,6 +206,12 @@ class Run:
         self.slot: SlotHold | None = None
         self.slot_renewed_at = now
         self.slot_ttl = 0.0  # SLOT_TTL, set with the slot
+        # Since when another transaction has held its job's row (its lease kept beside it, its
+        # settle set aside), None while the row is free; and, for a settle set aside, when to
+        # write it again and the pause before that (docs/design.md, "Lock order").
+        self.held_since: float | None = None
+        self.retry_at = 0.0
+        self.busy_pause = 0.0
         self._ctx: JobContext | None = JobContext(
             job_id=job.id, run_id=job.run_id, name=job.name, queue=job.queue,
             attempt=job.attempt, max_attempts=job.max_attempts, tenant_id=job.tenant_id,
@@ -281,6 +290,9 @@ class Worker:
         self._lock = threading.Lock()
         self._runs: dict[str, Run] = {}  # lease_token -> run, every run not yet settled
         self._finished: deque[Run] = deque()
+        # Finished runs whose settle found their row held by another transaction: written
+        # again at their retry_at, the loop going on meanwhile.
+        self._busy: list[Run] = []
         self._work: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
         self._queued = 0  # runs handed to executors but not started
         self._wake = threading.Event()
@@ -326,6 +338,12 @@ class Worker:
             signals.install()
         frozen = False
         try:
+            try:
+                self._label()
+            except ConfigurationError:
+                raise
+            except Exception as exc:  # the database is not there yet: the first claim labels
+                log.debug("loop connection not set up: %s", exc)
             self._start_threads()
             # What exists now (Django, the app's modules, this worker's threads and connections)
             # lives as long as the worker: left out of the garbage collector's full passes,
@@ -352,6 +370,7 @@ class Worker:
                 signals.uninstall()
             self._stop_threads.set()
             connections.close_all()
+            self.engine.forget_session_name()  # the calling thread may go on (testing.drain)
         log.info("worker %s stopped (%s): %s", self.worker_id, self._stop_reason or "done",
                  dict(self.stats))
 
@@ -466,6 +485,11 @@ class Worker:
         if self._finished:
             timeout = min(timeout, max(0.0, self._finished_since + self.settings.ack_interval
                                        - now))
+        retry = min((r.retry_at for r in self._busy), default=None)
+        release = self.flow.release_retry_at
+        for at in (retry, release):
+            if at is not None:
+                timeout = min(timeout, max(0.0, at - now))
         rate_due = self.flow.wait_limit(now)
         return timeout if rate_due is None else min(timeout, rate_due)
 
@@ -543,8 +567,7 @@ class Worker:
             return 0
         try:
             if not self._labelled:
-                self.engine.session_label(f"xjobs:{self.worker_id}:loop")
-                self._labelled = True
+                self._label()
             claimed = self.flow.claim(wants, self.lease_ms)
         except Exception as exc:
             self._claim_failed(exc)
@@ -575,6 +598,21 @@ class Worker:
         else:
             self.idle.clear()
         return len(claimed)
+
+    def _label(self) -> None:
+        """Set up the loop's connection (engine.session_label). Its statements must run at
+        READ COMMITTED, the level every lock and snapshot of theirs is written for
+        (docs/guarantees.md, "Isolation levels"): a database or role whose sessions default to
+        another level stops the worker."""
+        isolation = self.engine.session_label(f"xjobs:{self.worker_id}:loop")
+        self._labelled = True
+        if isolation != "read committed":
+            raise ConfigurationError(
+                f"the worker's database sessions run at {isolation.upper()} "
+                "(default_transaction_isolation), and its statements need READ COMMITTED: set "
+                "it for the worker's role (ALTER ROLE ... SET default_transaction_isolation = "
+                "'read committed') or leave the server's default (docs/guarantees.md, "
+                "\"Isolation levels\")")
 
     def _claim_failed(self, exc: Exception) -> None:
         """A claim that failed: retried, except by a burst run that cannot go on (it stops,
@@ -623,6 +661,8 @@ class Worker:
 
     # -------------------------------------------------------------------- executors --
     def _executor_main(self) -> None:
+        # Named when it connects: the job code's own statements, and its steps, run on it.
+        self.engine.name_session(f"xjobs:{self.worker_id}:run")
         last_job_end = 0.0
         while True:
             held_slot = False
@@ -761,31 +801,28 @@ class Worker:
 
     # ----------------------------------------------------------------- 1. settle --
     def _settle(self) -> None:
-        if not self._finished:
+        now = clock.monotonic()
+        retried = [r for r in self._busy if r.retry_at <= now] if self._busy else []
+        if not self._finished and not retried:
+            if self.flow.release_due(now):
+                self._release(())
             return
+        if retried:
+            self._busy = [r for r in self._busy if r.retry_at > now]
         if self.options.burst:
             # What finished may have enqueued or woken work (a job it enqueued, its children,
             # the parent its ack wakes) in a queue the current sweep already asked: the sweep
             # that may end a burst starts again from here.
             self._new_sweep(dry=False)
-        batch: list[Run] = []
+        batch: list[Run] = retried
         while self._finished:
             batch.append(self._finished.popleft())
         done = [r for r in batch if isinstance(r.outcome, Done)]
         others = [r for r in batch if not isinstance(r.outcome, Done)]
         unsettled: list[Run] = []
-        # A child job's acknowledgement locks its parent's step row (x_jobs_transition): acks
-        # of children of several parents in one statement would lock their rows in no set
-        # order, and two workers' batches could deadlock. So one statement per parent: each
-        # holds one parent's row at most (a fan-out's children still go together).
-        if any(r.job.parent_id is not None for r in done):
-            families: dict[str, list[Run]] = {}
-            for r in done:
-                if r.job.parent_id is not None:
-                    families.setdefault(r.job.parent_id, []).append(r)
-            done = [r for r in done if r.job.parent_id is None]
-            for family in families.values():
-                unsettled.extend(self._acknowledge(family))
+        # One statement for every Done, children of several parents included: it locks their
+        # rows and their parents' step rows SKIP LOCKED, in one order, so no two batches (and
+        # no batch and the heartbeat) ever wait on each other (docs/design.md, "Lock order").
         if done:
             unsettled.extend(self._acknowledge(done))
         for i, r in enumerate(others):
@@ -800,17 +837,42 @@ class Worker:
                 self._db_error("settle", exc)
                 unsettled.append(r)
                 continue
-            self._settled(r, fence, state)
+            if fence is Fence.BUSY:
+                self._set_aside(r)
+            else:
+                self._settled(r, fence, state)
         if unsettled:
             with self._lock:
                 self._finished.extendleft(reversed(unsettled))
         if self.flow.holding:
-            try:
-                self.flow.release(r for r in batch if r.phase == SETTLED)
-            except Exception as exc:
-                self._db_error("slot release", exc)
-            else:
-                self._more_likely = True  # the release woke the jobs of its keys: claim them
+            self._release(r for r in batch if r.phase == SETTLED)
+
+    def _release(self, settled: Iterable[Run]) -> None:
+        """Release the slots of settled runs (and those a held row turned away before)."""
+        try:
+            self.flow.release(settled)
+        except Exception as exc:
+            self._db_error("slot release", exc)
+        else:
+            self._more_likely = True  # the release woke the jobs of its keys: claim them
+
+    def _set_aside(self, run: Run) -> None:
+        """A settle that found the run's row held by another transaction: nothing was written
+        and nothing waited. Write it again at a later settle, the pause doubling up to
+        BUSY_RETRY_MAX; the heartbeat keeps the run's lease meanwhile."""
+        now = clock.monotonic()
+        run.busy_pause = (BUSY_RETRY_FIRST if not run.busy_pause
+                          else min(BUSY_RETRY_MAX, 2 * run.busy_pause))
+        run.retry_at = now + run.busy_pause
+        if run.held_since is None:
+            run.held_since = now
+        if run.busy_pause == BUSY_RETRY_FIRST:
+            self.stats["settles_set_aside"] += 1
+            log.info("job %s (%s) attempt %d: its row is held by another transaction; its "
+                     "outcome is written once the row is free (tried again in %gs, then at most "
+                     "every %gs)", run.job.id, run.job.name, run.job.attempt, run.busy_pause,
+                     BUSY_RETRY_MAX)
+        self._busy.append(run)
 
     def _acknowledge(self, done: list[Run]) -> list[Run]:
         """One ``jobs_complete_if_owned`` for these runs; returns them when it failed (a
@@ -837,7 +899,11 @@ class Worker:
                 self.stats["done"] += len(done)
             else:
                 for r in done:
-                    self._settled(r, report.outcome(r.job.lease_token), "done")
+                    fence = report.outcome(r.job.lease_token)
+                    if fence is Fence.BUSY:
+                        self._set_aside(r)
+                    else:
+                        self._settled(r, fence, "done")
         return []
 
     def _write_outcome(self, run: Run) -> tuple[Fence, str]:
@@ -849,6 +915,9 @@ class Worker:
             run.phase = SETTLED
             self._runs.pop(run.job.lease_token, None)
         job = run.job
+        if run.held_since is not None:
+            log.info("job %s (%s): settled %.1fs after another transaction first held its row",
+                     job.id, job.name, clock.monotonic() - run.held_since)
         if announcing():
             assert run.outcome is not None
             announce(self.engine, job, run.definition or job.name, run.outcome, fence, state)
@@ -956,12 +1025,26 @@ class Worker:
         with self._lock:
             return [r for r in self._runs.values() if r.phase != SETTLED]
 
-    def on_renewed(self, runs: Sequence[Run], renewed: frozenset[str], sent_at: float) -> None:
-        """Heartbeat answer (renewed lease tokens): renewed runs move their clock; the others
-        lost the job."""
+    def on_renewed(self, runs: Sequence[Run], renewal: Renewal, sent_at: float) -> None:
+        """Heartbeat answer (per lease token): runs whose lease was renewed, or kept beside a
+        row another transaction holds, move their clock; the others lost the job."""
         for run in runs:
-            if run.job.lease_token in renewed:
+            token = run.job.lease_token
+            if token in renewal.renewed:
                 run.renewed_at = sent_at
+                if run.held_since is not None and run.phase in (QUEUED, RUNNING):
+                    log.info("job %s (%s): its row is free again after %.1fs", run.job.id,
+                             run.job.name, sent_at - run.held_since)
+                    run.held_since = None
+                continue
+            if token in renewal.kept:
+                run.renewed_at = sent_at
+                if run.held_since is None:
+                    run.held_since = sent_at
+                    self.stats["leases_kept"] += 1
+                    log.info("job %s (%s) attempt %d: its row is held by another transaction; "
+                             "the run goes on, its lease kept beside the row until it is free",
+                             run.job.id, run.job.name, run.job.attempt)
                 continue
             if run.phase in (QUEUED, RUNNING) and not run.parking:
                 self.stats["lost_on_heartbeat"] += 1
@@ -980,11 +1063,11 @@ class Worker:
             self._db_error("unblock", exc)
             return 0
 
-    def on_slots_renewed(self, runs: Sequence[Run], renewed: frozenset[str],
-                         sent_at: float) -> None:
-        """Heartbeat answer for slots (renewed holders): a run whose slot was not renewed
-        lost it (it lapsed, and may have been taken): stop it (X_JOB_SLOT_LOST)."""
-        for run in self.flow.renewed(runs, renewed, sent_at):
+    def on_slots_renewed(self, runs: Sequence[Run], renewal: Renewal, sent_at: float) -> None:
+        """Heartbeat answer for slots (per holder): a run whose slot was neither renewed nor
+        held by another transaction this moment lost it (it lapsed, and may have been taken):
+        stop it (X_JOB_SLOT_LOST)."""
+        for run in self.flow.renewed(runs, renewal, sent_at):
             if run.phase in (QUEUED, RUNNING) and not run.parking:
                 self._slot_lost(run, "the slot's renewal was refused: it lapsed (and may have "
                                      "been taken by another run)")

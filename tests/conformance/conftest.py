@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 import pytest
 from django.db import connections
@@ -32,7 +33,9 @@ from django_xjobs.records import (
     Failure,
     FenceReport,
     LeaderRecord,
+    Renewal,
     Requeue,
+    RunOwner,
     SlotHold,
     SlotRecord,
     SlotRequest,
@@ -119,6 +122,25 @@ def claim_one(engine, queue: str = "default", *, worker: str = "worker-1",
     claimed = claim(engine, queue, 1, worker=worker, lease_ms=lease_ms)
     assert len(claimed) == 1, f"expected one claimed job in {queue!r}, got {claimed}"
     return claimed[0]
+
+
+def a_parent_waiting_on(engine, n: int, *,
+                        max_attempts: int = 2) -> tuple[ClaimedJob, list[str]]:
+    """A parent (queue ``parents``) suspended on an invoke step ``naps`` of ``n`` children
+    (``testapp.nap``, queue ``kids``), as a run's ctx.step.gather leaves it: the step row, the
+    children and the suspension in one transaction; the parent's claim and the children's ids."""
+    enqueue(engine, name="testapp.nap_parent", queue="parents")
+    parent = claim_one(engine, "parents")
+    owner = RunOwner(claim=parent.claim, run_id=parent.run_id)
+    kids = [params(name="testapp.nap", queue="kids", max_attempts=max_attempts)
+            for _ in range(n)]
+    with engine.atomic():
+        step = engine.step_invoke_open_if_owned(owner, "naps", children=[str(k.id) for k in kids],
+                                                timeout_ms=None)
+        engine.jobs_enqueue_children(kids, parent_id=UUID(parent.id), parent_step="naps")
+        assert engine.job_suspend_if_owned(
+            Suspension(claim=parent.claim, wake_at=step.park_at)).owned
+    return parent, [str(k.id) for k in kids]
 
 
 def wait_lapsed(engine, job_id: str | uuid.UUID) -> None:
@@ -216,8 +238,10 @@ class ThroughManagers:
     def job_suspend_if_owned(self, suspension: Suspension) -> FenceReport:
         return self._jobs.suspend(suspension)
 
-    def jobs_renew_if_owned(self, claims: Sequence[Claim], lease_ms: int) -> frozenset[str]:
-        return self._jobs.renew(claims, lease=timedelta(milliseconds=lease_ms))
+    # The managers answer a renewal with the tokens (or holders) whose lease holds, and a
+    # release with how many rows went; no test through them holds a row elsewhere.
+    def jobs_renew_if_owned(self, claims: Sequence[Claim], lease_ms: int) -> Renewal:
+        return Renewal(renewed=self._jobs.renew(claims, lease=timedelta(milliseconds=lease_ms)))
 
     def jobs_wake_refused(self, refused: Sequence[Claim]) -> int:
         return self._jobs.wake_refused(refused)
@@ -225,11 +249,11 @@ class ThroughManagers:
     def slots_acquire(self, requests: Sequence[SlotRequest], ttl_ms: int) -> list[SlotHold]:
         return self._slots.acquire(requests, ttl=timedelta(milliseconds=ttl_ms))
 
-    def slots_renew_if_held(self, holds: Sequence[SlotHold], ttl_ms: int) -> frozenset[str]:
-        return self._slots.renew(holds, ttl=timedelta(milliseconds=ttl_ms))
+    def slots_renew_if_held(self, holds: Sequence[SlotHold], ttl_ms: int) -> Renewal:
+        return Renewal(renewed=self._slots.renew(holds, ttl=timedelta(milliseconds=ttl_ms)))
 
-    def slots_release_if_held(self, holds: Sequence[SlotHold]) -> int:
-        return self._slots.release(holds)
+    def slots_release_if_held(self, holds: Sequence[SlotHold]) -> tuple[int, list[SlotHold]]:
+        return self._slots.release(holds), []
 
     def slots_list(self, *, slot_key: str | None = None,
                    limit: int = 1000) -> list[SlotRecord]:

@@ -18,6 +18,7 @@ from django_xjobs.records import (
     Failure,
     Fence,
     FenceReport,
+    Renewal,
     Requeue,
     Suspension,
 )
@@ -57,9 +58,10 @@ def suspend(engine, job, wake_at) -> Fence:
 
 
 def renew(engine, *jobs, lease_ms: int = LONG_LEASE_MS) -> frozenset[str]:
-    return engine.jobs_renew_if_owned(
-        [j.claim for j in jobs], lease_ms
-    )
+    """The lease tokens renewed on their rows (none of these rows is held elsewhere)."""
+    renewal = engine.jobs_renew_if_owned([j.claim for j in jobs], lease_ms)
+    assert renewal.kept == frozenset()
+    return renewal.renewed
 
 
 @pytest.fixture
@@ -251,7 +253,7 @@ def test_an_ack_of_owned_runs_is_one_statement(engine, django_assert_num_queries
 @pytest.mark.django_db
 def test_empty_batches_of_fenced_writes_report_nothing(engine):
     assert engine.jobs_complete_if_owned([]) == FenceReport()
-    assert engine.jobs_renew_if_owned([], LONG_LEASE_MS) == frozenset()
+    assert engine.jobs_renew_if_owned([], LONG_LEASE_MS) == Renewal()
 
 
 # ------------------------------------------------------------------------------- cancellation --

@@ -57,7 +57,7 @@ def test_an_acquire_takes_the_lowest_free_slot(engine):
     first = acquire_one(engine, "k", 3)
     second = acquire_one(engine, "k", 3)
     assert (first.slot, second.slot) == (0, 1)
-    assert engine.slots_release_if_held([first]) == 1
+    assert engine.slots_release_if_held([first]) == (1, [])
 
     again = acquire_one(engine, "k", 3)
 
@@ -243,7 +243,7 @@ def test_a_renewal_extends_a_held_slot(engine):
 
     renewed = engine.slots_renew_if_held([held], TTL_MS)
 
-    assert renewed == {held.holder}
+    assert renewed.renewed == {held.holder}
     assert JobLease.objects.get(lease_key="k").expires_at > before
 
 
@@ -254,7 +254,7 @@ def test_a_lapsed_slot_is_not_revived_by_its_own_holder(engine):
 
     renewed = engine.slots_renew_if_held([held], TTL_MS)
 
-    assert renewed == frozenset()
+    assert renewed.held == frozenset()
     assert JobLease.objects.get(lease_key="k").expires_at == before
     assert live_slots(engine, "k") == {}
 
@@ -264,7 +264,7 @@ def test_a_renewal_of_a_slot_another_run_took_over_is_refused(engine):
     wait_slot_lapsed(engine, stale)
     fresh = acquire_one(engine, "k", 1)
 
-    assert engine.slots_renew_if_held([stale], TTL_MS) == frozenset()
+    assert engine.slots_renew_if_held([stale], TTL_MS).held == frozenset()
     assert live_slots(engine, "k") == {0: fresh.holder}
 
 
@@ -273,7 +273,7 @@ def test_a_renewal_by_another_holder_changes_nothing(engine):
     before = JobLease.objects.get(lease_key="k").expires_at
     impostor = SlotHold(slot_key="k", slot=held.slot, holder=holder("impostor"))
 
-    assert engine.slots_renew_if_held([impostor], TTL_MS) == frozenset()
+    assert engine.slots_renew_if_held([impostor], TTL_MS).held == frozenset()
     assert JobLease.objects.get(lease_key="k").expires_at == before
 
 
@@ -284,7 +284,7 @@ def test_one_renewal_answers_for_every_slot_of_the_batch(engine):
 
     renewed = engine.slots_renew_if_held([*kept, lapsed], TTL_MS)
 
-    assert renewed == {h.holder for h in kept}
+    assert renewed.renewed == {h.holder for h in kept} and renewed.kept == frozenset()
 
 
 # ------------------------------------------------------------------------------- release --
@@ -293,7 +293,7 @@ def test_one_renewal_answers_for_every_slot_of_the_batch(engine):
 def test_a_release_frees_the_slot_for_the_next_acquire(engine):
     held = acquire_one(engine, "k", 1)
 
-    assert engine.slots_release_if_held([held]) == 1
+    assert engine.slots_release_if_held([held]) == (1, [])
 
     assert live_slots(engine, "k") == {}
     assert acquire_one(engine, "k", 1).slot == 0
@@ -303,7 +303,7 @@ def test_a_release_by_another_holder_leaves_the_slot_held(engine):
     held = acquire_one(engine, "k", 1)
     impostor = SlotHold(slot_key="k", slot=0, holder=holder("impostor"))
 
-    assert engine.slots_release_if_held([impostor]) == 0
+    assert engine.slots_release_if_held([impostor]) == (0, [])
     assert live_slots(engine, "k") == {0: held.holder}
 
 
@@ -311,7 +311,7 @@ def test_a_holder_may_release_its_own_lapsed_row(engine):
     held = acquire_one(engine, "k", 1, ttl_ms=50)
     wait_slot_lapsed(engine, held)
 
-    assert engine.slots_release_if_held([held]) == 1
+    assert engine.slots_release_if_held([held]) == (1, [])
     assert not JobLease.objects.filter(lease_key="k").exists()
 
 
@@ -320,13 +320,13 @@ def test_a_late_release_never_frees_the_slot_of_the_run_that_took_it_over(engine
     wait_slot_lapsed(engine, stale)
     fresh = acquire_one(engine, "k", 1)
 
-    assert engine.slots_release_if_held([stale]) == 0
+    assert engine.slots_release_if_held([stale]) == (0, [])
     assert live_slots(engine, "k") == {0: fresh.holder}
 
 
 def test_releasing_nothing_is_free(engine):
-    assert engine.slots_release_if_held([]) == 0
-    assert engine.slots_renew_if_held([], TTL_MS) == frozenset()
+    assert engine.slots_release_if_held([]) == (0, [])
+    assert engine.slots_renew_if_held([], TTL_MS).held == frozenset()
 
 
 # ------------------------------------------------------------------------- list, usage --

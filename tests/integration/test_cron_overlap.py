@@ -263,7 +263,7 @@ def test_cancel_previous_cancels_the_running_run_and_its_late_ack_changes_nothin
     assert "superseded by its occurrence at 2026-01-01T12:02:00+00:00" in first.last_error
     assert first.attempts[-1]["outcome"] == "cancelled"
     # The cancelled run's worker learns at its heartbeat; its late ack reads as lost.
-    assert get_engine().jobs_renew_if_owned([running.claim], 60_000) == frozenset()
+    assert get_engine().jobs_renew_if_owned([running.claim], 60_000).held == frozenset()
     assert ack(running) is Fence.LOST
     assert Job.objects.get(pk=first.pk).state == "cancelled"
     assert len(live()) == 1

@@ -69,7 +69,7 @@ def test_one_heartbeat_round_for_n_leases_is_one_statement():
     claimed = claim({"hot": N})
     leases = [c.claim for c in claimed]
     renewed, sql = statements_run(lambda: get_engine().jobs_renew_if_owned(leases, LEASE_MS))
-    assert renewed == {c.lease_token for c in claimed}
+    assert renewed.renewed == {c.lease_token for c in claimed}
     assert len(sql) == 1
 
 
@@ -80,7 +80,7 @@ def test_a_heartbeat_round_reports_a_lost_lease_in_the_same_one_statement():
     api.cancel(lost.id)
     leases = [c.claim for c in claimed]
     renewed, sql = statements_run(lambda: get_engine().jobs_renew_if_owned(leases, LEASE_MS))
-    assert renewed == {c.lease_token for c in claimed} - {lost.lease_token}
+    assert renewed.renewed == {c.lease_token for c in claimed} - {lost.lease_token}
     assert len(sql) == 1
 
 

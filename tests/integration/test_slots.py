@@ -555,7 +555,8 @@ def test_acquiring_renewing_and_releasing_forty_slots_is_one_statement_each():
     renewed, renew = statements_run(lambda: engine.slots_renew_if_held(granted, 60_000))
     released, release = statements_run(lambda: engine.slots_release_if_held(granted))
 
-    assert len(granted) == 40 and renewed == {g.holder for g in granted} and released == 40
+    assert len(granted) == 40 and renewed.renewed == {g.holder for g in granted}
+    assert released == (40, [])
     assert [len(acquire), len(renew), len(release)] == [1, 1, 1]
     assert "slots_acquire" in acquire[0] and "slots_release_if_held" in release[0]
 

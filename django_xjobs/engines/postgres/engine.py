@@ -32,7 +32,9 @@ from django.db import (
 from django.db import transaction as db_transaction
 
 from ...exceptions import (
+    IsolationLevelRefused,
     LiveJobExists,
+    RowBusy,
     SchemaMissing,
     StepNameReused,
     UndecodableValue,
@@ -71,6 +73,7 @@ from ...records import (
     QueueStats,
     RateRequest,
     RateWindow,
+    Renewal,
     Requeue,
     RunOwner,
     SchedulerStateRecord,
@@ -248,6 +251,15 @@ def _fetch(cursor: Any, fetch: str) -> Any:
     return cursor.rowcount
 
 
+def _isolation_refused(exc: DatabaseError) -> IsolationLevelRefused | None:
+    """xjobs_require_read_committed's refusal (SQLSTATE XJ001, migration 0010) as ours."""
+    cause = exc.__cause__
+    if getattr(cause, "sqlstate", None) != "XJ001":
+        return None
+    diag = cause.diag  # type: ignore[union-attr]
+    return IsolationLevelRefused(f"{diag.message_primary} {diag.message_hint or ''}".strip())
+
+
 def _schema_missing(exc: ProgrammingError, stmt: Statement, alias: str) -> SchemaMissing | None:
     """A missing table means `migrate` was not run: say so instead of a driver traceback."""
     if exc.__cause__ is not None and type(exc.__cause__).__name__ == "UndefinedTable":
@@ -258,6 +270,24 @@ def _schema_missing(exc: ProgrammingError, stmt: Statement, alias: str) -> Schem
         error.__cause__ = exc
         return error
     return None
+
+
+_READ_COMMITTED = psycopg.IsolationLevel.READ_COMMITTED
+
+
+def _isolation_level(conn: Any) -> Any:
+    """The isolation level Django opens the connection's transactions at (its OPTIONS
+    "isolation_level"), None for the server's default (which a worker checks at start)."""
+    level = (conn.settings_dict.get("OPTIONS") or {}).get("isolation_level")
+    return None if level is None else psycopg.IsolationLevel(level)
+
+
+class _LostAttempt(Exception):
+    """A windowed enqueue's attempt at its key inserted no job: roll its transaction back."""
+
+    def __init__(self, taken: bool) -> None:
+        super().__init__("the attempt inserted no job")
+        self.taken = taken
 
 
 def _key(p: EnqueueParams) -> str:
@@ -315,7 +345,13 @@ class PostgresEngine(Engine):
         connection) and the refusal to run inside a broken atomic block. The wrapper costs a
         sixth of an enqueue's client time on this path (docs/performance.md).
         """
-        return instrumented(stmt, self._execute, stmt, params, fetch)
+        try:
+            return instrumented(stmt, self._execute, stmt, params, fetch)
+        except DatabaseError as exc:
+            refused = _isolation_refused(exc)
+            if refused is None:
+                raise
+            raise refused from exc
 
     def _execute(self, stmt: Statement, params: Mapping[str, Any], fetch: str) -> Any:
         conn = connections[self.alias]
@@ -574,39 +610,63 @@ class PostgresEngine(Engine):
         args = {**self._enqueue_args(params), "job_unique_for_ms": params.unique_for_ms,
                 "unique_for_ms": None if forever else params.unique_for_ms}
         where = {"name": params.name, "tenant_id": params.tenant_id, "key": key}
-        # The key and its giving back commit together, or neither does. Inside the caller's
-        # transaction this joins it (no savepoint).
-        with db_transaction.atomic(using=self.alias, savepoint=False):
-            # Each round ends in an answer unless the key changed hands between two statements
-            # (a live job that finished, a key row deleted); the next round then starts over.
-            for _ in range(20):
-                held = self._run(S.JOB_KEY_HELD, {**where, "unique_for_ms": args["unique_for_ms"]},
-                                 fetch="one")
-                if held is not None and held[1] is not None:
-                    return EnqueueResult(id=held[0], run_id=held[1], created=False, state=held[2])
-                if held is None:
-                    taken, id_, run_id, state, _notified = self._run(
-                        S.JOB_ENQUEUE_WINDOWED, args, fetch="one")
-                else:  # held by a job no longer in x_jobs itself: read it with the history
-                    taken, id_ = False, None
-                if id_ is not None:
-                    return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
-                if taken:  # a live job of the key without a window holds it
-                    self._run(S.JOB_KEY_RELEASE, {**where, "id": params.id}, fetch="count")
-                    found = self.job_find_live_by_key(params.name, params.tenant_id, key)
-                    if found is not None:
-                        return found
-                    continue
-                holder = self._run(S.JOB_KEY_HOLDER, where, fetch="one")
-                if holder is not None:
-                    job_id, run_id, state = holder
-                    # A holder deleted by retention has no row left to read: its id still
-                    # answers, with the id for run_id and "purged" for state.
-                    return EnqueueResult(id=job_id, run_id=run_id or job_id, created=False,
-                                         state=state or "purged")
+        # One transaction (the caller's, or its own), and no lock kept by an attempt that
+        # inserted no job: the upsert locks the key's row even when it does not take it, and a
+        # losing enqueue in a request that stays open must not hold that lock (the holder's
+        # acknowledgement writes the row); a row taken for a job that was not inserted goes
+        # back too (job_enqueue_windowed says more). In the caller's transaction each attempt
+        # is a savepoint, rolled back when it lost; in a transaction of its own, a lost attempt
+        # rolls that transaction back and the next round opens another.
+        in_caller = connections[self.alias].in_atomic_block
+        for _ in range(20):
+            try:
+                with db_transaction.atomic(using=self.alias, savepoint=False):
+                    found = self._windowed_round(params, args, where, in_caller)
+            except _LostAttempt as lost:
+                found = self._after_lost_attempt(params, where, taken=lost.taken)
+            if found is not None:
+                return found
         raise DatabaseError(  # pragma: no cover - needs the key to change hands 20 times
             f"windowed enqueue of {params.name!r} kept losing its key to other enqueues"
         )
+
+    def _windowed_round(self, params: EnqueueParams, args: Mapping[str, Any],
+                        where: Mapping[str, Any], in_caller: bool) -> EnqueueResult | None:
+        """One round of a windowed enqueue: the job that answers it, or None to go again;
+        _LostAttempt when its attempt at the key inserted no job and was rolled back."""
+        held = self._run(S.JOB_KEY_HELD, {**where, "unique_for_ms": args["unique_for_ms"]},
+                         fetch="one")
+        if held is not None and held[1] is not None:
+            return EnqueueResult(id=held[0], run_id=held[1], created=False, state=held[2])
+        if held is not None:  # held by a job no longer in x_jobs itself: read with the history
+            return self._after_lost_attempt(params, where, taken=False)
+        point = db_transaction.savepoint(using=self.alias) if in_caller else None
+        taken, id_, run_id, state, _notified = self._run(S.JOB_ENQUEUE_WINDOWED, args,
+                                                         fetch="one")
+        if id_ is not None:
+            if point is not None:
+                db_transaction.savepoint_commit(point, using=self.alias)
+            return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
+        if point is None:
+            raise _LostAttempt(taken)  # rolls this enqueue's own transaction back
+        db_transaction.savepoint_rollback(point, using=self.alias)
+        return self._after_lost_attempt(params, where, taken=taken)
+
+    def _after_lost_attempt(self, params: EnqueueParams, where: Mapping[str, Any], *,
+                            taken: bool) -> EnqueueResult | None:
+        """The answer of an attempt that inserted no job (rolled back): the live job of the key
+        enqueued without a window (``taken``), or the key's holder; None to go again."""
+        if taken:
+            return self.job_find_live_by_key(params.name, params.tenant_id,
+                                             params.idempotency_key or "")
+        holder = self._run(S.JOB_KEY_HOLDER, where, fetch="one")
+        if holder is None:
+            return None
+        job_id, run_id, state = holder
+        # A holder deleted by retention has no row left to read: its id still answers, with
+        # the id for run_id and "purged" for state.
+        return EnqueueResult(id=job_id, run_id=run_id or job_id, created=False,
+                             state=state or "purged")
 
     def job_keys_purge_expired(self, *, batch_size: int = 1000) -> int:
         return self._purge(S.JOB_KEYS_PURGE_EXPIRED, {}, batch_size)
@@ -675,14 +735,27 @@ class PostgresEngine(Engine):
         return FenceReport(already_applied=already, lost=lost, states=states)
 
     def _batch_report(self, kind: str, claims: Sequence[Claim],
-                      owned: frozenset[str]) -> FenceReport:
-        """The report of a fenced batch write that landed for the lease tokens ``owned``: the
-        other claims are told apart by jobs_fence_check (already applied, or lost)."""
-        if len(owned) == len(claims):
-            return FenceReport(owned=owned)
-        rest = self._fence_check(kind, [c for c in claims if c.lease_token not in owned])
-        return FenceReport(owned=owned, already_applied=rest.already_applied, lost=rest.lost,
-                           states=rest.states)
+                      rows: Sequence[Sequence[Any]]) -> FenceReport:
+        """The report of a fenced batch write whose answer is ``rows`` of (lease token,
+        landed): landed, or busy (another transaction holds its row); the other claims are
+        told apart by jobs_fence_check (already applied, or lost)."""
+        owned = frozenset(token for token, landed in rows if landed)
+        busy = frozenset(token for token, landed in rows if not landed)
+        if len(owned) + len(busy) == len(claims):
+            return FenceReport(owned=owned, busy=busy)
+        rest = self._fence_check(kind, [c for c in claims
+                                        if c.lease_token not in owned | busy])
+        return FenceReport(owned=owned, busy=busy, already_applied=rest.already_applied,
+                           lost=rest.lost, states=rest.states)
+
+    def _one_report(self, kind: str, claim: Claim, row: Sequence[Any] | None) -> FenceReport:
+        """The report of a fenced write of one run whose answer is ``row`` (its first column
+        `busy` when another transaction holds the job's row)."""
+        if row is not None and row[0] == "busy":
+            return FenceReport(busy=frozenset({claim.lease_token}))
+        if row is not None:
+            return FenceReport(owned=frozenset({claim.lease_token}))
+        return self._fence_check(kind, [claim])
 
     def jobs_complete_if_owned(self, batch: Sequence[Completion]) -> FenceReport:
         if not batch:
@@ -691,8 +764,7 @@ class PostgresEngine(Engine):
             **_claims(c.claim for c in batch),
             "results": "[" + ",".join(c.result_json or "null" for c in batch) + "]",
         })
-        return self._batch_report("complete", [c.claim for c in batch],
-                                  frozenset(r[0] for r in rows))
+        return self._batch_report("complete", [c.claim for c in batch], rows)
 
     def job_fail_if_owned(self, failure: Failure) -> tuple[FenceReport, str | None]:
         row = self._run(S.JOB_FAIL_IF_OWNED, {
@@ -700,9 +772,9 @@ class PostgresEngine(Engine):
             "delay_ms": failure.retry_delay_ms, "permanent": failure.permanent,
             "outcome": failure.outcome,
         }, fetch="one")
-        if row is not None:
-            return FenceReport(owned=frozenset({failure.claim.lease_token})), row[0]
-        report = self._fence_check("fail", [failure.claim])
+        report = self._one_report("fail", failure.claim, row)
+        if report.owned:
+            return report, row[0]
         return report, report.states.get(failure.claim.lease_token)
 
     def job_requeue_if_owned(self, requeue: Requeue) -> FenceReport:
@@ -711,30 +783,40 @@ class PostgresEngine(Engine):
             "spent": requeue.spent_attempt, "resumed": requeue.resumed, "note": requeue.note,
             "outcome": requeue.outcome,
         }, fetch="one")
-        if row is not None:
-            return FenceReport(owned=frozenset({requeue.claim.lease_token}))
-        return self._fence_check("requeue", [requeue.claim])
+        return self._one_report("requeue", requeue.claim, row)
 
     def job_suspend_if_owned(self, suspension: Suspension) -> FenceReport:
         row = self._run(S.JOB_SUSPEND_IF_OWNED, {
             **_fence(suspension.claim), "wake_at": suspension.wake_at,
         }, fetch="one")
-        if row is not None:
-            return FenceReport(owned=frozenset({suspension.claim.lease_token}))
-        return self._fence_check("suspend", [suspension.claim])
+        return self._one_report("suspend", suspension.claim, row)
 
-    def jobs_renew_if_owned(self, claims: Sequence[Claim], lease_ms: int) -> frozenset[str]:
+    def jobs_renew_if_owned(self, claims: Sequence[Claim], lease_ms: int) -> Renewal:
         if not claims:
-            return frozenset()
+            return Renewal()
         rows = self._run(S.JOBS_RENEW_IF_OWNED, {
             **_claims(claims),
             "lease_ms": lease_ms,
         })
-        return frozenset(r[0] for r in rows)
+        return Renewal(renewed=frozenset(token for token, on_row in rows if on_row),
+                       kept=frozenset(token for token, on_row in rows if not on_row))
 
     # ----------------------------------------------------------------------------- steps --
+    @contextlib.contextmanager
     def atomic(self) -> Any:
-        return db_transaction.atomic(using=self.alias)
+        """A transaction of django-xjobs's own (a step's, a batch's, a scheduler round's), or a
+        savepoint in the caller's. Opened at READ COMMITTED whatever the connection's default
+        (DATABASES OPTIONS "isolation_level"): the rendezvous of events, the fences and the
+        rate budgets need each statement's snapshot to follow the locks it took
+        (docs/guarantees.md, "Isolation levels"). Inside the caller's transaction its level is
+        the caller's, and what needs READ COMMITTED refuses any other."""
+        conn = connections[self.alias]
+        outermost = not conn.in_atomic_block
+        with db_transaction.atomic(using=self.alias):
+            if outermost and _isolation_level(conn) not in (None, _READ_COMMITTED):
+                with conn.cursor() as cursor:
+                    cursor.execute("set transaction isolation level read committed")
+            yield
 
     def in_transaction(self) -> bool:
         return connections[self.alias].in_atomic_block
@@ -776,53 +858,62 @@ class PostgresEngine(Engine):
         return {"job_id": owner.claim.job_id, "token": owner.claim.lease_token,
                 "run_id": owner.run_id}
 
+    @staticmethod
+    def _unless_busy(row: Sequence[Any], what: str) -> Sequence[Any]:
+        """The answer of a step write, whose last column says whether it found the job's row
+        held by another transaction: RowBusy then (nothing was written)."""
+        if row[-1]:
+            raise RowBusy(f"{what}: the job's row is held by another transaction")
+        return row
+
     def step_complete_if_owned(
         self, owner: RunOwner, name: str, output_json: str | None, *,
         event: str | None = None, correlation_key: str | None = None,
         event_id: int | None = None, event_published_at: datetime | None = None,
         kind: str = "run",
     ) -> bool:
-        row = self._run(S.STEP_COMPLETE_IF_OWNED, {
+        row = self._unless_busy(self._run(S.STEP_COMPLETE_IF_OWNED, {
             **self._owner(owner), "name": name, "output": output_json, "event": event,
             "kind": kind,
             "correlation_key": correlation_key, "event_id": event_id,
             "event_published_at": event_published_at,
-        }, fetch="one")
-        return row is not None
+        }, fetch="one"), f"step {name!r}")
+        return row[0] is not None
 
     def step_fail_if_owned(self, owner: RunOwner, name: str, error: str) -> int | None:
-        row = self._run(S.STEP_FAIL_IF_OWNED, {**self._owner(owner), "name": name,
-                                                "error": error}, fetch="one")
-        return row[0] if row is not None else None
+        row = self._unless_busy(self._run(S.STEP_FAIL_IF_OWNED, {
+            **self._owner(owner), "name": name, "error": error}, fetch="one"), f"step {name!r}")
+        return row[0]
 
     def step_park_if_owned(
         self, owner: RunOwner, name: str, *, status: str, wake_at: datetime | None = None,
         duration_ms: int = 0, event: str | None = None, correlation_key: str | None = None,
         kind: str | None = None,
     ) -> ParkedStep | None:
-        row = self._run(S.STEP_PARK_IF_OWNED, {
+        row = self._unless_busy(self._run(S.STEP_PARK_IF_OWNED, {
             **self._owner(owner), "name": name, "status": status, "wake_at": wake_at,
             "kind": kind or ("sleep" if status == "sleeping" else "event"),
             "duration_ms": duration_ms, "event": event, "correlation_key": correlation_key,
-        }, fetch="one")
-        if row is None:
+        }, fetch="one"), f"step {name!r}")
+        if row[0] is None:
             return None
         return ParkedStep(started_at=row[0], wake_at=row[1], due=row[2])
 
     def step_cancel_siblings(self, owner: RunOwner, prefix: str) -> None:
-        self._run(S.STEP_CANCEL_SIBLINGS, {**self._owner(owner), "prefix": _like_prefix(prefix)},
-                  fetch="count")
+        self._unless_busy(self._run(S.STEP_CANCEL_SIBLINGS, {
+            **self._owner(owner), "prefix": _like_prefix(prefix)}, fetch="one"),
+            f"the waits of {prefix!r}")
 
     # -------------------------------------------------------------------------- children --
     def step_invoke_open_if_owned(self, owner: RunOwner, name: str, *, children: Sequence[str],
                                   timeout_ms: int | None) -> InvokeStep | None:
-        row = self._run(S.STEP_INVOKE_OPEN_IF_OWNED, {
+        row = self._unless_busy(self._run(S.STEP_INVOKE_OPEN_IF_OWNED, {
             **self._owner(owner), "name": name, "children": json.dumps(list(children)),
             "pending": len(children), "timeout_ms": timeout_ms,
-        }, fetch="one")
-        if row is None:
+        }, fetch="one"), f"step {name!r}")
+        output, opened, due, park_at, _busy = row
+        if opened is None:
             return None
-        output, opened, due, park_at = row
         recorded = _decode_json_for_run(output, f"output of step {name!r}")
         if not isinstance(recorded, dict) or not isinstance(recorded.get("children"), list):
             raise StepNameReused(
@@ -832,8 +923,10 @@ class PostgresEngine(Engine):
                           park_at=park_at)
 
     def step_invoke_pending_if_owned(self, owner: RunOwner, name: str, pending: int) -> bool:
-        return self._run(S.STEP_INVOKE_PENDING_IF_OWNED, {
-            **self._owner(owner), "name": name, "pending": pending}, fetch="one") is not None
+        row = self._unless_busy(self._run(S.STEP_INVOKE_PENDING_IF_OWNED, {
+            **self._owner(owner), "name": name, "pending": pending}, fetch="one"),
+            f"step {name!r}")
+        return row[0] is not None
 
     def jobs_enqueue_children(self, batch: Sequence[EnqueueParams], *, parent_id: UUID,
                               parent_step: str) -> None:
@@ -850,8 +943,9 @@ class PostgresEngine(Engine):
                            error=r[4]) for r in rows]
 
     def jobs_cancel_tree(self, *, ids: Sequence[str] = (), parents: Sequence[str] = (),
-                         reason: str | None) -> int:
-        (cancelled,) = self._run(S.JOBS_CANCEL_TREE, {
+                         reason: str | None, wait: bool = True) -> int:
+        stmt = S.JOBS_CANCEL_TREE if wait else S.JOBS_CANCEL_TREE_FREE
+        cancelled, _left = self._run(stmt, {
             "ids": list(ids), "parents": list(parents), "reason": reason}, fetch="one")
         return int(cancelled)
 
@@ -1107,31 +1201,35 @@ class PostgresEngine(Engine):
         }, fetch="count")
         return bool(created)
 
+    def _backfill_write(self, stmt: Statement, owner: RunOwner,
+                        params: Mapping[str, Any]) -> Sequence[Any] | None:
+        """A backfill write (fenced by a lock on the job's row taken SKIP LOCKED): its answer,
+        None when it wrote nothing (the run lost its job, or the pass is not running), RowBusy
+        when another transaction holds the job's row."""
+        row = self._run(stmt, {**self._owner(owner), **params}, fetch="one")
+        if row[-1]:
+            raise RowBusy(f"{stmt.name}: the job's row is held by another transaction")
+        return None if row[0] is None else row[:-1]
+
     def backfill_start_if_owned(self, owner: RunOwner, *, name: str, checksum: str,
                                 app_version: str) -> BackfillRecord | None:
-        row = self._run(S.BACKFILL_START_IF_OWNED, {
-            **self._owner(owner), "name": name, "checksum": checksum,
-            "app_version": app_version,
-        }, fetch="one")
+        row = self._backfill_write(S.BACKFILL_START_IF_OWNED, owner, {
+            "name": name, "checksum": checksum, "app_version": app_version})
         return _backfill_record(row) if row is not None else None
 
     def backfill_progress_if_owned(self, owner: RunOwner, *, processed: int,
                                    cursor_json: str) -> int | None:
-        row = self._run(S.BACKFILL_PROGRESS_IF_OWNED, {
-            **self._owner(owner), "processed": processed, "cursor": cursor_json,
-        }, fetch="one")
+        row = self._backfill_write(S.BACKFILL_PROGRESS_IF_OWNED, owner, {
+            "processed": processed, "cursor": cursor_json})
         return int(row[0]) if row is not None else None
 
     def backfill_complete_if_owned(self, owner: RunOwner, *, processed: int) -> int | None:
-        row = self._run(S.BACKFILL_COMPLETE_IF_OWNED, {
-            **self._owner(owner), "processed": processed,
-        }, fetch="one")
+        row = self._backfill_write(S.BACKFILL_COMPLETE_IF_OWNED, owner,
+                                   {"processed": processed})
         return int(row[0]) if row is not None else None
 
     def backfill_fail_if_owned(self, owner: RunOwner, *, error: str) -> bool:
-        row = self._run(S.BACKFILL_FAIL_IF_OWNED, {**self._owner(owner), "error": error},
-                        fetch="one")
-        return row is not None
+        return self._backfill_write(S.BACKFILL_FAIL_IF_OWNED, owner, {"error": error}) is not None
 
     def backfill_cancel(self, run_id: str) -> BackfillRecord | None:
         run_uuid = _as_uuid(run_id)
@@ -1221,26 +1319,28 @@ class PostgresEngine(Engine):
 
     @staticmethod
     def _holds(holds: Sequence[SlotHold]) -> dict[str, Any]:
-        # Sorted by (key, slot): row locks are then taken in the order slots_acquire takes
-        # them, which keeps a renewal and an acquire of overlapping slots from deadlocking.
+        # Sorted by (key, slot), the order the statements lock them in (docs/design.md, "Lock
+        # order"); they lock SKIP LOCKED, so this is for the reader of a log.
         ordered = sorted(holds, key=lambda h: (h.slot_key, h.slot))
         return {"keys": [h.slot_key for h in ordered], "slots": [h.slot for h in ordered],
                 "holders": [h.holder for h in ordered]}
 
-    def slots_renew_if_held(self, holds: Sequence[SlotHold], ttl_ms: int) -> frozenset[str]:
+    def slots_renew_if_held(self, holds: Sequence[SlotHold], ttl_ms: int) -> Renewal:
         if not holds:
-            return frozenset()
+            return Renewal()
         rows = self._run(S.SLOTS_RENEW_IF_HELD, {**self._holds(holds), "ttl_ms": ttl_ms})
-        return frozenset(r[0] for r in rows)
+        return Renewal(renewed=frozenset(holder for holder, landed in rows if landed),
+                       kept=frozenset(holder for holder, landed in rows if not landed))
 
-    def slots_release_if_held(self, holds: Sequence[SlotHold]) -> int:
+    def slots_release_if_held(self, holds: Sequence[SlotHold]) -> tuple[int, list[SlotHold]]:
         if not holds:
-            return 0
+            return 0, []
         ordered = sorted(holds, key=lambda h: (h.slot_key, h.slot))
-        released, _woken = self._run(S.SLOTS_RELEASE_IF_HELD, {
+        released, _woken, busy = self._run(S.SLOTS_RELEASE_IF_HELD, {
             **self._holds(ordered), "limits": [h.limit for h in ordered], "notify": self.notify,
         }, fetch="one")
-        return int(released)
+        held = set(busy or ())
+        return int(released), [h for h in ordered if h.holder in held]
 
     def worker_seen(self, worker_id: str, host: str, pid: int, queues: Sequence[str], *,
                     version: str, concurrency: int, running: int, finished: int,
@@ -1320,8 +1420,7 @@ class PostgresEngine(Engine):
             "notes": [r.note for r in batch],
             "outcomes": [r.outcome for r in batch],
         })
-        return self._batch_report("requeue", [r.claim for r in batch],
-                                  frozenset(r[0] for r in rows))
+        return self._batch_report("requeue", [r.claim for r in batch], rows)
 
     # ---------------------------------------------------------------------------- pauses --
     def pause_upsert(self, kind: str, key: str, *, until: datetime | None, for_ms: int | None,
@@ -1354,9 +1453,8 @@ class PostgresEngine(Engine):
             "reason": requeue.reason, "delay_ms": 0, "spent": requeue.spent_attempt,
             "resumed": requeue.resumed, "note": requeue.note, "outcome": "handed_back",
         }, fetch="one")
-        if row is not None:
-            return FenceReport(owned=frozenset({requeue.claim.lease_token})), row[1]
-        return self._fence_check("requeue", [requeue.claim]), None
+        report = self._one_report("requeue", requeue.claim, row)
+        return report, row[1] if report.owned else None
 
     # ------------------------------------------------------------------------- scheduler --
     def leader_attempt_elect(self, lock_key: str, holder: str, lease_ms: int) -> datetime | None:
@@ -1439,7 +1537,7 @@ class PostgresEngine(Engine):
         if not enqueued_by:
             return []
         stmt = S.CRON_RUNS_LOCK_LIVE if lock else S.CRON_RUNS_LIVE
-        return [CronRun(enqueued_by=r[0], id=r[1], state=r[2], blocked_on=r[3])
+        return [CronRun(enqueued_by=r[0], id=r[1], state=r[2], blocked_on=r[3], held=r[4])
                 for r in self._run(stmt, {"enqueued_by": list(enqueued_by)})]
 
     def cron_runs_release(self, ids: Sequence[str]) -> list[str]:
@@ -1470,6 +1568,9 @@ class PostgresEngine(Engine):
 
     def slots_purge_expired(self, *, grace_ms: int, batch_size: int = 1000) -> int:
         return self._purge(S.SLOTS_PURGE_EXPIRED, {"grace_ms": grace_ms}, batch_size)
+
+    def lease_extensions_purge(self, *, batch_size: int = 1000) -> int:
+        return self._purge(S.LEASE_EXTENSIONS_PURGE, {}, batch_size)
 
     # --------------------------------------------------------------------------- console --
     def jobs_delete_finished(
@@ -1519,8 +1620,38 @@ class PostgresEngine(Engine):
         })]
 
     # ----------------------------------------------------------------------- connections --
-    def session_label(self, label: str) -> None:
-        self._run(S.SESSION_LABEL, {"label": label[:63]}, fetch="one")
+    def name_session(self, label: str) -> bool:
+        """Name this thread's connection when it connects (its OPTIONS, on this thread's
+        wrapper only: other threads keep theirs); an open connection with another name is
+        closed, and the next statement connects named. With Django's own connection pool
+        (OPTIONS "pool") the connections are made once for every thread: False, and
+        session_label names the session instead."""
+        conn = connections[self.alias]
+        options = conn.settings_dict.get("OPTIONS") or {}
+        if options.get("pool"):
+            return False
+        if options.get("application_name") != label[:63]:
+            if not hasattr(conn, "_xjobs_unnamed"):
+                conn._xjobs_unnamed = conn.settings_dict  # for forget_session_name
+            conn.settings_dict = {**conn.settings_dict,
+                                  "OPTIONS": {**options, "application_name": label[:63]}}
+            if conn.connection is not None and not conn.in_atomic_block:
+                conn.close()
+        return True
+
+    def forget_session_name(self) -> None:
+        """Give this thread's connection back its own name (a worker run in a thread that
+        goes on after it: ``testing.drain()``); it takes effect at its next connect."""
+        conn = connections[self.alias]
+        unnamed = getattr(conn, "_xjobs_unnamed", None)
+        if unnamed is not None:
+            conn.settings_dict = unnamed
+            del conn._xjobs_unnamed
+
+    def session_label(self, label: str) -> str:
+        named = self.name_session(label)
+        row = self._run(S.SESSION_LABEL, {"label": None if named else label[:63]}, fetch="one")
+        return str(row[-1])
 
     def listener(self, channel_label: str) -> Listener:
         return PostgresListener(self.listen_alias, channel_label)

@@ -150,7 +150,10 @@ class Command(BaseCommand):
                     raise CommandError("a worker process exited with an error")
                 return
             worker = Worker(worker_options)
-            worker.run()
+            try:
+                worker.run()
+            except ConfigurationError as exc:  # a database the worker cannot run on
+                raise CommandError(str(exc)) from None
             if worker.error:
                 raise CommandError(worker.error)
         finally:

@@ -51,7 +51,7 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 * ``why``: what holds a waiting job back (why_job) and a rate-limit key's window
   (why_rate_window), for ``manage.py xjobs why``.
 * ``windows``: x_job_keys: idempotency windows: the windowed enqueue, the read of a key's
-  holder, the give-back of a key whose job was not inserted, and the purge of ended windows.
+  holder, and the purge of ended windows.
 * ``deploy``: x_jobs and x_job_steps, read only: the suspended runs the deploy check replays
   and their steps in recorded order.
 * ``connections``: no table: a connection's label, LISTEN on the job channel, the clock.
@@ -97,6 +97,7 @@ from .jobs import (
     JOB_RUN_NOW,
     JOB_SUSPEND_IF_OWNED,
     JOBS_CANCEL_TREE,
+    JOBS_CANCEL_TREE_FREE,
     JOBS_CLAIM,
     JOBS_COMPLETE_IF_OWNED,
     JOBS_COPY,
@@ -118,6 +119,7 @@ from .maintenance import (
     JOBS_DELETE_FINISHED,
     JOBS_PURGE,
     JOBS_PURGE_ALL,
+    LEASE_EXTENSIONS_PURGE,
     OUTBOX_PURGE_PUBLISHED,
     TABLES_HEALTH,
     XMIN_HORIZON,
@@ -202,7 +204,6 @@ from .windows import (
     JOB_ENQUEUE_WINDOWED,
     JOB_KEY_HELD,
     JOB_KEY_HOLDER,
-    JOB_KEY_RELEASE,
     JOB_KEYS_PURGE_EXPIRED,
 )
 from .workers import WORKER_GONE, WORKER_SEEN, WORKERS_LIST
@@ -239,8 +240,10 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     JOBS_ENQUEUE_CHILDREN, JOBS_CANCEL_TREE, STEP_INVOKE_OPEN_IF_OWNED,
     STEP_INVOKE_PENDING_IF_OWNED, JOBS_CHILDREN, JOBS_CHILDREN_ARCHIVED,
     # idempotency windows
-    JOB_ENQUEUE_WINDOWED, JOB_KEY_HELD, JOB_KEY_HOLDER, JOB_KEY_RELEASE, JOB_KEYS_PURGE_EXPIRED,
+    JOB_ENQUEUE_WINDOWED, JOB_KEY_HELD, JOB_KEY_HOLDER, JOB_KEYS_PURGE_EXPIRED,
     # cron overlap (docs/scheduling.md, "Overlap")
     CRON_RUNS_LIVE, CRON_RUNS_LOCK_LIVE, CRON_RUNS_HOLD, CRON_RUNS_RELEASE,
     SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,
+    # never stalled by the application (docs/design.md, "Lock order")
+    JOBS_CANCEL_TREE_FREE, LEASE_EXTENSIONS_PURGE,
 )}

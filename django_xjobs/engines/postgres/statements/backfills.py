@@ -13,14 +13,24 @@ from ...base import Statement
 # LOCKED until the end of the writer's transaction. A plain EXISTS is not enough here: under READ
 # COMMITTED it reads a snapshot taken when the statement started, so a re-claim committed a moment
 # later would not stop a stale run from committing a whole batch of the user's writes, and the
-# new run could read the cursor from before it (and process those rows again). FOR UPDATE waits
-# for a cancel or claim in flight and re-checks the newest row version; once held, no claim
-# (SKIP LOCKED) or cancel can change the job before the batch commits. The lock lasts one
-# statement and a commit, so the worker's heartbeat, which updates the same row, barely waits.
-# Lock order is x_jobs then x_backfills everywhere (backfills.cancel too): no deadlock.
-_BACKFILL_OWNER = """(select id from only x_jobs
-          where id = %(job_id)s::uuid and state = 'running' and lease_token = %(token)s::uuid
-            for update) as owner"""
+# new run could read the cursor from before it (and process those rows again). FOR UPDATE
+# re-checks the newest row version; once held, no claim (SKIP LOCKED) or cancel can change the
+# job before the batch commits. SKIP LOCKED: a row another transaction holds (an operator's
+# cancel not committed yet, a request) is not waited for; the write then writes nothing and
+# answers `busy` (_BUSY), and the run writes again once the row is free (docs/design.md, "Lock
+# order"). The worker's heartbeat, which skips a row held here, keeps the run's lease beside it
+# meanwhile. Lock order is x_jobs then x_backfills everywhere (backfills.cancel too).
+_BACKFILL_OWNER = """owner as materialized (
+    select id from only x_jobs
+     where id = %(job_id)s::uuid and state = 'running' and lease_token = %(token)s::uuid
+       for update skip locked
+)"""
+# The last column of every fenced answer: nothing written because another transaction holds the
+# job's row, which is still this run's.
+_BUSY = """not exists (select 1 from owner)
+       and exists (select 1 from only x_jobs
+                    where id = %(job_id)s::uuid and state = 'running'
+                      and lease_token = %(token)s::uuid)"""
 
 BACKFILL_COLUMNS = (
     "run_id, name, status, rows_processed, last_cursor, checksum, app_version, started_at,"
@@ -63,11 +73,12 @@ entry to code_changes (the audit of which code processed which rows), and only o
 Fenced on the job's ownership, locked (see _BACKFILL_OWNER): nothing happens for a stale run.
 """,
     sql=f"""
+with {_BACKFILL_OWNER}, written as (
 insert into x_backfills as b
     (run_id, name, status, checksum, app_version, job_id, started_at, updated_at)
 select %(run_id)s::uuid, %(name)s, 'running', %(checksum)s, %(app_version)s, owner.id, now(),
        now()
-  from {_BACKFILL_OWNER}
+  from owner
 on conflict (run_id) do update
    set status       = case when b.status = 'completed' then 'completed' else 'running' end,
        completed_at = case when b.status = 'completed' then b.completed_at end,
@@ -87,6 +98,8 @@ on conflict (run_id) do update
        job_id       = excluded.job_id,
        updated_at   = now()
 returning {BACKFILL_COLUMNS}
+)
+select w.*, {_BUSY} from (select 1) one left join written w on true
 """,
 )
 
@@ -95,18 +108,22 @@ BACKFILL_PROGRESS_IF_OWNED = Statement(
     why="""
 Advance a pass past one batch, INSIDE the batch's own transaction: the user's writes and the
 cursor commit together or not at all, so a crash anywhere resumes exactly after the last
-committed batch and no row is processed twice (tests/acceptance/test_backfills.py). No row
-returned means the run lost its job (cancelled, re-claimed after a lapse) or the pass is no
-longer running: the caller rolls the batch back. Fenced and locked (see _BACKFILL_OWNER).
+committed batch and no row is processed twice (tests/acceptance/test_backfills.py). A NULL
+answer means the run lost its job (cancelled, re-claimed after a lapse) or the pass is no
+longer running: the caller rolls the batch back; `busy`, that another transaction holds the
+job's row: the caller writes again. Fenced and locked (see _BACKFILL_OWNER).
 """,
     sql=f"""
+with {_BACKFILL_OWNER}, written as (
 update x_backfills b
    set rows_processed = b.rows_processed + %(processed)s::bigint,
        last_cursor    = %(cursor)s::jsonb,
        updated_at     = now()
-  from {_BACKFILL_OWNER}
+  from owner
  where b.run_id = %(run_id)s::uuid and b.status = 'running'
-returning b.rows_processed
+returning b.rows_processed as answer
+)
+select (select answer from written), {_BUSY}
 """,
 )
 
@@ -119,15 +136,18 @@ The final batch: its progress and the completion commit in the batch's transacti
 clears the cursor; nothing is left to resume. Fenced and locked like every batch.
 """,
     sql=f"""
+with {_BACKFILL_OWNER}, written as (
 update x_backfills b
    set rows_processed = b.rows_processed + %(processed)s::bigint,
        last_cursor    = null,
        status         = 'completed',
        completed_at   = now(),
        updated_at     = now()
-  from {_BACKFILL_OWNER}
+  from owner
  where b.run_id = %(run_id)s::uuid and b.status = 'running'
-returning b.rows_processed
+returning b.rows_processed as answer
+)
+select (select answer from written), {_BUSY}
 """,
 )
 
@@ -140,11 +160,14 @@ a retry resumes exactly there. completed_at stamps when it stopped; a retry clea
 Fenced and locked: a stale run's late failure must not mark the new run's pass failed.
 """,
     sql=f"""
+with {_BACKFILL_OWNER}, written as (
 update x_backfills b
    set status = 'failed', error = %(error)s, completed_at = now(), updated_at = now()
-  from {_BACKFILL_OWNER}
+  from owner
  where b.run_id = %(run_id)s::uuid and b.status = 'running'
-returning b.run_id
+returning b.run_id as answer
+)
+select (select answer from written), {_BUSY}
 """,
 )
 

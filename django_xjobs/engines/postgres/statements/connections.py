@@ -12,8 +12,11 @@ from .fragments import CHANNEL
 SESSION_LABEL = Statement(
     "session_label",
     why="""
-Set up a worker's own connection. `application_name` names it, so `pg_stat_activity` shows which
-worker and which role (loop, heartbeat, listener) a backend serves, and fault tests can find it.
+Set up a worker's own connection (its loop, heartbeat and duties; engine.session_label), whose
+name, `application_name`, was given when it connected: a name set here, on the session, would
+stay on a pooler's server connection after this client's transaction and name the next client
+that set none (docs/deployment.md, "PgBouncer and other connection poolers"). Only with Django's
+own connection pool, whose connections are made once for every thread, is the name set here.
 `jit` off: the claim's generic plan on a big table is costed high enough to be JIT-compiled, and
 compiling costs far more than executing it (docs/performance.md, "What the simpler forms cost").
 `plan_cache_mode` force_generic_plan: the worker's statements are prepared once per connection,
@@ -21,10 +24,16 @@ and PostgreSQL's default (auto) kept planning the claim afresh for most executio
 custom plans cost less on paper than the generic one: 3.3 ms of planning for 1 ms of work. The
 generic plan walks the same indexes (tests/conformance/test_flow_plans.py checks both plans at a
 million jobs) and a claim of one job takes a quarter of the time (docs/performance.md, "Where a
-job's time goes").
+job's time goes"). Both stay on a pooler's server connection, where they change no plan of a
+Django client (Django prepares no statement on the server). The answer is the isolation level
+the session's statements run at: the worker's must be READ COMMITTED (docs/guarantees.md,
+"Isolation levels").
 """,
-    sql="""select set_config('application_name', %(label)s, false), set_config('jit', 'off', false),
-       set_config('plan_cache_mode', 'force_generic_plan', false)""",
+    sql="""select case when %(label)s::text is not null
+                   then set_config('application_name', %(label)s, false) end,
+       set_config('jit', 'off', false),
+       set_config('plan_cache_mode', 'force_generic_plan', false),
+       current_setting('transaction_isolation')""",
 )
 
 LISTEN = Statement(

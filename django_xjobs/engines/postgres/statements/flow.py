@@ -23,6 +23,12 @@ woken, one, only once no other run of the task is live (x_jobs_cron_live_idx; do
 "Overlap"): the trigger that normally releases it missed nothing then. Woken jobs go back to `ready`
 (or `suspended`) and their queues are NOTIFYed. Over-waking is harmless (the claim blocks a job
 again if its key is full); under-waking would leave work idle.
+
+The same safety net for a parent whose last child finished while another transaction held the
+parent's row (the child's trigger skips such a row rather than wait: migration 0010): a
+suspended parent with an invoke step at no live child (x_job_steps_fanin_idx, usually empty)
+is made due now. Every wake-up skips rows another transaction holds (SKIP LOCKED): the next
+poll tries them again.
 """,
     sql=f"""
 with recursive keys(k) as (
@@ -53,8 +59,24 @@ with recursive keys(k) as (
        and not exists (select 1 from x_flow_pauses p
                         where p.kind = 'key' and p.key = ks.k
                           and (p.until is null or p.until > now()))
-), woken as (
+), unblocked as (
     {wake_blocked_sql("room", "k", "n")}
+), parents as (
+    update only x_jobs j
+       set run_at = now(), updated_at = now()
+     where j.id = any(array(
+               select p.id
+                 from only x_job_steps s
+                 join only x_jobs p on p.run_id = s.run_id and p.state = 'suspended'
+                where s.status = 'invoking' and s.pending <= 0 and p.run_at > now()
+                limit %(batch)s
+                  for no key update of p skip locked))
+       and j.state = 'suspended'
+    returning j.queue
+), woken as (
+    select queue from unblocked
+    union all
+    select queue from parents
 )
 select count(*), {notify_queues_sql("woken")}
   from woken

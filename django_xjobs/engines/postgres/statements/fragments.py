@@ -115,6 +115,80 @@ select id, state from inserted where (select count(*) from notified) >= 0
 """
 
 
+# ------------------------------------------------------------------------------- lock order --
+# docs/design.md, "Lock order": a worker's statement never waits on a row another transaction
+# holds. It locks the rows it writes with SKIP LOCKED, in one order (x_jobs by id, then the step
+# rows of their parents by (run_id, name)), writes those, and answers the rest as busy: still
+# its run's in the statement's snapshot, but held elsewhere; it writes them again later.
+
+
+def free_runs_sql(ids: str, tokens: str, columns: str = "id") -> str:
+    """The ``running`` rows of these runs (SQL arrays of ids and of their lease tokens) that no
+    other transaction holds, locked in id order, ``columns`` of each; a row held elsewhere is
+    skipped, never waited for. A lease token is never reused and names one claim of one job,
+    so ``lease_token = any(tokens)`` pairs each id with its own token."""
+    return f"""select {columns} from only x_jobs
+     where id = any({ids}) and lease_token = any({tokens}) and state = 'running'
+     order by id
+       for no key update skip locked"""
+
+
+def held_runs_sql(pairs: str, done: str) -> str:
+    """The runs of the CTE ``pairs`` (id, token) whose row is still theirs and running in the
+    statement's snapshot, but that the CTE ``done`` (id) did not write: another transaction
+    holds the row (or, for a child, its parent's step row)."""
+    return f"""select p.id, p.token from {pairs} p
+      join only x_jobs j on j.id = p.id and j.lease_token = p.token and j.state = 'running'
+     where p.id not in (select id from {done})"""
+
+
+# What settle_locks_sql needs of each row it settles.
+SETTLE_COLUMNS = "id, parent_id, parent_step, name, tenant_id, idempotency_key, unique_for_ms"
+
+
+def settle_locks_sql(rows: str) -> str:
+    """The rows the trigger x_jobs_transition writes when the jobs of ``rows`` (a CTE of
+    SETTLE_COLUMNS, already locked) enter or leave a finished state, locked here first, SKIP
+    LOCKED, so the trigger finds them held by this statement and never waits: ``steps_locked``, the
+    invoke step rows of the parents of the children among them (counted down), in (run_id,
+    name) order; ``keys_locked``, the x_job_keys rows of the jobs enqueued with an idempotency
+    window (their finish is recorded), by id; and ``stuck``, the jobs one of whose rows another
+    transaction holds (a parent checking its children, an operator's cancel of the family, an
+    enqueue taking the key), left for a later write. Rows without a parent or a window read
+    nothing more."""
+    return f"""steps_locked as materialized (
+    select s.run_id, s.name
+      from (select distinct p.run_id, r.parent_step as name
+              from {rows} r join only x_jobs p on p.id = r.parent_id
+             order by 1, 2) q
+      cross join lateral (
+          select run_id, name from only x_job_steps
+           where run_id = q.run_id and name = q.name and status = 'invoking'
+             for no key update skip locked) s
+), keys_locked as materialized (
+    select k.id
+      from x_job_keys k
+      join {rows} r on k.name = r.name and k.tenant = coalesce(r.tenant_id, '')
+                   and k.key = r.idempotency_key and k.job_id = r.id
+     where r.unique_for_ms is not null
+     order by k.id
+       for no key update of k skip locked
+), stuck as (
+    select r.id
+      from {rows} r
+      join only x_jobs p on p.id = r.parent_id
+      join only x_job_steps s on s.run_id = p.run_id and s.name = r.parent_step
+                            and s.status = 'invoking'
+     where not exists (select 1 from steps_locked c where c.run_id = s.run_id and c.name = s.name)
+    union all
+    select r.id
+      from {rows} r
+      join x_job_keys k on k.name = r.name and k.tenant = coalesce(r.tenant_id, '')
+                       and k.key = r.idempotency_key and k.job_id = r.id
+     where r.unique_for_ms is not null and k.id not in (select id from keys_locked)
+)"""
+
+
 # ---------------------------------------------------------------------------- observability --
 # docs/observability.md: a run's entry in its job's attempt history, and the counters' deltas,
 # written by the statement that changes the job's state (no statement of their own).
@@ -264,23 +338,42 @@ def key_limit_sql(key: str, name: str) -> str:
 
 
 def grant_slots_sql(req: str, ttl: str) -> str:
-    """The CTEs ``wanted``, ``free``, ``counted``, ``placed`` and ``granted`` that take the
-    lowest free slot under its own limit for each row of the CTE ``req`` (lease_key, lim,
-    holder, pos, ord: its rank among the requests of its key, lowest limit first), with
-    the expiry now() + ``ttl`` ms; ``granted`` returns (lease_key, slot, holder)."""
+    """The CTEs ``wanted``, ``free``, ``counted``, ``placed``, ``inserted``, ``reclaimed`` and
+    ``granted`` that take the lowest free slot under its own limit for each row of the CTE
+    ``req`` (lease_key, lim, holder, pos, ord: its rank among the requests of its key, lowest
+    limit first), with the expiry now() + ``ttl`` ms; ``granted`` returns (lease_key, slot,
+    holder).
+
+    Never waits on another transaction (docs/design.md, "Lock order"): a slot counts as free
+    only if no live row holds it AND this transaction gets its transaction-scoped advisory
+    lock at once (pg_try_advisory_xact_lock), which every grant takes before it writes a slot,
+    so two grants never write one slot at the same time and an insert never waits on another's
+    uncommitted row of it; a slot with no row is inserted with `on conflict do nothing` (a row
+    committed since this statement's snapshot: refused, not locked), and a slot whose row
+    expired is taken back through a lock taken SKIP LOCKED. A slot refused so costs a poll
+    interval, never a wait and never an over-grant."""
     return f"""wanted as (
     select lease_key, max(lim) as lim, count(*) as n from {req} group by lease_key
 ), free as (
-    select w.lease_key, f.slot, f.rank
+    select w.lease_key, f.slot, f.rank, f.lapsed
       from wanted w
       cross join lateral (
-          select s.slot, row_number() over (order by s.slot) - 1 as rank
-            from generate_series(0, w.lim - 1) as s(slot)
-           where not exists (select 1 from x_job_leases l
-                              where l.lease_key = w.lease_key and l.slot = s.slot
-                                and l.expires_at > now())
-           order by s.slot
-           limit w.n
+          -- The probe walks the slots upwards and stops at the n-th free one (generate_series
+          -- yields them in order: the rank is numbered after the limit, so no sort makes the
+          -- probe, and its lock attempts, run over every slot of the limit).
+          select g.slot, row_number() over (order by g.slot) - 1 as rank,
+                 (select l.id from x_job_leases l
+                   where l.lease_key = w.lease_key and l.slot = g.slot) as lapsed
+            from (select s.slot
+                    from generate_series(0, w.lim - 1) as s(slot)
+                   where case when exists (select 1 from x_job_leases l
+                                            where l.lease_key = w.lease_key
+                                              and l.slot = s.slot and l.expires_at > now())
+                              then false
+                              else pg_try_advisory_xact_lock(
+                                       hashtextextended('xjobs:slot:' || w.lease_key, s.slot))
+                         end
+                   limit w.n) g
       ) f
 ), counted as (
     select q.lease_key, q.lim, q.holder, q.ord, q.pos,
@@ -293,18 +386,33 @@ def grant_slots_sql(req: str, ttl: str) -> str:
                partition by c.lease_key order by c.lim, c.ord
                rows between unbounded preceding and 1 preceding), 0)) as rank
       from counted c
-), granted as (
-    insert into x_job_leases (lease_key, slot, holder, expires_at)
-    select p.lease_key, f.slot, p.holder,
-           now() + {ttl}::bigint * interval '1 millisecond'
+), chosen as materialized (
+    select p.lease_key, f.slot, p.holder, f.lapsed
       from placed p
       join free f on f.lease_key = p.lease_key and f.rank = p.rank
      where p.rank < p.below
-     order by p.lease_key, f.slot
-    on conflict (lease_key, slot) do update
-       set holder = excluded.holder, expires_at = excluded.expires_at
-     where x_job_leases.expires_at <= now()
+), inserted as (
+    insert into x_job_leases (lease_key, slot, holder, expires_at)
+    select lease_key, slot, holder, now() + {ttl}::bigint * interval '1 millisecond'
+      from chosen
+     where lapsed is null
+     order by lease_key, slot
+    on conflict (lease_key, slot) do nothing
     returning lease_key, slot, holder
+), reclaimed as (
+    update x_job_leases l
+       set holder = c.holder, expires_at = now() + {ttl}::bigint * interval '1 millisecond'
+      from chosen c
+     where l.id = c.lapsed and l.expires_at <= now()
+       and l.id = any(array(select x.id from x_job_leases x
+                             where x.id in (select lapsed from chosen) and x.expires_at <= now()
+                             order by x.lease_key, x.slot
+                               for no key update skip locked))
+    returning l.lease_key, l.slot, l.holder
+), granted as (
+    select lease_key, slot, holder from inserted
+    union all
+    select lease_key, slot, holder from reclaimed
 )"""
 
 

@@ -17,15 +17,19 @@ from .fragments import (
     LIVE,
     ON_LIVE_KEY_CONFLICT,
     REQUEUE_SET,
+    SETTLE_COLUMNS,
     attempt_entry_sql,
     cancel_set_sql,
     count_sql,
     elapsed_ms_sql,
     enqueue_batch_sql,
     enqueue_one_sql,
+    free_runs_sql,
     grant_slots_sql,
+    held_runs_sql,
     key_limit_sql,
     notify_queues_sql,
+    settle_locks_sql,
     tenant_walk_sql,
 )
 
@@ -266,18 +270,34 @@ with async_commit as (
      where not exists (select 1 from x_flow_pauses p
                         where p.kind = 'queue' and p.key = w.queue
                           and (p.until is null or p.until > now()))
-), lapsed as (
-    select c.id, c.prev_state, c.exhausted, w.queue, c.name, c.concurrency_key, c.rate_key
+), lapsed_rows as materialized (
+    -- A lease kept beside its row (x_lease_extensions: the heartbeat found the row held by
+    -- another transaction) has not lapsed while its extension runs.
+    select c.id, c.prev_state, c.exhausted, w.queue, c.name, c.concurrency_key, c.rate_key,
+           c.parent_id, c.parent_step, c.tenant_id, c.idempotency_key, c.unique_for_ms
       from wants w
       cross join lateral (
           select id, state as prev_state, attempt >= max_attempts as exhausted, name,
-                 concurrency_key, rate_key
-            from only x_jobs
+                 concurrency_key, rate_key, parent_id, parent_step, tenant_id, idempotency_key,
+                 unique_for_ms
+            from only x_jobs j
            where queue = w.queue and state = 'running' and visible_at <= now()
+             and not exists (select 1 from x_lease_extensions e
+                              where e.lease_token = j.lease_token and e.until > now())
            order by visible_at
            limit w.n
              for update skip locked
       ) c
+), burials as (
+    select {SETTLE_COLUMNS} from lapsed_rows
+     where exhausted and (parent_id is not null or unique_for_ms is not null)
+), {settle_locks_sql("burials")}, lapsed as (
+    -- A job buried on its last attempt has its parent's step row counted down, or its
+    -- window's key row written, by x_jobs_transition: one whose row another transaction holds
+    -- is left for a later claim, never waited for (docs/design.md, "Lock order").
+    select id, prev_state, exhausted, queue, name, concurrency_key, rate_key
+      from lapsed_rows
+     where id not in (select id from stuck)
 ), shares as (
     select w.queue, w.fair, w.cursor,
            greatest(w.n - (select count(*) from lapsed l where l.queue = w.queue), 0) as share
@@ -391,7 +411,9 @@ with async_commit as (
 ), rated as (
     select s.ids[t.ord] as id, t.next_at
       from spending s
-      cross join lateral (select * from xjobs_rate_take(s.keys, s.lims, s.pers, s.costs)
+      -- false: a key another transaction is spending (a request's try_acquire) is not
+      -- waited for: its jobs are due again a moment later (migration 0010)
+      cross join lateral (select * from xjobs_rate_take(s.keys, s.lims, s.pers, s.costs, false)
                            where s.ids is not null) t
 ), slot_req as (
     -- The jobs that need a slot now: not paused, their rate budget (if any) spent.
@@ -507,35 +529,54 @@ A pair that matches no row is NOT a success: the run lost the job (cancelled, or
 after its lease lapsed) and its result is discarded; jobs_fence_check tells that apart from an
 earlier try of this same write that committed before the connection died.
 
+It never waits on a lock (docs/design.md, "Lock order"): the rows are locked first, in id
+order, SKIP LOCKED, and so are the step rows of the parents of the children among them (the
+trigger x_jobs_transition counts those down). A run whose row, or whose parent's step row,
+another transaction holds (a request's select for update or debounce, an operator's change not
+committed yet) is answered busy: nothing written, the worker acknowledges it again later, and
+its lease is kept meanwhile (jobs_renew_if_owned). One worker's batch therefore never waits on
+another's, on its own heartbeat, or on the application.
+
 The ids and tokens arrive as uuid[] literals and the results as one JSON array (element n is
 the result of pair n; JSON null is stored as SQL NULL): formatting each value of the arrays on
 the client would cost more CPU than the statement (docs/performance.md, "What the simpler forms
-cost"). The row keeps claimed_by, attempt and lease_token
-of the run that finished it. The answer is
-the TOKENS that landed, not the ids: one worker can hold two runs of the same job (a stale run
-still executing when the job is re-claimed), and only the token tells them apart.
+cost"). The row keeps claimed_by, attempt and lease_token of the run that finished it. The
+answer is the TOKENS, each landed or busy, not the ids: one worker can hold two runs of the
+same job (a stale run still executing when the job is re-claimed), and only the token tells
+them apart.
 
 The counters' deltas go in with it (done, and each run's time); the attempt history gets no
 entry: the row, with its attempt, claimed_by, started_at and finished_at, is the entry of the
 run that finished the job (docs/observability.md, "Attempt history").
 """,
     sql=f"""
-with settled as (
+with v as (
+    select i.id, i.token, r.result
+      from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) with ordinality as i(id, token, n)
+      join jsonb_array_elements(%(results)s::jsonb) with ordinality as r(result, n) using (n)
+), free as materialized (
+    {free_runs_sql("%(ids)s::uuid[]", "%(tokens)s::uuid[]", SETTLE_COLUMNS)}
+), {settle_locks_sql("free")}, settled as (
     update only x_jobs j
        set state = 'done', result = nullif(v.result, 'null'::jsonb), visible_at = null,
            finished_at = now(), updated_at = now()
-      from (select i.id, i.token, r.result
-              from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) with ordinality as i(id, token, n)
-              join jsonb_array_elements(%(results)s::jsonb) with ordinality as r(result, n)
-             using (n)) as v
+      from v
      where j.id = v.id and j.lease_token = v.token and j.state = 'running'
-    returning j.lease_token, j.queue, j.name, {elapsed_ms_sql("j.started_at")} as run_ms
+       and j.id in (select id from free) and j.id not in (select id from stuck)
+    returning j.id, j.lease_token, j.queue, j.name, {elapsed_ms_sql("j.started_at")} as run_ms
 ), tallied as (
     {count_sql("settled", done="count(*)", run_ms="array_agg(run_ms)", run_ms_sum="sum(run_ms)")}
 )
-select lease_token::text from settled
+select lease_token::text, true from settled
+union all
+select token::text, false from ({held_runs_sql("v", "settled")}) busy
 """,
 )
+
+# The pair of a single-run write, as a CTE for free_runs_sql and held_runs_sql.
+_ONE_RUN = "one as (select %(id)s::uuid as id, %(token)s::uuid as token)"
+_ONE_ID = "array[%(id)s::uuid]"
+_ONE_TOKEN = "array[%(token)s::uuid]"
 
 JOB_FAIL_IF_OWNED = Statement(
     "job_fail_if_owned",
@@ -543,10 +584,13 @@ JOB_FAIL_IF_OWNED = Statement(
 A run that raised: retry (`ready`, or `delayed` until the backoff's run_at) or `dead` once the
 attempts are used up or the error is permanent. The choice is made here from the row, under the
 same fence as the ack, so a run that lost the job cannot bury or revive it. last_error always
-records this run's error.
+records this run's error. Locked as the ack locks (a child's burial counts its parent's step
+row down): a row another transaction holds answers `busy`, and the worker writes it again later.
 """,
     sql=f"""
-with settled as (
+with {_ONE_RUN}, free as materialized (
+    {free_runs_sql(_ONE_ID, _ONE_TOKEN, SETTLE_COLUMNS)}
+), {settle_locks_sql("free")}, settled as (
     update only x_jobs
        set state       = case when %(permanent)s or attempt >= max_attempts then 'dead'
                               when %(delay_ms)s > 0 then 'delayed' else 'ready' end,
@@ -558,12 +602,15 @@ with settled as (
            attempts    = {attempt_entry_sql("%(outcome)s::text", error="%(error)s::text")},
            updated_at  = now()
      where id = %(id)s and lease_token = %(token)s and state = 'running'
-    returning state, queue, name, {elapsed_ms_sql("started_at")} as run_ms
+       and id in (select id from free) and id not in (select id from stuck)
+    returning id, state, queue, name, {elapsed_ms_sql("started_at")} as run_ms
 ), tallied as (
     {count_sql("settled", failed="count(*)", dead="count(*) filter (where state = 'dead')",
                run_ms="array_agg(run_ms)", run_ms_sum="sum(run_ms)")}
 )
 select state from settled
+union all
+select 'busy' from ({held_runs_sql("one", "settled")}) busy
 """,
 )
 
@@ -573,13 +620,22 @@ JOB_REQUEUE_IF_OWNED = Statement(
 Give a job back without spending an attempt (Snooze, graceful shutdown, a lost concurrency
 slot): the attempt the claim counted is taken back, and so is its worker_ids entry, so attempts
 count runs that really ran. A claim that resumed a suspended job counted nothing, so it returns
-to `suspended` (its next claim will not count one either). Fenced like every worker write.
+to `suspended` (its next claim will not count one either). Fenced like every worker write,
+and locked as the ack locks: a row another transaction holds answers `busy`.
 """,
     sql=f"""
-update only x_jobs
-   {REQUEUE_SET}
- where id = %(id)s and lease_token = %(token)s and state = 'running'
-returning state
+with {_ONE_RUN}, free as materialized (
+    {free_runs_sql(_ONE_ID, _ONE_TOKEN)}
+), moved as (
+    update only x_jobs
+       {REQUEUE_SET}
+     where id = %(id)s and lease_token = %(token)s and state = 'running'
+       and id in (select id from free)
+    returning id, state
+)
+select state from moved
+union all
+select 'busy' from ({held_runs_sql("one", "moved")}) busy
 """,
 )
 
@@ -588,14 +644,24 @@ JOB_SUSPEND_IF_OWNED = Statement(
     why="""
 Park a running job until wake_at (a durable sleep or an event wait). `suspended` rows are in the
 claim index and become eligible at run_at; their resume does not count an attempt. Fenced: a run
-that lost the job cannot park it.
+that lost the job cannot park it. Locked as the ack locks: a row another transaction holds
+answers `busy` (the step's transaction is then rolled back and tried again; the run's own step
+write earlier in it holds the row FOR SHARE, which does not stop this one).
 """,
     sql=f"""
-update only x_jobs
-   set state = 'suspended', run_at = %(wake_at)s, visible_at = null, updated_at = now(),
-       attempts = {attempt_entry_sql("'suspended'")}
- where id = %(id)s and lease_token = %(token)s and state = 'running'
-returning id::text
+with {_ONE_RUN}, free as materialized (
+    {free_runs_sql(_ONE_ID, _ONE_TOKEN)}
+), parked as (
+    update only x_jobs
+       set state = 'suspended', run_at = %(wake_at)s, visible_at = null, updated_at = now(),
+           attempts = {attempt_entry_sql("'suspended'")}
+     where id = %(id)s and lease_token = %(token)s and state = 'running'
+       and id in (select id from free)
+    returning id
+)
+select id::text from parked
+union all
+select 'busy' from ({held_runs_sql("one", "parked")}) busy
 """,
 )
 
@@ -605,14 +671,23 @@ JOB_PROGRESS_IF_OWNED = Statement(
 A run's ctx.progress(), fenced like every write of a run: a run that lost its job cannot
 overwrite the progress of the run that has it. The worker sends at most one per second per run
 (docs/observability.md, "Progress"); the column is in no index, so the update can be HOT and
-leaves updated_at alone (progress is not a state change).
+leaves updated_at alone (progress is not a state change). A row another transaction holds is
+not waited for: that report is skipped (`busy`), the next one writes.
 """,
-    sql="""
-update only x_jobs
-   set progress = jsonb_build_object('done', %(done)s::float8, 'total', %(total)s::float8,
-                                     'message', %(message)s::text, 'at', now())
- where id = %(id)s and lease_token = %(token)s and state = 'running'
-returning id::text
+    sql=f"""
+with {_ONE_RUN}, free as materialized (
+    {free_runs_sql(_ONE_ID, _ONE_TOKEN)}
+), reported as (
+    update only x_jobs
+       set progress = jsonb_build_object('done', %(done)s::float8, 'total', %(total)s::float8,
+                                         'message', %(message)s::text, 'at', now())
+     where id = %(id)s and lease_token = %(token)s and state = 'running'
+       and id in (select id from free)
+    returning id
+)
+select id::text from reported
+union all
+select 'busy' from ({held_runs_sql("one", "reported")}) busy
 """,
 )
 
@@ -620,18 +695,48 @@ JOBS_RENEW_IF_OWNED = Statement(
     "jobs_renew_if_owned",
     why="""
 The heartbeat: renew every in-flight lease of a worker in ONE statement per interval, fenced
-per run on (id, running, token), returning the ids that still belong to it. An id missing from
-the answer means the run lost the job (cancelled from outside, or re-claimed after a lapse):
-that run is stopped and its result discarded, because continuing it is the double execution the
-lease exists to prevent. The answer is the renewed TOKENS: a stale run and the current run of one
-job in the same worker share the id, and an answer keyed by id would renew both.
+per run on (id, running, token). A run missing from the answer lost the job (cancelled from
+outside, or re-claimed after a lapse): that run is stopped and its result discarded, because
+continuing it is the double execution the lease exists to prevent. The answer is per TOKEN: a
+stale run and the current run of one job in the same worker share the id, and an answer keyed
+by id would renew both.
+
+It never waits on a lock (docs/design.md, "Lock order"): the rows are locked first, in id
+order, SKIP LOCKED. A row another transaction holds (a request's lock on it, an operator's
+change not committed yet, the run's own step write) cannot be updated now, so its lease is
+KEPT beside it instead, in x_lease_extensions (keyed by the run's token; `kept` in the answer):
+the claim takes no lapsed lease whose extension still runs, so the run goes on and its row is
+renewed at the first round it is free. One held row therefore delays none of the worker's
+other leases, and never hands its run to another worker.
 """,
     sql="""
-update only x_jobs j
-   set visible_at = now() + %(lease_ms)s * interval '1 millisecond', updated_at = now()
-  from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
- where j.id = v.id and j.lease_token = v.token and j.state = 'running'
-returning j.lease_token::text
+with v as (
+    select * from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
+), free as materialized (
+    select id from only x_jobs
+     where id = any(%(ids)s::uuid[]) and lease_token = any(%(tokens)s::uuid[])
+       and state = 'running'
+     order by id
+       for no key update skip locked
+), renewed as (
+    update only x_jobs j
+       set visible_at = now() + %(lease_ms)s * interval '1 millisecond', updated_at = now()
+      from v
+     where j.id = v.id and j.lease_token = v.token and j.state = 'running'
+       and j.id in (select id from free)
+    returning j.id, j.lease_token
+), kept as (
+    insert into x_lease_extensions as e (lease_token, job_id, until)
+    select p.token, p.id, now() + %(lease_ms)s * interval '1 millisecond'
+      from v p
+      join only x_jobs j on j.id = p.id and j.lease_token = p.token and j.state = 'running'
+     where p.id not in (select id from renewed)
+    on conflict (lease_token) do update set until = excluded.until
+    returning e.lease_token
+)
+select lease_token::text, true from renewed
+union all
+select lease_token::text, false from kept
 """,
 )
 
@@ -642,11 +747,13 @@ Read after a fenced write matched fewer rows than it was given, to tell `lost` f
 applied`: when the connection died after the server committed a write, the retry matches
 nothing, yet the row carries this run's token in the state the write set. Only a run's own
 writes leave its token on a non-running row (cancel and burial clear it), so the token decides.
+`only x_jobs`: a job archived since (ARCHIVE_AFTER later) is not found here and reads as lost,
+its result discarded; that job finished, and no history table is locked by a worker.
 """,
     sql="""
 select v.token::text, j.state, coalesce(j.lease_token = v.token, false)
   from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
-  left join x_jobs j on j.id = v.id
+  left join only x_jobs j on j.id = v.id
 """,
 )
 
@@ -674,17 +781,37 @@ select {JOB_COLUMNS} from cancelled
 """,
 )
 
-JOBS_CANCEL_TREE = Statement(
-    "jobs_cancel_tree",
-    why="""
-Cancel live jobs and, through parent_id, their live descendants, in one statement: the live
-children of a job an operator cancels (`parents`), or the children a parent stopped waiting
-for when its invoke timed out (`ids`). Run BEFORE the parent's own cancel, so the locks go
-child first, then parent, the order an acknowledging child takes them (its trigger wakes the
-parent): the other order could deadlock against a child finishing at that moment. Same changes
-as job_cancel, counters included.
-""",
-    sql=f"""
+def _cancel_tree_sql(*, skip: bool) -> str:
+    """The text of jobs_cancel_tree (an operator's: it waits for the rows it locks, in the
+    order of docs/design.md, "Lock order") and of jobs_cancel_tree_free (a worker's: it skips
+    what another transaction holds, and answers how many it left)."""
+    lock = "for no key update skip locked" if skip else "for no key update"
+    if skip:
+        settle = f"""{settle_locks_sql("locked")}, cancelling as (
+    select id from locked where id not in (select id from stuck)
+)"""
+    else:
+        settle = f"""steps_locked as materialized (
+    select s.id
+      from (select distinct p.run_id, l.parent_step as name
+              from locked l join only x_jobs p on p.id = l.parent_id) q
+      join only x_job_steps s on s.run_id = q.run_id and s.name = q.name
+                            and s.status = 'invoking'
+     order by s.run_id, s.name
+       {lock} of s
+), keys_locked as materialized (
+    select k.id
+      from x_job_keys k
+      join locked l on k.name = l.name and k.tenant = coalesce(l.tenant_id, '')
+                   and k.key = l.idempotency_key and k.job_id = l.id
+     where l.unique_for_ms is not null
+     order by k.id
+       {lock} of k
+), cancelling as (
+    select id from locked
+     where (select count(*) from steps_locked) + (select count(*) from keys_locked) >= 0
+)"""
+    return f"""
 with recursive tree(id) as (
     select id from only x_jobs
      where (id = any(%(ids)s::uuid[]) or parent_id = any(%(parents)s::uuid[]))
@@ -692,16 +819,51 @@ with recursive tree(id) as (
     union
     select c.id from only x_jobs c join tree t on c.parent_id = t.id
      where c.state in {LIVE}
-), cancelled as (
+), locked as materialized (
+    select {SETTLE_COLUMNS} from only x_jobs
+     where id in (select id from tree) and state in {LIVE}
+     order by id
+       {lock}
+), {settle}, cancelled as (
     update only x_jobs
        {cancel_set_sql("%(reason)s")}
-     where id in (select id from tree) and state in {LIVE}
+     where id in (select id from cancelling) and state in {LIVE}
     returning queue, name
 ), tallied as (
     {count_sql("cancelled", cancelled="count(*)")}
 )
-select count(*) from cancelled
+select (select count(*) from cancelled),
+       (select count(*) from tree) - (select count(*) from cancelled)
+"""
+
+
+JOBS_CANCEL_TREE = Statement(
+    "jobs_cancel_tree",
+    why="""
+Cancel live jobs and, through parent_id, their live descendants, in one statement: the live
+children of a job an operator cancels (`parents`), or a cancel of the jobs themselves (`ids`).
+Run BEFORE the parent's own cancel. It takes its locks in the order of docs/design.md ("Lock
+order"): the jobs' rows by id, then their parents' step rows (which x_jobs_transition counts
+down) by (run_id, name), then the key rows of their idempotency windows by id, then the update.
+A parent woken by its last child's cancel is woken without waiting for its row (the trigger
+skips a row another transaction holds; jobs_unblock wakes it then). A worker's statements never
+wait for this statement's locks: they skip what it holds. Same changes as job_cancel, counters
+included. The answer: how many it cancelled (and how many of the tree it did not: finished
+meanwhile).
 """,
+    sql=_cancel_tree_sql(skip=False),
+)
+
+JOBS_CANCEL_TREE_FREE = Statement(
+    "jobs_cancel_tree_free",
+    why="""
+jobs_cancel_tree for a worker (a parent whose invoke timed out cancels its children; a cron
+round's cancel_previous): the same changes in the same lock order, SKIP LOCKED, so a worker
+never waits on a job, step or key row another transaction holds (docs/design.md, "Lock order").
+A job of the tree held elsewhere is left live; the answer says how many were cancelled and how
+many were left, and the caller tries those again later.
+""",
+    sql=_cancel_tree_sql(skip=True),
 )
 
 JOB_RETRY = Statement(
@@ -857,9 +1019,13 @@ job_requeue_if_owned for many runs in one statement (Job.objects.requeue of a ba
 handed back cost one round trip, not N. Same rule per run: the attempt the claim counted is
 taken back (and its worker_ids entry), a resumed suspended job returns to `suspended`, and the
 job is due again after its delay. Fenced per
-run on (id, running, token). The answer is the tokens that landed.
+run on (id, running, token), and locked as the ack locks. The answer is the tokens that
+landed, and those whose row another transaction holds (busy: not written).
 """,
     sql=f"""
+with free as materialized (
+    {free_runs_sql("%(ids)s::uuid[]", "%(tokens)s::uuid[]")}
+), moved as (
 update only x_jobs j
    set state      = case when v.resumed then 'suspended'
                          when v.delay_ms > 0 then 'delayed' else 'ready' end,
@@ -877,7 +1043,14 @@ update only x_jobs j
               %(outcomes)s::text[])
        as v(id, token, delay_ms, spent, resumed, note, outcome)
  where j.id = v.id and j.lease_token = v.token and j.state = 'running'
-returning j.lease_token::text
+   and j.id in (select id from free)
+returning j.id, j.lease_token
+), pairs as (
+    select * from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as p(id, token)
+)
+select lease_token::text, true from moved
+union all
+select token::text, false from ({held_runs_sql("pairs", "moved")}) busy
 """,
 )
 

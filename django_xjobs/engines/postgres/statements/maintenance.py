@@ -93,6 +93,25 @@ delete from x_outbox
 """,
 )
 
+LEASE_EXTENSIONS_PURGE = Statement(
+    "lease_extensions_purge",
+    why="""
+Delete the leases kept beside held rows (x_lease_extensions, written by jobs_renew_if_owned)
+that ended more than a minute ago, one bounded batch per call (the caller loops). An ended
+extension protects nothing: the claim reads only those still running, and the minute leaves a
+claim whose transaction began earlier no reason to find one gone. The table holds a row per run
+whose row was held at a heartbeat, so it is small; SKIP LOCKED, a row a heartbeat is writing is
+left for the next batch.
+""",
+    sql="""
+delete from x_lease_extensions
+ where lease_token = any(array(select lease_token from x_lease_extensions
+                                where until < now() - interval '1 minute'
+                                limit %(batch)s
+                                  for update skip locked))
+""",
+)
+
 # --------------------------------------------------------------------------------- console --
 # The operations console (django_xjobs/reads.py, admin.py): its one queue write and the
 # health reads of its dashboard.

@@ -10,7 +10,14 @@ claim blocked on it.
 from __future__ import annotations
 
 from ...base import Statement
-from .fragments import CHANNEL, REQUEUE_SET, WAKE_SET, notify_queues_sql
+from .fragments import (
+    CHANNEL,
+    REQUEUE_SET,
+    WAKE_SET,
+    free_runs_sql,
+    held_runs_sql,
+    notify_queues_sql,
+)
 
 # The columns of a pause row, decoded by engine._pause_record in this order.
 PAUSE_COLUMNS = "kind, key, until, reason, paused_at"
@@ -97,7 +104,7 @@ many jobs are blocked on it now, through the partial index of blocked jobs.
     sql=f"""
 select {PAUSE_COLUMNS},
        case when kind = 'key'
-            then (select count(*) from x_jobs j
+            then (select count(*) from only x_jobs j
                    where j.state = 'blocked' and j.blocked_on = p.key)
             else 0 end
   from x_flow_pauses p
@@ -117,14 +124,28 @@ back, a resumed job returns to `suspended`), and pause its key until now() plus 
 in ONE statement. Fenced on (id, running, token), and the pause is written only from the row the
 fenced update returned: a run that lost its job (cancelled, re-claimed after a lapse) pauses
 nothing. The pause only grows: a key already paused until resumed stays so, and a later end
-stays; the reason is the latest.
+stays; the reason is the latest. Locked as the ack locks, the key's pause row too (SKIP
+LOCKED): a job or pause row another transaction holds answers `busy`, and the worker settles the
+run again later (docs/design.md, "Lock order").
 """,
     sql=f"""
-with requeued as (
+with one as (
+    select %(id)s::uuid as id, %(token)s::uuid as token
+), free as materialized (
+    {free_runs_sql("array[%(id)s::uuid]", "array[%(token)s::uuid]")}
+), pause_row as materialized (
+    select id from x_flow_pauses
+     where kind = 'key' and key = %(key)s
+       for no key update skip locked
+), requeued as (
     update only x_jobs
        {REQUEUE_SET}
      where id = %(id)s and lease_token = %(token)s and state = 'running'
-    returning state
+       and id in (select id from free)
+       and not exists (select 1 from x_flow_pauses
+                        where kind = 'key' and key = %(key)s
+                          and id not in (select id from pause_row))
+    returning id, state
 ), paused as (
     insert into x_flow_pauses as p (kind, key, until, reason)
     select 'key', %(key)s, now() + %(for_ms)s::bigint * interval '1 millisecond', %(reason)s
@@ -138,5 +159,7 @@ with requeued as (
     returning until
 )
 select r.state, (select until from paused) from requeued r
+union all
+select 'busy', null from ({held_runs_sql("one", "requeued")}) busy
 """,
 )

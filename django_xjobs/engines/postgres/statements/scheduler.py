@@ -236,7 +236,7 @@ returning task_name, last_fired_at, paused, updated_at
 _CRON_RUN = "enqueued_by like 'cron:%%'"
 # The live runs of some cron tasks (cron_runs_live, and locked, cron_runs_lock_live).
 _CRON_RUNS_LIVE_SQL = f"""
-select enqueued_by, id::text, state, blocked_on
+select enqueued_by, id::text, state, blocked_on, false as held
   from only x_jobs
  where enqueued_by = any(%(enqueued_by)s::text[]) and {_CRON_RUN}
    and state in {LIVE}
@@ -246,13 +246,10 @@ select enqueued_by, id::text, state, blocked_on
 CRON_RUNS_LIVE = Statement(
     "cron_runs_live",
     why="""
-A round's view of the live runs of its due tasks whose overlap policy is skip or
-cancel_previous, read AFTER the round locked their state rows (scheduler_states_lock_if_leading),
-so two overlapping rounds (two leaders across a rolling restart) decide one after the other,
-the second seeing the runs the first enqueued or cancelled. Not locked: skip only looks, and
-cancel_previous cancels through jobs_cancel_tree, which takes a run's children before the run
-itself, the order an acknowledging child takes them (a lock on the run taken here first could
-deadlock against a child finishing). Through x_jobs_cron_live_idx (the predicate
+A round's view of the live runs of its due tasks whose overlap policy is skip, read AFTER the
+round locked their state rows (scheduler_states_lock_if_leading), so two overlapping rounds
+(two leaders across a rolling restart) decide one after the other, the second seeing the runs
+the first enqueued. Not locked: skip only looks. Through x_jobs_cron_live_idx (the predicate
 `enqueued_by like 'cron:%'` is that index's): a probe per task, whatever the size of x_jobs.
 """,
     sql=_CRON_RUNS_LIVE_SQL,
@@ -261,15 +258,35 @@ deadlock against a child finishing). Through x_jobs_cron_live_idx (the predicate
 CRON_RUNS_LOCK_LIVE = Statement(
     "cron_runs_lock_live",
     why="""
-cron_runs_live for the tasks whose overlap policy is buffer_one, locked `for update`: a run
-that is finishing right now finishes either before this read (and is not live here) or after
-the round commits (and then its finish, through the trigger x_jobs_cron_overlap, sees the run
-the round buffered behind it and releases it). Without the lock, a finish between this read and
-the commit would leave the buffered run blocked until jobs_unblock. Locked in id order. The
-round touches none of these runs' children, so a child finishing (which locks the child, then
-its parent) cannot deadlock with it. Through x_jobs_cron_live_idx: a probe per task.
+cron_runs_live for the tasks whose overlap policy is buffer_one or cancel_previous, locked.
+buffer_one: a run that is finishing right now finishes either before this read (and is not live
+here) or after the round commits (and then its finish, through the trigger x_jobs_cron_overlap,
+sees the run the round buffered behind it and releases it); without the lock, a finish between
+this read and the commit would leave the buffered run blocked until jobs_unblock.
+cancel_previous: the runs the round cancels are its own until it commits.
+
+SKIP LOCKED, in id order: a run another transaction holds (a request's lock, an operator's
+change not committed yet) is answered `held`, never waited for; the round then leaves that task
+for a later round (docs/design.md, "Lock order"). A run that finished after the round's
+snapshot is found finished on the row it locks, and is answered held as well: the next round
+sees it gone. Through x_jobs_cron_live_idx: a probe per task.
 """,
-    sql=_CRON_RUNS_LIVE_SQL + "   for update\n",
+    sql=f"""
+with live as materialized (
+    select enqueued_by, id, state, blocked_on
+      from only x_jobs
+     where enqueued_by = any(%(enqueued_by)s::text[]) and {_CRON_RUN}
+       and state in {LIVE}
+), locked as materialized (
+    select id from only x_jobs
+     where id in (select id from live) and state in {LIVE}
+     order by id
+       for no key update skip locked
+)
+select enqueued_by, id::text, state, blocked_on, id not in (select id from locked) as held
+  from live
+ order by id
+""",
 )
 
 CRON_RUNS_HOLD = Statement(

@@ -59,15 +59,33 @@ its next acquire, so reviving it would make the TTL an expiry only other workers
 two runs would believe they hold one slot. A slot missing from the answer is lost: its run is
 stopped with X_JOB_SLOT_LOST (without the expiry fence a renewal would revive a slot that
 lapsed, and the run would go on silently beside the slot's new holder).
+
+The rows are locked first, in (lease_key, slot) order, SKIP LOCKED: a slot row another
+transaction holds this moment is answered `busy` (not renewed, not lost; renewed at the next
+round), never waited for (docs/design.md, "Lock order").
 """,
     sql="""
-update x_job_leases l
-   set expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond'
-  from unnest(%(keys)s::text[], %(slots)s::int[], %(holders)s::text[])
-       as v(lease_key, slot, holder)
- where l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
-   and l.expires_at > now()
-returning l.holder
+with v as (
+    select * from unnest(%(keys)s::text[], %(slots)s::int[], %(holders)s::text[])
+           as v(lease_key, slot, holder)
+), free as materialized (
+    select l.id from x_job_leases l
+      join v on l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
+     where l.expires_at > now()
+     order by l.lease_key, l.slot
+       for no key update of l skip locked
+), renewed as (
+    update x_job_leases l
+       set expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond'
+     where l.id in (select id from free) and l.expires_at > now()
+    returning l.holder
+)
+select holder, true from renewed
+union all
+select v.holder, false
+  from v join x_job_leases l
+    on l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
+ where l.expires_at > now() and l.id not in (select id from free)
 """,
 )
 
@@ -86,14 +104,24 @@ touches a row another run took over. The free slots are counted without the rows
 deletes (its own snapshot still sees them). A job the claim blocks while this runs can miss the
 wake-up (its block commits after this read); the next release of its key, or jobs_unblock at
 the next poll, wakes it (tests/acceptance/test_slots_fleet.py).
+
+The rows are locked first, in (lease_key, slot) order, SKIP LOCKED: a row another transaction
+holds this moment is not deleted (its holder is answered busy, and released again at the next
+settle), never waited for (docs/design.md, "Lock order").
 """,
     sql=f"""
-with gone as (
-    delete from x_job_leases l
-     using unnest(%(keys)s::text[], %(slots)s::int[], %(holders)s::text[])
+with v as (
+    select * from unnest(%(keys)s::text[], %(slots)s::int[], %(holders)s::text[])
            as v(lease_key, slot, holder)
-     where l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
-    returning l.lease_key, l.slot
+), free as materialized (
+    select l.id from x_job_leases l
+      join v on l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
+     order by l.lease_key, l.slot
+       for update of l skip locked
+), gone as (
+    delete from x_job_leases l
+     where l.id in (select id from free)
+    returning l.lease_key, l.slot, l.holder
 ), room as (
     select k.lease_key,
            k.lim - (select count(*) from x_job_leases l
@@ -113,7 +141,11 @@ with gone as (
     {wake_blocked_sql("room", "lease_key", "n")}
 )
 select (select count(*) from gone),
-       {notify_queues_sql("woken")}
+       {notify_queues_sql("woken")},
+       (select array_agg(v.holder) from v
+          join x_job_leases l
+            on l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
+         where l.id not in (select id from free))
 """,
 )
 

@@ -1,7 +1,8 @@
 """x_job_steps and x_job_events: durable steps, sleeps and event waits (docs/durable.md).
 
-Every step write is fenced on the run still owning its job (``_OWNED``); events meet their
-waiters under one advisory lock per event name (event_lock). The deletion of expired events is
+Every step write is fenced on the run still owning its job, by a lock on the job's row
+(``_OWNER``) taken without waiting; events meet their waiters under one advisory lock per event
+name (event_lock). The deletion of expired events is
 in maintenance.py with the other retention deletes.
 """
 
@@ -12,12 +13,22 @@ from .fragments import CHANNEL
 
 # ----------------------------------------------------------------------------------- steps --
 
-# The fence every step write carries: the run still owns its job (docs/design.md, "Step and
-# backfill writes"). Written into each step statement as an EXISTS on the job's row, so a run
-# that lost its lease records nothing.
-_OWNED = """exists (select 1 from x_jobs
-                where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
-                  and state = 'running')"""
+# The fence every step write carries (docs/design.md, "Step and backfill writes"): the job's
+# row, still this run's, locked FOR SHARE until the write's transaction ends, so no claim or
+# cancel can take the job between the check and the commit (a snapshot EXISTS could not stop a
+# claim committed a moment after it read). SKIP LOCKED: a row another transaction holds is not
+# waited for; the statement answers `busy` (_BUSY) and the run writes again once it is free.
+_OWNER = """owner as materialized (
+    select id from only x_jobs
+     where id = %(job_id)s::uuid and lease_token = %(token)s::uuid and state = 'running'
+       for share skip locked
+)"""
+_OWNED = "exists (select 1 from owner)"
+# Not written because another transaction holds the job's row, which is still this run's.
+_BUSY = """(not exists (select 1 from owner)
+        and exists (select 1 from only x_jobs
+                     where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
+                       and state = 'running')) as busy"""
 
 STEPS_OF_RUN = Statement(
     "steps_of_run",
@@ -46,18 +57,22 @@ executions: a step that failed twice and then succeeded says 3.
 For an event wait, event_id/event_published_at name the event consumed.
 """,
     sql=f"""
-insert into x_job_steps
-    (run_id, name, status, output, started_at, completed_at, attempts, event, correlation_key,
-     event_id, event_published_at, kind)
-select %(run_id)s::uuid, %(name)s, 'completed', %(output)s::jsonb, now(), now(), 1, %(event)s,
-       %(correlation_key)s, %(event_id)s::bigint, %(event_published_at)s::timestamptz, %(kind)s
- where {_OWNED}
-on conflict (run_id, name) do update
-   set status = 'completed', output = excluded.output, completed_at = now(), error = null,
-       attempts = x_job_steps.attempts + (x_job_steps.status = 'failed')::int,
-       event = coalesce(excluded.event, x_job_steps.event),
-       event_id = excluded.event_id, event_published_at = excluded.event_published_at
-returning name
+with {_OWNER}, written as (
+    insert into x_job_steps
+        (run_id, name, status, output, started_at, completed_at, attempts, event,
+         correlation_key, event_id, event_published_at, kind)
+    select %(run_id)s::uuid, %(name)s, 'completed', %(output)s::jsonb, now(), now(), 1,
+           %(event)s, %(correlation_key)s, %(event_id)s::bigint,
+           %(event_published_at)s::timestamptz, %(kind)s
+     where {_OWNED}
+    on conflict (run_id, name) do update
+       set status = 'completed', output = excluded.output, completed_at = now(), error = null,
+           attempts = x_job_steps.attempts + (x_job_steps.status = 'failed')::int,
+           event = coalesce(excluded.event, x_job_steps.event),
+           event_id = excluded.event_id, event_published_at = excluded.event_published_at
+    returning name
+)
+select (select name from written), {_BUSY}
 """,
 )
 
@@ -68,13 +83,16 @@ Record a step's failure: `failed`, its error, attempts + 1. The job then fails a
 its own policy, and the step runs again on the next attempt. Fenced like every step write.
 """,
     sql=f"""
-insert into x_job_steps (run_id, name, status, started_at, attempts, error, kind)
-select %(run_id)s::uuid, %(name)s, 'failed', now(), 1, %(error)s, 'run'
- where {_OWNED}
-on conflict (run_id, name) do update
-   set status = 'failed', error = excluded.error, completed_at = null,
-       attempts = x_job_steps.attempts + 1
-returning attempts
+with {_OWNER}, written as (
+    insert into x_job_steps (run_id, name, status, started_at, attempts, error, kind)
+    select %(run_id)s::uuid, %(name)s, 'failed', now(), 1, %(error)s, 'run'
+     where {_OWNED}
+    on conflict (run_id, name) do update
+       set status = 'failed', error = excluded.error, completed_at = null,
+           attempts = x_job_steps.attempts + 1
+    returning attempts
+)
+select (select attempts from written), {_BUSY}
 """,
 )
 
@@ -91,15 +109,20 @@ event lock: an event whose publisher held the lock while the waiter waited for i
 published after the wait started, and counts.
 """,
     sql=f"""
-insert into x_job_steps
-    (run_id, name, status, started_at, wake_at, event, correlation_key, attempts, kind)
-select %(run_id)s::uuid, %(name)s, %(status)s, now(),
-       coalesce(%(wake_at)s::timestamptz,
-                now() + %(duration_ms)s::bigint * interval '1 millisecond'),
-       %(event)s, %(correlation_key)s, 1, %(kind)s
- where {_OWNED}
-on conflict (run_id, name) do update set status = excluded.status
-returning started_at, wake_at, wake_at <= now() as due
+with {_OWNER}, written as (
+    insert into x_job_steps
+        (run_id, name, status, started_at, wake_at, event, correlation_key, attempts, kind)
+    select %(run_id)s::uuid, %(name)s, %(status)s, now(),
+           coalesce(%(wake_at)s::timestamptz,
+                    now() + %(duration_ms)s::bigint * interval '1 millisecond'),
+           %(event)s, %(correlation_key)s, 1, %(kind)s
+     where {_OWNED}
+    on conflict (run_id, name) do update set status = excluded.status
+    returning started_at, wake_at, wake_at <= now() as due
+)
+select w.started_at, w.wake_at, w.due, {_BUSY}
+  from (select 1) one
+  left join written w on true
 """,
 )
 
@@ -110,10 +133,14 @@ wait_for_any: once one event won, the waits on the others are closed in the SAME
 as the win, so no later publish of a losing event wakes the job for a wait that is over.
 """,
     sql=f"""
-update only x_job_steps
-   set status = 'cancelled', completed_at = now()
- where run_id = %(run_id)s::uuid and name like %(prefix)s and status = 'waiting'
-   and {_OWNED}
+with {_OWNER}, closed as (
+    update only x_job_steps
+       set status = 'cancelled', completed_at = now()
+     where run_id = %(run_id)s::uuid and name like %(prefix)s and status = 'waiting'
+       and {_OWNED}
+    returning 1
+)
+select (select count(*) from closed), {_BUSY}
 """,
 )
 
@@ -133,18 +160,33 @@ suspended and wakes it. `opened` tells a new step (enqueue the children now, in 
 transaction) from one already open (read them). wake_at is the timeout (NULL: none); park_at
 is when the parent is claimed again if no child wakes it first: the timeout, else a re-check
 an hour on (a safety net only: the children's trigger is what wakes it). Fenced like every step
-write.
+write. The open row is locked SKIP LOCKED first (a child's settle, or an operator's cancel of a
+child, may hold it a moment): one held elsewhere answers `busy`, never waited for.
 """,
     sql=f"""
-insert into x_job_steps
-    (run_id, name, status, kind, output, pending, started_at, wake_at, attempts)
-select %(run_id)s::uuid, %(name)s, 'invoking', 'invoke',
-       jsonb_build_object('children', %(children)s::jsonb), %(pending)s::int, now(),
-       now() + %(timeout_ms)s::bigint * interval '1 millisecond', 1
- where {_OWNED}
-on conflict (run_id, name) do update set pending = x_job_steps.pending
-returning output, xmax = 0 as opened, coalesce(wake_at <= now(), false) as due,
-          coalesce(wake_at, now() + interval '1 hour') as park_at
+with {_OWNER}, step as materialized (
+    select id from only x_job_steps
+     where run_id = %(run_id)s::uuid and name = %(name)s
+       for no key update skip locked
+), held as (
+    select 1 from only x_job_steps
+     where run_id = %(run_id)s::uuid and name = %(name)s
+       and id not in (select id from step)
+), written as (
+    insert into x_job_steps
+        (run_id, name, status, kind, output, pending, started_at, wake_at, attempts)
+    select %(run_id)s::uuid, %(name)s, 'invoking', 'invoke',
+           jsonb_build_object('children', %(children)s::jsonb), %(pending)s::int, now(),
+           now() + %(timeout_ms)s::bigint * interval '1 millisecond', 1
+     where {_OWNED} and not exists (select 1 from held)
+    on conflict (run_id, name) do update set pending = x_job_steps.pending
+    returning output, xmax = 0 as opened, coalesce(wake_at <= now(), false) as due,
+              coalesce(wake_at, now() + interval '1 hour') as park_at
+)
+select w.output, w.opened, w.due, w.park_at,
+       {_BUSY.replace(" as busy", "")} or exists (select 1 from held) as busy
+  from (select 1) one
+  left join written w on true
 """,
 )
 
@@ -158,11 +200,14 @@ drifted (an operator retried a child after the parent had counted it finished) i
 next one. Fenced like every step write.
 """,
     sql=f"""
-update only x_job_steps
-   set pending = %(pending)s::int
- where run_id = %(run_id)s::uuid and name = %(name)s and status = 'invoking'
-   and {_OWNED}
-returning pending
+with {_OWNER}, counted as (
+    update only x_job_steps
+       set pending = %(pending)s::int
+     where run_id = %(run_id)s::uuid and name = %(name)s and status = 'invoking'
+       and {_OWNED}
+    returning pending
+)
+select (select pending from counted), {_BUSY}
 """,
 )
 
@@ -208,9 +253,14 @@ event and suspends under it; the publisher inserts the event and wakes waiters u
 whichever comes second sees what the first committed: an event published at any moment
 relative to the waiter's check-then-suspend is never missed (tests/integration/test_steps.py).
 Several names (wait_for_any) are locked in sorted order, so two waiters never deadlock.
+Whichever comes second sees the other's commit only under READ COMMITTED (each statement a new
+snapshot, taken after the lock): in a REPEATABLE READ or SERIALIZABLE transaction, whose
+snapshot predates the lock, a waiter could be missed, so the lock is refused there
+(xjobs_require_read_committed, migration 0010; docs/guarantees.md, "Isolation levels").
 """,
     sql="""
-select count(pg_advisory_xact_lock(1937010802, hashtext(n)))
+select xjobs_require_read_committed('waiting for or publishing an event'),
+       count(pg_advisory_xact_lock(1937010802, hashtext(n)))
   from (select distinct n from unnest(%(names)s::text[]) as n order by n) as names
 """,
 )
@@ -247,7 +297,7 @@ number of waiters (docs/performance.md, "What the simpler forms cost").
 """,
     sql=f"""
 with woken as (
-    update x_jobs j
+    update only x_jobs j
        set run_at = now(), updated_at = now()
      where j.state = 'suspended'
        and j.run_id = any(array(

@@ -1,9 +1,10 @@
 """x_job_keys: idempotency windows (docs/durable.md, "Idempotency windows").
 
-A windowed enqueue takes its key's row, then inserts its job (job_enqueue_windowed); one that
-did not take it reads who holds it (job_key_holder); one that took it but met a live job of the
-key enqueued without a window gives it back (job_key_release). Maintenance deletes the rows
-whose window ended (job_keys_purge_expired).
+A windowed enqueue takes its key's row, then inserts its job (job_enqueue_windowed), in a
+savepoint of its own that it rolls back when no job was inserted (the key held, or a live job of
+the key enqueued without a window), so a losing enqueue keeps no lock on the key's row; one that
+did not take it reads who holds it (job_key_holder). Maintenance deletes the rows whose window
+ended (job_keys_purge_expired).
 """
 
 from __future__ import annotations
@@ -30,9 +31,15 @@ A first enqueue of a key waits on the other transaction's index entry instead, a
 (not taken) or, if that transaction rolled back, inserts its own.
 
 The job's insert carries the live-key `on conflict do nothing` as job_enqueue does: a live job
-of the key enqueued without a window still wins, and the caller then gives the row back
-(job_key_release) in the same transaction. `taken` and the inserted row tell the caller which of
-the three cases it is in. Same counters and NOTIFY rule as job_enqueue.
+of the key enqueued without a window still wins. `taken` and the inserted row tell the caller
+which of the three cases it is in. Same counters and NOTIFY rule as job_enqueue.
+
+The upsert's `on conflict do update ... where` locks the key's row even when its condition is
+false, until the transaction ends (or its savepoint is rolled back). So the engine runs this
+statement in a savepoint of its own when the caller is in a transaction, and rolls it back when
+no job was inserted: a losing enqueue in a request that stays open holds no lock the holder's
+acknowledgement (whose trigger writes this row) would wait for, and a row taken for a job that
+was not inserted is given back by the same rollback.
 
 Cost over job_enqueue: one more index lookup and row write in x_job_keys; the trigger adds one
 update of that row when the job finishes.
@@ -106,22 +113,6 @@ select k.job_id, j.run_id, j.state
   from x_job_keys k
   left join x_jobs j on j.id = k.job_id
  where k.name = %(name)s and k.tenant = coalesce(%(tenant_id)s, '') and k.key = %(key)s::text
-""",
-)
-
-JOB_KEY_RELEASE = Statement(
-    "job_key_release",
-    why="""
-Give back a key's row that job_enqueue_windowed took but whose job was not inserted (a live job
-of the key, enqueued without a window, holds the key): run in the same transaction, so the row
-never names a job that does not exist. `job_id` is the job this enqueue meant to insert, so a
-row another enqueue holds is never touched. Deleting is right even when the row had a previous
-holder: its window had ended, which is why it could be taken.
-""",
-    sql="""
-delete from x_job_keys
- where name = %(name)s and tenant = coalesce(%(tenant_id)s, '') and key = %(key)s::text
-   and job_id = %(id)s::uuid
 """,
 )
 

@@ -81,11 +81,11 @@ with w as (
       from (select distinct jsonb_array_elements_text(queues) as queue from w) q
       cross join lateral (
           with recursive prio(p) as (
-              (select priority from x_jobs
+              (select priority from only x_jobs
                 where queue = q.queue and state in ('ready', 'delayed', 'suspended')
                 order by priority desc limit 1)
               union all
-              select (select priority from x_jobs
+              select (select priority from only x_jobs
                        where queue = q.queue and state in ('ready', 'delayed', 'suspended')
                          and priority < prio.p
                        order by priority desc limit 1)
@@ -93,7 +93,7 @@ with w as (
           select min(f.run_at) as since
             from prio
             cross join lateral (
-                select run_at from x_jobs
+                select run_at from only x_jobs
                  where queue = q.queue and state in ('ready', 'delayed', 'suspended')
                    and priority = prio.p
                  order by run_at limit 1) f
