@@ -672,3 +672,27 @@ def deploy_loose(ctx):
             pass
     return "done"
 # ---- end deploy check ----
+
+
+# ------------------------------------------------------------------- inside a live application --
+# tests/acceptance/test_live_application.py: many short runs, some under a slot, some children.
+
+
+@job
+def nap(ctx, ms=10):
+    """Sleeps ``ms`` milliseconds and writes nothing: the stress's plain job."""
+    time.sleep(ms / 1000)
+    return ms
+
+
+@job(concurrency=Concurrency(key="napslot:{group}", limit=2))
+def slotted_nap(ctx, group, ms=10):
+    """``nap`` under a slot of its group (limit 2)."""
+    time.sleep(ms / 1000)
+    return ms
+
+
+@job(max_attempts=1)
+def nap_parent(ctx, count=10, ms=10):
+    """Gathers ``count`` naps as children."""
+    return sum(ctx.step.gather("naps", [(nap, {"ms": ms}) for _ in range(count)]))

@@ -1,0 +1,398 @@
+"""No statement a worker sends waits on a row another transaction holds (docs/design.md, "Lock
+order"), and what it finds held it answers busy, writes later, and loses nothing.
+
+Each test holds a row in a session of its own (a request's select for update, an operator's
+change not committed yet, a user's rate spend or slot acquire) and runs the worker's statement
+through ``never_waits``: the statement runs on a thread of its own, and the test fails the
+moment PostgreSQL shows that thread's backend waiting on a lock. Each pair of statements that
+could meet in a lock cycle (item 2 and 4 of the issue: the heartbeat and the batched ack, two
+claims burying children of one parent, an operator's cancel of a family and the ack of its last
+child, slot renewals and releases) meets here with one of them holding its rows.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import pytest
+from django.db import connection, connections
+
+from django_xjobs import RateLimit, conf
+from django_xjobs.engines import get_engine
+from django_xjobs.models import Job, JobLease, JobStep, LeaseExtension
+from django_xjobs.records import (
+    ClaimFlow,
+    Completion,
+    Failure,
+    Fence,
+    Requeue,
+    RunOwner,
+    SlotRequest,
+    Suspension,
+)
+from tests.conformance.conftest import a_parent_waiting_on, claim, enqueue
+from tests.conftest import raw_connection, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LEASE_MS = 60_000
+
+
+# --------------------------------------------------------------------------------- helpers --
+
+
+def never_waits(call: Callable[[], Any]) -> Any:
+    """``call()`` on a thread with a connection of its own; its answer. Fails the test (after
+    cancelling the statement, so nothing hangs) if its backend is seen waiting on a lock."""
+    answer: list[Any] = []
+    errors: list[BaseException] = []
+    pid: list[int] = []
+
+    def run() -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("select pg_backend_pid()")
+                pid.append(cursor.fetchone()[0])
+            answer.append(call())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    waited = None
+    while thread.is_alive():
+        thread.join(0.01)
+        if pid and thread.is_alive():
+            with connection.cursor() as cursor:
+                cursor.execute("select wait_event, left(query, 60) from pg_stat_activity"
+                               " where pid = %s and wait_event_type = 'Lock'", [pid[0]])
+                waited = waited or cursor.fetchone()
+                if waited:
+                    cursor.execute("select pg_cancel_backend(%s)", [pid[0]])
+    thread.join()
+    assert waited is None, f"the worker's statement waited on a lock: {waited}"
+    if errors:
+        raise errors[0]
+    return answer[0]
+
+
+@contextmanager
+def held(sql: str, *args: Any) -> Iterator[Any]:
+    """A transaction of another session, left open while the block runs, that ran ``sql``."""
+    other = raw_connection(application_name="a request")
+    try:
+        other.execute(sql, args)
+        yield other
+    finally:
+        other.rollback()
+        other.close()
+
+
+def a_running(engine, n: int = 2, queue: str = "locks", *, lease_ms: int = LEASE_MS):
+    for _ in range(n):
+        enqueue(engine, queue=queue)
+    return sorted(claim(engine, queue, n, lease_ms=lease_ms), key=lambda c: c.id)
+
+
+def step_row(parent) -> JobStep:
+    return JobStep.objects.get(run_id=parent.run_id, name="naps")
+
+
+# ------------------------------------------------------- the heartbeat and the batched ack --
+
+
+def test_a_renewal_skips_a_held_row_and_keeps_its_lease_beside_it(engine):
+    first, second = a_running(engine)
+    with held("select id from x_jobs where id = %s for update", second.id):
+        renewal = never_waits(lambda: get_engine().jobs_renew_if_owned(
+            [first.claim, second.claim], LEASE_MS))
+    assert (renewal.renewed, renewal.kept) == ({first.lease_token}, {second.lease_token})
+    kept = LeaseExtension.objects.get(lease_token=second.lease_token)
+    assert str(kept.job_id) == second.id
+    # Free again: renewed on its row.
+    assert engine.jobs_renew_if_owned([second.claim], LEASE_MS).renewed == {second.lease_token}
+
+
+def test_a_lapsed_lease_kept_beside_its_held_row_is_not_claimed(engine):
+    [run] = a_running(engine, 1, lease_ms=1)
+    wait_until(lambda: Job.objects.filter(id=run.id, visible_at__lte=engine.db_now()).exists())
+    with held("select id from x_jobs where id = %s for update", run.id):
+        assert engine.jobs_renew_if_owned([run.claim], LEASE_MS).kept == {run.lease_token}
+    # The row is free and its lease lapsed on the row, but its extension runs: no rescue.
+    assert claim(engine, "locks", 5, worker="thief") == []
+    assert Job.objects.get(id=run.id).lease_token == UUID(run.lease_token)
+    LeaseExtension.objects.update(until=engine.db_now() - timedelta(seconds=1))
+    [rescued] = claim(engine, "locks", 5, worker="thief")
+    assert (rescued.id, rescued.lease_token != run.lease_token) == (run.id, True)
+
+
+def test_an_ack_batch_settles_the_free_rows_and_answers_the_held_one_busy(engine):
+    first, second = a_running(engine)
+    batch = [Completion(claim=c.claim, result_json="1") for c in (second, first)]
+    with held("select id from x_jobs where id = %s for update", second.id):
+        report = never_waits(lambda: get_engine().jobs_complete_if_owned(batch))
+        assert report.outcome(first.lease_token) is Fence.OWNED
+        assert report.outcome(second.lease_token) is Fence.BUSY
+        assert Job.objects.get(id=second.id).state == "running"
+    report = engine.jobs_complete_if_owned(batch[:1])
+    assert report.outcome(second.lease_token) is Fence.OWNED
+
+
+def test_the_heartbeat_and_an_ack_of_the_same_rows_never_wait_on_each_other(engine):
+    """The deadlock of a worker with itself: its heartbeat renewing its rows in one order
+    while its ack locks them in another. Each holds a row the other wants here."""
+    runs = a_running(engine, 4)
+    first, last = runs[0], runs[-1]
+    ack = raw_connection()
+    try:
+        # The ack, part way: it holds the last row (its batch in finish order)...
+        ack.execute("update x_jobs set updated_at = now() where id = %s", [last.id])
+        # ...while the heartbeat renews them all in id order, and the ack then wants the first.
+        renewal = never_waits(lambda: get_engine().jobs_renew_if_owned(
+            [r.claim for r in runs], LEASE_MS))
+        assert renewal.kept == {last.lease_token}
+        assert len(renewal.renewed) == 3
+        with held("select id from x_jobs where id = %s for update", first.id):
+            report = never_waits(lambda: get_engine().jobs_complete_if_owned(
+                [Completion(claim=r.claim, result_json=None) for r in reversed(runs)]))
+        assert report.busy == {first.lease_token, last.lease_token}
+    finally:
+        ack.rollback()
+        ack.close()
+
+
+def test_a_nack_requeue_suspend_and_progress_of_a_held_row_are_busy_not_lost(engine):
+    runs = a_running(engine, 4)
+    writes = {
+        "fail": lambda r: get_engine().job_fail_if_owned(
+            Failure(claim=r.claim, error="E", retry_delay_ms=0, permanent=False))[0],
+        "requeue": lambda r: get_engine().job_requeue_if_owned(
+            Requeue(claim=r.claim, delay_ms=0, spent_attempt=True, resumed=False)),
+        "suspend": lambda r: get_engine().job_suspend_if_owned(
+            Suspension(claim=r.claim, wake_at=engine.db_now() + timedelta(hours=1))),
+    }
+    for run, (what, write) in zip(runs, writes.items(), strict=False):
+        with held("select id from x_jobs where id = %s for update", run.id):
+            report = never_waits(lambda run=run, write=write: write(run))
+            assert report.outcome(run.lease_token) is Fence.BUSY, what
+        assert write(run).outcome(run.lease_token) is Fence.OWNED, what
+    progressed = runs[3]
+    with held("select id from x_jobs where id = %s for update", progressed.id):
+        # A report of a held row is skipped, and the run is not told it lost its job.
+        assert never_waits(lambda: get_engine().job_progress_if_owned(
+            progressed.claim, done=1, total=2, message=None)) is True
+    assert Job.objects.get(id=progressed.id).progress is None
+
+
+# ------------------------------------------------------------------- families and burials --
+
+
+def test_a_claim_leaves_a_lapsed_child_whose_parents_step_row_is_held_and_buries_it_later(
+        engine):
+    parent, kids = a_parent_waiting_on(engine, 2, max_attempts=1)
+    for kid in claim(engine, "kids", 2, lease_ms=1):
+        assert kid.attempt == 1
+    wait_until(lambda: not Job.objects.filter(id__in=kids,
+                                              visible_at__gt=engine.db_now()).exists())
+    with held("select id from x_job_steps where run_id = %s for update", parent.run_id):
+        # Two claims, each burying the children of one parent, would lock its step row in
+        # child order: neither waits now, and the children stay lapsed.
+        assert never_waits(lambda: get_engine().jobs_claim(
+            wants={"kids": 10}, worker_id="w2", lease_ms=LEASE_MS)) == []
+        assert set(Job.objects.filter(id__in=kids).values_list("state", flat=True)) == {
+            "running"}
+    assert engine.jobs_claim(wants={"kids": 10}, worker_id="w2", lease_ms=LEASE_MS) == []
+    assert set(Job.objects.filter(id__in=kids).values_list("state", flat=True)) == {"dead"}
+    assert step_row(parent).pending == 0
+    assert Job.objects.get(id=parent.id).run_at <= engine.db_now()  # the last one woke it
+
+
+def test_an_operators_cancel_of_a_family_held_open_turns_the_childs_ack_away_not_waiting(
+        engine):
+    from django.db import transaction
+
+    from django_xjobs import api
+
+    parent, _kids = a_parent_waiting_on(engine, 2)
+    children = claim(engine, "kids", 2)
+    locked, release = threading.Event(), threading.Event()
+
+    def operator() -> None:
+        try:
+            with transaction.atomic():
+                api.cancel(parent.id, reason="operator")  # children first, then the parent
+                locked.set()
+                assert release.wait(30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    try:
+        assert locked.wait(30)
+        report = never_waits(lambda: get_engine().jobs_complete_if_owned(
+            [Completion(claim=c.claim, result_json="1") for c in children]))
+        assert report.busy == {c.lease_token for c in children}
+    finally:
+        release.set()
+        thread.join(30)
+    report = engine.jobs_complete_if_owned(
+        [Completion(claim=c.claim, result_json="1") for c in children])
+    assert report.lost == {c.lease_token for c in children}  # cancelled meanwhile
+
+
+def test_the_last_childs_ack_never_waits_for_its_parents_row_and_unblock_wakes_the_parent(
+        engine):
+    parent, _kids = a_parent_waiting_on(engine, 1)
+    [child] = claim(engine, "kids", 1)
+    park_at = Job.objects.get(id=parent.id).run_at
+    with held("select id from x_jobs where id = %s for update", parent.id):
+        report = never_waits(lambda: get_engine().jobs_complete_if_owned(
+            [Completion(claim=child.claim, result_json="1")]))
+        assert report.owned == {child.lease_token}
+    # The child's trigger counted the step down but skipped the held parent...
+    assert step_row(parent).pending == 0
+    assert Job.objects.get(id=parent.id).run_at == park_at
+    # ...which the safety net wakes at its next poll.
+    assert engine.jobs_unblock(ClaimFlow(slot_ttl_ms=LEASE_MS)) == 1
+    assert Job.objects.get(id=parent.id).run_at <= engine.db_now()
+
+
+def test_a_parents_step_write_skips_its_step_row_held_by_an_operator(engine):
+    from django_xjobs.exceptions import RowBusy
+
+    parent, _kids = a_parent_waiting_on(engine, 1)
+    assert claim(engine, "parents", 1) == []  # not due: its child is live
+    Job.objects.filter(id=parent.id).update(run_at=engine.db_now())  # its timeout, say
+    [resumed] = claim(engine, "parents", 1)
+    owner = RunOwner(claim=resumed.claim, run_id=resumed.run_id)
+    with held("select id from x_job_steps where run_id = %s for update", parent.run_id):
+        with pytest.raises(RowBusy):
+            never_waits(lambda: get_engine().step_invoke_open_if_owned(
+                owner, "naps", children=[], timeout_ms=None))
+    assert engine.step_invoke_open_if_owned(owner, "naps", children=[], timeout_ms=None)
+
+
+# ------------------------------------------------------------------------------ the steps --
+
+
+def test_a_step_write_of_a_held_row_is_busy_and_lands_once_the_row_is_free(engine):
+    from django_xjobs.exceptions import RowBusy
+
+    [run] = a_running(engine, 1)
+    owner = RunOwner(claim=run.claim, run_id=run.run_id)
+    with held("select id from x_jobs where id = %s for update", run.id):
+        with pytest.raises(RowBusy):
+            never_waits(lambda: get_engine().step_complete_if_owned(owner, "a", "1"))
+    assert not JobStep.objects.filter(run_id=run.run_id).exists()
+    assert engine.step_complete_if_owned(owner, "a", "1")
+    # The fence is a lock now: a cancel waits for the step's commit and the step, once
+    # written, belonged to a run that owned its job.
+    assert JobStep.objects.get(run_id=run.run_id, name="a").output == 1
+
+
+def test_a_step_write_holds_its_job_row_so_a_claim_cannot_take_it_before_the_commit(engine):
+    [run] = a_running(engine, 1, lease_ms=1)
+    owner = RunOwner(claim=run.claim, run_id=run.run_id)
+    wait_until(lambda: Job.objects.filter(id=run.id, visible_at__lte=engine.db_now()).exists())
+    from django.db import transaction
+
+    with transaction.atomic():
+        assert engine.step_complete_if_owned(owner, "a", "1")  # lapsed, but still its own
+        # Until this commits, the row is locked FOR SHARE: a claim skips it.
+        assert never_waits(lambda: get_engine().jobs_claim(
+            wants={"locks": 5}, worker_id="thief", lease_ms=LEASE_MS)) == []
+    [taken] = claim(engine, "locks", 5, worker="thief")
+    assert taken.id == run.id
+
+
+# ------------------------------------------------------------------------------ the slots --
+
+
+def test_a_slot_renewal_and_release_skip_a_held_slot_row(engine):
+    requests = [SlotRequest(slot_key=f"lk:{i}", limit=1, holder=f"h{i}") for i in range(3)]
+    holds = sorted(engine.slots_acquire(requests, LEASE_MS), key=lambda h: h.slot_key)
+    with held("select id from x_job_leases where lease_key = 'lk:1' for update"):
+        renewal = never_waits(lambda: get_engine().slots_renew_if_held(holds, LEASE_MS))
+        assert (renewal.renewed, renewal.kept) == ({"h0", "h2"}, {"h1"})
+        released, busy = never_waits(lambda: get_engine().slots_release_if_held(holds))
+        assert (released, [h.holder for h in busy]) == (2, ["h1"])
+    assert engine.slots_release_if_held(busy) == (1, [])
+    assert not JobLease.objects.exists()
+
+
+def test_a_claim_never_waits_on_a_slot_a_users_transaction_is_acquiring(engine):
+    from django.db import transaction
+
+    from django_xjobs.worker.flow import claim_flow
+    from tests.testapp import jobs
+
+    locked, release = threading.Event(), threading.Event()
+
+    def user() -> None:
+        try:
+            with transaction.atomic():
+                [hold] = JobLease.objects.acquire(
+                    SlotRequest(slot_key="slot:g", limit=2, holder="user"), ttl=60)
+                assert hold.slot == 0
+                locked.set()
+                assert release.wait(30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=user)
+    thread.start()
+    try:
+        assert locked.wait(30)
+        jobs.slotted.using(queue="slotq").enqueue(group="g")
+
+        flow = claim_flow(conf.get(), [jobs.slotted], ["slotq"])
+        [job] = never_waits(lambda: get_engine().jobs_claim(
+            wants={"slotq": 1}, worker_id="w", lease_ms=LEASE_MS, flow=flow))
+        assert job.slot == 1  # slot 0 is the user's, not committed: not waited for
+    finally:
+        release.set()
+        thread.join(30)
+
+
+# ------------------------------------------------------------------------- the rate budget --
+
+
+def test_a_claim_never_waits_on_a_rate_key_a_users_transaction_is_spending(engine):
+    from django.db import transaction
+
+    from django_xjobs.worker.flow import claim_flow
+    from tests.testapp import jobs
+
+    locked, release = threading.Event(), threading.Event()
+
+    def user() -> None:
+        try:
+            with transaction.atomic():
+                assert RateLimit(key="partner", limit=50, period=timedelta(seconds=1)
+                                 ).try_acquire()
+                locked.set()
+                assert release.wait(30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=user)
+    thread.start()
+    try:
+        assert locked.wait(30)
+        jobs.fleet_rated.using(queue="rated").enqueue()
+        flow = claim_flow(conf.get(), [jobs.fleet_rated], ["rated"])
+        batch = never_waits(lambda: get_engine().jobs_claim(
+            wants={"rated": 1}, worker_id="w", lease_ms=LEASE_MS, flow=flow))
+        assert (len(batch), batch.held) == (0, 1)  # due again a moment later
+        assert batch.retry_at is not None and batch.retry_at <= batch.now + timedelta(seconds=1)
+    finally:
+        release.set()
+        thread.join(30)
