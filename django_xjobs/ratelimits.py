@@ -92,7 +92,10 @@ class RateLimit:
         it did. ``values`` fill the key template's fields (``tenant_id=`` included).
 
         Runs in a transaction of its own when called outside one; inside a caller's
-        transaction the key stays locked until it ends, so keep such transactions short.
+        transaction the key stays locked until it ends, so keep such transactions short, and
+        READ COMMITTED: a stricter caller is refused (IsolationLevelRefused), since its
+        snapshot would not see the units spent after it (docs/guarantees.md, "Isolation
+        levels").
         """
         return self._take(cost, values) is None
 

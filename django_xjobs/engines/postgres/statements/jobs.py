@@ -247,6 +247,14 @@ and at that time.
 The limit of a key: the longest prefix of XJOBS["CONCURRENCY_LIMITS"], else its job's
 Concurrency(limit=...), else 1; a debounce key (`debounce:...`, slots.debounce_key) is always 1.
 
+It never waits on a row another transaction holds (docs/design.md, "Lock order"): rows are
+taken SKIP LOCKED; a lapsed lease kept beside its held row (x_lease_extensions: the heartbeat
+could not renew the row) has not lapsed while its extension runs; a lapsed job buried on its
+last attempt has the rows its settle writes (its parent's step row, its window's key row)
+locked first, SKIP LOCKED, and one whose row is held is left for a later claim; a rate key
+another transaction is spending is tried, not waited for (its jobs are due again 0.1 s later);
+a slot is granted only if its advisory lock is free (grant_slots_sql).
+
 Every claim writes a fresh lease_token: the fence for every later write of this run; a slot's
 holder is `<job id>/<lease token>/<worker id>`. `attempt` counts claims, except a resume from
 `suspended` (waking from a durable sleep is not a new attempt). A lapsed lease whose attempt was
