@@ -741,6 +741,13 @@ class Engine(abc.ABC):
     def is_connection_error(self, exc: BaseException) -> bool:
         """Whether ``exc`` means the connection is gone (the outcome of the call is unknown)."""
 
+    @abc.abstractmethod
+    def connection_refused(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised because no connection could be opened, is the server turning
+        this client away (authentication, a role or a database that does not exist): a
+        configuration to fix, where any other failure to connect (refused, unresolved,
+        timed out, a server starting up or full) is an outage that may end by itself."""
+
 
 def stall_reason(kind: str, age: float, queue: str | None = None,
                  due_since: datetime | None = None) -> str:
