@@ -63,7 +63,8 @@ def add_parsers(sub: Any) -> list[Any]:
         "health", help="exit 0 when the workers make progress, 1 with the reasons when not, 3 "
                        "when the database is unreachable; then the console's health panel",
         description="Whether the workers make progress (no worker stalled, every queue asked "
-                    "with a worker that is not), then the console's health panel.",
+                    "with a worker that is not), then the console's health panel; 'overall' "
+                    "is bad whenever the verdict is unhealthy.",
         epilog=workers_cli.EXIT_STATUS)
     workers_cli.add_health_arguments(health)
     workers = sub.add_parser("workers", help="the worker processes and whether they are "
@@ -161,13 +162,13 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
 
 
 def _health(out: _Out, options: dict[str, Any]) -> None:
-    """``xjobs health``: the workers' verdict (``--json``: under ``probe``), then the panel;
-    exit status 1 when the verdict is not healthy, 3 when the database is unreachable
-    (workers_cli.EXIT_STATUS)."""
+    """``xjobs health``: the workers' verdict (``--json``: under ``probe``), then the panel,
+    whose workers are judged with the same ``--max-stall``; exit status 1 when the verdict is
+    not healthy, 3 when the database is unreachable (workers_cli.EXIT_STATUS)."""
     max_stall = options["max_stall"]
     try:
         verdict = workers_cli.verdict(options["queues"], max_stall)
-        health = reads.health()
+        health = reads.health(max_stall=max_stall)
     except DatabaseError as exc:
         missing = workers_cli.no_database(exc, max_stall)
         if missing is None:
@@ -175,13 +176,16 @@ def _health(out: _Out, options: dict[str, Any]) -> None:
         out.emit(missing.as_json(), lambda: None)  # the one line is the CommandError's
         missing.exit()
         return
+    # The panel's own verdict (tables, VACUUM, lapsed leases, every worker) changes no exit
+    # status; an unhealthy verdict makes the overall one bad, so the two never disagree.
+    overall = health.verdict if verdict.healthy else reads.BAD
 
     def human() -> None:
         out.lines(verdict.lines())
         out.line()
-        _print_health(out, health)
+        _print_health(out, health, overall)
 
-    out.emit({**reads.as_json(health), "probe": verdict.as_json()}, human)
+    out.emit({**reads.as_json(health), "overall": overall, "probe": verdict.as_json()}, human)
     verdict.exit()
 
 
@@ -331,9 +335,9 @@ def _print_workers(out: _Out, rows: Sequence[WorkerRecord], now: datetime) -> No
               empty="(no worker seen in the last day)")
 
 
-def _print_health(out: _Out, health: reads.Health) -> None:
+def _print_health(out: _Out, health: reads.Health, overall: str) -> None:
     now = health.now
-    out.line(f"overall: {health.verdict}\n")
+    out.line(f"overall: {overall}\n")
     out.line(f"running jobs whose lease expired: {health.lapsed_count}")
     out.table(("expired", "id", "name", "queue", "worker", "attempt"),
               [(reads.ago(j.at, now), j.id, j.name, j.queue, j.claimed_by,

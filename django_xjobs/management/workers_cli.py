@@ -24,7 +24,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from .. import conf, reads
+from .. import conf, reads, registry
 from ..engines import get_engine
 from ..engines.base import span
 from ..exceptions import ConfigurationError
@@ -188,9 +188,21 @@ def verdict(queues: Sequence[str] | None, max_stall: float) -> Verdict:
     for queue in asked:
         serving = [w for w in records if queue in w.queues]
         if not serving:
-            reasons.append(f"queue {queue!r}: no worker serves it")
+            reasons.append(f"queue {queue!r}: no worker serves it{_unknown(queue, records)}")
         elif all(w.stalled for w in serving):
             reasons.append(f"queue {queue!r}: every worker that serves it is stalled")
     return Verdict(max_stall=max_stall, queues=asked, workers=tuple(judged),
                    reasons=tuple(reasons))
 
+
+def _unknown(queue: str, records: Sequence[WorkerRecord]) -> str:
+    """For a queue no worker serves: what else names it, when nothing does (a name mistyped
+    in --queue reads as a queue with no worker, and says which names exist)."""
+    settings = conf.get()
+    named = {*settings.queues, *registry.worked_queues(settings),
+             *(job.queue for job in registry.all_jobs().values()),
+             *(q for w in records for q in w.queues)}
+    if queue in named:
+        return ""
+    return (", and neither XJOBS['QUEUES'], a registered job nor a worker seen in the last day "
+            f"names it (they name: {', '.join(sorted(named))})")
