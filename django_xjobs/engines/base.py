@@ -640,10 +640,11 @@ class Engine(abc.ABC):
     def scheduler_states_list(self) -> list[SchedulerStateRecord]: ...
 
     @abc.abstractmethod
-    def scheduler_state_set_paused(self, name: str, paused: bool,
-                                   at: datetime) -> SchedulerStateRecord:
+    def scheduler_state_set_paused(self, name: str, paused: bool) -> SchedulerStateRecord:
         """Pause or resume a task (an operator's act, not fenced). Resuming moves the
-        watermark to at least ``at``, so the paused stretch is never replayed."""
+        watermark to at least the database's now, so the paused stretch is never replayed; a
+        task without a row gets one starting there. The record's ``updated_at`` is that now.
+        The database's clock, not the caller's: the rounds run on it."""
 
     # --------------------------------------------------------------- cron overlap --
     # A cron task's live runs, which its overlap policy reads and acts on inside the round's

@@ -90,9 +90,10 @@ def task(name: str) -> Task:
 
 def _set_paused(name: str, paused: bool) -> TaskInfo:
     found = task(name)
-    now = clock.now()
-    state = get_engine().scheduler_state_set_paused(name, paused, now)
-    return _info(found, name, state, now)
+    # On the database's clock, the rounds' (docs/scheduling.md, "Operating"): the statement
+    # moves the watermark to its now(), which it returns as updated_at.
+    state = get_engine().scheduler_state_set_paused(name, paused)
+    return _info(found, name, state, state.updated_at)
 
 
 def pause(name: str) -> TaskInfo:

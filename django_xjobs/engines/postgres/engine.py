@@ -1436,9 +1436,8 @@ class PostgresEngine(Engine):
             for r in self._run(S.SCHEDULER_STATES_LIST, {})
         ]
 
-    def scheduler_state_set_paused(self, name: str, paused: bool,
-                                   at: datetime) -> SchedulerStateRecord:
-        r = self._run(S.SCHEDULER_STATE_SET_PAUSED, {"name": name, "paused": paused, "at": at},
+    def scheduler_state_set_paused(self, name: str, paused: bool) -> SchedulerStateRecord:
+        r = self._run(S.SCHEDULER_STATE_SET_PAUSED, {"name": name, "paused": paused},
                       fetch="one")
         return SchedulerStateRecord(task_name=r[0], last_fired_at=r[1], paused=r[2],
                                     updated_at=r[3])
