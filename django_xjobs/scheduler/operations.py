@@ -42,6 +42,7 @@ class ScheduleOverview:
     tasks: list[TaskInfo]
     leader: LeaderRecord | None  # None: nobody leads (no scheduler running)
     mode: str  # XJOBS["LEADER"]
+    now: datetime | None = None  # the moment the next fires are counted from
 
 
 def _info(task: Task | None, name: str, state: SchedulerStateRecord | None,
@@ -65,16 +66,17 @@ def _info(task: Task | None, name: str, state: SchedulerStateRecord | None,
 
 
 def describe(*, now: datetime | None = None) -> ScheduleOverview:
-    """Every task (configured, or with a state row) and the current leader."""
-    now = now or clock.now()
+    """Every task (configured, or with a state row) and the current leader; the next fires
+    from ``now``, by default the database's (the rounds' clock, not this machine's)."""
     engine = get_engine()
+    now = now or engine.db_now()
     tasks = configured()
     states = {s.task_name: s for s in engine.scheduler_states_list()}
     names = sorted(set(tasks) | set(states))
     mode = conf.get().leader
     return ScheduleOverview(
         tasks=[_info(tasks.get(n), n, states.get(n), now) for n in names],
-        leader=leadership.current_leader(engine, mode), mode=mode,
+        leader=leadership.current_leader(engine, mode), mode=mode, now=now,
     )
 
 

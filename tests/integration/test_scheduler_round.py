@@ -383,7 +383,8 @@ def test_pause_and_resume_move_the_watermark_on_the_database_clock_not_the_opera
     from django_xjobs import scheduler as operations
 
     db_now = get_engine().db_now()  # the test's transaction: the database clock stands still
-    schedule = {"t": {"job": "testapp.noop", "cron": "* * * * *", "misfire": "all"}}
+    schedule = {name: {"job": "testapp.noop", "cron": "* * * * *", "misfire": "all"}
+                for name in ("t", "u")}
     with _configured(schedule), clock.override(
             now=lambda: datetime.now(UTC) + timedelta(hours=hours)):
         # A task that never ran: its row starts at the database's now.
@@ -393,10 +394,13 @@ def test_pause_and_resume_move_the_watermark_on_the_database_clock_not_the_opera
         # watermark to the database's now, and the next fire is the next minute after it.
         set_watermark("t", db_now - timedelta(hours=2))
         resumed = operations.resume("t")
+        overview = {info.name: info for info in operations.describe().tasks}
 
     assert (watermark("t"), resumed.watermark, resumed.paused) == (db_now, db_now, False)
     next_minute = db_now.replace(second=0, microsecond=0) + timedelta(minutes=1)
-    assert resumed.next_fire_at == next_minute
+    assert resumed.next_fire_at == overview["t"].next_fire_at == next_minute
+    # A task with no row yet is listed from the database's now too.
+    assert overview["u"].next_fire_at == next_minute
 
 
 # --------------------------------------------------------------------------------- DST --
