@@ -609,13 +609,14 @@ def schedule_rows() -> list[ScheduleRow]:
             for t in scheduler.describe(now=get_engine().db_now()).tasks]
 
 
-def fleet(tenants: TenantScope = None) -> list[WorkerRecord]:
+def fleet(tenants: TenantScope = None, *,
+          max_stall: float = WORKER_MAX_STALL) -> list[WorkerRecord]:
     """The worker processes (``x_workers``, the engine's ``workers_list``), stalled ones first,
-    each with why it is stalled (:data:`WORKER_MAX_STALL`); none under a tenant scope: the
+    each with why it is stalled (after ``max_stall`` seconds); none under a tenant scope: the
     fleet's hosts and queues are no tenant's rows."""
     if tenants is not None:
         return []
-    found = get_engine().workers_list(max_stall=WORKER_MAX_STALL)
+    found = get_engine().workers_list(max_stall=max_stall)
     return sorted(found, key=lambda w: (w.stalled is None, w.id))
 
 
@@ -760,10 +761,12 @@ def redact_query(query: str | None) -> str | None:
     return f"{word.upper()} …" if word in SQL_COMMANDS else "…"
 
 
-def health(tenants: TenantScope = None, *, query_text: bool = True) -> Health:
+def health(tenants: TenantScope = None, *, query_text: bool = True,
+           max_stall: float = WORKER_MAX_STALL) -> Health:
     """The health panel. ``query_text=False`` (a console user without
     ``django_xjobs.view_query_text``) redacts the SQL of the sessions that hold VACUUM back
-    before it leaves this function (:func:`redact_query`)."""
+    before it leaves this function (:func:`redact_query`); ``max_stall``: when a worker reads
+    as stalled (``xjobs health --max-stall``)."""
     now = db_now()
     count, lapsed = lapsed_jobs(tenants)
     engine = get_engine()
@@ -777,7 +780,7 @@ def health(tenants: TenantScope = None, *, query_text: bool = True) -> Health:
         now=now, tenants=tenants, lapsed_count=count, lapsed=lapsed,
         rescues=rescue_summary(tenants),
         tables=[judge_table(t) for t in engine.tables_health()] if tenants is None else [],
-        holders=holders, workers=fleet(tenants), query_text=query_text,
+        holders=holders, workers=fleet(tenants, max_stall=max_stall), query_text=query_text,
         history=engine.history_tables() if tenants is None else [],
     )
 

@@ -127,6 +127,15 @@ class PrivateCluster:
         self._pg("pg_ctl", "restart", "-w", "-m", mode, "-D", str(self.data),
                  "-l", str(self.logfile))
 
+    def stop(self) -> None:
+        """``pg_ctl stop -m fast``: the server is gone (connections to its port are refused)
+        until :meth:`resume`."""
+        self._pg("pg_ctl", "stop", "-w", "-m", "fast", "-D", str(self.data))
+
+    def resume(self) -> None:
+        """Start the stopped server again, on the same port and data."""
+        self._pg("pg_ctl", "start", "-w", "-D", str(self.data), "-l", str(self.logfile))
+
     def destroy(self) -> None:
         if (self.data / "postmaster.pid").exists():
             try:

@@ -649,10 +649,11 @@ class Engine(abc.ABC):
     def scheduler_states_list(self) -> list[SchedulerStateRecord]: ...
 
     @abc.abstractmethod
-    def scheduler_state_set_paused(self, name: str, paused: bool,
-                                   at: datetime) -> SchedulerStateRecord:
+    def scheduler_state_set_paused(self, name: str, paused: bool) -> SchedulerStateRecord:
         """Pause or resume a task (an operator's act, not fenced). Resuming moves the
-        watermark to at least ``at``, so the paused stretch is never replayed."""
+        watermark to at least the database's now, so the paused stretch is never replayed; a
+        task without a row gets one starting there. The record's ``updated_at`` is that now.
+        The database's clock, not the caller's: the rounds run on it."""
 
     # --------------------------------------------------------------- cron overlap --
     # A cron task's live runs, which its overlap policy reads and acts on inside the round's
@@ -765,6 +766,13 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def is_connection_error(self, exc: BaseException) -> bool:
         """Whether ``exc`` means the connection is gone (the outcome of the call is unknown)."""
+
+    @abc.abstractmethod
+    def connection_refused(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised because no connection could be opened, is the server turning
+        this client away (authentication, a role or a database that does not exist): a
+        configuration to fix, where any other failure to connect (refused, unresolved,
+        timed out, a server starting up or full) is an outage that may end by itself."""
 
 
 def stall_reason(kind: str, age: float, queue: str | None = None,

@@ -6,9 +6,10 @@ the admin pages render, so the two never disagree.
                                            scheduler, workers, latest failures
     manage.py xjobs health [--queue Q ...] [--max-stall 5m]
                                            whether the workers make progress (exit status 1
-                                           when not, management/workers_cli.py), then lapsed
-                                           leases, rescues, table bloat and xid age, what
-                                           holds VACUUM back
+                                           when not, 3 when the database is unreachable:
+                                           management/workers_cli.py), then lapsed leases,
+                                           rescues, table bloat and xid age, what holds
+                                           VACUUM back
     manage.py xjobs workers [--max-stall 5m]
                                            the worker processes (x_workers), stalled or not
     manage.py xjobs jobs [--state S] [--queue Q] [--name N] [--tenant T]
@@ -34,6 +35,7 @@ from typing import Any
 from uuid import UUID
 
 from django.core.management.base import CommandError
+from django.db import DatabaseError
 from django.utils.dateparse import parse_datetime
 
 from .. import api, reads, why
@@ -57,8 +59,13 @@ def _when(value: str) -> datetime:
 
 def add_parsers(sub: Any) -> list[Any]:
     dashboard = sub.add_parser("dashboard", help="the console's dashboard")
-    health = sub.add_parser("health", help="exit 0 when the workers make progress, 1 with the "
-                                           "reasons when not; then the console's health panel")
+    health = sub.add_parser(
+        "health", help="exit 0 when the workers make progress, 1 with the reasons when not, 3 "
+                       "when the database is unreachable; then the console's health panel",
+        description="Whether the workers make progress (no worker stalled, every queue asked "
+                    "with a worker that is not), then the console's health panel; 'overall' "
+                    "is bad whenever the verdict is unhealthy.",
+        epilog=workers_cli.EXIT_STATUS)
     workers_cli.add_health_arguments(health)
     workers = sub.add_parser("workers", help="the worker processes and whether they are "
                                              "stalled")
@@ -155,17 +162,30 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
 
 
 def _health(out: _Out, options: dict[str, Any]) -> None:
-    """``xjobs health``: the workers' verdict (``--json``: under ``probe``), then the panel;
-    exit status 1 when the verdict is not healthy."""
-    verdict = workers_cli.verdict(options["queues"], options["max_stall"])
-    health = reads.health()
+    """``xjobs health``: the workers' verdict (``--json``: under ``probe``), then the panel,
+    whose workers are judged with the same ``--max-stall``; exit status 1 when the verdict is
+    not healthy, 3 when the database is unreachable (workers_cli.EXIT_STATUS)."""
+    max_stall = options["max_stall"]
+    try:
+        verdict = workers_cli.verdict(options["queues"], max_stall)
+        health = reads.health(max_stall=max_stall)
+    except DatabaseError as exc:
+        missing = workers_cli.no_database(exc, max_stall)
+        if missing is None:
+            raise
+        out.emit(missing.as_json(), lambda: None)  # the one line is the CommandError's
+        missing.exit()
+        return
+    # The panel's own verdict (tables, VACUUM, lapsed leases, every worker) changes no exit
+    # status; an unhealthy verdict makes the overall one bad, so the two never disagree.
+    overall = health.verdict if verdict.healthy else reads.BAD
 
     def human() -> None:
         out.lines(verdict.lines())
         out.line()
-        _print_health(out, health)
+        _print_health(out, health, overall)
 
-    out.emit({**reads.as_json(health), "probe": verdict.as_json()}, human)
+    out.emit({**reads.as_json(health), "overall": overall, "probe": verdict.as_json()}, human)
     verdict.exit()
 
 
@@ -315,9 +335,9 @@ def _print_workers(out: _Out, rows: Sequence[WorkerRecord], now: datetime) -> No
               empty="(no worker seen in the last day)")
 
 
-def _print_health(out: _Out, health: reads.Health) -> None:
+def _print_health(out: _Out, health: reads.Health, overall: str) -> None:
     now = health.now
-    out.line(f"overall: {health.verdict}\n")
+    out.line(f"overall: {overall}\n")
     out.line(f"running jobs whose lease expired: {health.lapsed_count}")
     out.table(("expired", "id", "name", "queue", "worker", "attempt"),
               [(reads.ago(j.at, now), j.id, j.name, j.queue, j.claimed_by,

@@ -107,7 +107,9 @@ def _list(command: Any, overview: Any, as_json: bool) -> None:
     elif leader.mode == "advisory":
         command.stdout.write(f"\nleader (advisory): {leader.holder} (backend pid {leader.pid})")
     else:
-        left = (leader.expires_at - clock.now()).total_seconds() if leader.expires_at else 0
+        # On the database's clock, as the lease is (describe() read it).
+        now = overview.now or clock.now()
+        left = (leader.expires_at - now).total_seconds() if leader.expires_at else 0
         status = f"lease expires in {left:.1f}s" if leader.live else "lease EXPIRED"
         command.stdout.write(f"\nleader (lease): {leader.holder} ({status})")
 

@@ -5,10 +5,14 @@ and health probes"):
                                                  heartbeat reports, and whether it is stalled
     manage.py xjobs health [--queue Q ...] [--max-stall 5m]
                                                  exit 0 when no worker is stalled and every
-                                                 queue has one that is not; 1 with the reasons
+                                                 queue has one that is not; 1 with the reasons;
+                                                 3 when the database cannot be reached
 
 ``health`` also prints the console's health panel (management/console_cli.py) after its
 verdict; only the verdict decides the exit status, so it serves as a Kubernetes exec probe.
+A database that cannot be reached is not a verdict on the workers (they wait for it, and
+their loops keep going round): one line on stderr and an exit status of its own, so that an
+alert can tell an outage from a fleet that needs attention.
 """
 
 from __future__ import annotations
@@ -20,12 +24,23 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from .. import conf, reads
+from .. import conf, reads, registry
 from ..engines import get_engine
 from ..engines.base import span
 from ..exceptions import ConfigurationError
 from ..records import DEFAULT_MAX_STALL, WorkerRecord
 from ..values import NAME_RE, parse_duration
+
+# The exit status of `xjobs health` (docs/observability.md, "Workers and health probes"): 2 is
+# argparse's for bad arguments; 3 keeps an outage, which ends by itself, apart from 1, a fleet
+# (or a setting) that someone has to see to.
+HEALTHY, UNHEALTHY, USAGE, DATABASE_UNREACHABLE = 0, 1, 2, 3
+EXIT_STATUS = (
+    f"exit status: {HEALTHY} healthy; {UNHEALTHY} unhealthy, each reason on a line of its own "
+    "(or the database turned this command's connection away: authentication, a role or a "
+    f"database that does not exist); {USAGE} bad arguments; {DATABASE_UNREACHABLE} database "
+    "unreachable (connection refused, a host name that does not resolve, a connect timeout, a "
+    "server starting up or full): the workers were not judged, one line on stderr says why")
 
 
 def _max_stall(value: str) -> float:
@@ -102,14 +117,56 @@ class Verdict:
                 f"{span(self.max_stall)}); queues: {queues}"]
 
     def as_json(self) -> dict[str, Any]:
-        return {"healthy": self.healthy, "max_stall_seconds": self.max_stall,
+        return {"status": "healthy" if self.healthy else "unhealthy", "healthy": self.healthy,
+                "database": conf.get().database, "max_stall_seconds": self.max_stall,
                 "queues": list(self.queues), "reasons": list(self.reasons),
                 "workers": reads.as_json(list(self.workers))}
 
     def exit(self) -> None:
         """End the command with status 1 when unhealthy (the reasons are printed already)."""
         if self.reasons:
-            raise CommandError(f"unhealthy: {len(self.reasons)} problem(s)")
+            raise CommandError(f"unhealthy: {len(self.reasons)} problem(s)",
+                               returncode=UNHEALTHY)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NoDatabase:
+    """``xjobs health`` could not read the jobs' database: unreachable (an outage, exit 3),
+    or ``refused`` (the server turned the connection away: exit 1)."""
+
+    alias: str
+    reason: str  # the driver's message, on one line
+    refused: bool
+    max_stall: float
+
+    def line(self) -> str:
+        what = "database refused the connection" if self.refused else "database unreachable"
+        return f"{what} (alias {self.alias!r}): {self.reason}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"overall": reads.BAD if self.refused else "unreachable", "probe": {
+            "status": "unhealthy" if self.refused else "database_unreachable",
+            "healthy": False, "database": self.alias, "reason": self.reason,
+            "max_stall_seconds": self.max_stall, "reasons": [self.line()]}}
+
+    def exit(self) -> None:
+        raise CommandError(self.line(),
+                           returncode=UNHEALTHY if self.refused else DATABASE_UNREACHABLE)
+
+
+def no_database(exc: BaseException, max_stall: float) -> NoDatabase | None:
+    """What ``exc`` says of the database when it is a connection error (None otherwise): the
+    connect failed, or the connection broke under the command (the server went away)."""
+    engine = get_engine()
+    if not engine.is_connection_error(exc):
+        return None
+    refused = engine.connection_refused(exc)
+    engine.reset_connection()
+    # libpq's first line is the reason (the next ones are a hint, or, for a host with several
+    # addresses, each attempt again).
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return NoDatabase(alias=engine.alias, reason=" ".join(lines[0].split()), refused=refused,
+                      max_stall=max_stall)
 
 
 def verdict(queues: Sequence[str] | None, max_stall: float) -> Verdict:
@@ -131,8 +188,21 @@ def verdict(queues: Sequence[str] | None, max_stall: float) -> Verdict:
     for queue in asked:
         serving = [w for w in records if queue in w.queues]
         if not serving:
-            reasons.append(f"queue {queue!r}: no worker serves it")
+            reasons.append(f"queue {queue!r}: no worker serves it{_unknown(queue, records)}")
         elif all(w.stalled for w in serving):
             reasons.append(f"queue {queue!r}: every worker that serves it is stalled")
     return Verdict(max_stall=max_stall, queues=asked, workers=tuple(judged),
                    reasons=tuple(reasons))
+
+
+def _unknown(queue: str, records: Sequence[WorkerRecord]) -> str:
+    """For a queue no worker serves: what else names it, when nothing does (a name mistyped
+    in --queue reads as a queue with no worker, and says which names exist)."""
+    settings = conf.get()
+    named = {*settings.queues, *registry.worked_queues(settings),
+             *(job.queue for job in registry.all_jobs().values()),
+             *(q for w in records for q in w.queues)}
+    if queue in named:
+        return ""
+    return (", and neither XJOBS['QUEUES'], a registered job nor a worker seen in the last day "
+            f"names it (they name: {', '.join(sorted(named))})")

@@ -42,6 +42,7 @@ class ScheduleOverview:
     tasks: list[TaskInfo]
     leader: LeaderRecord | None  # None: nobody leads (no scheduler running)
     mode: str  # XJOBS["LEADER"]
+    now: datetime | None = None  # the moment the next fires are counted from
 
 
 def _info(task: Task | None, name: str, state: SchedulerStateRecord | None,
@@ -65,16 +66,17 @@ def _info(task: Task | None, name: str, state: SchedulerStateRecord | None,
 
 
 def describe(*, now: datetime | None = None) -> ScheduleOverview:
-    """Every task (configured, or with a state row) and the current leader."""
-    now = now or clock.now()
+    """Every task (configured, or with a state row) and the current leader; the next fires
+    from ``now``, by default the database's (the rounds' clock, not this machine's)."""
     engine = get_engine()
+    now = now or engine.db_now()
     tasks = configured()
     states = {s.task_name: s for s in engine.scheduler_states_list()}
     names = sorted(set(tasks) | set(states))
     mode = conf.get().leader
     return ScheduleOverview(
         tasks=[_info(tasks.get(n), n, states.get(n), now) for n in names],
-        leader=leadership.current_leader(engine, mode), mode=mode,
+        leader=leadership.current_leader(engine, mode), mode=mode, now=now,
     )
 
 
@@ -90,9 +92,10 @@ def task(name: str) -> Task:
 
 def _set_paused(name: str, paused: bool) -> TaskInfo:
     found = task(name)
-    now = clock.now()
-    state = get_engine().scheduler_state_set_paused(name, paused, now)
-    return _info(found, name, state, now)
+    # On the database's clock, the rounds' (docs/scheduling.md, "Operating"): the statement
+    # moves the watermark to its now(), which it returns as updated_at.
+    state = get_engine().scheduler_state_set_paused(name, paused)
+    return _info(found, name, state, state.updated_at)
 
 
 def pause(name: str) -> TaskInfo:

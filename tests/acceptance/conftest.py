@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.pooler import pgbouncer  # noqa: F401 - the fixture, for test_pooler.py and others
+from tests.private_cluster import PrivateCluster, _as_postgres, find_bindir
 
 # Short leases so lapses happen within a test, and lease >= 4 x heartbeat so that a heartbeat
 # delayed by CPU starvation does not let a healthy lease lapse.
@@ -163,6 +164,25 @@ def stopped_backend(label: str, timeout: float = SETTLE) -> Iterator[int]:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PrivateCluster]:
+    """A PostgreSQL cluster of the module's own (tests/private_cluster.py), for faults that hit
+    the whole server: a restart, an outage. Skips where PostgreSQL's server binaries are not
+    installed."""
+    bindir, why = find_bindir()
+    if bindir is None:
+        pytest.skip(why)
+    prefix, why = _as_postgres()
+    if why:
+        pytest.skip(why)
+    made = PrivateCluster(bindir, prefix)
+    try:
+        made.start()
+        yield made
+    finally:
+        made.destroy()
 
 
 @pytest.fixture

@@ -439,7 +439,7 @@ def test_the_dockerfiles_cmd_runs_with_its_env(deployed):
 
 
 def test_the_kubernetes_deployments_command_runs_and_its_grace_period_covers_the_shutdown(
-        deployed):
+        deployed, tmp_path):
     from django_xjobs import conf
 
     manifest = example("Kubernetes")
@@ -448,4 +448,8 @@ def test_the_kubernetes_deployments_command_runs_and_its_grace_period_covers_the
     command = json.loads(re.search(r"command: (\[.*\])", manifest).group(1))
     env = dict(re.findall(r"\{name: (\w+), value: ([\w.]+)\}", manifest))
     assert env == {"DJANGO_SETTINGS_MODULE": "shop.settings"}
+    # Its health file in the test's directory, not the machine's /tmp.
+    health_file = tmp_path / "xjobs-alive"
+    command = [str(health_file) if arg == "/tmp/xjobs-alive" else arg for arg in command]
     burst(deployed, python_argv(command), env)
+    assert health_file.exists() == ("--health-file" in command)

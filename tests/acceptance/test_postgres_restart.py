@@ -20,7 +20,7 @@ import json
 import pytest
 
 from tests.conftest import wait_until
-from tests.private_cluster import PrivateCluster, _as_postgres, find_bindir
+from tests.private_cluster import PrivateCluster
 
 from .conftest import FAST, SETTLE, STARTUP, wait_started, worker_id
 
@@ -31,22 +31,6 @@ WORKERS = 3
 # A poll interval far beyond every wait of the test: once the fleet is idle, only a NOTIFY
 # (or the wake-up a reconnected listener gives) gets a job claimed in time.
 SETTINGS = {**FAST, "POLL_INTERVAL": "120s", "LEADER_LEASE": "1.5s", "LEADER_RENEW": "0.5s"}
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    bindir, why = find_bindir()
-    if bindir is None:
-        pytest.skip(why)
-    prefix, why = _as_postgres()
-    if why:
-        pytest.skip(why)
-    made = PrivateCluster(bindir, prefix)
-    try:
-        made.start()
-        yield made
-    finally:
-        made.destroy()
 
 
 def enqueue(cluster: PrivateCluster, items: list[tuple[str, dict]]) -> list[str]:

@@ -16,6 +16,9 @@ Every time compared is a database timestamp (``run_at``, ``started_at``, ``creat
 watermark); the worker's own clock shows only in the Effect rows (``at`` is written by Django in
 the worker), which prove the shift is real.
 
+An operator an hour off, either way, pauses and resumes a cron task with ``manage.py xjobs
+schedule pause|resume``: the watermark moves to the database's now, never to the operator's.
+
 libfaketime comes from Debian's ``faketime`` package (``make test`` installs it when it may);
 without it the tests skip, and ``XJOBS_REQUIRE_FAKETIME=1`` (CI) makes that a failure.
 libfaketime 0.9.10 with a faked monotonic clock makes Python's timed waits (``Event.wait``)
@@ -27,6 +30,7 @@ wait on events).
 from __future__ import annotations
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -152,3 +156,46 @@ def test_a_worker_an_hour_off_keeps_due_times_leases_and_cron_on_the_database_cl
     upto_mark = {k for k, _ in keys if occurrence_of(k) <= mark}
     assert upto_mark == expected, "every second once, from the start to the mark"
     assert worker.proc.poll() is None
+
+
+def operator(env: dict[str, str], *args: str) -> str:
+    """``python -m django xjobs <args>`` on the test database (with the tick task configured)
+    under ``env``; its output."""
+    from django.db import connection
+
+    child = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT),
+             "XJOBS_TEST_DB_NAME": connection.settings_dict["NAME"],
+             "XJOBS_TEST_SETTINGS": json.dumps({"SCHEDULE": TICK}), **env}
+    done = subprocess.run([sys.executable, "-m", "django", "xjobs", *args], cwd=ROOT,
+                          env=child, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("shift,sign", [("+1h", 1), ("-1h", -1)], ids=["ahead", "behind"])
+def test_an_operator_an_hour_off_pauses_and_resumes_cron_on_the_database_clock(
+        transactional_db, faketime_lib, shift, sign):
+    env = shifted_env(faketime_lib, shift)
+    offset = child_clock_offset(env)
+    assert abs(offset - sign * 3600) < 600, f"the child's clock is not {shift}: {offset:+.0f}s"
+
+    # A task that never ran: pausing gives it a row, from the database's now (an hour ahead, it
+    # would fire nothing for an hour once resumed).
+    before = db_now()
+    operator(env, "schedule", "pause", "tick")
+    after = db_now()
+    row = SchedulerState.objects.get(task_name="tick")
+    assert row.paused and before <= row.last_fired_at <= after, (before, row.last_fired_at)
+
+    # Paused two hours ago by the database's clock, and no round since: resuming moves the
+    # watermark to the database's now, neither an hour ahead (the next hour's occurrences
+    # skipped) nor an hour behind (the pause's last hour replayed).
+    SchedulerState.objects.filter(task_name="tick").update(last_fired_at=db_now() - 2 * HOUR)
+    before = db_now()
+    resumed = json.loads(operator(env, "schedule", "resume", "tick", "--json"))["task"]
+    after = db_now()
+    row = SchedulerState.objects.get(task_name="tick")
+    assert not row.paused and before <= row.last_fired_at <= after, (before, row.last_fired_at)
+    # What the command says next: the next second after that watermark.
+    next_fire = datetime.fromisoformat(resumed["next_fire_at"])
+    assert row.last_fired_at < next_fire <= row.last_fired_at + timedelta(seconds=1)

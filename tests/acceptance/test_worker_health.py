@@ -2,6 +2,9 @@
 health probes"): the x_workers row a worker's heartbeat writes, ``xjobs workers``, ``xjobs
 health`` (its exit status is the probe) and ``xjobs_worker --health-file``; a worker stopped
 with SIGSTOP, and one whose loop is wedged while its heartbeat thread runs, read as stalled.
+Then the recipes of docs/deployment.md ("Kubernetes") through a database outage, on a cluster
+of the test's own that is stopped and started again: the liveness probe on the health file
+keeps passing, and the alert on ``xjobs health`` reports the outage (exit status 3).
 
 The workers refresh their row every half second (WORKER_SEEN_INTERVAL), so a stopped one reads
 as stalled after ``--max-stall 2s``; a healthy verdict is asked with a roomier max stall, so a
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -57,15 +62,22 @@ def health(*args: str) -> tuple[int, str]:
     return 0, out.getvalue()
 
 
-def health_process(*args: str, settings: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m django xjobs health`` as a Kubernetes exec probe runs it: its exit status."""
+def command_env(settings: dict | None = None, env: dict | None = None) -> dict[str, str]:
+    """The environment of a ``python -m django`` child on the test database (``env``: on
+    another, e.g. a private cluster's ``worker_env()``)."""
     from django.db import connection
 
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT),
-           "XJOBS_TEST_DB_NAME": connection.settings_dict["NAME"],
-           "XJOBS_TEST_SETTINGS": json.dumps(settings or {})}
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT),
+            "XJOBS_TEST_DB_NAME": connection.settings_dict["NAME"],
+            "XJOBS_TEST_SETTINGS": json.dumps(settings or {}), **(env or {})}
+
+
+def health_process(*args: str, settings: dict | None = None,
+                   env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m django xjobs health`` as a Kubernetes exec probe runs it: its exit status."""
     return subprocess.run([sys.executable, "-m", "django", "xjobs", "health", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, env=command_env(settings, env), capture_output=True,
+                          text=True, timeout=120)
 
 
 def wait_health(code: int, *args: str, text: str = "") -> str:
@@ -82,7 +94,8 @@ def mtime(path: Path) -> float:
 
 
 def wait_touched(path: Path) -> None:
-    """Until the file's mtime moves (the loop touches it once a second)."""
+    """Until the file's mtime moves (the loop touches it once a second; while the database is
+    down, once per round of retries)."""
     before = mtime(path) if path.exists() else None
     wait_until(lambda: path.exists() and mtime(path) != before, timeout=SETTLE, interval=0.1,
                message=f"{path} to be touched")
@@ -183,10 +196,92 @@ def test_a_queue_with_due_jobs_and_no_worker_is_unhealthy(start_worker):
     # Asked by --queue, or by XJOBS["QUEUES"]; by default only the queues workers serve.
     wait_health(0, "--max-stall", ROOMY)
     code, out = health("--queue", served, orphan, "--max-stall", ROOMY)
-    assert code == 1 and out.splitlines()[0] == f"queue {orphan!r}: no worker serves it"
+    # Only its job names the queue (not XJOBS["QUEUES"], a registered job or a worker): the
+    # reason lists the names they give, in case --queue was mistyped.
+    assert code == 1 and out.splitlines()[0].startswith(
+        f"queue {orphan!r}: no worker serves it, and neither XJOBS['QUEUES']")
+    assert "overall: bad" in out.splitlines()
     probe = health_process("--max-stall", ROOMY, settings={"QUEUES": [served, orphan]})
     assert probe.returncode == 1, probe.stdout + probe.stderr
     assert probe.stdout.splitlines()[0] == f"queue {orphan!r}: no worker serves it"
     # Bad input is not a verdict: exit status 2, as for any bad argument of the command line.
     refused = health_process("--max-stall", "abc")
     assert refused.returncode == 2 and "'abc' is not a duration" in refused.stderr
+
+
+# ---------------------------------------------------------- a database outage, the recipes --
+
+
+def kubernetes_recipes() -> tuple[str, str]:
+    """From docs/deployment.md, "Kubernetes": the liveness probe's shell command (on the
+    health file) and the alert script on ``xjobs health``."""
+    doc = (ROOT / "docs/deployment.md").read_text()
+    section = doc.split("\n## Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+    probe = re.search(r"livenessProbe:\s*exec:\s*command: (\[.*?\])", section, re.S)
+    alert = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert probe and alert, "the Kubernetes section lost its liveness probe or its alert"
+    shell, flag, liveness = json.loads(probe.group(1))
+    assert (shell, flag) == ("sh", "-c") and "/tmp/xjobs-alive" in liveness, liveness
+    assert "xjobs health" in alert.group(1)
+    return liveness, alert.group(1)
+
+
+def run_alert(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """The alert script, its ``python manage.py`` this test's interpreter on the tests'
+    settings, its ``notify`` a line on stdout."""
+    shim = (f'python() {{ shift; {shlex.quote(sys.executable)} -m django "$@"; }}\n'
+            'notify() { echo "$*"; }\n')
+    return subprocess.run(["sh", "-c", shim + script], cwd=ROOT, env=command_env(env=env),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_database_outage_restarts_nothing_and_the_alert_reports_it(cluster, start_worker,
+                                                                        tmp_path):
+    liveness, alert = kubernetes_recipes()
+    health_file = tmp_path / "alive"
+    liveness = liveness.replace("/tmp/xjobs-alive", str(health_file))
+    env = cluster.worker_env()
+    queue = new_queue()
+    worker = start_worker("outage", "--queue", queue, "--health-file", str(health_file),
+                          settings=REPORTING, env=env)
+    wait_until(lambda: cluster.sql("select 1 from x_workers where id = %s", [worker.id]),
+               timeout=SETTLE, message="the worker's row on the private cluster")
+    wait_touched(health_file)
+    assert subprocess.run(["sh", "-c", liveness]).returncode == 0
+    up = health_process("--queue", queue, "--max-stall", ROOMY, env=env)
+    assert up.returncode == 0, up.stdout + up.stderr
+
+    cluster.stop()
+    try:
+        down = health_process("--queue", queue, "--max-stall", ROOMY, env=env)
+        assert (down.returncode, down.stdout) == (3, ""), down.stdout + down.stderr
+        (line,) = down.stderr.splitlines()
+        assert line.startswith("CommandError: database unreachable (alias 'default'): "), line
+        assert f"port {cluster.port} failed: Connection refused" in line
+        paged = run_alert(alert, env)
+        assert paged.stdout == "xjobs: the database is unreachable\n", paged.stdout + paged.stderr
+
+        # The worker saw the outage, and its loop still goes round: the file stays fresh and
+        # the documented probe passes, again and again, while the server is down.
+        wait_until(lambda: "database unreachable" in worker.log(), timeout=SETTLE,
+                   interval=0.1, message="the worker to log the outage")
+        for _ in range(3):
+            wait_touched(health_file)
+            assert subprocess.run(["sh", "-c", liveness]).returncode == 0
+        assert worker.proc.poll() is None, worker.log()
+    finally:
+        cluster.resume()
+
+    # The same process goes on: it claims and runs a job enqueued after the outage.
+    job_id = cluster.run(
+        "from tests.testapp import jobs\n"
+        f"print(jobs.record.using(queue={queue!r}).enqueue(tag='after the outage').id)\n"
+    ).strip().splitlines()[-1]
+    wait_until(lambda: cluster.sql("select 1 from x_jobs where id = %s and state = 'done'"
+                                   " and claimed_by = %s", [job_id, worker.id]),
+               timeout=SETTLE, message="the job enqueued after the outage to be done by the "
+                                       "worker that rode it out")
+    assert worker.proc.poll() is None, worker.log()
+    wait_until(lambda: health_process("--queue", queue, "--max-stall", ROOMY,
+                                      env=env).returncode == 0,
+               timeout=SETTLE, interval=0.5, message="xjobs health to exit 0 again")

@@ -1,13 +1,15 @@
 """The console's engine operations: deleting chosen finished jobs, tenant-scoped stats and
-outbox counts, who retried a job, and the monitoring reads (table health, the xmin horizon)."""
+outbox counts, who retried a job, the monitoring reads (table health, the xmin horizon), and
+what a failed connect says (``xjobs health``: an outage, or a server that turns it away)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import uuid
 
 import pytest
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
 from django_xjobs.models import Job, JobStep, OutboxEntry
 
@@ -169,3 +171,29 @@ def test_a_claimed_then_deleted_job_is_not_deleted_while_running(engine):
 
     assert engine.jobs_delete_finished([claimed.id]) == 0
     assert Job.objects.get(id=claimed.id).state == "running"
+
+
+# ------------------------------------------------------------------------- failed connects --
+
+
+def connect_error(**changes: str) -> DatabaseError:
+    """What Django raises when a connection with the test database's settings, but for
+    ``changes``, cannot be opened."""
+    default = connections["default"]
+    wrapper = type(default)({**default.settings_dict, **changes}, "xjobs_connect_test")
+    with pytest.raises(DatabaseError) as failed:
+        wrapper.ensure_connection()
+    return failed.value
+
+
+@pytest.mark.django_db
+def test_a_server_that_is_not_there_is_no_refusal(engine):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = str(s.getsockname()[1])
+    assert not engine.connection_refused(connect_error(HOST="127.0.0.1", PORT=closed))
+
+
+@pytest.mark.django_db
+def test_a_role_the_server_does_not_know_is_a_refusal(engine):
+    assert engine.connection_refused(connect_error(USER="xjobs_no_such_role"))

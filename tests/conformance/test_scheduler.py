@@ -378,23 +378,26 @@ def test_states_list_returns_every_row_by_name(engine):
 
 @pytest.mark.django_db
 def test_pausing_a_task_that_never_ran_creates_its_row_from_now(engine):
-    now = engine.db_now()
+    now = engine.db_now()  # the test's transaction: the database clock stands still
 
-    record = engine.scheduler_state_set_paused("t", True, now)
+    record = engine.scheduler_state_set_paused("t", True)
 
     assert (record.task_name, record.paused, record.last_fired_at) == ("t", True, now)
+    assert record.updated_at == now
 
 
 @pytest.mark.django_db
 def test_pause_keeps_the_watermark_and_resume_moves_it_to_now_never_back(engine):
-    now = engine.db_now()
+    now = engine.db_now()  # the test's transaction: the database clock stands still
     old = now - timedelta(hours=2)
     SchedulerState.objects.create(task_name="t", last_fired_at=old)
 
-    paused = engine.scheduler_state_set_paused("t", True, now)
+    paused = engine.scheduler_state_set_paused("t", True)
     assert (paused.paused, paused.last_fired_at) == (True, old)
-    resumed = engine.scheduler_state_set_paused("t", False, now)
-    assert (resumed.paused, resumed.last_fired_at) == (False, now)
-    # Resuming with an earlier time (a skewed operator clock) does not rewind it.
-    again = engine.scheduler_state_set_paused("t", False, now - timedelta(hours=1))
-    assert again.last_fired_at == now
+    resumed = engine.scheduler_state_set_paused("t", False)
+    assert (resumed.paused, resumed.last_fired_at, resumed.updated_at) == (False, now, now)
+    # A watermark already past now (a round's, on its carried-forward clock) is not rewound.
+    later = now + timedelta(seconds=30)
+    SchedulerState.objects.filter(task_name="t").update(last_fired_at=later)
+    again = engine.scheduler_state_set_paused("t", False)
+    assert again.last_fired_at == later

@@ -1,5 +1,9 @@
 """``manage.py xjobs schedule [pause|resume|trigger NAME]`` and the read API behind it
-(``django_xjobs.scheduler.describe``)."""
+(``django_xjobs.scheduler.describe``).
+
+The wall clock is faked to a fixed moment (``NOW``, the trigger's key); the next fires and the
+watermarks of pause and resume follow the database's clock, which stands still in each test's
+transaction (:func:`db_now`)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from django_xjobs import clock, scheduler
 from django_xjobs.engines import get_engine
 from django_xjobs.exceptions import UnknownTask
 from django_xjobs.models import Job, SchedulerState
+from django_xjobs.scheduler import cron
 
 pytestmark = pytest.mark.django_db
 
@@ -34,6 +39,18 @@ def configured():
         yield
 
 
+def db_now() -> datetime:
+    return get_engine().db_now()
+
+
+def next_fire(name: str) -> str:
+    """When task ``name`` of SCHEDULE fires next after the database's now, as the command
+    prints it."""
+    task = SCHEDULE[name]
+    at = cron.parse(task["cron"], task.get("timezone", "UTC")).next_after(db_now())
+    return at.astimezone(UTC).isoformat(timespec="seconds")
+
+
 def xjobs(*args: str) -> str:
     out = StringIO()
     call_command("xjobs", *args, stdout=out)
@@ -41,7 +58,7 @@ def xjobs(*args: str) -> str:
 
 
 def test_describe_lists_each_task_with_its_next_fire_time_and_no_leader():
-    overview = scheduler.describe()
+    overview = scheduler.describe(now=NOW)
 
     assert overview.leader is None and overview.mode == "lease"
     by_name = {t.name: t for t in overview.tasks}
@@ -52,6 +69,8 @@ def test_describe_lists_each_task_with_its_next_fire_time_and_no_leader():
     assert nightly.next_fire_at == datetime(2026, 5, 5, 1, 0, tzinfo=UTC)  # 03:00 CEST
     assert nightly.watermark is None and not nightly.paused and nightly.configured
     assert by_name["ticker"].next_fire_at == datetime(2026, 5, 4, 10, 7, 40, tzinfo=UTC)
+    # Without a moment: the database's now, not this machine's wall clock (faked to NOW).
+    assert scheduler.describe().now == db_now()
 
 
 def test_describe_shows_the_watermark_the_leader_and_tasks_no_longer_configured():
@@ -79,8 +98,10 @@ def test_xjobs_schedule_prints_a_table_and_the_leader():
                                 "state", "watermark", "next", "fire", "skipped", "(last)"]
     nightly = next(line for line in lines if line.startswith("nightly"))
     assert "testapp.record" in nightly and "Europe/Paris" in nightly and "active" in nightly
-    assert "2026-05-05T01:00:00+00:00" in nightly
-    assert "leader (lease): worker-9 (lease expires in" in out
+    assert next_fire("nightly") in nightly
+    # Elected for 60 s in this transaction, whose now() stands still; the wall clock (NOW,
+    # months earlier) has no say.
+    assert "leader (lease): worker-9 (lease expires in 60.0s)" in out
 
 
 def test_xjobs_schedule_json_has_every_field():
@@ -88,7 +109,7 @@ def test_xjobs_schedule_json_has_every_field():
 
     assert data["mode"] == "lease" and data["leader"] is None
     assert [t["name"] for t in data["tasks"]] == ["nightly", "ticker"]
-    assert data["tasks"][1]["next_fire_at"] == "2026-05-04T10:07:40+00:00"
+    assert data["tasks"][1]["next_fire_at"] == next_fire("ticker")
     assert set(data["tasks"][0]) >= {"name", "job", "cron", "timezone", "misfire", "paused",
                                      "watermark", "next_fire_at", "configured"}
     assert json.loads(xjobs("--json", "schedule")) == data
@@ -101,9 +122,9 @@ def test_pause_and_resume_from_the_command_line():
     assert SchedulerState.objects.get(task_name="ticker").paused
 
     text = xjobs("schedule", "resume", "ticker")
-    assert text.strip() == "resume: task ticker is now active; next fire 2026-05-04T10:07:40+00:00"
+    assert text.strip() == f"resume: task ticker is now active; next fire {next_fire('ticker')}"
     state = SchedulerState.objects.get(task_name="ticker")
-    assert not state.paused and state.last_fired_at == NOW
+    assert not state.paused and state.last_fired_at == db_now()
 
 
 def test_trigger_from_the_command_line_enqueues_the_tasks_job_with_its_input():

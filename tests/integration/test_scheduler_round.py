@@ -204,16 +204,22 @@ def test_a_paused_task_fires_nothing_and_its_watermark_keeps_moving(fake_clock):
 def test_resuming_does_not_replay_the_pause(fake_clock):
     from django_xjobs import scheduler as operations
 
+    # Pause and resume move the watermark on the database's clock (which stands still in the
+    # test's transaction): the rounds' fake clock starts half an hour before it.
+    db_now = get_engine().db_now()
+    fake_clock.now = db_now - timedelta(minutes=30)
     s = scheduler(task(misfire="all"))
     s.round()
     with _configured({"t": {"job": "testapp.noop", "cron": "* * * * *", "misfire": "all"}}):
         operations.pause("t")
         fake_clock.advance(minutes=30)  # no round ran meanwhile: the watermark stayed put
         operations.resume("t")
+    assert watermark() == db_now
     fake_clock.advance(minutes=1)
 
     assert s.round().total == 1
-    assert keys() == [key_of("t", utc(2026, 1, 1, 12, 31))]
+    assert keys() == [key_of("t", db_now.replace(second=0, microsecond=0)
+                             + timedelta(minutes=1))]
 
 
 @pytest.mark.django_db
@@ -364,6 +370,37 @@ def test_rounds_on_the_database_clock_ignore_a_wall_clock_an_hour_off(hours):
     fired = report.fired["t"]
     assert len(fired) in (3, 4) and max(fired) <= db_clock.now() < db_now + timedelta(minutes=1)
     assert db_now - timedelta(seconds=3) < watermark() < db_now + timedelta(minutes=1)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("hours", [1, -1])
+def test_pause_and_resume_move_the_watermark_on_the_database_clock_not_the_operators(hours):
+    """An operator whose wall clock is an hour off (``xjobs schedule pause|resume``, code
+    calling scheduler.pause/resume): an hour ahead, a resume would skip the next hour's
+    occurrences and a new task's row would start an hour late; an hour behind, a resume would
+    replay the last hour of the pause. tests/acceptance/test_worker_clock.py runs the command
+    with its clock really shifted."""
+    from django_xjobs import scheduler as operations
+
+    db_now = get_engine().db_now()  # the test's transaction: the database clock stands still
+    schedule = {name: {"job": "testapp.noop", "cron": "* * * * *", "misfire": "all"}
+                for name in ("t", "u")}
+    with _configured(schedule), clock.override(
+            now=lambda: datetime.now(UTC) + timedelta(hours=hours)):
+        # A task that never ran: its row starts at the database's now.
+        paused = operations.pause("t")
+        assert (watermark("t"), paused.watermark, paused.paused) == (db_now, db_now, True)
+        # Paused two hours ago by the database's clock, no round since: the resume moves the
+        # watermark to the database's now, and the next fire is the next minute after it.
+        set_watermark("t", db_now - timedelta(hours=2))
+        resumed = operations.resume("t")
+        overview = {info.name: info for info in operations.describe().tasks}
+
+    assert (watermark("t"), resumed.watermark, resumed.paused) == (db_now, db_now, False)
+    next_minute = db_now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    assert resumed.next_fire_at == overview["t"].next_fire_at == next_minute
+    # A task with no row yet is listed from the database's now too.
+    assert overview["u"].next_fire_at == next_minute
 
 
 # --------------------------------------------------------------------------------- DST --

@@ -1,10 +1,12 @@
 """x_workers as ``xjobs workers`` and ``xjobs health`` read it: what ``worker_seen`` records,
 and each rule of ``workers_list``'s ``stalled`` (docs/observability.md, "Workers and health
-probes"), with rows written directly; then the commands' refusals of bad input. Every test
-runs in one transaction, so ``now()`` is one moment and the ages below are exact."""
+probes"), with rows written directly; then how the verdict of ``xjobs health`` and the panel
+it prints agree, and the commands' refusals of bad input. Every test runs in one transaction,
+so ``now()`` is one moment and the ages below are exact."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime, timedelta
 from io import StringIO
@@ -200,6 +202,71 @@ def test_the_first_rule_that_holds_is_the_reason():
     assert stalled(everything) == "no heartbeat for 6m"
     loop_and_claim = worker(queue, loop_at=now - 20 * M, running=0, claimed_at=now - 20 * M)
     assert stalled(loop_and_claim) == "loop has not gone round for 20m"
+
+
+# ------------------------------------------------------------ the verdict and the panel --
+
+
+def health(*args: str) -> tuple[int, str]:
+    """``xjobs health`` in this process: (its exit status, its output)."""
+    out = StringIO()
+    try:
+        call_command("xjobs", "health", *args, stdout=out)
+    except CommandError as exc:
+        return exc.returncode, out.getvalue()
+    return 0, out.getvalue()
+
+
+def test_a_queue_nothing_names_is_unhealthy_names_the_known_ones_and_overall_is_bad():
+    """No worker, job, setting or registered job knows the queue (a name mistyped in a probe):
+    unhealthy like any queue no worker serves, with the names that do exist; the panel's
+    overall verdict is bad too, whatever the tables and VACUUM say."""
+    served = new_queue()
+    worker(served)
+    code, out = health("--queue", "nosuchqueue")
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0].startswith(
+        "queue 'nosuchqueue': no worker serves it, and neither XJOBS['QUEUES'], a registered "
+        "job nor a worker seen in the last day names it (they name: "), lines[0]
+    named = lines[0].split("(they name: ", 1)[1].rstrip(")").split(", ")
+    assert {"default", served, testapp_jobs.record.queue} <= set(named)
+    assert "nosuchqueue" not in named
+    assert "overall: bad" in lines and "overall: ok" not in out
+
+    code, out = health("--queue", "nosuchqueue", "--json")
+    data = json.loads(out)
+    assert code == 1 and data["overall"] == "bad"
+    assert (data["probe"]["status"], data["probe"]["healthy"]) == ("unhealthy", False)
+    assert len(data["probe"]["reasons"]) == 1
+
+
+def test_a_queue_with_a_worker_reads_as_known_and_overall_follows_the_panel_when_healthy():
+    queue = new_queue()
+    worker(queue)
+    code, out = health("--queue", queue, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["probe"]["status"] == "healthy" and data["probe"]["reasons"] == []
+    # Healthy: the panel's own verdict (tables, VACUUM, lapsed leases) is the overall one.
+    assert data["overall"] == data["verdict"]
+
+
+def test_the_panel_judges_the_workers_with_the_max_stall_of_the_verdict():
+    queue = new_queue()
+    late = worker(queue, seen_at=db_now() - 6 * M)
+
+    def judged(max_stall: str) -> tuple[int, dict, str | None]:
+        code, out = health("--queue", queue, "--max-stall", max_stall, "--json")
+        data = json.loads(out)
+        (row,) = [w for w in data["workers"] if w["id"] == late]
+        return code, data, row["stalled"]
+
+    code, data, stalled_as = judged("30m")
+    assert (code, data["probe"]["healthy"], stalled_as) == (0, True, None)
+    assert data["overall"] == data["verdict"]
+    code, data, stalled_as = judged("5m")
+    assert (code, data["probe"]["healthy"], stalled_as) == (1, False, "no heartbeat for 6m")
+    assert data["overall"] == data["verdict"] == "bad"
 
 
 # ------------------------------------------------------------------------- bad input --

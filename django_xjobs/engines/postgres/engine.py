@@ -311,6 +311,16 @@ _APPLIED_STATES = {
     "suspend": frozenset({"suspended"}),
 }
 
+# A failed connect (connection_refused), read in libpq's text: the server answered and turned
+# this client away (the last one is libpq's own, a password the server asks for and the
+# settings lack) ...
+_REFUSALS = ("authentication failed", "no pg_hba.conf entry", "pg_hba.conf rejects",
+             "does not exist", "is not permitted to log in", "permission denied for database",
+             "no password supplied")
+# ... or it answered that it takes no connection now (SQLSTATE 57P03: starting up, shutting
+# down, in recovery; 53300: no slot left), which passes like a server that is down.
+_NOT_YET = ("the database system is", "too many clients", "connection slots are reserved")
+
 
 class PostgresEngine(Engine):
     features = Features(
@@ -1524,9 +1534,8 @@ class PostgresEngine(Engine):
             for r in self._run(S.SCHEDULER_STATES_LIST, {})
         ]
 
-    def scheduler_state_set_paused(self, name: str, paused: bool,
-                                   at: datetime) -> SchedulerStateRecord:
-        r = self._run(S.SCHEDULER_STATE_SET_PAUSED, {"name": name, "paused": paused, "at": at},
+    def scheduler_state_set_paused(self, name: str, paused: bool) -> SchedulerStateRecord:
+        r = self._run(S.SCHEDULER_STATE_SET_PAUSED, {"name": name, "paused": paused},
                       fetch="one")
         return SchedulerStateRecord(task_name=r[0], last_fired_at=r[1], paused=r[2],
                                     updated_at=r[3])
@@ -1676,3 +1685,15 @@ class PostgresEngine(Engine):
         return raw is None or raw.closed or bool(getattr(raw, "broken", False)) or (
             isinstance(exc.__cause__, Exception) and "connection" in str(exc).lower()
         )
+
+    def connection_refused(self, exc: BaseException) -> bool:
+        # libpq gives no SQLSTATE for a failed connect, only its text. Whether the server asked
+        # for a password is known whatever the server's language; the other refusals are read
+        # in English (a server with another lc_messages reads as unreachable for them).
+        cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
+        pgconn = getattr(cause, "pgconn", None)
+        text = str(exc)
+        if any(marker in text for marker in _NOT_YET):
+            return False
+        return bool(pgconn is not None and (pgconn.needs_password or pgconn.used_password)) or (
+            any(marker in text for marker in _REFUSALS))

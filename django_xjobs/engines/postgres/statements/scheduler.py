@@ -214,10 +214,13 @@ SCHEDULER_STATE_SET_PAUSED = Statement(
 An operator pauses or resumes a task. While paused, rounds keep moving the watermark without
 firing; resuming also moves it to at least now, so resuming never replays the paused stretch
 even if no leader ran meanwhile. A task that never ran gets its row here, starting from now.
+Now is the database's `now()`, the clock the rounds run on, never the operator's: a machine an
+hour ahead would otherwise skip the next hour's occurrences, one an hour behind replay the last
+hour of the pause.
 """,
     sql="""
 insert into x_scheduler_state (task_name, last_fired_at, updated_at, paused)
-values (%(name)s, %(at)s::timestamptz, now(), %(paused)s)
+values (%(name)s, now(), now(), %(paused)s)
 on conflict (task_name) do update
    set paused = excluded.paused,
        last_fired_at = case when excluded.paused then x_scheduler_state.last_fired_at
