@@ -290,7 +290,8 @@ def cancels_stick(ev: Evidence) -> Verdict:
 
 
 def hygiene(ev: Evidence, stop_complaints: Sequence[str]) -> Verdict:
-    offenders = (ev.seen.idle_in_transaction + ev.seen.advisory_outside + list(stop_complaints))
+    offenders = (ev.seen.long_transactions() + ev.seen.advisory_outside
+                 + list(stop_complaints))
     return verdict("sessions and processes clean", offenders,
                    "no worker transaction open past a lease, no advisory lock "
                    "outside a transaction, every worker stopped cleanly",
