@@ -13,7 +13,7 @@ tables every fifth of a second, for the invariants that only hold at a moment.
 A session is followed across samples by its backend (pid and backend start), not by its
 ``application_name``: behind a transaction pooler a name set with SET stays on the server
 connection and names whoever uses it next. The name still says which worker and role the
-session serves; a finding is about one backend.
+session serves; a finding is about one backend, with what it waits on and who blocks it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import groupby
 from typing import Any
 
 from django.db import connections
@@ -53,6 +54,27 @@ class Backend:
 
 
 @dataclass(frozen=True)
+class Blocker:
+    """A session holding a lock that a flagged session waits for (``pg_blocking_pids``)."""
+
+    pid: int  # 0: a prepared transaction
+    name: str | None  # its application_name; None: gone before the sample read it
+    state: str
+    transaction: float | None  # seconds its transaction has been open; None: in none
+    query: str  # its current statement, or its last one when idle
+
+    def text(self) -> str:
+        if self.pid == 0:
+            return "a prepared transaction"
+        if self.name is None:
+            return f"pid {self.pid} (gone)"
+        held = ("no transaction" if self.transaction is None
+                else f"transaction open {self.transaction:.1f}s")
+        return (f"pid {self.pid} (application_name {self.name!r}, {self.state or 'no state'}, "
+                f"{held}: {statement(self.query)!r})")
+
+
+@dataclass(frozen=True)
 class SessionSample:
     """One sample of a soak session in a transaction past a lease, as pg_stat_activity showed
     it."""
@@ -68,11 +90,23 @@ class SessionSample:
     since_query: float  # seconds since that statement began
     since_state: float  # seconds in its state
     wrote: bool  # its transaction has an xid
+    blockers: tuple[Blocker, ...] = ()
     namesakes: tuple[int, ...] = ()  # pids of other sessions with its name in the same sample
 
     @property
     def worker_id(self) -> str:
         return self.name.split(":")[1] if self.name.count(":") >= 2 else self.name
+
+    def doing(self) -> str:
+        """Idle in its transaction (its client has not sent the next statement), or running a
+        statement: waiting on a lock, on something else, or not waiting."""
+        if self.state != "active":
+            return self.state
+        if self.wait_type == "Lock":
+            return f"waiting on a lock ({self.wait_type}/{self.wait})"
+        if self.wait_type:
+            return f"active, waiting on {self.wait_type}/{self.wait}"
+        return "active"
 
 
 @dataclass
@@ -105,10 +139,13 @@ class SessionFinding:
 
     def text(self) -> str:
         s = self.worst
-        parts = [f"{s.name} (pid {s.backend.pid}) {s.state} in a transaction of "
-                 f"{s.transaction:.1f}s (waiting on {s.wait or 'nothing'}; last statement "
-                 f"{statement(s.query)!r}, begun {s.since_query:.1f}s ago; state since "
-                 f"{s.since_state:.1f}s; {'wrote' if s.wrote else 'no writes'})"]
+        which = "statement" if s.state == "active" else "last statement"
+        parts = [f"{s.name} (pid {s.backend.pid}) {s.doing()}, transaction open "
+                 f"{s.transaction:.1f}s ({which} {statement(s.query)!r}, begun "
+                 f"{s.since_query:.1f}s ago; state since {s.since_state:.1f}s; "
+                 f"{'wrote' if s.wrote else 'no writes'})"]
+        if s.blockers:
+            parts.append("blocked by " + ", ".join(b.text() for b in s.blockers))
         if self.samples > 1:
             over = (f" over {len(self.transactions)} transactions"
                     if len(self.transactions) > 1 else "")
@@ -152,8 +189,10 @@ class Observations:
 
 # A session of the soak in a transaction open longer than a lease, idle in it or not: a worker's
 # transactions are single statements or a claim's or settle's few. With what tells a stalled
-# client from a transaction left open: since when its last statement began and its state
-# holds, and whether it wrote (has an xid); and the other sessions bearing its name.
+# client from a transaction left open and from a statement waiting on a lock: since when its
+# last statement began and its state holds, whether it wrote (has an xid), its wait event, the
+# other sessions bearing its name, and one row per session blocking it (pg_blocking_pids, which
+# takes the lock manager's locks for a moment, so it runs only for the sessions found).
 SESSIONS = """
 select a.pid, a.backend_start, a.application_name, coalesce(a.state, ''), a.xact_start,
        extract(epoch from now() - a.xact_start),
@@ -165,9 +204,14 @@ select a.pid, a.backend_start, a.application_name, coalesce(a.state, ''), a.xact
        array(select n.pid from pg_stat_activity n
               where n.application_name = a.application_name and n.pid <> a.pid
                 and n.pid <> pg_backend_pid()
-              order by n.pid)
+              order by n.pid),
+       b.pid, o.application_name, coalesce(o.state, ''),
+       extract(epoch from now() - o.xact_start), coalesce(left(o.query, 400), '')
   from pg_stat_activity a
+  left join lateral unnest(pg_blocking_pids(a.pid)) as b(pid) on true
+  left join pg_stat_activity o on o.pid = b.pid
  where a.application_name like %s and now() - a.xact_start > make_interval(secs => %s)
+ order by a.pid, b.pid
 """
 
 
@@ -226,8 +270,8 @@ class Observer(threading.Thread):
         label = f"xjobs:{self.soak}-%"
         with connections[alias].cursor() as cur:
             cur.execute(SESSIONS, [label, self.lease])
-            for row in cur.fetchall():
-                sample = session_sample(row)
+            for _, rows in groupby(cur.fetchall(), key=lambda row: row[0]):
+                sample = session_sample(list(rows))
                 if not self.excused(sample.worker_id):
                     self.seen.record(sample)
             cur.execute(
@@ -239,15 +283,21 @@ class Observer(threading.Thread):
                 self.seen.advisory_outside.append(f"{name} (pid {pid})")
 
 
-def session_sample(row: Sequence[Any]) -> SessionSample:
-    """A row of SESSIONS as a sample."""
+def session_sample(rows: Sequence[Sequence[Any]]) -> SessionSample:
+    """The rows of SESSIONS for one session (one a blocker, or one with no blocker) as a
+    sample."""
     (pid, started, name, state, xact_start, age, wait_type, wait, query, since_query,
-     since_state, wrote, namesakes) = row
+     since_state, wrote, namesakes) = rows[0][:13]
+    blockers = tuple(
+        Blocker(pid=b_pid, name=b_name, state=b_state,
+                transaction=None if b_age is None else float(b_age), query=b_query)
+        for b_pid, b_name, b_state, b_age, b_query in (row[13:] for row in rows)
+        if b_pid is not None)
     return SessionSample(
         backend=Backend(pid, started), name=name, state=state, xact_start=xact_start,
         transaction=float(age), wait_type=wait_type, wait=wait, query=query,
         since_query=float(since_query), since_state=float(since_state), wrote=wrote,
-        namesakes=tuple(namesakes))
+        blockers=blockers, namesakes=tuple(namesakes))
 
 
 def grants_over_limit(grants: dict[int, tuple[datetime, int]], limit: int,

@@ -1,7 +1,8 @@
 """The soak's session check (django_xjobs/soak/observe.py) on real sessions: a worker session of
 the soak held in a transaction past a lease is one finding about its backend, however many
 samples see it and whatever names it bears, that says what tells a stalled client from a
-transaction left open; another soak's session and an excused worker's are not findings."""
+transaction left open and from a statement waiting on a lock, and which sessions block it;
+another soak's session and an excused worker's are not findings."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from django_xjobs.models import Job
 from django_xjobs.soak.observe import Observer
 from tests.conftest import raw_connection, wait_until
 
@@ -23,15 +25,16 @@ def observer(**options: Any) -> Observer:
     return Observer("soak1", "xjobs_soak", lease=LEASE, stop=threading.Event(), **options)
 
 
-def past_the_lease(*pids: int) -> None:
-    """Until pg_stat_activity shows each of ``pids`` in a transaction open longer than the
-    lease."""
+def past_the_lease(*pids: int, waiting: bool = False) -> None:
+    """Until pg_stat_activity shows each of ``pids`` in a transaction open longer than the lease
+    (and, ``waiting``, waiting on a lock)."""
 
     def seen() -> bool:
         with connection.cursor() as cur:
             cur.execute(
                 "select count(*) from pg_stat_activity where pid = any(%s)"
-                " and now() - xact_start > make_interval(secs => %s)", [list(pids), LEASE])
+                " and now() - xact_start > make_interval(secs => %s)"
+                " and (not %s or wait_event_type = 'Lock')", [list(pids), LEASE, waiting])
             return cur.fetchone()[0] == len(pids)
 
     wait_until(seen, message=f"sessions {pids} in a transaction past the lease")
@@ -53,12 +56,45 @@ def test_a_session_in_a_transaction_past_a_lease_is_one_finding_that_says_how_it
             conn.close()
 
     [finding] = watch.seen.long_transactions()
-    assert finding.startswith(f"xjobs:soak1-w0.1:heartbeat (pid {pid}) idle in transaction "
-                              f"in a transaction of ")
-    assert "; last statement 'select txid_current()', begun " in finding
+    assert finding.startswith(f"xjobs:soak1-w0.1:heartbeat (pid {pid}) idle in transaction, "
+                              f"transaction open ")
+    assert "(last statement 'select txid_current()', begun " in finding
     assert "; wrote)" in finding
     assert finding.endswith("; seen in 2 samples")
+    assert "blocked by" not in finding
     assert watch.seen.listen_transactions() == []
+
+
+def test_a_session_waiting_on_a_row_lock_names_the_session_that_blocks_it():
+    """A heartbeat's renewal waits on a job's row, locked by a request's transaction left open:
+    the finding says it waits on a lock, and names the request's session, its state, and the
+    statement that took the lock."""
+    job = Job.objects.create(name="xjobs_soak.plain", queue="xjobs_soak", idempotency_key="k")
+    holder = raw_connection(application_name="request")
+    waiter = raw_connection(application_name="xjobs:soak1-w0.1:heartbeat", autocommit=True)
+    holder_pid, waiter_pid = holder.info.backend_pid, waiter.info.backend_pid
+    renewal = threading.Thread(target=waiter.execute, args=(
+        "update x_jobs set visible_at = now() where id = %s", [job.id]))
+    try:
+        holder.execute("select id from x_jobs where id = %s for update", [job.id])
+        renewal.start()
+        past_the_lease(waiter_pid, waiting=True)
+        watch = observer()
+        watch._sessions(connection.alias)
+    finally:
+        holder.rollback()  # the renewal goes through
+        if renewal.is_alive():
+            renewal.join()
+        holder.close()
+        waiter.close()
+
+    [finding] = watch.seen.long_transactions()
+    assert finding.startswith(f"xjobs:soak1-w0.1:heartbeat (pid {waiter_pid}) "
+                              f"waiting on a lock (Lock/transactionid), transaction open ")
+    assert "(statement 'update x_jobs set visible_at = now() where id = " in finding
+    assert (f"; blocked by pid {holder_pid} (application_name 'request', "
+            f"idle in transaction, transaction open ") in finding
+    assert "s: 'select id from x_jobs where id = $1 for update')" in finding
 
 
 def test_a_backend_is_one_finding_whatever_names_it_bears():
@@ -80,7 +116,7 @@ def test_a_backend_is_one_finding_whatever_names_it_bears():
         namesake.close()
 
     [finding] = watch.seen.long_transactions()
-    assert finding.startswith(f"xjobs:soak1-w0.1:heartbeat (pid {pid}) idle in transaction ")
-    assert '; last statement "set application_name = ' in finding
+    assert finding.startswith(f"xjobs:soak1-w0.1:heartbeat (pid {pid}) idle in transaction, ")
+    assert '(last statement "set application_name = ' in finding
     assert "; seen in 2 samples; the same backend also named 'xjobs:soak1-w0.1:loop'" in finding
     assert finding.endswith(f"; its name also on pid {namesake_pid}")

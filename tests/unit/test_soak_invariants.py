@@ -17,7 +17,13 @@ import pytest
 from django_xjobs.models import Job, JobStep, OutboxEntry
 from django_xjobs.soak import invariants as inv
 from django_xjobs.soak import jobs
-from django_xjobs.soak.observe import Backend, Observations, SessionSample, grants_over_limit
+from django_xjobs.soak.observe import (
+    Backend,
+    Blocker,
+    Observations,
+    SessionSample,
+    grants_over_limit,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -272,9 +278,9 @@ def test_samples_of_one_backend_are_one_finding_told_at_its_oldest_transaction()
                        wrote=True))
     seen.record(sample(transaction=2.2, opened=5, query="select 3"))
     assert seen.long_transactions() == [
-        "xjobs:s-w0.1:heartbeat (pid 7) idle in transaction in a transaction of 2.6s (waiting on "
-        "nothing; last statement 'select 2', begun 0.1s ago; state since 0.1s; wrote); seen in "
-        "3 samples over 2 transactions"]
+        "xjobs:s-w0.1:heartbeat (pid 7) idle in transaction, transaction open 2.6s (last "
+        "statement 'select 2', begun 0.1s ago; state since 0.1s; wrote); seen in 3 samples "
+        "over 2 transactions"]
 
 
 def test_two_samples_of_one_pid_with_different_backend_starts_are_two_sessions():
@@ -287,6 +293,40 @@ def test_two_samples_of_one_pid_with_different_backend_starts_are_two_sessions()
     assert first.startswith("xjobs:s-w0.1:loop (pid 7) ") and "'before'" in first
     assert second.startswith("xjobs:s-w0.1:loop (pid 7) ") and "'after'" in second
     assert "samples" not in first + second
+
+
+def test_a_finding_tells_a_lock_wait_and_names_who_blocks_it():
+    seen = Observations()
+    seen.record(sample(
+        state="active", wait_type="Lock", wait="transactionid",
+        query="update x_jobs\n   set visible_at = now() + $1\n where id = any($2)" + " " * 80,
+        blockers=(
+            Blocker(456, "request", "idle in transaction", 9.14,
+                    "select * from x_jobs where id = $1 for update"),
+            Blocker(457, "", "active", 3.0, "lock table x_jobs in exclusive mode; " * 4),
+            Blocker(458, None, "", None, ""),
+            Blocker(0, None, "", None, ""),
+        )))
+    [finding] = seen.long_transactions()
+    assert finding == (
+        "xjobs:s-w0.1:heartbeat (pid 7) waiting on a lock (Lock/transactionid), transaction "
+        "open 2.5s (statement 'update x_jobs set visible_at = now() + $1 where id = any($2)', "
+        "begun 2.0s ago; state since 2.0s; no writes); blocked by pid 456 (application_name "
+        "'request', idle in transaction, transaction open 9.1s: 'select * from x_jobs where "
+        "id = $1 for update'), pid 457 (application_name '', active, transaction open 3.0s: "
+        "'lock table x_jobs in exclusive mode; lock table x_jobs in exclusive mode; loc...'), "
+        "pid 458 (gone), a prepared transaction")
+
+
+def test_a_session_running_or_waiting_on_other_than_a_lock_says_so():
+    for details, doing in (({}, "active"),
+                           ({"wait_type": "IO", "wait": "DataFileRead"},
+                            "active, waiting on IO/DataFileRead")):
+        seen = Observations()
+        seen.record(sample(state="active", **details))
+        [finding] = seen.long_transactions()
+        assert finding.startswith(f"xjobs:s-w0.1:heartbeat (pid 7) {doing}, transaction open "
+                                  f"2.5s (statement 'select 1', ")
 
 
 def test_session_findings_fail_the_hygiene_check_and_listen_sessions_are_notes():
