@@ -259,6 +259,16 @@ def test_a_failed_verdict_prints_its_offenders():
     assert "and 2 more" in lines[1]
 
 
+def test_sentence_offenders_print_one_a_line():
+    v = inv.verdict("x", [f"xjobs:s-w0.1:loop (pid {i}) idle in transaction" for i in range(12)]
+                    + ["w0 exited 1 on SIGTERM"], "fine", "{n} findings")
+    head, first, *rest = v.lines()
+    assert "13 findings" in head
+    assert first == "        offending: w0 exited 1 on SIGTERM"
+    assert rest[0] == "                   xjobs:s-w0.1:loop (pid 0) idle in transaction"
+    assert len(rest) == 10 and rest[-1] == "                   and 3 more"
+
+
 def sample(pid: int = 7, started: float = 0.0, *, name: str = "xjobs:s-w0.1:heartbeat",
            state: str = "idle in transaction", opened: float = 0.0, transaction: float = 2.5,
            **details) -> SessionSample:
