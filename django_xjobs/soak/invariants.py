@@ -34,12 +34,19 @@ class Verdict:
     offenders: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
+        """Its line; failed, the offenders: ids on one line, sentences (a session's finding,
+        a worker that did not stop) one a line."""
         head = f"  {'ok  ' if self.held else 'FAIL'}  {self.name:<34} {self.detail}"
         if self.held or not self.offenders:
             return [head]
-        shown = ", ".join(self.offenders[:SHOWN_IDS])
+        shown = self.offenders[:SHOWN_IDS]
         more = len(self.offenders) - SHOWN_IDS
-        return [head, f"        offending: {shown}" + (f" and {more} more" if more > 0 else "")]
+        first = "        offending: "
+        if all(len(o.split()) == 1 for o in shown):
+            return [head, first + ", ".join(shown) + (f" and {more} more" if more > 0 else "")]
+        indent = " " * len(first)
+        return [head, first + shown[0], *(indent + o for o in shown[1:]),
+                *([f"{indent}and {more} more"] if more > 0 else [])]
 
 
 def verdict(name: str, offenders: Iterable[Any], ok: str, bad: str) -> Verdict:
@@ -290,7 +297,8 @@ def cancels_stick(ev: Evidence) -> Verdict:
 
 
 def hygiene(ev: Evidence, stop_complaints: Sequence[str]) -> Verdict:
-    offenders = (ev.seen.idle_in_transaction + ev.seen.advisory_outside + list(stop_complaints))
+    offenders = (ev.seen.long_transactions() + ev.seen.advisory_outside
+                 + list(stop_complaints))
     return verdict("sessions and processes clean", offenders,
                    "no worker transaction open past a lease, no advisory lock "
                    "outside a transaction, every worker stopped cleanly",

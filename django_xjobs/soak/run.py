@@ -209,7 +209,7 @@ def _run(options: Options, say: Callable[[str], None], interrupted: threading.Ev
     # Seen once, under a loaded machine, on a worker's relay LISTEN session: the session, which
     # runs nothing but LISTEN in autocommit, in a transaction for half a minute. Not explained
     # yet, so reported rather than failed (docs/soak.md).
-    report.notes += sorted(set(observer.seen.listen_in_transaction))
+    report.notes += observer.seen.listen_transactions()
     if supervisor.error is not None:
         report.problems.append(f"chaos: {supervisor.error!r}")
     report.faults = pool.done

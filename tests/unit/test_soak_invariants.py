@@ -1,8 +1,10 @@
 """The soak's invariant checks catch what they are for: each is fed evidence with one
-violation of its kind (and the same evidence without it), built in memory, no database.
+violation of its kind (and the same evidence without it), built in memory, no database. And
+the report says what it found: a failed check's offenders, a session's finding.
 
 The soak itself runs in tests/acceptance/test_soak.py; these show that a green soak means
-something: a check that passed whatever it was given would pass there too.
+something: a check that passed whatever it was given would pass there too. The session samples
+are read from real sessions in tests/integration/test_soak_observer.py.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ import pytest
 from django_xjobs.models import Job, JobStep, OutboxEntry
 from django_xjobs.soak import invariants as inv
 from django_xjobs.soak import jobs
-from django_xjobs.soak.observe import Observations, grants_over_limit
+from django_xjobs.soak.observe import (
+    Backend,
+    Blocker,
+    Observations,
+    SessionSample,
+    grants_over_limit,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -249,3 +257,99 @@ def test_a_failed_verdict_prints_its_offenders():
     lines = v.lines()
     assert "FAIL" in lines[0] and "12 bad" in lines[0]
     assert "and 2 more" in lines[1]
+
+
+def test_sentence_offenders_print_one_a_line():
+    v = inv.verdict("x", [f"xjobs:s-w0.1:loop (pid {i}) idle in transaction" for i in range(12)]
+                    + ["w0 exited 1 on SIGTERM"], "fine", "{n} findings")
+    head, first, *rest = v.lines()
+    assert "13 findings" in head
+    assert first == "        offending: w0 exited 1 on SIGTERM"
+    assert rest[0] == "                   xjobs:s-w0.1:loop (pid 0) idle in transaction"
+    assert len(rest) == 10 and rest[-1] == "                   and 3 more"
+
+
+def sample(pid: int = 7, started: float = 0.0, *, name: str = "xjobs:s-w0.1:heartbeat",
+           state: str = "idle in transaction", opened: float = 0.0, transaction: float = 2.5,
+           **details) -> SessionSample:
+    """A session of the soak seen in a transaction past a lease: backend ``pid`` started at
+    ``started``, its transaction opened at ``opened`` (seconds after T0)."""
+    values = dict(wait_type="", wait="", query="select 1", since_query=2.0, since_state=2.0,
+                  wrote=False)
+    return SessionSample(backend=Backend(pid, at(started)), name=name, state=state,
+                         xact_start=at(opened), transaction=transaction,
+                         **{**values, **details})
+
+
+def test_samples_of_one_backend_are_one_finding_told_at_its_oldest_transaction():
+    seen = Observations()
+    seen.record(sample(transaction=2.1, query="select 1"))
+    seen.record(sample(transaction=2.6, query="select 2", since_query=0.1, since_state=0.1,
+                       wrote=True))
+    seen.record(sample(transaction=2.2, opened=5, query="select 3"))
+    assert seen.long_transactions() == [
+        "xjobs:s-w0.1:heartbeat (pid 7) idle in transaction, transaction open 2.6s (last "
+        "statement 'select 2', begun 0.1s ago; state since 0.1s; wrote); seen in 3 samples "
+        "over 2 transactions"]
+
+
+def test_two_samples_of_one_pid_with_different_backend_starts_are_two_sessions():
+    """The server gave the pid again to a new session, here even under the same name (the
+    worker's loop reconnected): two findings, each about its own."""
+    seen = Observations()
+    seen.record(sample(7, started=0, name="xjobs:s-w0.1:loop", query="select 'before'"))
+    seen.record(sample(7, started=60, name="xjobs:s-w0.1:loop", query="select 'after'"))
+    first, second = seen.long_transactions()
+    assert first.startswith("xjobs:s-w0.1:loop (pid 7) ") and "'before'" in first
+    assert second.startswith("xjobs:s-w0.1:loop (pid 7) ") and "'after'" in second
+    assert "samples" not in first + second
+
+
+def test_a_finding_tells_a_lock_wait_and_names_who_blocks_it():
+    seen = Observations()
+    seen.record(sample(
+        state="active", wait_type="Lock", wait="transactionid",
+        query="update x_jobs\n   set visible_at = now() + $1\n where id = any($2)" + " " * 80,
+        blockers=(
+            Blocker(456, "request", "idle in transaction", 9.14,
+                    "select * from x_jobs where id = $1 for update"),
+            Blocker(457, "", "active", 3.0, "lock table x_jobs in exclusive mode; " * 4),
+            Blocker(458, None, "", None, ""),
+            Blocker(0, None, "", None, ""),
+        )))
+    [finding] = seen.long_transactions()
+    assert finding == (
+        "xjobs:s-w0.1:heartbeat (pid 7) waiting on a lock (Lock/transactionid), transaction "
+        "open 2.5s (statement 'update x_jobs set visible_at = now() + $1 where id = any($2)', "
+        "begun 2.0s ago; state since 2.0s; no writes); blocked by pid 456 (application_name "
+        "'request', idle in transaction, transaction open 9.1s: 'select * from x_jobs where "
+        "id = $1 for update'), pid 457 (application_name '', active, transaction open 3.0s: "
+        "'lock table x_jobs in exclusive mode; lock table x_jobs in exclusive mode; loc...'), "
+        "pid 458 (gone), a prepared transaction")
+
+
+def test_a_session_running_or_waiting_on_other_than_a_lock_says_so():
+    for details, doing in (({}, "active"),
+                           ({"wait_type": "IO", "wait": "DataFileRead"},
+                            "active, waiting on IO/DataFileRead")):
+        seen = Observations()
+        seen.record(sample(state="active", **details))
+        [finding] = seen.long_transactions()
+        assert finding.startswith(f"xjobs:s-w0.1:heartbeat (pid 7) {doing}, transaction open "
+                                  f"2.5s (statement 'select 1', ")
+
+
+def test_session_findings_fail_the_hygiene_check_and_listen_sessions_are_notes():
+    b = Build()
+    b.seen.record(sample(1, name="xjobs:s-w0.1:listen"))
+    b.seen.record(sample(2, name="xjobs:s-w0.1:relay-listen"))
+    assert inv.hygiene(b.evidence(), []).held
+    assert len(b.seen.listen_transactions()) == 2
+    b.seen.record(sample(2, name="xjobs:s-w0.1:relay"))  # the same backend, lent by a pooler
+    b.seen.record(sample(3))
+    v = inv.hygiene(b.evidence(), [])
+    assert not v.held and v.detail == "2 findings"
+    assert [o.split(" (pid")[0] for o in v.offenders] == ["xjobs:s-w0.1:heartbeat",
+                                                          "xjobs:s-w0.1:relay"]
+    [note] = b.seen.listen_transactions()
+    assert note.startswith("xjobs:s-w0.1:listen (pid 1) ")
