@@ -36,9 +36,9 @@ from django.db import connections, transaction
 
 from .. import api, conf, registry
 from ..base import child_params
-from ..context import JobContext
+from ..context import JobContext, StopSignal, until_free
 from ..engines import Engine, get_engine
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, RowBusy
 from ..outbox import relay_pending
 from ..records import ClaimedJob, Completion, Fence, RunOwner
 from ..steps import AsyncSteps, Steps
@@ -185,12 +185,18 @@ class _RunEngine:
 
 
 def _settle(engine: Engine, claimed: ClaimedJob, outcome: Outcome) -> str:
-    if isinstance(outcome, Done):
-        report = engine.jobs_complete_if_owned([Completion(
-            claim=claimed.claim, result_json=outcome.result_json)])
-        fence, state = report.outcome(claimed.lease_token), "done"
-    else:
-        fence, state = write_outcome(engine, claimed, outcome)
+    def write() -> tuple[Fence, str]:
+        if isinstance(outcome, Done):
+            report = engine.jobs_complete_if_owned([Completion(
+                claim=claimed.claim, result_json=outcome.result_json)])
+            fence, state = report.outcome(claimed.lease_token), "done"
+        else:
+            fence, state = write_outcome(engine, claimed, outcome)
+        if fence is Fence.BUSY:  # another session holds the job's row: as a worker, write again
+            raise RowBusy(f"job {claimed.id}: its row is held by another transaction")
+        return fence, state
+
+    fence, state = until_free(write, StopSignal(), lambda: None)
     if announcing():
         announce(engine, claimed, registry.lookup(claimed.name) or claimed.name, outcome, fence,
                  state)

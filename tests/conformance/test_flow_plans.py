@@ -214,3 +214,54 @@ def test_the_unblock_wakes_what_has_room_reading_only_that(engine, million):
         transaction.set_rollback(True)
 
     assert (woken, ready) == (10, 10)
+
+
+# ---------------------------------------------------------------- the fenced writes of runs --
+# docs/design.md, "Lock order": each first locks its rows SKIP LOCKED (a CTE the planner cannot
+# estimate), then writes them. The write must still reach its rows through the primary key,
+# not hash the table to the CTE.
+
+RUNNING = 50
+
+
+@pytest.fixture(scope="module")
+def running(million, django_db_blocker) -> Iterator[list[tuple[str, str]]]:
+    """RUNNING of the million jobs claimed (running, a lease and a token each): (id, token)."""
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("""
+            update x_jobs set state = 'running', lease_token = gen_random_uuid(), attempt = 1,
+                              visible_at = now() + interval '1 hour', started_at = now()
+             where id in (select id from x_jobs where queue = 'fair' order by run_at desc
+                          limit %(n)s)
+            returning id::text, lease_token::text""", {"n": RUNNING})
+        pairs = cursor.fetchall()
+        cursor.execute("analyze x_jobs")
+    yield pairs
+
+
+def fenced(pairs: list[tuple[str, str]]) -> dict:
+    return {"ids": "{" + ",".join(i for i, _ in pairs) + "}",
+            "tokens": "{" + ",".join(t for _, t in pairs) + "}",
+            "id": pairs[0][0], "token": pairs[0][1]}
+
+
+FENCED_WRITES = {
+    "jobs_complete_if_owned": {"results": "[" + ",".join(["null"] * RUNNING) + "]"},
+    "jobs_renew_if_owned": {"lease_ms": 60_000},
+    "job_fail_if_owned": {"error": "E", "delay_ms": 0, "permanent": False, "outcome": "failed"},
+    "job_requeue_if_owned": {"delay_ms": 0, "spent": True, "resumed": False, "note": None,
+                             "outcome": "handed_back"},
+    "job_suspend_if_owned": {"wake_at": "2100-01-01T00:00:00Z"},
+}
+
+
+@pytest.mark.parametrize("planner", sorted(PLANNERS))
+@pytest.mark.parametrize("name", sorted(FENCED_WRITES))
+def test_a_fenced_write_reaches_its_rows_by_key_among_a_million(engine, running, name, planner):
+    stmt = engine.statements()[name]
+    plan = PLANNERS[planner](stmt.sql, {**fenced(running), **FENCED_WRITES[name]})
+
+    assert seq_scans(plan, "x_jobs") == []
+    assert returned(plan) == (RUNNING if name.startswith("jobs_") else 1)
+    pages = buffers(plan)
+    assert pages < 30 * RUNNING, f"{pages} pages read by {name} of {RUNNING} runs"
