@@ -228,6 +228,12 @@ def _claims(claims: Iterable[Claim]) -> dict[str, str]:
             "tokens": _uuid_array(c.lease_token for c in pairs)}
 
 
+def _in_lock_order(batch: Sequence[Any]) -> list[Any]:
+    """A batch of fenced writes (each with a ``claim``) in the order its statement locks the
+    rows: by job id (docs/design.md, "Lock order")."""
+    return sorted(batch, key=lambda item: item.claim.job_id)
+
+
 def _uuid_array(values: Iterable[Any]) -> str:
     """A uuid[] literal. Built with one join instead of psycopg's per-element list dumper
     (docs/performance.md, "What the simpler forms cost"); uuids need no quoting."""
@@ -770,6 +776,7 @@ class PostgresEngine(Engine):
     def jobs_complete_if_owned(self, batch: Sequence[Completion]) -> FenceReport:
         if not batch:
             return FenceReport()
+        batch = _in_lock_order(batch)
         rows = self._run(S.JOBS_COMPLETE_IF_OWNED, {
             **_claims(c.claim for c in batch),
             "results": "[" + ",".join(c.result_json or "null" for c in batch) + "]",
@@ -805,7 +812,7 @@ class PostgresEngine(Engine):
         if not claims:
             return Renewal()
         rows = self._run(S.JOBS_RENEW_IF_OWNED, {
-            **_claims(claims),
+            **_claims(sorted(claims, key=lambda c: c.job_id)),
             "lease_ms": lease_ms,
         })
         return Renewal(renewed=frozenset(token for token, on_row in rows if on_row),
@@ -1422,6 +1429,7 @@ class PostgresEngine(Engine):
     def jobs_requeue_if_owned(self, batch: Sequence[Requeue]) -> FenceReport:
         if not batch:
             return FenceReport()
+        batch = _in_lock_order(batch)
         rows = self._run(S.JOBS_REQUEUE_IF_OWNED, {
             **_claims(r.claim for r in batch),
             "delays_ms": [r.delay_ms for r in batch],

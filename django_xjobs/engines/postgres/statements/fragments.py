@@ -122,24 +122,42 @@ select id, state from inserted where (select count(*) from notified) >= 0
 # its run's in the statement's snapshot, but held elsewhere; it writes them again later.
 
 
-def free_runs_sql(ids: str, tokens: str, columns: str = "id") -> str:
-    """The ``running`` rows of these runs (SQL arrays of ids and of their lease tokens) that no
-    other transaction holds, locked in id order, ``columns`` of each; a row held elsewhere is
-    skipped, never waited for. A lease token is never reused and names one claim of one job,
-    so ``lease_token = any(tokens)`` pairs each id with its own token."""
-    return f"""select {columns} from only x_jobs
-     where id = any({ids}) and lease_token = any({tokens}) and state = 'running'
-     order by id
-       for no key update skip locked"""
+def free_runs_sql(pairs: str, columns: str = "id") -> str:
+    """The ``running`` rows of the runs of the CTE ``pairs`` (id, token), ``columns`` (and
+    ``state``) of each, that no other transaction holds: locked one primary-key probe at a time,
+    in the order of ``pairs`` (the engine sends them in id order), SKIP LOCKED: a row held
+    elsewhere is skipped, never waited for. The probe names the key and the token only, and
+    `offset 0` keeps `state = 'running'` out of it: given the state, a planner whose statistics
+    count few running rows probes the partial index of running rows instead, and reads every
+    one of them for each run of the batch. A row it locked that is no longer running (its job
+    finished or was cancelled since the snapshot) is left out."""
+    return f"""select f.* from {pairs} p
+      cross join lateral (
+          select {columns}, state from only x_jobs
+           where id = p.id and lease_token = p.token
+          offset 0
+             for no key update skip locked) f
+     where f.state = 'running'"""
+
+
+def by_key(rows: str, where: str = "true") -> str:
+    """``j.id = any(array(...))`` of the ids of the CTE ``rows`` that ``where``: how a write
+    reaches rows a CTE chose (and locked) through the primary key. The planner cannot estimate a
+    CTE, and joined to it the write could walk an index of every running row (or hash the
+    table) instead (docs/performance.md, "What the simpler forms cost"). The rows are this
+    transaction's, locked with their token and state checked: the write repeats neither, which
+    would let the planner pick the partial index of running rows again."""
+    return f"j.id = any(array(select id from {rows} where {where}))"
 
 
 def held_runs_sql(pairs: str, done: str) -> str:
     """The runs of the CTE ``pairs`` (id, token) whose row is still theirs and running in the
     statement's snapshot, but that the CTE ``done`` (id) did not write: another transaction
-    holds the row (or, for a child, its parent's step row)."""
+    holds the row (or, for a child, its parent's step row). One primary-key probe each."""
     return f"""select p.id, p.token from {pairs} p
-      join only x_jobs j on j.id = p.id and j.lease_token = p.token and j.state = 'running'
-     where p.id not in (select id from {done})"""
+     where p.id not in (select id from {done})
+       and (select j.state = 'running' from only x_jobs j
+             where j.id = p.id and j.lease_token = p.token offset 0)"""
 
 
 # What settle_locks_sql needs of each row it settles.
@@ -149,43 +167,49 @@ SETTLE_COLUMNS = "id, parent_id, parent_step, name, tenant_id, idempotency_key, 
 def settle_locks_sql(rows: str) -> str:
     """The rows the trigger x_jobs_transition writes when the jobs of ``rows`` (a CTE of
     SETTLE_COLUMNS, already locked) enter or leave a finished state, locked here first, SKIP
-    LOCKED, so the trigger finds them held by this statement and never waits: ``steps_locked``, the
-    invoke step rows of the parents of the children among them (counted down), in (run_id,
+    LOCKED, so the trigger finds them held by this statement and never waits: ``steps_locked``,
+    the invoke step rows of the parents of the children among them (counted down), in (run_id,
     name) order; ``keys_locked``, the x_job_keys rows of the jobs enqueued with an idempotency
-    window (their finish is recorded), by id; and ``stuck``, the jobs one of whose rows another
+    window (their finish is recorded); and ``stuck``, the jobs one of whose rows another
     transaction holds (a parent checking its children, an operator's cancel of the family, an
-    enqueue taking the key), left for a later write. Rows without a parent or a window read
-    nothing more."""
-    return f"""steps_locked as materialized (
+    enqueue taking the key), left for a later write. Every look into x_jobs, x_job_steps and
+    x_job_keys is an index probe per row (`offset 0` keeps the planner from turning it into a
+    join it could hash), and rows without a parent or a window read nothing more."""
+    return f"""parents as materialized (
+    select r.id, p.run_id, r.parent_step
+      from {rows} r
+      cross join lateral (select run_id from only x_jobs where id = r.parent_id offset 0) p
+     where r.parent_id is not null
+), steps_locked as materialized (
     select s.run_id, s.name
-      from (select distinct p.run_id, r.parent_step as name
-              from {rows} r join only x_jobs p on p.id = r.parent_id
-             order by 1, 2) q
+      from (select distinct run_id, parent_step from parents order by 1, 2) q
       cross join lateral (
           select run_id, name from only x_job_steps
-           where run_id = q.run_id and name = q.name and status = 'invoking'
+           where run_id = q.run_id and name = q.parent_step and status = 'invoking'
              for no key update skip locked) s
 ), keys_locked as materialized (
-    select k.id
-      from x_job_keys k
-      join {rows} r on k.name = r.name and k.tenant = coalesce(r.tenant_id, '')
-                   and k.key = r.idempotency_key and k.job_id = r.id
-     where r.unique_for_ms is not null
-     order by k.id
-       for no key update of k skip locked
+    select r.id
+      from (select * from {rows} where unique_for_ms is not null order by id) r
+      cross join lateral (
+          select id from x_job_keys
+           where name = r.name and tenant = coalesce(r.tenant_id, '')
+             and key = r.idempotency_key and job_id = r.id
+             for no key update skip locked) k
 ), stuck as (
-    select r.id
-      from {rows} r
-      join only x_jobs p on p.id = r.parent_id
-      join only x_job_steps s on s.run_id = p.run_id and s.name = r.parent_step
-                            and s.status = 'invoking'
-     where not exists (select 1 from steps_locked c where c.run_id = s.run_id and c.name = s.name)
+    select q.id from parents q
+     where not exists (select 1 from steps_locked c
+                        where c.run_id = q.run_id and c.name = q.parent_step)
+       and exists (select 1 from only x_job_steps s
+                    where s.run_id = q.run_id and s.name = q.parent_step
+                      and s.status = 'invoking'
+                   offset 0)
     union all
-    select r.id
-      from {rows} r
-      join x_job_keys k on k.name = r.name and k.tenant = coalesce(r.tenant_id, '')
-                       and k.key = r.idempotency_key and k.job_id = r.id
-     where r.unique_for_ms is not null and k.id not in (select id from keys_locked)
+    select r.id from {rows} r
+     where r.unique_for_ms is not null and r.id not in (select id from keys_locked)
+       and exists (select 1 from x_job_keys k
+                    where k.name = r.name and k.tenant = coalesce(r.tenant_id, '')
+                      and k.key = r.idempotency_key and k.job_id = r.id
+                   offset 0)
 )"""
 
 

@@ -19,6 +19,7 @@ from .fragments import (
     REQUEUE_SET,
     SETTLE_COLUMNS,
     attempt_entry_sql,
+    by_key,
     cancel_set_sql,
     count_sql,
     elapsed_ms_sql,
@@ -563,14 +564,13 @@ with v as (
       from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) with ordinality as i(id, token, n)
       join jsonb_array_elements(%(results)s::jsonb) with ordinality as r(result, n) using (n)
 ), free as materialized (
-    {free_runs_sql("%(ids)s::uuid[]", "%(tokens)s::uuid[]", SETTLE_COLUMNS)}
+    {free_runs_sql("v", SETTLE_COLUMNS)}
 ), {settle_locks_sql("free")}, settled as (
     update only x_jobs j
        set state = 'done', result = nullif(v.result, 'null'::jsonb), visible_at = null,
            finished_at = now(), updated_at = now()
       from v
-     where j.id = v.id and j.lease_token = v.token and j.state = 'running'
-       and j.id in (select id from free) and j.id not in (select id from stuck)
+     where j.id = v.id and {by_key("free", "id not in (select id from stuck)")}
     returning j.id, j.lease_token, j.queue, j.name, {elapsed_ms_sql("j.started_at")} as run_ms
 ), tallied as (
     {count_sql("settled", done="count(*)", run_ms="array_agg(run_ms)", run_ms_sum="sum(run_ms)")}
@@ -583,8 +583,6 @@ select token::text, false from ({held_runs_sql("v", "settled")}) busy
 
 # The pair of a single-run write, as a CTE for free_runs_sql and held_runs_sql.
 _ONE_RUN = "one as (select %(id)s::uuid as id, %(token)s::uuid as token)"
-_ONE_ID = "array[%(id)s::uuid]"
-_ONE_TOKEN = "array[%(token)s::uuid]"
 
 JOB_FAIL_IF_OWNED = Statement(
     "job_fail_if_owned",
@@ -597,7 +595,7 @@ row down): a row another transaction holds answers `busy`, and the worker writes
 """,
     sql=f"""
 with {_ONE_RUN}, free as materialized (
-    {free_runs_sql(_ONE_ID, _ONE_TOKEN, SETTLE_COLUMNS)}
+    {free_runs_sql("one", SETTLE_COLUMNS)}
 ), {settle_locks_sql("free")}, settled as (
     update only x_jobs
        set state       = case when %(permanent)s or attempt >= max_attempts then 'dead'
@@ -610,7 +608,7 @@ with {_ONE_RUN}, free as materialized (
            attempts    = {attempt_entry_sql("%(outcome)s::text", error="%(error)s::text")},
            updated_at  = now()
      where id = %(id)s and lease_token = %(token)s and state = 'running'
-       and id in (select id from free) and id not in (select id from stuck)
+       and id in (select id from free where id not in (select id from stuck))
     returning id, state, queue, name, {elapsed_ms_sql("started_at")} as run_ms
 ), tallied as (
     {count_sql("settled", failed="count(*)", dead="count(*) filter (where state = 'dead')",
@@ -633,7 +631,7 @@ and locked as the ack locks: a row another transaction holds answers `busy`.
 """,
     sql=f"""
 with {_ONE_RUN}, free as materialized (
-    {free_runs_sql(_ONE_ID, _ONE_TOKEN)}
+    {free_runs_sql("one")}
 ), moved as (
     update only x_jobs
        {REQUEUE_SET}
@@ -658,7 +656,7 @@ write earlier in it holds the row FOR SHARE, which does not stop this one).
 """,
     sql=f"""
 with {_ONE_RUN}, free as materialized (
-    {free_runs_sql(_ONE_ID, _ONE_TOKEN)}
+    {free_runs_sql("one")}
 ), parked as (
     update only x_jobs
        set state = 'suspended', run_at = %(wake_at)s, visible_at = null, updated_at = now(),
@@ -684,7 +682,7 @@ not waited for: that report is skipped (`busy`), the next one writes.
 """,
     sql=f"""
 with {_ONE_RUN}, free as materialized (
-    {free_runs_sql(_ONE_ID, _ONE_TOKEN)}
+    {free_runs_sql("one")}
 ), reported as (
     update only x_jobs
        set progress = jsonb_build_object('done', %(done)s::float8, 'total', %(total)s::float8,
@@ -717,28 +715,21 @@ the claim takes no lapsed lease whose extension still runs, so the run goes on a
 renewed at the first round it is free. One held row therefore delays none of the worker's
 other leases, and never hands its run to another worker.
 """,
-    sql="""
+    sql=f"""
 with v as (
     select * from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
 ), free as materialized (
-    select id from only x_jobs
-     where id = any(%(ids)s::uuid[]) and lease_token = any(%(tokens)s::uuid[])
-       and state = 'running'
-     order by id
-       for no key update skip locked
+    {free_runs_sql("v")}
 ), renewed as (
     update only x_jobs j
        set visible_at = now() + %(lease_ms)s * interval '1 millisecond', updated_at = now()
       from v
-     where j.id = v.id and j.lease_token = v.token and j.state = 'running'
-       and j.id in (select id from free)
+     where j.id = v.id and {by_key("free")}
     returning j.id, j.lease_token
 ), kept as (
     insert into x_lease_extensions as e (lease_token, job_id, until)
-    select p.token, p.id, now() + %(lease_ms)s * interval '1 millisecond'
-      from v p
-      join only x_jobs j on j.id = p.id and j.lease_token = p.token and j.state = 'running'
-     where p.id not in (select id from renewed)
+    select token, id, now() + %(lease_ms)s * interval '1 millisecond'
+      from ({held_runs_sql("v", "renewed")}) held
     on conflict (lease_token) do update set until = excluded.until
     returning e.lease_token
 )
@@ -1031,8 +1022,10 @@ run on (id, running, token), and locked as the ack locks. The answer is the toke
 landed, and those whose row another transaction holds (busy: not written).
 """,
     sql=f"""
-with free as materialized (
-    {free_runs_sql("%(ids)s::uuid[]", "%(tokens)s::uuid[]")}
+with pairs as (
+    select * from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as p(id, token)
+), free as materialized (
+    {free_runs_sql("pairs")}
 ), moved as (
 update only x_jobs j
    set state      = case when v.resumed then 'suspended'
@@ -1050,11 +1043,8 @@ update only x_jobs j
               %(spent)s::boolean[], %(resumed)s::boolean[], %(notes)s::text[],
               %(outcomes)s::text[])
        as v(id, token, delay_ms, spent, resumed, note, outcome)
- where j.id = v.id and j.lease_token = v.token and j.state = 'running'
-   and j.id in (select id from free)
+ where j.id = v.id and {by_key("free")}
 returning j.id, j.lease_token
-), pairs as (
-    select * from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as p(id, token)
 )
 select lease_token::text, true from moved
 union all

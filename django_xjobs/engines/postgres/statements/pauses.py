@@ -132,7 +132,7 @@ run again later (docs/design.md, "Lock order").
 with one as (
     select %(id)s::uuid as id, %(token)s::uuid as token
 ), free as materialized (
-    {free_runs_sql("array[%(id)s::uuid]", "array[%(token)s::uuid]")}
+    {free_runs_sql("one")}
 ), pause_row as materialized (
     select id from x_flow_pauses
      where kind = 'key' and key = %(key)s
