@@ -116,11 +116,12 @@ def test_each_statement_is_a_single_statement(key, stmt):
 )
 def test_each_if_owned_write_is_fenced_on_the_token_and_running(key, stmt):
     # Every write a worker makes about a run matches (id, running, token): docs/architecture.md,
-    # "Fencing".
+    # "Fencing". The batch writes lock each run's row by its pair (p.id, p.token) first
+    # (fragments.free_runs_sql), the single ones by the run's own parameters.
     sql = " ".join(stmt.sql.split())
-    assert re.search(r"lease_token = (%\(token\)s(::uuid)?|v\.token)", sql), key
+    assert re.search(r"lease_token = (%\(token\)s(::uuid)?|[vp]\.token)", sql), key
     assert re.search(r"state = 'running'", sql), key
-    assert re.search(r"\bid = (%\(id\)s|%\(job_id\)s::uuid|v\.id)", sql), key
+    assert re.search(r"\bid = (%\(id\)s|%\(job_id\)s::uuid|[vp]\.id)", sql), key
 
 
 def test_the_engine_runs_only_statements_of_the_module_and_all_of_them():

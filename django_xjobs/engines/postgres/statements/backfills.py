@@ -21,16 +21,19 @@ from ...base import Statement
 # order"). The worker's heartbeat, which skips a row held here, keeps the run's lease beside it
 # meanwhile. Lock order is x_jobs then x_backfills everywhere (backfills.cancel too).
 _BACKFILL_OWNER = """owner as materialized (
-    select id from only x_jobs
-     where id = %(job_id)s::uuid and state = 'running' and lease_token = %(token)s::uuid
-       for update skip locked
+    select o.id from (select id, state from only x_jobs
+                       where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
+                      offset 0
+                         for update skip locked) o
+     where o.state = 'running'
 )"""
 # The last column of every fenced answer: nothing written because another transaction holds the
-# job's row, which is still this run's.
+# job's row, which is still this run's. (Both probes name the key and the token only: `offset 0`
+# keeps `state = 'running'` out of them, fragments.free_runs_sql says why.)
 _BUSY = """not exists (select 1 from owner)
-       and exists (select 1 from only x_jobs
-                    where id = %(job_id)s::uuid and state = 'running'
-                      and lease_token = %(token)s::uuid)"""
+       and coalesce((select state = 'running' from only x_jobs
+                      where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
+                     offset 0), false)"""
 
 BACKFILL_COLUMNS = (
     "run_id, name, status, rows_processed, last_cursor, checksum, app_version, started_at,"

@@ -607,8 +607,7 @@ with {_ONE_RUN}, free as materialized (
            last_error  = %(error)s,
            attempts    = {attempt_entry_sql("%(outcome)s::text", error="%(error)s::text")},
            updated_at  = now()
-     where id = %(id)s and lease_token = %(token)s and state = 'running'
-       and id in (select id from free where id not in (select id from stuck))
+     where id = any(array(select id from free where id not in (select id from stuck)))
     returning id, state, queue, name, {elapsed_ms_sql("started_at")} as run_ms
 ), tallied as (
     {count_sql("settled", failed="count(*)", dead="count(*) filter (where state = 'dead')",
@@ -635,8 +634,7 @@ with {_ONE_RUN}, free as materialized (
 ), moved as (
     update only x_jobs
        {REQUEUE_SET}
-     where id = %(id)s and lease_token = %(token)s and state = 'running'
-       and id in (select id from free)
+     where id = any(array(select id from free))
     returning id, state
 )
 select state from moved
@@ -661,8 +659,7 @@ with {_ONE_RUN}, free as materialized (
     update only x_jobs
        set state = 'suspended', run_at = %(wake_at)s, visible_at = null, updated_at = now(),
            attempts = {attempt_entry_sql("'suspended'")}
-     where id = %(id)s and lease_token = %(token)s and state = 'running'
-       and id in (select id from free)
+     where id = any(array(select id from free))
     returning id
 )
 select id::text from parked
@@ -687,8 +684,7 @@ with {_ONE_RUN}, free as materialized (
     update only x_jobs
        set progress = jsonb_build_object('done', %(done)s::float8, 'total', %(total)s::float8,
                                          'message', %(message)s::text, 'at', now())
-     where id = %(id)s and lease_token = %(token)s and state = 'running'
-       and id in (select id from free)
+     where id = any(array(select id from free))
     returning id
 )
 select id::text from reported

@@ -140,8 +140,7 @@ with one as (
 ), requeued as (
     update only x_jobs
        {REQUEUE_SET}
-     where id = %(id)s and lease_token = %(token)s and state = 'running'
-       and id in (select id from free)
+     where id = any(array(select id from free))
        and not exists (select 1 from x_flow_pauses
                         where kind = 'key' and key = %(key)s
                           and id not in (select id from pause_row))

@@ -18,17 +18,21 @@ from .fragments import CHANNEL
 # cancel can take the job between the check and the commit (a snapshot EXISTS could not stop a
 # claim committed a moment after it read). SKIP LOCKED: a row another transaction holds is not
 # waited for; the statement answers `busy` (_BUSY) and the run writes again once it is free.
+# The probe names the key and the token only (`offset 0` keeps `state = 'running'` out of it;
+# fragments.free_runs_sql says why).
 _OWNER = """owner as materialized (
-    select id from only x_jobs
-     where id = %(job_id)s::uuid and lease_token = %(token)s::uuid and state = 'running'
-       for share skip locked
+    select o.id from (select id, state from only x_jobs
+                       where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
+                      offset 0
+                         for share skip locked) o
+     where o.state = 'running'
 )"""
 _OWNED = "exists (select 1 from owner)"
 # Not written because another transaction holds the job's row, which is still this run's.
 _BUSY = """(not exists (select 1 from owner)
-        and exists (select 1 from only x_jobs
-                     where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
-                       and state = 'running')) as busy"""
+        and coalesce((select state = 'running' from only x_jobs
+                       where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
+                      offset 0), false)) as busy"""
 
 STEPS_OF_RUN = Statement(
     "steps_of_run",
