@@ -222,21 +222,26 @@ def test_the_unblock_wakes_what_has_room_reading_only_that(engine, million):
 # not hash the table to the CTE.
 
 RUNNING = 50
+# Running in the table: the statistics, taken before they were claimed, count none of them, as a
+# generic plan made while few jobs ran does. A fenced write that walked the partial index of
+# running rows (rather than one key probe per run) would read all of them per run.
+CLAIMED = 5_000
 
 
 @pytest.fixture(scope="module")
 def running(million, django_db_blocker) -> Iterator[list[tuple[str, str]]]:
-    """RUNNING of the million jobs claimed (running, a lease and a token each): (id, token)."""
+    """CLAIMED of the million jobs claimed (running, a lease and a token each), unknown to the
+    statistics: (id, token) of RUNNING of them."""
     with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("analyze x_jobs")
         cursor.execute("""
             update x_jobs set state = 'running', lease_token = gen_random_uuid(), attempt = 1,
                               visible_at = now() + interval '1 hour', started_at = now()
              where id in (select id from x_jobs where queue = 'fair' order by run_at desc
                           limit %(n)s)
-            returning id::text, lease_token::text""", {"n": RUNNING})
+            returning id::text, lease_token::text""", {"n": CLAIMED})
         pairs = cursor.fetchall()
-        cursor.execute("analyze x_jobs")
-    yield pairs
+    yield sorted(pairs)[:RUNNING]
 
 
 def fenced(pairs: list[tuple[str, str]]) -> dict:
