@@ -19,6 +19,8 @@ a row lock another transaction holds, and every multi-row statement locks in one
   before it changes the job, SKIP LOCKED (fragments.settle_locks_sql).
 """
 
+import importlib
+
 from django.db import migrations, models
 
 REQUIRE_READ_COMMITTED = r"""
@@ -107,54 +109,14 @@ language sql volatile as $fn$
 $fn$;
 """
 
-RATE_TAKE_REVERSE = r"""
-drop function if exists xjobs_rate_take(text[], int[], bigint[], int[], boolean);
-create or replace function xjobs_rate_take(
-    p_keys text[], p_limits int[], p_periods_ms bigint[], p_costs int[])
-returns table (ord bigint, next_at timestamptz)
-language plpgsql volatile as $fn$
-declare
-    k text;
-    lim int;
-    per interval;
-    used bigint;
-    r record;
-    u record;
-    freed bigint;
-begin
-    for k in select distinct x from unnest(p_keys) as x where x is not null order by 1 loop
-        perform pg_advisory_xact_lock(hashtextextended('xjobs:rate:' || k, 0));
-        select min(q.lim), max(q.per) * interval '1 millisecond' into lim, per
-          from unnest(p_keys, p_limits, p_periods_ms) as q(key, lim, per) where q.key = k;
-        delete from x_rate_units
-         where key = k and at <= now() - per - interval '1 minute';
-        select coalesce(sum(cost), 0) into used
-          from x_rate_units where key = k and at > now() - per;
-        for r in select q.n, q.cost
-                   from unnest(p_keys, p_costs) with ordinality as q(key, cost, n)
-                  where q.key = k order by q.n loop
-            if used + r.cost <= lim then
-                insert into x_rate_units (key, at, cost) values (k, now(), r.cost);
-                used := used + r.cost;
-                ord := r.n; next_at := null;
-            else
-                freed := 0; next_at := 'infinity';
-                for u in select at, cost from x_rate_units
-                          where key = k and at > now() - per order by at loop
-                    freed := freed + u.cost;
-                    if used - freed + r.cost <= lim then
-                        next_at := u.at + per;
-                        exit;
-                    end if;
-                end loop;
-                ord := r.n;
-            end if;
-            return next;
-        end loop;
-    end loop;
-end
-$fn$;
-"""
+# The reverse of each: the text the earlier migration installed (and, for the rate take, the
+# five-argument form dropped first).
+def _earlier(migration: str, name: str) -> str:
+    return getattr(importlib.import_module(f"django_xjobs.migrations.{migration}"), name)
+
+
+RATE_TAKE_REVERSE = ("drop function if exists xjobs_rate_take(text[], int[], bigint[], int[],"
+                     " boolean);\n" + _earlier("0003_flow_control", "RATE_TAKE") + ";")
 
 # x_jobs_transition as migration 0007 made it, the parent's wake-up skipping a parent row
 # another transaction holds.
@@ -204,41 +166,8 @@ end
 $fn$;
 """
 
-TRANSITION_REVERSE = r"""
-create or replace function xjobs_job_transition() returns trigger
-language plpgsql as $fn$
-declare
-    v_finished boolean := new.state in ('done', 'dead', 'cancelled');
-    v_pending integer;
-    v_queue text;
-begin
-    if new.unique_for_ms is not null then
-        update x_job_keys
-           set finished_at = case when v_finished then coalesce(new.finished_at, now()) end
-         where name = new.name and tenant = coalesce(new.tenant_id, '')
-           and key = new.idempotency_key and job_id = new.id;
-    end if;
-    if new.parent_id is not null then
-        update only x_job_steps s
-           set pending = s.pending + case when v_finished then -1 else 1 end
-          from only x_jobs p
-         where p.id = new.parent_id and s.run_id = p.run_id
-           and s.name = new.parent_step and s.status = 'invoking'
-        returning s.pending into v_pending;
-        if v_pending <= 0 then
-            update only x_jobs
-               set run_at = now(), updated_at = now()
-             where id = new.parent_id and state = 'suspended'
-            returning queue into v_queue;
-            if v_queue is not null then
-                perform pg_notify('xjobs', v_queue);
-            end if;
-        end if;
-    end if;
-    return null;
-end
-$fn$;
-"""
+TRANSITION_REVERSE = _earlier("0007_durable_further", "TRANSITION").split(
+    "create trigger x_jobs_transition")[0]
 
 # x_jobs_cron_overlap as migration 0009 made it, the release skipping a buffered run another
 # transaction holds (jobs_unblock releases it then).
@@ -273,32 +202,8 @@ end
 $fn$;
 """
 
-RELEASE_REVERSE = r"""
-create or replace function xjobs_cron_overlap_release() returns trigger
-language plpgsql as $fn$
-declare
-    v_woken int;
-begin
-    if exists (select 1 from only x_jobs
-                where enqueued_by = old.enqueued_by and enqueued_by like 'cron:%'
-                  and state in ('ready', 'delayed', 'running', 'suspended', 'blocked')
-                  and not (state = 'blocked' and blocked_on = enqueued_by)) then
-        return null;
-    end if;
-    with woken as (
-        update only x_jobs
-           set state = case when blocked_resume then 'suspended' else 'ready' end,
-               blocked_on = null, blocked_resume = false, updated_at = now()
-         where enqueued_by = old.enqueued_by and enqueued_by like 'cron:%'
-           and state = 'blocked' and blocked_on = old.enqueued_by
-        returning queue
-    )
-    select count(pg_notify('xjobs', q.queue)) into v_woken
-      from (select distinct queue from woken) q;
-    return null;
-end
-$fn$;
-"""
+RELEASE_REVERSE = _earlier("0009_cron_overlap", "RELEASE").split(
+    "create trigger x_jobs_cron_overlap")[0]
 
 
 class Migration(migrations.Migration):

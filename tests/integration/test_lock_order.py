@@ -95,6 +95,33 @@ def held(sql: str, *args: Any) -> Iterator[Any]:
         other.close()
 
 
+@contextmanager
+def held_by_django(body: Callable[[], Any]) -> Iterator[None]:
+    """``body()`` in a transaction.atomic() of a thread of its own (the application's code, on
+    Django's connection), left open while the block runs, committed after it."""
+    from django.db import transaction
+
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                body()
+                locked.set()
+                assert release.wait(30), "the test never let the transaction commit"
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert locked.wait(30), "the transaction did not take its locks"
+        yield
+    finally:
+        release.set()
+        thread.join(30)
+
+
 def a_running(engine, n: int = 2, queue: str = "locks", *, lease_ms: int = LEASE_MS):
     for _ in range(n):
         enqueue(engine, queue=queue)
@@ -216,35 +243,16 @@ def test_a_claim_leaves_a_lapsed_child_whose_parents_step_row_is_held_and_buries
 
 def test_an_operators_cancel_of_a_family_held_open_turns_the_childs_ack_away_not_waiting(
         engine):
-    from django.db import transaction
-
     from django_xjobs import api
 
     parent, _kids = a_parent_waiting_on(engine, 2)
     children = claim(engine, "kids", 2)
-    locked, release = threading.Event(), threading.Event()
-
-    def operator() -> None:
-        try:
-            with transaction.atomic():
-                api.cancel(parent.id, reason="operator")  # children first, then the parent
-                locked.set()
-                assert release.wait(30)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=operator)
-    thread.start()
-    try:
-        assert locked.wait(30)
-        report = never_waits(lambda: get_engine().jobs_complete_if_owned(
-            [Completion(claim=c.claim, result_json="1") for c in children]))
+    acks = [Completion(claim=c.claim, result_json="1") for c in children]
+    # Children first, then the parent, in a transaction the operator has not committed.
+    with held_by_django(lambda: api.cancel(parent.id, reason="operator")):
+        report = never_waits(lambda: get_engine().jobs_complete_if_owned(acks))
         assert report.busy == {c.lease_token for c in children}
-    finally:
-        release.set()
-        thread.join(30)
-    report = engine.jobs_complete_if_owned(
-        [Completion(claim=c.claim, result_json="1") for c in children])
+    report = engine.jobs_complete_if_owned(acks)
     assert report.lost == {c.lease_token for c in children}  # cancelled meanwhile
 
 
@@ -329,70 +337,36 @@ def test_a_slot_renewal_and_release_skip_a_held_slot_row(engine):
 
 
 def test_a_claim_never_waits_on_a_slot_a_users_transaction_is_acquiring(engine):
-    from django.db import transaction
-
     from django_xjobs.worker.flow import claim_flow
     from tests.testapp import jobs
 
-    locked, release = threading.Event(), threading.Event()
+    def acquire() -> None:
+        [hold] = JobLease.objects.acquire(
+            SlotRequest(slot_key="slot:g", limit=2, holder="user"), ttl=60)
+        assert hold.slot == 0
 
-    def user() -> None:
-        try:
-            with transaction.atomic():
-                [hold] = JobLease.objects.acquire(
-                    SlotRequest(slot_key="slot:g", limit=2, holder="user"), ttl=60)
-                assert hold.slot == 0
-                locked.set()
-                assert release.wait(30)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=user)
-    thread.start()
-    try:
-        assert locked.wait(30)
-        jobs.slotted.using(queue="slotq").enqueue(group="g")
-
-        flow = claim_flow(conf.get(), [jobs.slotted], ["slotq"])
+    jobs.slotted.using(queue="slotq").enqueue(group="g")
+    flow = claim_flow(conf.get(), [jobs.slotted], ["slotq"])
+    with held_by_django(acquire):
         [job] = never_waits(lambda: get_engine().jobs_claim(
             wants={"slotq": 1}, worker_id="w", lease_ms=LEASE_MS, flow=flow))
         assert job.slot == 1  # slot 0 is the user's, not committed: not waited for
-    finally:
-        release.set()
-        thread.join(30)
 
 
 # ------------------------------------------------------------------------- the rate budget --
 
 
 def test_a_claim_never_waits_on_a_rate_key_a_users_transaction_is_spending(engine):
-    from django.db import transaction
-
     from django_xjobs.worker.flow import claim_flow
     from tests.testapp import jobs
 
-    locked, release = threading.Event(), threading.Event()
+    def spend() -> None:
+        assert RateLimit(key="partner", limit=50, period=timedelta(seconds=1)).try_acquire()
 
-    def user() -> None:
-        try:
-            with transaction.atomic():
-                assert RateLimit(key="partner", limit=50, period=timedelta(seconds=1)
-                                 ).try_acquire()
-                locked.set()
-                assert release.wait(30)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=user)
-    thread.start()
-    try:
-        assert locked.wait(30)
-        jobs.fleet_rated.using(queue="rated").enqueue()
-        flow = claim_flow(conf.get(), [jobs.fleet_rated], ["rated"])
+    jobs.fleet_rated.using(queue="rated").enqueue()
+    flow = claim_flow(conf.get(), [jobs.fleet_rated], ["rated"])
+    with held_by_django(spend):
         batch = never_waits(lambda: get_engine().jobs_claim(
             wants={"rated": 1}, worker_id="w", lease_ms=LEASE_MS, flow=flow))
         assert (len(batch), batch.held) == (0, 1)  # due again a moment later
         assert batch.retry_at is not None and batch.retry_at <= batch.now + timedelta(seconds=1)
-    finally:
-        release.set()
-        thread.join(30)

@@ -8,6 +8,7 @@ cancel, and the listing, are not fenced.
 from __future__ import annotations
 
 from ...base import Statement
+from .fragments import RUN_OWNER_BUSY, run_owner_sql
 
 # The fence of every backfill write a worker makes: the pass's job row, still owned by this run,
 # LOCKED until the end of the writer's transaction. A plain EXISTS is not enough here: under READ
@@ -20,20 +21,10 @@ from ...base import Statement
 # answers `busy` (_BUSY), and the run writes again once the row is free (docs/design.md, "Lock
 # order"). The worker's heartbeat, which skips a row held here, keeps the run's lease beside it
 # meanwhile. Lock order is x_jobs then x_backfills everywhere (backfills.cancel too).
-_BACKFILL_OWNER = """owner as materialized (
-    select o.id from (select id, state from only x_jobs
-                       where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
-                      offset 0
-                         for update skip locked) o
-     where o.state = 'running'
-)"""
+_BACKFILL_OWNER = run_owner_sql("for update")
 # The last column of every fenced answer: nothing written because another transaction holds the
-# job's row, which is still this run's. (Both probes name the key and the token only: `offset 0`
-# keeps `state = 'running'` out of them, fragments.free_runs_sql says why.)
-_BUSY = """not exists (select 1 from owner)
-       and coalesce((select state = 'running' from only x_jobs
-                      where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
-                     offset 0), false)"""
+# job's row, which is still this run's.
+_BUSY = RUN_OWNER_BUSY
 
 BACKFILL_COLUMNS = (
     "run_id, name, status, rows_processed, last_cursor, checksum, app_version, started_at,"

@@ -122,6 +122,49 @@ select id, state from inserted where (select count(*) from notified) >= 0
 # its run's in the statement's snapshot, but held elsewhere; it writes them again later.
 
 
+# The (id, token) pairs of a batch of runs, for free_runs_sql and held_runs_sql.
+RUN_PAIRS = "select * from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as p(id, token)"
+
+
+def run_owner_sql(lock: str) -> str:
+    """The CTE ``owner`` of a run's write that commits with other writes (a step, a backfill
+    batch): the job's row, still this run's, locked with ``lock`` (``for share``, ``for
+    update``) SKIP LOCKED until the write's transaction ends, and ``busy``, the expression that
+    says the write found it held by another transaction. The probe names the key and the token
+    only (`offset 0` keeps `state = 'running'` out of it: free_runs_sql says why)."""
+    return f"""owner as materialized (
+    select o.id from (select id, state from only x_jobs
+                       where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
+                      offset 0
+                         {lock} skip locked) o
+     where o.state = 'running'
+)"""
+
+
+# Not written because another transaction holds the job's row, which is still the run's (with
+# run_owner_sql's ``owner``).
+RUN_OWNER_BUSY = """(not exists (select 1 from owner)
+        and coalesce((select state = 'running' from only x_jobs
+                       where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
+                      offset 0), false))"""
+
+
+def slot_holds_sql(lock: str, *, live: bool) -> str:
+    """The CTEs ``v``, the slot holds of %(keys)s, %(slots)s, %(holders)s, and ``free``, the
+    ids of their rows (``live``: unexpired only) locked with ``lock`` SKIP LOCKED in
+    (lease_key, slot) order."""
+    unexpired = "\n     where l.expires_at > now()" if live else ""
+    return f"""v as (
+    select * from unnest(%(keys)s::text[], %(slots)s::int[], %(holders)s::text[])
+           as v(lease_key, slot, holder)
+), free as materialized (
+    select l.id from x_job_leases l
+      join v on l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder{unexpired}
+     order by l.lease_key, l.slot
+       {lock} of l skip locked
+)"""
+
+
 def free_runs_sql(pairs: str, columns: str = "id") -> str:
     """The ``running`` rows of the runs of the CTE ``pairs`` (id, token), ``columns`` (and
     ``state``) of each, that no other transaction holds: locked one primary-key probe at a time,

@@ -17,6 +17,7 @@ from .fragments import (
     LIVE,
     ON_LIVE_KEY_CONFLICT,
     REQUEUE_SET,
+    RUN_PAIRS,
     SETTLE_COLUMNS,
     attempt_entry_sql,
     by_key,
@@ -713,7 +714,7 @@ other leases, and never hands its run to another worker.
 """,
     sql=f"""
 with v as (
-    select * from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as v(id, token)
+    {RUN_PAIRS}
 ), free as materialized (
     {free_runs_sql("v")}
 ), renewed as (
@@ -1019,7 +1020,7 @@ landed, and those whose row another transaction holds (busy: not written).
 """,
     sql=f"""
 with pairs as (
-    select * from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as p(id, token)
+    {RUN_PAIRS}
 ), free as materialized (
     {free_runs_sql("pairs")}
 ), moved as (

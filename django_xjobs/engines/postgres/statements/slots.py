@@ -13,7 +13,7 @@ jobs_unblock (flow.py) is the periodic safety net of those wake-ups.
 from __future__ import annotations
 
 from ...base import Statement
-from .fragments import grant_slots_sql, notify_queues_sql, wake_blocked_sql
+from .fragments import grant_slots_sql, notify_queues_sql, slot_holds_sql, wake_blocked_sql
 
 SLOTS_ACQUIRE = Statement(
     "slots_acquire",
@@ -64,17 +64,8 @@ The rows are locked first, in (lease_key, slot) order, SKIP LOCKED: a slot row a
 transaction holds this moment is answered `busy` (not renewed, not lost; renewed at the next
 round), never waited for (docs/design.md, "Lock order").
 """,
-    sql="""
-with v as (
-    select * from unnest(%(keys)s::text[], %(slots)s::int[], %(holders)s::text[])
-           as v(lease_key, slot, holder)
-), free as materialized (
-    select l.id from x_job_leases l
-      join v on l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
-     where l.expires_at > now()
-     order by l.lease_key, l.slot
-       for no key update of l skip locked
-), renewed as (
+    sql=f"""
+with {slot_holds_sql("for no key update", live=True)}, renewed as (
     update x_job_leases l
        set expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond'
      where l.id in (select id from free) and l.expires_at > now()
@@ -110,15 +101,7 @@ holds this moment is not deleted (its holder is answered busy, and released agai
 settle), never waited for (docs/design.md, "Lock order").
 """,
     sql=f"""
-with v as (
-    select * from unnest(%(keys)s::text[], %(slots)s::int[], %(holders)s::text[])
-           as v(lease_key, slot, holder)
-), free as materialized (
-    select l.id from x_job_leases l
-      join v on l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
-     order by l.lease_key, l.slot
-       for update of l skip locked
-), gone as (
+with {slot_holds_sql("for update", live=False)}, gone as (
     delete from x_job_leases l
      where l.id in (select id from free)
     returning l.lease_key, l.slot, l.holder

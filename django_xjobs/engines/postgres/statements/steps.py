@@ -9,7 +9,7 @@ in maintenance.py with the other retention deletes.
 from __future__ import annotations
 
 from ...base import Statement
-from .fragments import CHANNEL
+from .fragments import CHANNEL, RUN_OWNER_BUSY, run_owner_sql
 
 # ----------------------------------------------------------------------------------- steps --
 
@@ -18,21 +18,9 @@ from .fragments import CHANNEL
 # cancel can take the job between the check and the commit (a snapshot EXISTS could not stop a
 # claim committed a moment after it read). SKIP LOCKED: a row another transaction holds is not
 # waited for; the statement answers `busy` (_BUSY) and the run writes again once it is free.
-# The probe names the key and the token only (`offset 0` keeps `state = 'running'` out of it;
-# fragments.free_runs_sql says why).
-_OWNER = """owner as materialized (
-    select o.id from (select id, state from only x_jobs
-                       where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
-                      offset 0
-                         for share skip locked) o
-     where o.state = 'running'
-)"""
+_OWNER = run_owner_sql("for share")
 _OWNED = "exists (select 1 from owner)"
-# Not written because another transaction holds the job's row, which is still this run's.
-_BUSY = """(not exists (select 1 from owner)
-        and coalesce((select state = 'running' from only x_jobs
-                       where id = %(job_id)s::uuid and lease_token = %(token)s::uuid
-                      offset 0), false)) as busy"""
+_BUSY = f"{RUN_OWNER_BUSY} as busy"
 
 STEPS_OF_RUN = Statement(
     "steps_of_run",
@@ -188,7 +176,7 @@ with {_OWNER}, step as materialized (
               coalesce(wake_at, now() + interval '1 hour') as park_at
 )
 select w.output, w.opened, w.due, w.park_at,
-       {_BUSY.replace(" as busy", "")} or exists (select 1 from held) as busy
+       {RUN_OWNER_BUSY} or exists (select 1 from held) as busy
   from (select 1) one
   left join written w on true
 """,
