@@ -88,6 +88,14 @@ def shifted_env(lib: str, shift: str) -> dict[str, str]:
             "DONT_FAKE_MONOTONIC": "1"}  # the older name of the same switch
 
 
+def shifted_clock(lib: str, shift: str, sign: int) -> dict[str, str]:
+    """shifted_env, checked: a Python child under it reads its wall clock ``shift`` off."""
+    env = shifted_env(lib, shift)
+    offset = child_clock_offset(env)
+    assert abs(offset - sign * 3600) < 600, f"the child's clock is not {shift}: {offset:+.0f}s"
+    return env
+
+
 def child_clock_offset(env: dict[str, str]) -> float:
     """Seconds a Python child under ``env`` reads ahead of this process's wall clock."""
     before = time.time()
@@ -110,9 +118,7 @@ def test_a_worker_an_hour_off_keeps_due_times_leases_and_cron_on_the_database_cl
         spawn_worker, faketime_lib, shift, sign):
     from tests.testapp.jobs import record, sleepy_polite
 
-    env = shifted_env(faketime_lib, shift)
-    offset = child_clock_offset(env)
-    assert abs(offset - sign * 3600) < 600, f"the child's clock is not {shift}: {offset:+.0f}s"
+    env = shifted_clock(faketime_lib, shift, sign)
 
     start = db_now()
     SchedulerState.objects.create(task_name="tick", last_fired_at=start)
@@ -175,9 +181,7 @@ def operator(env: dict[str, str], *args: str) -> str:
 @pytest.mark.parametrize("shift,sign", [("+1h", 1), ("-1h", -1)], ids=["ahead", "behind"])
 def test_an_operator_an_hour_off_pauses_and_resumes_cron_on_the_database_clock(
         transactional_db, faketime_lib, shift, sign):
-    env = shifted_env(faketime_lib, shift)
-    offset = child_clock_offset(env)
-    assert abs(offset - sign * 3600) < 600, f"the child's clock is not {shift}: {offset:+.0f}s"
+    env = shifted_clock(faketime_lib, shift, sign)
 
     # A task that never ran: pausing gives it a row, from the database's now (an hour ahead, it
     # would fire nothing for an hour once resumed).
