@@ -102,6 +102,12 @@ def worker_waits_on_a_lock(worker_id: str) -> list[tuple]:
         return cursor.fetchall()
 
 
+def db_now():
+    from django_xjobs.engines import get_engine
+
+    return get_engine().db_now()
+
+
 def starts(job_id) -> list:
     from tests.testapp.models import Effect
 
@@ -194,8 +200,15 @@ def test_a_transaction_held_open_past_the_lease_stalls_nothing_else(start_worker
     finally:
         release.set()
         holder.join(30)
+        released = db_now()
     expected = "cancelled" if how == "operator" else "done"
     assert wait_state(held.id, "done", "cancelled", "dead").state == expected
+    pickups = [(j.started_at - j.created_at).total_seconds() * 1000
+               for j in Job.objects.filter(id__in=[m.id for m in meanwhile])]
+    settled = Job.objects.get(id=held.id).finished_at
+    print(f"\nheld figures ({how}): the slowest pick-up of the jobs enqueued meanwhile "
+          f"{max(pickups):.0f} ms; J settled {(settled - released).total_seconds() * 1000:+.0f} ms "
+          "after the transaction ended")
     for job in [held, *others, *meanwhile]:
         row = Job.objects.get(id=job.id)
         assert (row.attempt, row.rescues) == (1, 0), (job.id, row.attempts)
