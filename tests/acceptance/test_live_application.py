@@ -11,8 +11,6 @@ import os
 import random
 import threading
 
-import pytest
-
 from tests.conftest import wait_until
 
 from .conftest import wait_started, wait_state
@@ -236,14 +234,3 @@ def test_transactions_held_open_past_the_lease_stall_nothing_else(start_worker):
     lost = [line for line in log.splitlines() if "lease lost" in line]
     assert all(str(held["operator"].id) in line for line in lost), lost  # the cancel, only
 
-
-@pytest.mark.parametrize("level", ["repeatable read", "serializable"])
-def test_a_worker_whose_sessions_default_to_another_isolation_level_refuses_to_start(
-        spawn_worker, level):
-    # PGOPTIONS: as ALTER ROLE ... SET default_transaction_isolation would, for every session.
-    worker = spawn_worker("--burst", env={
-        "PGOPTIONS": f"-c default_transaction_isolation={level.replace(' ', chr(92) + ' ')}"})
-    assert worker.wait(60) == 1
-    log = worker.log()
-    assert f"the worker's database sessions run at {level.upper()}" in log
-    assert "need READ COMMITTED" in log and "Traceback" not in log

@@ -99,3 +99,15 @@ def test_the_engines_own_transactions_run_at_read_committed_whatever_django_open
     finally:
         del options["isolation_level"]
         connection.close()
+
+
+@pytest.mark.parametrize("level", LEVELS[1:])
+def test_a_worker_whose_sessions_default_to_another_isolation_level_refuses_to_start(
+        spawn_worker, level):
+    # PGOPTIONS: as ALTER ROLE ... SET default_transaction_isolation would, for every session.
+    worker = spawn_worker("--burst", env={
+        "PGOPTIONS": f"-c default_transaction_isolation={level.replace(' ', chr(92) + ' ')}"})
+    assert worker.wait(60) == 1
+    log = worker.log()
+    assert f"the worker's database sessions run at {level.upper()}" in log
+    assert "need READ COMMITTED" in log and "Traceback" not in log
