@@ -226,6 +226,7 @@ class Chaos(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
+        tables.name_session(self.pool.soak, "chaos")
         try:
             next_fault = time.monotonic() + self.rng.uniform(1.0, 3.0)
             while not self.stop.wait(0.25):

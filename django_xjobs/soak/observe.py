@@ -227,6 +227,7 @@ class Observer(threading.Thread):
         self.seen = Observations()
 
     def run(self) -> None:
+        tables.name_session(self.soak, "observer")
         try:
             while not self.stop.wait(INTERVAL):
                 try:

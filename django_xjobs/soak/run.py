@@ -137,6 +137,7 @@ def _pause(interrupted: threading.Event, seconds: float) -> None:
 def _run(options: Options, say: Callable[[str], None], interrupted: threading.Event) -> Report:
     seed = options.seed if options.seed is not None else random.randrange(1, 2**31)
     soak = f"soak{seed}x{secrets.token_hex(2)}"
+    tables.name_session(soak, "main")
     report = Report(seed=seed, soak=soak)
     if _live_jobs(options.queue):
         raise LiveQueue(

@@ -42,6 +42,16 @@ CREATE = (
 )
 
 
+def name_session(soak: str, role: str) -> None:
+    """Name this thread's connection ``xjobs_soak:<soak>:<role>`` when it connects (as a
+    worker's are): behind a transaction pooler a client that sets no name gets whatever name the
+    server connection it is lent carries, a worker's say, and the chaos, which finds a worker's
+    sessions by name, would terminate it (docs/soak.md, "The invariants")."""
+    from ..engines import get_engine  # a soak thread's, at its start
+
+    get_engine().name_session(f"xjobs_soak:{soak}:{role}")
+
+
 def alias() -> str:
     """The database of the job tables (``XJOBS["DATABASE"]``): the ledger shares the enqueue's
     transaction there."""

@@ -78,6 +78,7 @@ class Producer(threading.Thread):
         self.weights = [w for k, w in MIX if k in kinds]
 
     def run(self) -> None:
+        tables.name_session(self.w.soak, self.name)
         try:
             next_at = time.monotonic()
             while not self.w.stop.is_set():
