@@ -148,7 +148,6 @@ def test_slot_holders_killed_and_stopped_never_let_a_key_run_more_than_its_limit
     rng = random.Random(seed)
     print(f"chaos seed {seed} (XJOBS_FLEET_SEED reproduces the choice of faults)")
     timing = {"LEASE": "4s", "HEARTBEAT": "0.5s", "SLOT_TTL": "1.5s", "POLL_INTERVAL": "0.2s"}
-    stop_for = 2.2  # longer than SLOT_TTL: the stopped holder's slots lapse and are taken
 
     handles = fleet_slotted.bulk_enqueue(
         [{"group": "chaos", "seconds": rng.uniform(0.1, 0.3)} for _ in range(60)])
@@ -177,7 +176,7 @@ def test_slot_holders_killed_and_stopped_never_let_a_key_run_more_than_its_limit
         while time.monotonic() < deadline and len(faults) < 6:
             if Job.objects.filter(id__in=ids, state="done").count() > 50:
                 break
-            time.sleep(rng.uniform(0.3, 0.8))
+            time.sleep(rng.uniform(0.3, 0.8))  # the chaos schedule: a fault every 0.3-0.8 s
             running = [w for w in workers if w.id in holders()]
             if not running:
                 continue
@@ -192,11 +191,12 @@ def test_slot_holders_killed_and_stopped_never_let_a_key_run_more_than_its_limit
                 faults.append(f"SIGKILL {victim.id}")
             else:
                 os.kill(victim.pid, signal.SIGSTOP)
-                try:
-                    time.sleep(stop_for)
+                try:  # stopped until every slot it holds has lapsed, so others can take them
+                    wait_until(lambda v=victim.id: not _live_slots_of(v),
+                               message=f"the slots of stopped {victim.id} to lapse")
                 finally:
                     os.kill(victim.pid, signal.SIGCONT)
-                faults.append(f"SIGSTOP {victim.id} for {stop_for}s")
+                faults.append(f"SIGSTOP {victim.id} past its slots' TTL")
 
         rows = all_done(handles)
     finally:
@@ -213,6 +213,16 @@ def test_slot_holders_killed_and_stopped_never_let_a_key_run_more_than_its_limit
     assert max_overlap(spans) <= 2
     wait_until(lambda: _live_slots("fleetslot:chaos") == [],
                message="every slot released or lapsed")
+
+
+def _live_slots_of(worker_id: str) -> int:
+    """How many unexpired slots the worker's runs hold (a holder ends in ``/<worker id>``)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("select count(*) from x_job_leases where holder like %s"
+                    " and expires_at > now()", [f"%/{worker_id}"])
+        return cur.fetchone()[0]
 
 
 def _live_slots(key: str) -> list:
@@ -297,12 +307,13 @@ def test_four_workers_and_try_acquire_share_one_rate_budget_exactly_and_use_it(s
                 grants += 1
             else:
                 refusals += 1
-            time.sleep(0.03)
+            time.sleep(0.03)  # a paced client: about 30 requests a second
         end = db_now()
         for w in workers:  # a killed claim rolls back: nothing is granted after this
             w.signal(signal.SIGKILL)
             wait_exit(w)
-        time.sleep(0.2)
+        rounds = sampler.rounds  # one whole round after the last worker died
+        wait_until(lambda: sampler.rounds >= rounds + 2, message="a sample after the kills")
     finally:
         sampler.finish()
     from django.db import connection
@@ -458,7 +469,8 @@ def test_a_unit_deleted_by_a_later_clock_is_still_counted_by_an_earlier_one(tran
 
     assert budget.try_acquire()
     first = units()[0]
-    time.sleep(0.3)
+    wait_until(lambda: db_now() > first + timedelta(milliseconds=300),
+               message="the second unit to be 0.3 s after the first")
     assert budget.try_acquire()  # two units in [first, first + 1 s): the budget is spent
     granted: list[datetime] = list(units())
     assert len(granted) == 2
@@ -479,7 +491,8 @@ def test_a_unit_deleted_by_a_later_clock_is_still_counted_by_an_earlier_one(tran
         finally:
             connection.close()
 
-    time.sleep(0.2)
+    wait_until(lambda: db_now() > granted[1] + timedelta(milliseconds=200),
+               message="the late transaction to start 0.2 s after the second unit")
     late = threading.Thread(target=earlier_clock)
     late.start()
     assert ready.wait(10)

@@ -12,20 +12,22 @@ import asyncio
 import json
 import logging
 import math
-import time
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db.models.functions import Now
 
 from django_xjobs import api, clock, job
 from django_xjobs.context import MAX_PROGRESS_MESSAGE
 from django_xjobs.engines import get_engine
 from django_xjobs.exceptions import InvalidJobInput
+from django_xjobs.models import Job
 from django_xjobs.records import ATTEMPT_OUTCOMES, ProgressRecord
 from django_xjobs.testing import drain, make_context, travel
 from django_xjobs.testing.inline import WORKER_ID
+from tests.conftest import wait_until
 from tests.testapp import jobs as testapp_jobs
 
 transactional = pytest.mark.django_db(transaction=True)
@@ -193,7 +195,8 @@ def test_the_progress_statement_is_fenced_on_the_lease_token():
     first = engine.job_claim_if_due(str(handle.id), worker_id="w1", lease_ms=100)
     assert engine.job_progress_if_owned(first.claim, done=1, total=2, message="mine")
     # The lease lapses and another worker claims the job: the first run's writes are refused.
-    time.sleep(0.3)
+    wait_until(lambda: Job.objects.filter(pk=handle.id, visible_at__lt=Now()).exists(),
+               message="the first run's lease to lapse")
     second = engine.jobs_claim(wants={"default": 1}, worker_id="w2", lease_ms=30_000)
     assert [c.id for c in second] == [str(handle.id)]
     assert not engine.job_progress_if_owned(first.claim, done=2, total=2, message="stale")
