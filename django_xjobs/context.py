@@ -34,6 +34,12 @@ BUSY_RETRY_MAX = 1.0
 
 T = TypeVar("T")
 
+
+def busy_pause(previous: float) -> float:
+    """The pause before writing a busy row again, after ``previous`` (0.0: the first try
+    found it busy): BUSY_RETRY_FIRST, then doubling up to BUSY_RETRY_MAX."""
+    return min(BUSY_RETRY_MAX, 2 * previous) if previous else BUSY_RETRY_FIRST
+
 # What a run's progress writer receives: done, total (or None), message (or None).
 ProgressValues = tuple[float, float | None, str | None]
 
@@ -330,11 +336,11 @@ def until_free(write: Callable[[], T], stop: StopSignal | threading.Event,
     """``write()`` again while it raises RowBusy, on BUSY_RETRY_FIRST..BUSY_RETRY_MAX: a step's
     or a batch's fenced write whose job row another transaction holds. Between tries the run
     may be stopped (``stop`` set: its lease lost, the job cancelled): ``check()`` then raises."""
-    pause = BUSY_RETRY_FIRST
+    pause = 0.0
     while True:
         try:
             return write()
         except RowBusy:
+            pause = busy_pause(pause)
             if stop.wait(pause):
                 check()
-            pause = min(BUSY_RETRY_MAX, pause * 2)

@@ -65,7 +65,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from . import conf, faults
-from .context import BUSY_RETRY_FIRST, BUSY_RETRY_MAX, in_thread, until_free
+from .context import busy_pause, in_thread, until_free
 from .engines import get_engine
 from .exceptions import (
     ChildFailed,
@@ -332,7 +332,7 @@ class Steps:
             timed_out.update(c.id for c in outcome)
             params = None
             if cancelled < len(outcome):
-                pause = min(BUSY_RETRY_MAX, pause * 2) if pause else BUSY_RETRY_FIRST
+                pause = busy_pause(pause)
                 if self._ctx.cancelled.wait(pause):
                     self._ctx.check_cancelled()
         if isinstance(outcome, StepSuspended):

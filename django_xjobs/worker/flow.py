@@ -31,7 +31,7 @@ from typing import Protocol, TypeVar
 
 from .. import clock, registry, slots
 from ..conf import XJobsSettings
-from ..context import BUSY_RETRY_FIRST, BUSY_RETRY_MAX
+from ..context import busy_pause
 from ..engines import Engine
 from ..exceptions import SLOT_LOST
 from ..ratelimits import rate_limit_of
@@ -190,8 +190,7 @@ class Flow:
             return
         _released, self._releases = self.engine.slots_release_if_held(self._releases)
         if self._releases:
-            self._release_pause = (BUSY_RETRY_FIRST if not self._release_pause
-                                   else min(BUSY_RETRY_MAX, 2 * self._release_pause))
+            self._release_pause = busy_pause(self._release_pause)
             self.release_retry_at = clock.monotonic() + self._release_pause
         else:
             self._release_pause, self.release_retry_at = 0.0, None

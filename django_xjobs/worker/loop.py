@@ -78,7 +78,7 @@ from django.db import connections, reset_queries
 
 from .. import clock, conf, faults, registry
 from ..base import child_params
-from ..context import BUSY_RETRY_FIRST, BUSY_RETRY_MAX, JobContext
+from ..context import BUSY_RETRY_FIRST, BUSY_RETRY_MAX, JobContext, busy_pause
 from ..engines import get_engine
 from ..exceptions import SLOT_LOST, ConfigurationError, JobCancelled, SlotLost, XJobsError
 from ..records import ClaimedJob, Completion, Fence, Renewal, RunOwner, SlotHold
@@ -861,8 +861,7 @@ class Worker:
         and nothing waited. Write it again at a later settle, the pause doubling up to
         BUSY_RETRY_MAX; the heartbeat keeps the run's lease meanwhile."""
         now = clock.monotonic()
-        run.busy_pause = (BUSY_RETRY_FIRST if not run.busy_pause
-                          else min(BUSY_RETRY_MAX, 2 * run.busy_pause))
+        run.busy_pause = busy_pause(run.busy_pause)
         run.retry_at = now + run.busy_pause
         if run.held_since is None:
             run.held_since = now

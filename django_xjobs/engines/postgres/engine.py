@@ -1223,9 +1223,8 @@ class PostgresEngine(Engine):
         """A backfill write (fenced by a lock on the job's row taken SKIP LOCKED): its answer,
         None when it wrote nothing (the run lost its job, or the pass is not running), RowBusy
         when another transaction holds the job's row."""
-        row = self._run(stmt, {**self._owner(owner), **params}, fetch="one")
-        if row[-1]:
-            raise RowBusy(f"{stmt.name}: the job's row is held by another transaction")
+        row = self._unless_busy(self._run(stmt, {**self._owner(owner), **params}, fetch="one"),
+                                stmt.name)
         return None if row[0] is None else row[:-1]
 
     def backfill_start_if_owned(self, owner: RunOwner, *, name: str, checksum: str,
