@@ -575,6 +575,29 @@ class WorkerRow(models.Model):
         return self.id
 
 
+class Fleet(models.Model):
+    """What the processes sharing these tables can read (docs/deployment.md, "Mixed versions"):
+    at most one row. ``compatible_with`` names the oldest release series (``"0.1"``) that may
+    still run against the tables; while it is set, this version writes nothing that series
+    cannot read (``django_xjobs/versions.py`` lists what it holds back). No row, or a NULL, means
+    every process runs this version or a newer one. Migration 0012 writes the row when it
+    upgrades tables an earlier version used; ``manage.py xjobs fleet --finish-upgrade`` clears
+    it once the old processes are gone."""
+
+    id = models.BooleanField(primary_key=True, default=True, db_default=True)
+    compatible_with = models.TextField(null=True, blank=True)
+    changed_at = models.DateTimeField(db_default=Now())
+    changed_by = models.TextField(default="", db_default="")
+
+    class Meta:
+        db_table = "x_fleet"
+        verbose_name = "fleet"
+        constraints = [models.CheckConstraint(condition=Q(id=True), name="x_fleet_one_row")]
+
+    def __str__(self) -> str:
+        return f"compatible with {self.compatible_with or 'this version'}"
+
+
 class BigIntArray(models.Field):
     """A ``bigint[]`` column, read and written as a list of ints by psycopg: the counters'
     histograms and durations, without asking projects to install django.contrib.postgres for

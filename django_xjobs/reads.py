@@ -50,13 +50,14 @@ from django.db.models.functions import Cast, Left, Length, Now
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import conf, counters, registry, scheduler, slots
+from . import conf, counters, registry, scheduler, slots, versions
 from .engines import get_engine
 from .exceptions import ConfigurationError, JobNotFound
 from .models import Backfill, Job, JobEvent, JobLease, JobStep, OutboxEntry, SchedulerLeader
 from .records import (
     DEFAULT_MAX_STALL,
     TERMINAL_STATES,
+    FleetRecord,
     HistoryTable,
     QueueDepth,
     TableHealth,
@@ -299,17 +300,26 @@ class Health:
     # The history tables of finished jobs, newest day first (docs/scheduling.md, "History
     # tables"); empty under a tenant scope.
     history: list[HistoryTable] = field(default_factory=list)
+    # The fleet's compatibility (x_fleet; docs/deployment.md, "Mixed versions"): what this
+    # version holds back while older processes may share the tables. None under a tenant scope.
+    compatibility: FleetRecord | None = None
 
     @property
     def stalled(self) -> list[WorkerRecord]:
         return [w for w in self.workers if w.stalled]
 
     @property
+    def held_back(self) -> list[str]:
+        """What this version does not write yet because the fleet is kept compatible with an
+        older release; empty once the upgrade is finished."""
+        return versions.held_back(self.compatibility) if self.compatibility else []
+
+    @property
     def verdict(self) -> str:
         verdicts = [r.verdict for r in self.tables] + [h.verdict for h in self.holders]
         if self.stalled:
             verdicts.append(BAD)
-        if self.lapsed_count:
+        if self.lapsed_count or self.held_back:
             verdicts.append(WARN)
         return BAD if BAD in verdicts else WARN if WARN in verdicts else OK
 
@@ -782,6 +792,7 @@ def health(tenants: TenantScope = None, *, query_text: bool = True,
         tables=[judge_table(t) for t in engine.tables_health()] if tenants is None else [],
         holders=holders, workers=fleet(tenants, max_stall=max_stall), query_text=query_text,
         history=engine.history_tables() if tenants is None else [],
+        compatibility=engine.fleet_get() if tenants is None else None,
     )
 
 
@@ -1035,7 +1046,8 @@ def as_json(value: Any) -> Any:
 
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {f.name: as_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        for extra in ("live", "last_seen_at", "dead_ratio", "verdict", "outbox_verdict"):
+        for extra in ("live", "last_seen_at", "dead_ratio", "verdict", "outbox_verdict",
+                      "held_back"):
             if hasattr(type(value), extra) and isinstance(getattr(type(value), extra), property):
                 out[extra] = as_json(getattr(value, extra))
         return out

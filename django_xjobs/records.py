@@ -422,6 +422,11 @@ class ClaimFlow:
     weight_queues: tuple[str, ...] = ()  # (queue, tenant) -> weight; '' is the NULL tenant
     weight_tenants: tuple[str, ...] = ()
     weight_values: tuple[int, ...] = ()
+    # Whether a job the claim holds back (no free slot, a paused key) is parked in `blocked`:
+    # not while the fleet is kept compatible with a release that does not know that state
+    # (x_fleet; docs/deployment.md, "Mixed versions"). Then it is due again hold_ms later.
+    park: bool = True
+    hold_ms: int = 1000
 
 
 class ClaimBatch(list[ClaimedJob]):
@@ -933,6 +938,17 @@ class WorkerRecord:
     claimed_at: datetime | None  # when its loop last claimed a job (None: never)
     loop_at: datetime | None  # when its loop last went round
     stalled: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetRecord:
+    """The ``x_fleet`` row (docs/deployment.md, "Mixed versions"): the oldest release series
+    still allowed to share the tables (None: nothing older than this version), and when and by
+    whom that was set (None and "" when no row was ever written)."""
+
+    compatible_with: str | None = None
+    changed_at: datetime | None = None
+    changed_by: str = ""
 
 
 # ------------------------------------------------------------------------------- pauses --

@@ -41,6 +41,7 @@ from ..records import (
     EventRecord,
     Failure,
     FenceReport,
+    FleetRecord,
     FlowFacts,
     HistoryTable,
     InvokeStep,
@@ -552,6 +553,17 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def worker_gone(self, worker_id: str, stale_after: float = 86_400.0) -> None:
         """Delete this worker's row (it stops), and rows not seen for ``stale_after`` s."""
+
+    # ----------------------------------------------------------------------- fleet --
+    @abc.abstractmethod
+    def fleet_get(self) -> FleetRecord:
+        """The fleet's compatibility (x_fleet; docs/deployment.md, "Mixed versions"): an empty
+        record when no row was ever written."""
+
+    @abc.abstractmethod
+    def fleet_set(self, *, compatible_with: str | None, changed_by: str) -> FleetRecord:
+        """Record the oldest release series still allowed to share the tables (None: every
+        process runs this version); the record as written."""
 
     # ---------------------------------------------------------------- flow control --
     @abc.abstractmethod

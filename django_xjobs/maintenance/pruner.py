@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from .. import conf, counters
+from .. import conf, counters, versions
 from ..engines import Engine, get_engine
 from ..records import TERMINAL_STATES
 
@@ -87,8 +87,8 @@ def archive(*, engine: Engine | None = None, settings: conf.XJobsSettings | None
     transaction, for the reason :func:`run_once` gives."""
     engine = engine or get_engine()
     settings = settings or conf.get()
-    if settings.archive_after is None:
-        return 0
+    if settings.archive_after is None or not versions.writes("history", engine.fleet_get()):
+        return 0  # none kept, or a fleet kept compatible with a release without them
     cutoff = (now or engine.db_now()) - timedelta(seconds=settings.archive_after)
     batch = batch_size or settings.maintenance_batch * ARCHIVE_BATCH_FACTOR
     return sum(engine.jobs_archive(state=state, finished_before=cutoff, batch_size=batch,

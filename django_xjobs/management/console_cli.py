@@ -355,6 +355,13 @@ def _print_health(out: _Out, health: reads.Health, overall: str) -> None:
                 f"{t.health.dead_ratio:.0%}", reads.ago(t.health.last_vacuum, now),
                 t.health.xid_age, f"{t.health.xid_age / t.health.freeze_max_age:.0%}",
                 f"{t.verdict} {t.advice}".strip()) for t in health.tables])
+    c = health.compatibility
+    if c is not None and health.held_back:
+        out.line(f"\nmixed versions: the fleet is kept compatible with {c.compatible_with} "
+                 f"(set {reads.ago(c.changed_at, now)} by {c.changed_by}); held back until "
+                 "`manage.py xjobs fleet --finish-upgrade`:")
+        for line in health.held_back:
+            out.line(f"  - {line}")
     out.line("\nhistory tables (finished jobs, newest day first):")
     out.table(("table", "rows (estimate)", "size"),
               [(h.table, h.rows, f"{h.size_bytes // 1024:,} kB") for h in health.history],

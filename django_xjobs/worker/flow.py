@@ -24,12 +24,13 @@ SLOT_TTL: :meth:`Flow.slot_lapsed`) is stopped with ``X_JOB_SLOT_LOST`` and its 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
-from .. import clock, registry, slots
+from .. import clock, registry, slots, versions
 from ..conf import XJobsSettings
 from ..context import busy_pause
 from ..engines import Engine
@@ -51,6 +52,10 @@ class SlotRun(Protocol):
 
 
 R = TypeVar("R", bound=SlotRun)
+
+# How often a worker reads the fleet's compatibility (x_fleet): a `--finish-upgrade` or a
+# `--compatible-with` reaches every worker within this time.
+FLEET_REFRESH = 5.0
 
 
 def claim_flow(settings: XJobsSettings, definitions: Iterable[registry.JobDefinition],
@@ -90,7 +95,9 @@ class Flow:
         self.worker_id = worker_id
         self.stats = stats
         self.poll_interval = poll_interval
-        self.params = claim_flow(settings, registry.all_jobs().values(), queues)
+        self.params = dataclasses.replace(
+            claim_flow(settings, registry.all_jobs().values(), queues),
+            hold_ms=round(poll_interval * 1000))
         self.slot_ttl = settings.slot_ttl
         self._weights = settings.queue_weights
         # Per fair queue, the tenant its last claim served last ('' = the NULL tenant).
@@ -106,11 +113,13 @@ class Flow:
         # The first claim's round runs it: a worker starting (a burst run, a restart after a
         # crash) wakes at once what waits on keys with room.
         self._next_unblock = clock.monotonic()
+        self._fleet_read_at: float | None = None  # when x_fleet was last read (monotonic)
 
     # ------------------------------------------------------------------ the claim --
     def claim(self, wants: Mapping[str, int], lease_ms: int) -> ClaimBatch:
         """Claim under flow control (one statement), and note what the answer says for the
         next claim: the fair queues' cursors, when a rate-limited job is due again."""
+        self._read_fleet(clock.monotonic())
         batch = self.engine.jobs_claim(wants=wants, worker_id=self.worker_id, lease_ms=lease_ms,
                                        flow=self.params, cursors=self.cursors)
         if self.params.fair_queues:
@@ -123,6 +132,27 @@ class Flow:
             self.retry_at = clock.monotonic() + wait
             self.stats["rate_held"] += 1
         return batch
+
+    def _read_fleet(self, now: float) -> None:
+        """Read the fleet's compatibility at most once per FLEET_REFRESH (before the first
+        claim, then with the unblock round): whether the claim may park jobs in `blocked`."""
+        if self._fleet_read_at is not None and now < self._fleet_read_at + FLEET_REFRESH:
+            return
+        record = self.engine.fleet_get()
+        first = self._fleet_read_at is None
+        self._fleet_read_at = now
+        park = versions.writes("blocked", record)
+        if park == self.params.park and not first:
+            return
+        self.params = dataclasses.replace(self.params, park=park)
+        if not park:
+            log.info("the fleet is kept compatible with %s (set by %s): a job without a free "
+                     "slot is not parked in `blocked` until `manage.py xjobs fleet "
+                     "--finish-upgrade` (docs/deployment.md, \"Mixed versions\")",
+                     record.compatible_with, record.changed_by or "x_fleet")
+        elif not first:
+            log.info("the fleet's upgrade is finished: a job without a free slot is parked in "
+                     "`blocked` again")
 
     def _advance_cursors(self, batch: ClaimBatch) -> None:
         """The next claim of a fair queue starts after the tenant this one served last.
@@ -242,6 +272,7 @@ class Flow:
         if now < self._next_unblock:
             return 0
         self._next_unblock = now + self.poll_interval
+        self._read_fleet(now)
         woken = self.engine.jobs_unblock(self.params)
         if woken:
             self.stats["unblocked"] += woken

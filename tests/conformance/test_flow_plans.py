@@ -181,7 +181,7 @@ def test_a_plain_claim_reads_its_batch_of_a_million_jobs(engine, million, planne
 
 def unblock_params(**overrides) -> dict:
     params = {name: [] for name in ("prefixes", "prefix_limits", "limit_names", "limit_values")}
-    params.update({"batch": 1000, "notify": False})
+    params.update({"batch": 1000, "park": True, "notify": False})
     params.update(overrides)
     return params
 

@@ -61,6 +61,8 @@ SCALARS.update({"version": "1.0", "concurrency": 4, "running": 1, "finished": 10
                 "stall_ms": 300_000})  # ---- workers and health probes
 SCALARS.update({"unique_for_ms": 3_600_000,
                 "job_unique_for_ms": 3_600_000})  # ---- idempotency windows
+SCALARS.update({"park": True, "hold_ms": 1000, "compatible_with": "0.1",
+                "changed_by": "tests"})  # ---- mixed-version fleets
 LISTS = {
     "enqueued_by": "cron:nightly",  # ---- cron overlap
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
@@ -188,7 +190,8 @@ def claim_params(queues: list[str], *, fair: bool = False, cursor: str = "") -> 
              "weight_values")
     return {"queues": queues, "limits": [10] * len(queues), "fair": [fair] * len(queues),
             "cursors": [cursor] * len(queues), "worker_id": "worker-1", "lease_ms": 30_000,
-            "slot_ttl_ms": 30_000, **{name: [] for name in empty}}
+            "slot_ttl_ms": 30_000, "park": True, "hold_ms": 1000,
+            **{name: [] for name in empty}}
 
 
 def _buffers(plan: dict) -> int:

@@ -57,6 +57,7 @@ from ...records import (
     EventRecord,
     Failure,
     FenceReport,
+    FleetRecord,
     FlowFacts,
     HistoryTable,
     InvokeStep,
@@ -713,6 +714,7 @@ class PostgresEngine(Engine):
             "weight_queues": list(flow.weight_queues),
             "weight_tenants": list(flow.weight_tenants),
             "weight_values": list(flow.weight_values),
+            "park": flow.park, "hold_ms": flow.hold_ms,
         })
         # The inputs of the batch decoded in one json.loads (a thousand small calls cost twice
         # as much); any surprise (a value the batch cannot decode, an input decoding to a str,
@@ -1385,12 +1387,23 @@ class PostgresEngine(Engine):
         self._run(S.WORKER_GONE, {"worker_id": worker_id,
                                   "stale_ms": round(stale_after * 1000)}, fetch="count")
 
+    # ----------------------------------------------------------------------- fleet --
+    def fleet_get(self) -> FleetRecord:
+        row = self._run(S.FLEET_GET, {}, fetch="one")
+        return FleetRecord() if row is None else FleetRecord(
+            compatible_with=row[0], changed_at=row[1], changed_by=row[2])
+
+    def fleet_set(self, *, compatible_with: str | None, changed_by: str) -> FleetRecord:
+        row = self._run(S.FLEET_SET, {"compatible_with": compatible_with,
+                                      "changed_by": changed_by}, fetch="one")
+        return FleetRecord(compatible_with=row[0], changed_at=row[1], changed_by=row[2])
+
     # ---------------------------------------------------------------- flow control --
     def jobs_unblock(self, flow: ClaimFlow, batch: int = 1000) -> int:
         woken, _notified = self._run(S.JOBS_UNBLOCK, {
             "prefixes": list(flow.prefixes), "prefix_limits": list(flow.prefix_limits),
             "limit_names": list(flow.limit_names), "limit_values": list(flow.limit_values),
-            "batch": batch, "notify": self.notify,
+            "batch": batch, "park": flow.park, "notify": self.notify,
         }, fetch="one")
         return int(woken)
 

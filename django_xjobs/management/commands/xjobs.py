@@ -18,6 +18,8 @@
     manage.py xjobs maintenance           run the retention deletes once
     manage.py xjobs check-deploy [--job NAME] [--limit N]   replay the suspended durable runs
                                           against this code; exit 1 if any would diverge
+    manage.py xjobs fleet [--finish-upgrade | --compatible-with 0.1]   old and new versions
+                                          side by side (docs/deployment.md, "Mixed versions")
 
 and the operations console's views (``management/console_cli.py``): dashboard, health,
 workers, jobs, why, steps, outbox, slots, backfills, scheduler, delete.
@@ -46,7 +48,7 @@ from ...records import (
     progress_from_json,
 )
 from ...values import parse_duration
-from .. import cli, console_cli, deploy_cli, pauses_cli, schedule_cli
+from .. import cli, console_cli, deploy_cli, fleet_cli, pauses_cli, schedule_cli
 
 
 def _age(seconds: float | None) -> str:
@@ -89,7 +91,8 @@ class Command(BaseCommand):
         # ---- end console ----
         for p in (show, cancel, retry, run_now, events, purge, slots_cmd, *console_parsers,
                   *schedule_cli.add_arguments(sub), *pauses_cli.add_arguments(sub),
-                  *deploy_cli.add_arguments(sub)):  # ---- deploy check ----
+                  *deploy_cli.add_arguments(sub),  # ---- deploy check ----
+                  *fleet_cli.add_arguments(sub)):
             cli.add_json_flag(p)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -124,6 +127,8 @@ class Command(BaseCommand):
                 pauses_cli.handle(self, action, options, as_json)
             elif action in deploy_cli.ACTIONS:  # ---- deploy check ----
                 deploy_cli.handle(self, options, as_json)
+            elif action in fleet_cli.ACTIONS:  # ---- mixed versions ----
+                fleet_cli.handle(self, options, as_json)
             # ---- console ----
             elif action in console_cli.ACTIONS:
                 console_cli.run(self, action, options, as_json)

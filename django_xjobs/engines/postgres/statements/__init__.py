@@ -35,6 +35,8 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
   wakes the jobs the claim blocked on its key.
 * ``workers``: x_workers: the worker processes seen lately, what their heartbeats report,
   which of them are stalled.
+* ``fleet``: x_fleet: the oldest release still allowed to share the tables (mixed-version
+  fleets during a deploy).
 * ``stats``: x_stat_deltas and x_stats: the counters' rollup, retention and reads (the deltas
   themselves are written by the statements that change job state).
 * ``flow``: flow control beyond slots: the periodic wake-up of blocked jobs, rate budgets spent
@@ -79,6 +81,7 @@ from .connections import (
 )
 from .debounce import JOB_DEBOUNCE_LIVE
 from .deploy import RUNS_SUSPENDED_LIST, STEPS_OF_RUN_IN_ORDER  # the deploy check
+from .fleet import FLEET_GET, FLEET_SET
 from .flow import JOBS_UNBLOCK, RATE_TAKE
 from .fragments import CHANNEL as CHANNEL
 from .fragments import JOB_COLUMNS as JOB_COLUMNS
@@ -232,7 +235,8 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     WORKER_GONE, WHY_JOB, WHY_RATE_WINDOW, JOB_DEBOUNCE_LIVE, PAUSE_UPSERT, PAUSE_RESUME_QUEUE,
     PAUSE_RESUME_KEY, PAUSES_LIST, JOB_PAUSE_KEY_IF_OWNED, JOB_PROGRESS_IF_OWNED, STATS_ROLLUP,
     STATS_PRUNE, STATS_SERIES, STATS_TOTALS, QUEUE_DEPTH,
-    WORKERS_LIST, JOBS_PURGE_ALL, JOBS_ARCHIVE, HISTORY_DROP, HISTORY_TABLES, JOB_UNARCHIVE,
+    WORKERS_LIST, FLEET_GET, FLEET_SET, JOBS_PURGE_ALL, JOBS_ARCHIVE, HISTORY_DROP,
+    HISTORY_TABLES, JOB_UNARCHIVE,
     # ---- deploy check ----
     RUNS_SUSPENDED_LIST, STEPS_OF_RUN_IN_ORDER,
     # ---- end deploy check ----

@@ -22,7 +22,11 @@ behind the live one (overlap="buffer_one", blocked on its own enqueued_by `cron:
 woken, one, only once no other run of the task is live (x_jobs_cron_live_idx; docs/scheduling.md,
 "Overlap"): the trigger that normally releases it missed nothing then. Woken jobs go back to `ready`
 (or `suspended`) and their queues are NOTIFYed. Over-waking is harmless (the claim blocks a job
-again if its key is full); under-waking would leave work idle.
+again if its key is full); under-waking would leave work idle. While the fleet is kept
+compatible with release 0.1 (`park` false: docs/deployment.md, "Mixed versions"), every job
+blocked on a concurrency or paused key is woken, up to `batch` per key, pause or not: the claim
+no longer parks, and 0.1's workers, which never wake a blocked job, may be all that is left
+after a rollback.
 
 The same safety net for a parent whose last child finished while another transaction held the
 parent's row (the child's trigger skips such a row rather than wait: migration 0010): a
@@ -45,7 +49,7 @@ with recursive keys(k) as (
                                      and r.state in {LIVE}
                                      and not (r.state = 'blocked'
                                               and r.blocked_on = r.enqueued_by)))::int
-                when f.concurrency_key is distinct from ks.k then %(batch)s
+                when f.concurrency_key is distinct from ks.k or not %(park)s then %(batch)s
                 else {key_limit_sql("ks.k", "f.name")}
                      - (select count(*) from x_job_leases l
                          where l.lease_key = ks.k and l.expires_at > now())
@@ -56,9 +60,10 @@ with recursive keys(k) as (
            where state = 'blocked' and blocked_on = ks.k
            order by priority desc, run_at limit 1) f
      where ks.k is not null
-       and not exists (select 1 from x_flow_pauses p
+       and (not %(park)s
+            or not exists (select 1 from x_flow_pauses p
                         where p.kind = 'key' and p.key = ks.k
-                          and (p.until is null or p.until > now()))
+                          and (p.until is null or p.until > now())))
 ), unblocked as (
     {wake_blocked_sql("room", "k", "n")}
 ), parents as (

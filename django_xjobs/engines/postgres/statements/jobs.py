@@ -240,7 +240,11 @@ without them skips all of it):
   serialises two workers on one slot; a live slot is never overwritten); a job whose key has no
   free slot under its limit goes to `blocked` (blocked_on = its key), and the release of a slot
   wakes it (slots_release_if_held). A job held back keeps its attempt, and a durable run's
-  resume goes back to `suspended` (blocked_resume) when it is woken.
+  resume goes back to `suspended` (blocked_resume) when it is woken. While the fleet is kept
+  compatible with release 0.1 (`park` false: x_fleet, docs/deployment.md, "Mixed versions"),
+  whose enqueue and operator paths do not know `blocked`, such a job is not parked: it stays
+  `delayed` (or `suspended`), due again `hold_ms` (the worker's poll interval) later, as 0.1's
+  claim left it.
 The answer ends with one row without a job when flow control held jobs back: how many, when
 the earliest of those held for their rate budget is due, and the database's now(), so that the
 worker measures the wait on the database clock, not on its own wall clock. The worker then
@@ -453,13 +457,18 @@ with async_commit as (
         or (q.id is not null and gr.holder is null)
 ), holding as (
     update only x_jobs j
-       set state          = case when h.blocked_on is not null then 'blocked'
+       set state          = case when h.blocked_on is not null and %(park)s then 'blocked'
                                  when h.prev_state = 'suspended' then 'suspended'
                                  else 'delayed' end,
-           blocked_on     = h.blocked_on,
-           blocked_resume = h.prev_state = 'suspended',
+           blocked_on     = case when %(park)s then h.blocked_on end,
+           blocked_resume = %(park)s and h.prev_state = 'suspended',
            rescues        = j.rescues + (h.prev_state = 'running')::int,
-           run_at         = coalesce(h.next_at, j.run_at),
+           -- Not parked (a fleet kept compatible with 0.1): due again a poll interval later.
+           run_at         = coalesce(h.next_at,
+                                     case when h.blocked_on is not null and not %(park)s
+                                          then now() + %(hold_ms)s * interval '1 millisecond'
+                                     end,
+                                     j.run_at),
            lease_token    = case when h.prev_state = 'running' then null else j.lease_token end,
            attempts       = case when h.prev_state = 'running'
                                  then {LAPSED_ENTRY}
