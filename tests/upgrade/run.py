@@ -24,7 +24,8 @@ Phases, each printed as it starts:
     workers are stopped.
 11. ``checks``: every job a producer was given is done (nothing lost), no job attempt and no
     step body ran twice (tests/upgrade/app/models.py), every durable run resumed, no failed
-    enqueue, no ERROR or Traceback in either version's logs.
+    enqueue, no WARNING, ERROR or Traceback in either version's logs (every job here succeeds
+    at its first attempt, so a failed attempt's warning is a failure too).
 
 The report gives each migration's time, each producer's longest enqueue stall (overall and while
 ``migrate`` ran), the counts, and each failure with its text. Exit status 0 when every check
@@ -93,7 +94,7 @@ class Report:
     rows: int
     phases: list[tuple[str, float]] = field(default_factory=list)
     migrations: list[tuple[str, float]] = field(default_factory=list)
-    stalls: dict[str, dict[str, float]] = field(default_factory=dict)
+    stalls: dict[str, dict[str, Any]] = field(default_factory=dict)
     enqueues: dict[str, Counter[str]] = field(default_factory=dict)
     executions: dict[str, int] = field(default_factory=dict)
     cross: dict[str, int] = field(default_factory=dict)
@@ -125,7 +126,7 @@ class Report:
             for text, n in errors.most_common():
                 found.append(f"{producer}: {n} failed enqueue(s): {text}")
         for name, lines in self.log_errors.items():
-            found.append(f"{name} log: {len(lines)} error line(s), first: {lines[0]}")
+            found.append(f"{name} log: {len(lines)} warning or error line(s), first: {lines[0]}")
         return found
 
     def text(self) -> str:
@@ -136,8 +137,9 @@ class Report:
         out.append(f"  {'total':<40} {sum(s for _, s in self.migrations):8.3f} s")
         out.append("longest enqueue stall per producer (all / while migrate ran / p99):")
         for producer, s in self.stalls.items():
+            behind = f"   (during {s['behind']})" if s["behind"] else ""
             out.append(f"  {producer:<12} {s['max']:8.1f} ms {s['migrate']:8.1f} ms "
-                       f"{s['p99']:8.1f} ms")
+                       f"{s['p99']:8.1f} ms{behind}")
         for producer, counts in self.enqueues.items():
             out.append(f"enqueues by {producer}: " + ", ".join(
                 f"{k} {v}" for k, v in sorted(counts.items())))
@@ -186,6 +188,7 @@ class Run:
         self.db: psycopg.Connection[Any] | None = None
         self.migrate_window: tuple[float, float] = (0.0, 0.0)
         self.drained = False  # the run got to its end: every job should be done
+        self.windows: list[tuple[str, float, float]] = []  # (migration, began, ended)
 
     # ---------------------------------------------------------------------- processes --
     def env(self, side: str) -> dict[str, str]:
@@ -335,10 +338,7 @@ class Run:
                       and self.ran("old", what="step:before") > 0)
 
         with self.phase("new-migrate"):
-            began = time.time()
-            done = self.django("new", "migrate", "-v", "2")
-            self.migrate_window = (began, time.time())
-            self.report.migrations = [(m, float(s)) for m, s in MIGRATED.findall(done.stdout)]
+            self.migrate()
 
         with self.phase("mixed-fleet"):
             new = [self.worker("new", 1), self.worker("new", 2), self.producer("new")]
@@ -375,6 +375,28 @@ class Run:
                 self.stop(p)
         self.drained = True
 
+    def migrate(self) -> None:
+        """``migrate -v 2`` of the new code; each migration's time as Django prints it, and when
+        it ran (its lines as they arrive: Django flushes "Applying X..." before it starts)."""
+        began = time.time()
+        popen = subprocess.Popen([sys.executable, "-m", "django", "migrate", "-v", "2"],
+                                 cwd=self.work, env=self.env("new"), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT)
+        assert popen.stdout is not None
+        out, starts = "", {}
+        while chunk := os.read(popen.stdout.fileno(), 65536).decode(errors="replace"):
+            out += chunk
+            for m in APPLYING.finditer(out):
+                starts.setdefault(m[1], time.time())
+        code = popen.wait()
+        self.migrate_window = (began, time.time())
+        if code != 0:
+            raise Failed(f"new `migrate` exited {code}:\n{out[-3000:]}")
+        names = [m for m, _ in MIGRATED.findall(out)]
+        ends = [starts.get(n, 0.0) for n in names[1:]] + [self.migrate_window[1]]
+        self.report.migrations = [(m, float(t)) for m, t in MIGRATED.findall(out)]
+        self.windows = [(n, starts.get(n, began), end) for n, end in zip(names, ends, strict=True)]
+
     def finish_upgrade(self) -> None:
         done = self.django("new", "xjobs", "fleet", "--finish-upgrade", check=False)
         if done.returncode != 0:
@@ -403,7 +425,7 @@ class Run:
                     _first_line(e["error"]) for e in events if "error" in e)
                 if not report.failed_enqueues[p.name]:
                     del report.failed_enqueues[p.name]
-                report.stalls[p.name] = stalls(events, self.migrate_window)
+                report.stalls[p.name] = stalls(events, self.migrate_window, self.windows)
             errors = [line for line in p.text().splitlines() if LOG_ERROR.search(line)]
             if errors:
                 report.log_errors[p.name] = errors
@@ -416,15 +438,19 @@ class Run:
             "select g.id, j.name, coalesce(j.state, 'missing'), j.last_error"
             " from unnest(%s::uuid[]) g(id) left join x_jobs j on j.id = g.id"
             " where j.state is distinct from 'done' order by 1", [ids])] if self.drained else []
-        report.twice = [f"{job} attempt {attempt} {what} x{n} (by {sides})"
-                        for job, attempt, what, n, sides in self.all(
-            "select job_id, attempt, what, count(*), string_agg(side || ' pid ' || pid, ', ')"
-            " from upgrade_executions where what <> 'resume' group by 1, 2, 3"
+        # A job's code runs once per attempt; a step's body runs once per job (its output is
+        # stored and replayed); a plain or limited job runs once, at attempt 1: a second
+        # attempt means a run failed or was lost.
+        report.twice = [f"{job} {what} x{n} at attempts {attempts} (by {sides})"
+                        for job, what, n, attempts, sides in self.all(
+            "select job_id, what, count(*), string_agg(attempt::text, ',' order by id),"
+            "       string_agg(side || ' pid ' || pid, ', ' order by id)"
+            " from upgrade_executions group by job_id, what,"
+            "          case when what = 'run' then attempt end"
             " having count(*) > 1 order by 1")]
-        # A plain or limited job runs once at attempt 1: a second attempt means a run was lost
-        # or failed.
-        report.twice += [f"{job} ran at attempt {attempt}" for job, attempt in self.all(
-            "select job_id, attempt from upgrade_executions where what = 'run' and attempt > 1")]
+        report.twice += [f"{job} ran at attempt {attempt} ({side})" for job, attempt, side in
+                         self.all("select job_id, attempt, side from upgrade_executions"
+                                  " where what = 'run' and attempt > 1")]
         report.executions = dict(self.all(
             "select side, count(*) from upgrade_executions where what in ('run', 'step:after')"
             " group by 1"))
@@ -456,20 +482,30 @@ select g.id, 'upgradeapp.plain', 'upgrade', jsonb_build_object('by', 'fill', 'n'
 """
 # Django's `migrate -v 2`: "  Applying django_xjobs.0002_job_view_query_text... OK (0.123s)"
 MIGRATED = re.compile(r"Applying (\S+)\.\.\. OK \(([\d.]+)s\)")
-LOG_ERROR = re.compile(r"\b(ERROR|CRITICAL)\b|Traceback")
+APPLYING = re.compile(r"Applying (\S+)\.\.\.")
+# Every job here succeeds at its first attempt: a failed attempt (a WARNING) is a problem too.
+LOG_ERROR = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback")
 
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
 
-def stalls(events: list[dict[str, Any]], window: tuple[float, float]) -> dict[str, float]:
-    """The longest enqueue (ms), the longest that overlapped ``migrate``, the 99th percentile."""
+def stalls(events: list[dict[str, Any]], window: tuple[float, float],
+           migrations: list[tuple[str, float, float]]) -> dict[str, Any]:
+    """The longest enqueue (ms), the longest that overlapped ``migrate`` and the migration(s)
+    running while it waited, the 99th percentile."""
     ms = sorted(e["ms"] for e in events)
-    during = [e["ms"] for e in events
-              if e["at"] <= window[1] and e["at"] + e["ms"] / 1000 >= window[0]]
-    return {"max": ms[-1] if ms else 0.0, "migrate": max(during, default=0.0),
-            "p99": ms[int(len(ms) * 0.99)] if ms else 0.0}
+
+    def overlaps(e: dict[str, Any], began: float, ended: float) -> bool:
+        return e["at"] <= ended and e["at"] + e["ms"] / 1000 >= began
+
+    during = [e for e in events if overlaps(e, *window)]
+    longest = max(during, key=lambda e: e["ms"], default=None)
+    return {"max": ms[-1] if ms else 0.0, "migrate": longest["ms"] if longest else 0.0,
+            "p99": ms[int(len(ms) * 0.99)] if ms else 0.0,
+            "behind": ", ".join(name.split(".", 1)[-1] for name, began, ended in migrations
+                                if longest and overlaps(longest, began, ended))}
 
 
 def run(argv: list[str] | None = None) -> Report:
