@@ -94,6 +94,7 @@ class Report:
     rows: int
     phases: list[tuple[str, float]] = field(default_factory=list)
     migrations: list[tuple[str, float]] = field(default_factory=list)
+    expected_migrations: list[str] = field(default_factory=list)  # the tree's, not the baseline's
     stalls: dict[str, dict[str, Any]] = field(default_factory=dict)
     enqueues: dict[str, Counter[str]] = field(default_factory=dict)
     executions: dict[str, int] = field(default_factory=dict)
@@ -115,6 +116,9 @@ class Report:
         if self.failure:
             found.append(f"the run stopped (nothing lost or resumed is then known): "
                          f"{self.failure}")
+        if not self.failure and [m for m, _ in self.migrations] != self.expected_migrations:
+            found.append(f"migrate applied {[m for m, _ in self.migrations]}, expected "
+                         f"{self.expected_migrations}")
         if self.lost:
             found.append(f"{len(self.lost)} job(s) not done (lost): {self.lost[:10]}")
         if self.twice:
@@ -173,6 +177,19 @@ def export_baseline(baseline: Baseline, into: Path) -> None:
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", baseline.commit, "django_xjobs"],
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+
+
+def new_migrations(baseline: Baseline) -> list[str]:
+    """The migrations of this tree's django_xjobs that ``baseline`` does not have."""
+    def names(files: list[str]) -> set[str]:
+        return {f"django_xjobs.{Path(f).stem}" for f in files
+                if re.fullmatch(r"\d{4}_\w+\.py", Path(f).name)}
+
+    old = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", baseline.commit,
+                          "django_xjobs/migrations/"], check=True, capture_output=True,
+                         text=True).stdout.split()
+    return sorted(names([p.name for p in (ROOT / "django_xjobs/migrations").iterdir()])
+                  - names(old))
 
 
 class Run:
@@ -390,6 +407,7 @@ class Run:
                 starts.setdefault(m[1], time.time())
         code = popen.wait()
         self.migrate_window = (began, time.time())
+        self.report.expected_migrations = new_migrations(BASELINES[self.args.baseline])
         if code != 0:
             raise Failed(f"new `migrate` exited {code}:\n{out[-3000:]}")
         names = [m for m, _ in MIGRATED.findall(out)]
