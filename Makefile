@@ -11,6 +11,9 @@
 #   make bench-admin          the console's page render times at 10,000,000 jobs
 #   make bench-ab BASELINE=REV  this checkout against git revision REV, alternating, one run
 #   make screenshots          the console's screenshots in docs/img (the browser test)
+#   make upgrade-check        the upgrade test at 1,000,000 rows: the baseline of
+#                             tests/upgrade/baselines.py migrated to this checkout under load,
+#                             both fleets side by side; prints the report (UPGRADE_ARGS="--rows N")
 #   make soak                 the chaos self-test, 5 minutes on the example project's database
 #                             (SOAK_ARGS="--duration 10m --seed 42"; docs/soak.md)
 #
@@ -31,7 +34,7 @@ PYTEST_ARGS ?=
 TEST_PROCESSES ?= 2
 SOAK_ARGS ?= --duration 5m
 
-.PHONY: demo test soak bench bench-flow bench-scale bench-peers bench-admin bench-ab lint install clean-db browser pooler faketime screenshots
+.PHONY: demo test soak upgrade-check bench bench-flow bench-scale bench-peers bench-admin bench-ab lint install clean-db browser pooler faketime screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -93,6 +96,10 @@ soak: install
 	cd example_project && ../$(PY) manage.py shell -c "from django.conf import settings; \
 		from tests import devdb; devdb.ensure_database(settings.DATABASES['default'])" \
 		&& ../$(PY) manage.py migrate -v 0 && ../$(PY) manage.py xjobs_soak $(SOAK_ARGS)
+
+# Needs the repository's history (the baseline comes out of git): not a shallow clone.
+upgrade-check: install
+	$(PY) -m tests.upgrade.run --rows 1000000 $(UPGRADE_ARGS)
 
 bench: install
 	$(PY) bench/run.py $(BENCH_ARGS)

@@ -28,7 +28,7 @@ FLEET_MODULES = frozenset(f"tests/acceptance/{name}.py" for name in (
     "test_worker_clock", "test_flow_fleet", "test_slots_fleet", "test_scheduler_fleet",
     "test_lease_proof", "test_worker_health", "test_worker_processes", "test_backfills",
     "test_worker_signals", "test_history_fleet", "test_children_faults",
-    "test_live_application",
+    "test_live_application", "test_upgrade",
 ))
 FLEET = "fleet"
 
