@@ -16,6 +16,9 @@
 #                             both fleets side by side; prints the report (UPGRADE_ARGS="--rows N")
 #   make soak                 the chaos self-test, 5 minutes on the example project's database
 #                             (SOAK_ARGS="--duration 10m --seed 42"; docs/soak.md)
+#   make release              the sdist and wheel in dist/, checked, and the wheel installed in a
+#                             fresh virtualenv running the quickstart; uploads nothing
+#                             (docs/development.md, "Cutting a release")
 #
 # PYTHON picks the interpreter, DJANGO the Django series (e.g. DJANGO=5.2 or DJANGO=6.1; empty =
 # the newest this Python supports), VENV the virtualenv (default .venv). The database is
@@ -138,3 +141,21 @@ lint: install
 
 clean-db:
 	rm -rf .pgdata
+
+# A release's sdist and wheel, built by python -m build (the wheel from the sdist, in an
+# isolated build environment, as a package index builds it) and checked: twine check, their
+# contents and the wheel installed with its dependencies into a fresh virtualenv running the
+# quickstart on a scratch database (tests/release_check.py). build and twine come from the
+# `release` extra, installed here only.
+.PHONY: release
+RELEASE_STAMP := $(VENV)/.installed-release
+
+$(RELEASE_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[release]'
+	@touch $@
+
+release: install $(RELEASE_STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(PY) -m twine check --strict dist/*
+	$(PY) -m tests.release_check dist $(if $(DJANGO),--django $(DJANGO),)

@@ -26,10 +26,11 @@ from .values import NAME_RE, keyword_input, parse_duration
 # (tests/unit/test_package_metadata.py::test_the_documentation_url_is_defined_once).
 DOCS_URL = "https://github.com/django-xjobs/django-xjobs/blob/main/docs/"
 
-# The package's version, as `django_xjobs.__version__` and a worker's x_workers row give it:
-# pyproject.toml's (tests/unit/test_package_metadata.py keeps them equal). A constant, because
-# reading the installed distribution's metadata costs a worker's start-up some 60 ms.
-VERSION = "0.1.0"
+# The package's version, its one source: pyproject.toml reads it from here (a literal, which
+# setuptools reads without importing this module), `django_xjobs.__version__` and a worker's
+# x_workers row give it. A constant, because reading the installed distribution's metadata
+# costs a worker's start-up some 60 ms. docs/development.md, "Cutting a release".
+VERSION = "0.2.0"
 
 
 def default_heartbeat(lease: float) -> float:

@@ -1,9 +1,11 @@
 """The package as a user gets it, and the deployment examples as an operator runs them.
 
-* The wheel (built offline from a copy of the sources, as ``pip wheel --no-deps
-  --no-build-isolation`` does for a release) holds the license, ``py.typed``, the templates,
-  the static files and the migrations; installed into a fresh virtualenv it runs the quickstart
-  of docs/pypi.md in a new project: migrate, check, enqueue, ``xjobs_worker --burst``, done.
+* The wheel (built offline from a copy of the sources by ``pip wheel --no-deps
+  --no-build-isolation``) passes the checks ``make release`` runs on a release's wheel
+  (tests/release_check.py: the license, ``py.typed``, the templates, the static files, the
+  migrations, the metadata; nothing of the checkout's tools); installed into a fresh
+  virtualenv it runs the quickstart of docs/pypi.md in a new project: migrate, check, enqueue,
+  ``xjobs_worker --burst``, done.
 * Each example of docs/deployment.md is read from the page and its command line run against a
   real project and database: the systemd unit's ``ExecStart`` (for a burst, and stopped the way
   its ``KillMode`` makes systemd stop it), the Procfile's ``release`` and ``worker``, the
@@ -27,168 +29,32 @@ import sysconfig
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT, wait_until
+from tests.release_check import (
+    STEP_TIMEOUT,
+    Project,
+    new_project,
+    quickstart,
+    scratch_database_url,
+    wheel_problems,
+)
 
 pytestmark = pytest.mark.acceptance
-
-STEP_TIMEOUT = 180  # seconds one command may take on a loaded machine: a bound, not a measure
-
-JOBS_PY = '''\
-import time
-from pathlib import Path
-
-from django_xjobs import job
-
-
-@job
-def add(ctx, a: int, b: int) -> dict:
-    return {"sum": a + b}
-
-
-@job
-def nap(ctx, seconds: float, started: str) -> dict:
-    Path(started).write_text(str(ctx.attempt))
-    time.sleep(seconds)  # ignores ctx.cancelled: only a graceful stop lets it finish
-    return {"slept": seconds}
-'''
-
-MANAGE_PY = '''\
-import os
-import sys
-
-if __name__ == "__main__":
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
-    from django.core.management import execute_from_command_line
-
-    execute_from_command_line(sys.argv)
-'''
-
-URLS_PY = '''\
-from django.contrib import admin
-from django.urls import path
-
-urlpatterns = [path("admin/", admin.site.urls)]
-'''
-
-
-def quickstart_line(name: str) -> str:
-    """The line of docs/pypi.md that contains ``name``, without its comment: the test runs
-    what the page says."""
-    lines = [line for line in (ROOT / "docs/pypi.md").read_text().splitlines() if name in line]
-    assert lines, f"docs/pypi.md has no line with {name!r}"
-    return lines[0].split("#", 1)[0].strip()
-
-
-def quickstart_command(name: str) -> list[str]:
-    """A ``python manage.py ...`` command of docs/pypi.md, as arguments of the python."""
-    argv = shlex.split(quickstart_line(name))
-    assert argv[:2] == ["python", "manage.py"], argv
-    return argv[1:]
-
-
-def settings_py(database: dict) -> str:
-    return f'''\
-SECRET_KEY = "package-test-not-secret"
-DEBUG = False
-ALLOWED_HOSTS = ["localhost"]
-USE_TZ = True
-INSTALLED_APPS = [
-    "django.contrib.admin",
-    "django.contrib.auth",
-    "django.contrib.contenttypes",
-    "django.contrib.sessions",
-    "django.contrib.messages",
-    "shop",
-]
-{quickstart_line("INSTALLED_APPS +=")}
-MIDDLEWARE = [
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-]
-TEMPLATES = [{{
-    "BACKEND": "django.template.backends.django.DjangoTemplates",
-    "APP_DIRS": True,
-    "OPTIONS": {{"context_processors": [
-        "django.template.context_processors.request",
-        "django.contrib.auth.context_processors.auth",
-        "django.contrib.messages.context_processors.messages",
-    ]}},
-}}]
-ROOT_URLCONF = "shop.urls"
-DATABASES = {{"default": {database!r}}}
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-'''
-
-
-@dataclass
-class Project:
-    """A new Django project ``shop`` in a directory of its own, on a database of its own."""
-
-    path: Path
-    python: str
-    env: dict[str, str]
-    database: dict
-
-    def run(self, *argv: str, python: bool = True, env: dict[str, str] | None = None,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
-        command = [self.python, *argv] if python else list(argv)
-        done = subprocess.run(command, cwd=self.path, env={**self.env, **(env or {})},
-                              capture_output=True, text=True, timeout=STEP_TIMEOUT)
-        if check and done.returncode != 0:
-            pytest.fail(f"{shlex.join(command)} exited {done.returncode}:\n"
-                        f"{done.stdout}\n{done.stderr}")
-        return done
-
-    def enqueue(self, call: str) -> str:
-        """``shop.jobs.<call>`` enqueued by ``manage.py shell``: the new job's id."""
-        out = self.run("manage.py", "shell", "-c",
-                       f"from shop import jobs; print(jobs.{call}.id)").stdout
-        return out.strip().splitlines()[-1]
-
-    def job(self, job_id: str) -> dict:
-        return json.loads(self.run("manage.py", "xjobs", "show", job_id, "--json").stdout)
-
-
-def clean_env() -> dict[str, str]:
-    """This process's environment without what points a Python at this checkout, its test
-    settings or its worker knobs: the project must stand on its own."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV", "PYTHONHOME")
-           and not k.startswith("XJOBS_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
 
 @contextmanager
 def fresh_database_url(suffix: str) -> Iterator[str]:
     """The URL of a database of its own (named after this run's test database), dropped at the
     end."""
-    import psycopg
     from django.conf import settings
 
-    from tests import devdb
-
     name = f"{settings.DATABASES['default']['TEST']['NAME']}_{suffix}"
-    server = os.environ["DATABASE_URL"]  # tests/settings.py sets it
-
-    def admin(sql: str) -> None:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(sql)
-
-    admin(f'drop database if exists "{name}" with (force)')
-    admin(f'create database "{name}"')
-    try:
-        yield devdb.with_database(server, name)
-    finally:
-        admin(f'drop database if exists "{name}" with (force)')
+    # tests/settings.py sets DATABASE_URL
+    with scratch_database_url(os.environ["DATABASE_URL"], name) as url:
+        yield url
 
 
 @contextmanager
@@ -198,16 +64,6 @@ def fresh_database(suffix: str) -> Iterator[dict]:
 
     with fresh_database_url(suffix) as url:
         yield devdb.settings_from_url(url)
-
-
-def new_project(path: Path, python: str, database: dict) -> Project:
-    (path / "shop").mkdir(parents=True)
-    (path / "manage.py").write_text(MANAGE_PY)
-    (path / "shop" / "__init__.py").write_text("")
-    (path / "shop" / "settings.py").write_text(settings_py(database))
-    (path / "shop" / "urls.py").write_text(URLS_PY)
-    (path / "shop" / "jobs.py").write_text(JOBS_PY)
-    return Project(path, python, clean_env(), database)
 
 
 # ---------------------------------------------------------------------------------- the wheel --
@@ -233,43 +89,28 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-def test_the_wheel_holds_the_license_types_templates_static_files_and_migrations(wheel):
-    names = set(zipfile.ZipFile(wheel).namelist())
-    package = ROOT / "django_xjobs"
-    expected = {"django_xjobs/py.typed"}
-    for tree in ("templates", "static", "migrations"):
-        files = [p for p in (package / tree).rglob("*")
-                 if p.is_file() and "__pycache__" not in p.parts]
-        assert files, tree
-        expected |= {f"django_xjobs/{p.relative_to(package)}" for p in files}
-    assert expected <= names, sorted(expected - names)
-    licenses = [n for n in names
-                if re.fullmatch(r"django_xjobs-[^/]+\.dist-info/licenses/LICENSE", n)]
-    assert licenses, sorted(n for n in names if ".dist-info/" in n)
-    with zipfile.ZipFile(wheel) as zf:
-        assert "MIT License" in zf.read(licenses[0]).decode()
-
-
-def test_the_wheel_holds_the_package_and_nothing_of_the_checkouts_tools(wheel):
-    # tests/devdb.py (the demo's, the suite's and bench/'s choice of database) is a tool of the
-    # checkout: a user's project configures DATABASES itself.
-    names = zipfile.ZipFile(wheel).namelist()
-    tops = {name.split("/")[0] for name in names}
-    (dist_info,) = [top for top in tops if top.endswith(".dist-info")]
-    assert tops == {"django_xjobs", dist_info}, sorted(tops)
+def test_the_wheel_holds_the_package_its_data_and_license_and_nothing_else(wheel):
+    # The checks make release runs on the release's wheel (tests/release_check.py): the
+    # templates, static files, migrations, py.typed and the license; no top-level entry beside
+    # the package (tests/, example_project/, bench/, tests/devdb.py); METADATA with
+    # conf.VERSION and docs/pypi.md as the long description.
     assert (ROOT / "tests" / "devdb.py").is_file()
-    assert not [name for name in names if name.rsplit("/", 1)[-1] == "devdb.py"]
+    assert wheel_problems(wheel) == []
 
 
-def test_the_long_description_is_the_pip_users_page(wheel):
-    with zipfile.ZipFile(wheel) as zf:
-        (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
-        metadata = zf.read(meta).decode()
-    headers, _, description = metadata.partition("\n\n")
-    assert description.strip() == (ROOT / "docs/pypi.md").read_text().strip()
-    assert "Description-Content-Type: text/markdown" in headers
-    assert "License-Expression: MIT" in headers
-    assert "Project-URL: Documentation, https://" in headers
+def test_the_wheel_check_finds_what_is_missing(wheel, tmp_path):
+    # The check can fail: the same wheel less one migration, plus a tests/ module, is refused.
+    broken = tmp_path / wheel.name
+    migration = "django_xjobs/migrations/0001_initial.py"
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(broken, "w") as dst:
+        for item in src.infolist():
+            if item.filename != migration:
+                dst.writestr(item, src.read(item))
+        dst.writestr("tests/devdb.py", "")
+    problems = wheel_problems(broken)
+    assert any(migration in p for p in problems), problems
+    assert any("'tests'" in p for p in problems), problems
+    assert any("devdb.py" in p for p in problems), problems
 
 
 @pytest.fixture(scope="module")
@@ -296,19 +137,6 @@ def installed(wheel, tmp_path_factory) -> str:
 def test_the_installed_wheel_runs_the_quickstart_in_a_new_project(installed, tmp_path):
     with fresh_database("package") as database:
         quickstart(new_project(tmp_path / "shop", installed, database), installed)
-
-
-def quickstart(project: Project, installed: str) -> None:
-    where = project.run("-c", "import django_xjobs; print(django_xjobs.__file__)").stdout
-    assert where.startswith(str(Path(installed).parent.parent)), where  # the wheel's copy
-
-    project.run(*quickstart_command("manage.py migrate"), "--no-input")
-    project.run("manage.py", "check", "--fail-level", "WARNING")
-    job_id = project.enqueue("add.enqueue(a=1, b=2)")
-    assert project.job(job_id)["state"] == "ready"
-    project.run(*quickstart_command("manage.py xjobs_worker"), "--burst")
-    job = project.job(job_id)
-    assert (job["state"], job["result"]) == ("done", {"sum": 3})
 
 
 # ------------------------------------------------------------------- docs/deployment.md --

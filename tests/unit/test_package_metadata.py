@@ -126,15 +126,21 @@ def test_the_classifiers_match_the_supported_versions():
     assert PROJECT["keywords"] and PROJECT["authors"] and PROJECT["maintainers"]
 
 
-def test_the_version_is_pyproject_s():
+def test_the_version_is_written_once_in_conf():
+    # pyproject.toml reads conf.VERSION (setuptools' `attr`, read from the file); the built
+    # wheel's metadata carries it (tests/release_check.py::wheel_problems).
     import django_xjobs
 
-    assert django_xjobs.__version__ == conf.VERSION == PROJECT["version"]
+    assert "version" not in PROJECT and PROJECT["dynamic"] == ["version"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "django_xjobs.conf.VERSION"}
+    assert django_xjobs.__version__ == conf.VERSION
+    assert re.fullmatch(r"\d+\.\d+\.\d+", conf.VERSION)
 
 
 def test_the_changelog_has_the_released_version_and_the_upgrade_policy():
     changelog = (ROOT / "CHANGELOG.md").read_text()
     headings = re.findall(r"^## (.+)$", changelog, re.M)
     assert headings[0] == "Unreleased"
-    assert PROJECT["version"] in headings
+    assert [h for h in headings if h.split(" ")[0] == conf.VERSION], headings
     assert "versioning-and-upgrades" in github_anchors(changelog)
