@@ -60,6 +60,7 @@ from .records import (
     HistoryTable,
     QueueDepth,
     TableHealth,
+    UnknownWait,
     WorkerRecord,
     XminHolder,
     decode_stored_json,
@@ -286,6 +287,17 @@ class HolderRow:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UnknownRow:
+    """Jobs of one queue and name waiting for a worker that knows the name: ``bad`` once the
+    oldest has waited ``XJOBS["UNKNOWN_JOB_REPORT_AFTER"]``; ``expected`` where its code was
+    expected (registry.expected_home)."""
+
+    wait: UnknownWait
+    verdict: str
+    expected: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Health:
     now: datetime
     tenants: TenantScope
@@ -299,6 +311,9 @@ class Health:
     # The history tables of finished jobs, newest day first (docs/scheduling.md, "History
     # tables"); empty under a tenant scope.
     history: list[HistoryTable] = field(default_factory=list)
+    # Jobs waiting for a worker that knows their name (docs/deployment.md, "New job types
+    # before their workers").
+    unknown: list[UnknownRow] = field(default_factory=list)
 
     @property
     def stalled(self) -> list[WorkerRecord]:
@@ -311,6 +326,7 @@ class Health:
             verdicts.append(BAD)
         if self.lapsed_count:
             verdicts.append(WARN)
+        verdicts += [u.verdict for u in self.unknown]
         return BAD if BAD in verdicts else WARN if WARN in verdicts else OK
 
 
@@ -782,7 +798,20 @@ def health(tenants: TenantScope = None, *, query_text: bool = True,
         tables=[judge_table(t) for t in engine.tables_health()] if tenants is None else [],
         holders=holders, workers=fleet(tenants, max_stall=max_stall), query_text=query_text,
         history=engine.history_tables() if tenants is None else [],
+        unknown=unknown_jobs(tenants),
     )
+
+
+def unknown_jobs(tenants: TenantScope = None) -> list[UnknownRow]:
+    """The jobs waiting for a worker that knows their name, longest-waiting first: ``bad``
+    past ``XJOBS["UNKNOWN_JOB_REPORT_AFTER"]``, ``ok`` before (a rolling deploy under way)."""
+    bound = conf.get().unknown_job_report_after
+    return [
+        UnknownRow(wait=w, verdict=BAD if w.waited >= bound else OK,
+                   expected=registry.expected_home(
+                       w.name, f"cron:{w.cron_tasks[0]}" if w.cron_tasks else None))
+        for w in get_engine().jobs_unknown_waiting(tenant_ids=tenants)
+    ]
 
 
 # ---------------------------------------------------------------------------------- a job --
