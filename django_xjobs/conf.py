@@ -144,6 +144,12 @@ class XJobsSettings:
     max_attempts: int = 3
     retry_base: float = 2.0
     retry_cap: float = 3600.0
+    # A job whose name this worker does not know is given back, no attempt spent, due again
+    # after the time it has waited so far (at least 1 s, so the waits double), at most this
+    # long; once it has waited UNKNOWN_JOB_REPORT_AFTER the workers log it as an error and the
+    # health panel lists it (docs/deployment.md, "New job types before their workers").
+    unknown_job_retry_max: float = 60.0
+    unknown_job_report_after: float = 600.0
     shutdown_grace: float = 30.0
     # Completed runs are acknowledged in batches: at most this many, at most this old.
     ack_batch: int = 500
@@ -184,6 +190,7 @@ class XJobsSettings:
 _KNOWN_KEYS = {
     "DATABASE", "QUEUES", "CONCURRENCY", "PREFETCH", "LEASE", "HEARTBEAT", "POLL_INTERVAL",
     "NOTIFY", "MAX_PAYLOAD_BYTES", "MAX_ATTEMPTS", "RETRY_BASE", "RETRY_CAP", "SHUTDOWN_GRACE",
+    "UNKNOWN_JOB_RETRY_MAX", "UNKNOWN_JOB_REPORT_AFTER",
     "ACK_BATCH", "ACK_INTERVAL", "RETENTION", "SCHEDULE", "APP_VERSION", "ADMIN_TENANT_SCOPE",
     "PREPARED_STATEMENTS", "WORKER_SEEN_INTERVAL", "LISTEN_DATABASE",
     "BACKFILL_THROTTLE",  # ---- backfills
@@ -449,6 +456,8 @@ def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[st
         max_attempts=take(_positive_int, raw, "MAX_ATTEMPTS", 3),
         retry_base=retry_base,
         retry_cap=retry_cap,
+        unknown_job_retry_max=take(_duration, raw, "UNKNOWN_JOB_RETRY_MAX", 60.0),
+        unknown_job_report_after=take(_duration, raw, "UNKNOWN_JOB_REPORT_AFTER", 600.0),
         shutdown_grace=take(_duration, raw, "SHUTDOWN_GRACE", 30.0, positive=False),
         ack_batch=take(_positive_int, raw, "ACK_BATCH", 500),
         ack_interval=take(_duration, raw, "ACK_INTERVAL", 0.005, positive=False),

@@ -6,9 +6,10 @@ the live depth (``engine.queue_depth``), the outbox and the workers' rows. So an
 serve them, and all serve the same: the view ``django_xjobs.views.metrics``, ``xjobs_worker
 --metrics-port``, or a project's own registry holding :class:`XJobsCollector`.
 
-One scrape takes one :func:`snapshot` (four reads, each through live rows or the counters'
-buckets, never the history). A scrape while the database cannot be read logs why and exposes
-``xjobs_up 0`` alone, so Prometheus can alert on it and the serving thread lives on.
+One scrape takes one :func:`snapshot` (six reads, each through live rows, the counters'
+buckets or the workers' rows, never the history). A scrape while the database cannot be read
+logs why and exposes ``xjobs_up 0`` alone, so Prometheus can alert on it and the serving
+thread lives on.
 
 ``prometheus_client`` (``django-xjobs[prometheus]``) and ``opentelemetry-api``
 (``django-xjobs[otel]``) are optional: they are imported when a collector is built or
@@ -40,6 +41,7 @@ from .records import (
     HISTOGRAM_BOUNDS_MS,
     Counters,
     QueueDepth,
+    UnknownWait,
     WorkerRecord,
 )
 
@@ -74,6 +76,8 @@ class Snapshot:
     outbox_oldest_age: float | None = None
     workers: dict[str, int] = field(default_factory=dict)
     stalled: dict[str, int] = field(default_factory=dict)
+    # Jobs waiting for a worker that knows their name, per queue and name (docs/deployment.md).
+    unknown: list[UnknownWait] = field(default_factory=list)
 
     def queues(self) -> list[str]:
         """Every queue the figures name: a queue keeps its series (at 0) once its last job has
@@ -93,7 +97,8 @@ def snapshot() -> Snapshot:
                         outbox_pending=pending.count, outbox_oldest_age=pending.oldest_seconds,
                         workers=_workers_per_queue(),
                         stalled=_stalled_per_queue(engine.workers_list(
-                            max_stall=DEFAULT_MAX_STALL)))
+                            max_stall=DEFAULT_MAX_STALL)),
+                        unknown=engine.jobs_unknown_waiting())
 
 
 def _stalled_per_queue(workers: Iterable[WorkerRecord]) -> dict[str, int]:
@@ -241,8 +246,18 @@ class XJobsCollector:
             "xjobs_outbox_oldest_age_seconds",
             "Age of the oldest staged job not relayed yet (0 when none)",
             value=s.outbox_oldest_age or 0.0)
+        unknown = core.GaugeMetricFamily(
+            "xjobs_jobs_unknown", "Jobs waiting for a worker that knows their name (no worker "
+            "that claimed them does)", labels=["queue", "name"])
+        unknown_age = core.GaugeMetricFamily(
+            "xjobs_jobs_unknown_oldest_age_seconds",
+            "How long the oldest job of the name has waited for a worker that knows it",
+            labels=["queue", "name"])
+        for u in s.unknown:
+            unknown.add_metric([u.queue, u.name], u.count)
+            unknown_age.add_metric([u.queue, u.name], u.waited)
         return [self._up(True), jobs, enqueued, started, wait, run, depth, oldest, workers,
-                stalled, pending, pending_age]
+                stalled, pending, pending_age, unknown, unknown_age]
 
 
 def _buckets(hist: tuple[int, ...]) -> list[tuple[str, float]]:
@@ -378,6 +393,15 @@ def install_otel(meter_provider: Any = None) -> None:
         "xjobs_workers_stalled", description="Worker processes serving the queue that read as "
                                              "stalled",
         callbacks=[observe(per_queue(lambda s, q: s.stalled.get(q, 0)))])
+    meter.create_observable_gauge(
+        "xjobs_jobs_unknown", description="Jobs waiting for a worker that knows their name",
+        callbacks=[observe(lambda s: ((u.count, {"queue": u.queue, "name": u.name})
+                                      for u in s.unknown))])
+    meter.create_observable_gauge(
+        "xjobs_jobs_unknown_oldest_age_seconds", unit="s",
+        description="How long the oldest job of the name has waited for a worker that knows it",
+        callbacks=[observe(lambda s: ((u.waited, {"queue": u.queue, "name": u.name})
+                                      for u in s.unknown))])
     meter.create_observable_gauge(
         "xjobs_outbox_pending", description="Staged jobs not relayed yet",
         callbacks=[observe(lambda s: [(s.outbox_pending, {})])])

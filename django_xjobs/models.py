@@ -144,6 +144,10 @@ class Job(models.Model):
     # An idempotency window (.using(unique_for=...)): how long after it finishes the job keeps
     # its key in x_job_keys, -1 for "forever"; NULL for a key held while live only.
     unique_for_ms = models.BigIntegerField(null=True, blank=True)
+    # ---- a name no worker that claimed it knows (docs/deployment.md, "New job types before
+    # their workers"): when its wait began. Set by job_give_back_unknown_if_owned; it means
+    # "waiting" only while the last entry of `attempts` is that give-back's (`unknown_job`).
+    unknown_since = models.DateTimeField(null=True, blank=True)
 
     objects = JobManager()
 

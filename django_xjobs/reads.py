@@ -61,6 +61,7 @@ from .records import (
     HistoryTable,
     QueueDepth,
     TableHealth,
+    UnknownWait,
     WorkerRecord,
     XminHolder,
     decode_stored_json,
@@ -287,6 +288,17 @@ class HolderRow:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UnknownRow:
+    """Jobs of one queue and name waiting for a worker that knows the name: ``bad`` once the
+    oldest has waited ``XJOBS["UNKNOWN_JOB_REPORT_AFTER"]``; ``expected`` where its code was
+    expected (registry.expected_home)."""
+
+    wait: UnknownWait
+    verdict: str
+    expected: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Health:
     now: datetime
     tenants: TenantScope
@@ -303,6 +315,9 @@ class Health:
     # The fleet's compatibility (x_fleet; docs/deployment.md, "Mixed versions"): what this
     # version holds back while older processes may share the tables. None under a tenant scope.
     compatibility: FleetRecord | None = None
+    # Jobs waiting for a worker that knows their name (docs/deployment.md, "New job types
+    # before their workers").
+    unknown: list[UnknownRow] = field(default_factory=list)
 
     @property
     def stalled(self) -> list[WorkerRecord]:
@@ -321,6 +336,7 @@ class Health:
             verdicts.append(BAD)
         if self.lapsed_count or self.held_back:
             verdicts.append(WARN)
+        verdicts += [u.verdict for u in self.unknown]
         return BAD if BAD in verdicts else WARN if WARN in verdicts else OK
 
 
@@ -793,7 +809,20 @@ def health(tenants: TenantScope = None, *, query_text: bool = True,
         holders=holders, workers=fleet(tenants, max_stall=max_stall), query_text=query_text,
         history=engine.history_tables() if tenants is None else [],
         compatibility=engine.fleet_get() if tenants is None else None,
+        unknown=unknown_jobs(tenants),
     )
+
+
+def unknown_jobs(tenants: TenantScope = None) -> list[UnknownRow]:
+    """The jobs waiting for a worker that knows their name, longest-waiting first: ``bad``
+    past ``XJOBS["UNKNOWN_JOB_REPORT_AFTER"]``, ``ok`` before (a rolling deploy under way)."""
+    bound = conf.get().unknown_job_report_after
+    return [
+        UnknownRow(wait=w, verdict=BAD if w.waited >= bound else OK,
+                   expected=registry.expected_home(
+                       w.name, f"cron:{w.cron_tasks[0]}" if w.cron_tasks else None))
+        for w in get_engine().jobs_unknown_waiting(tenant_ids=tenants)
+    ]
 
 
 # ---------------------------------------------------------------------------------- a job --

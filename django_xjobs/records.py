@@ -188,7 +188,7 @@ class AttemptRecord:
 # snoozed, parked by a durable step, or was handed back without spending an attempt.
 ATTEMPT_OUTCOMES: tuple[str, ...] = (
     "done", "failed", "timeout", "lost", "cancelled", "slot_lost", "snoozed", "suspended",
-    "handed_back",
+    "handed_back", "unknown_job",
 )
 
 
@@ -492,6 +492,33 @@ class Requeue:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UnknownGiveBack:
+    """Give back a job whose name the claiming worker does not know, without spending an
+    attempt (job_give_back_unknown_if_owned): due again after the time it has waited so far
+    (at least a second), at most ``max_delay_ms`` later; ``note`` is its last error."""
+
+    claim: Claim
+    spent_attempt: bool
+    resumed: bool
+    note: str
+    max_delay_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnknownWait:
+    """Jobs of one queue and name that wait for a worker knowing the name (jobs_unknown_waiting):
+    how many, since when the oldest waits (and for how many seconds, on the database clock),
+    and the cron tasks (XJOBS["SCHEDULE"] keys) that enqueued any of them."""
+
+    queue: str
+    name: str
+    count: int
+    since: datetime
+    waited: float
+    cron_tasks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Suspension:
     """Park the job until ``wake_at`` (a durable sleep or an event wait); the resume is free."""
 
@@ -777,11 +804,11 @@ class RateRequest:
 
 # Every kind of BlockedBy, in the order two reasons with the same end are listed: an operator's
 # pause, then a missing worker, then a full key (django_xjobs/why.py sorts by the end first).
-BLOCKED_KINDS: tuple[str, ...] = ("queue_paused", "key_paused", "no_worker", "slot_full",
-                                  "rate_limit", "backoff", "delayed")
+BLOCKED_KINDS: tuple[str, ...] = ("queue_paused", "key_paused", "no_worker", "unknown_job",
+                                  "slot_full", "rate_limit", "backoff", "delayed")
 
 BlockedKind = Literal["delayed", "backoff", "queue_paused", "key_paused", "slot_full",
-                      "rate_limit", "no_worker"]
+                      "rate_limit", "no_worker", "unknown_job"]
 
 
 def _moment(value: datetime | None) -> str:
@@ -795,7 +822,9 @@ class BlockedBy:
     ``until``: when the reason ends by itself (a delay, a backoff, a timed pause, the rate
     budget's next room); None when it lasts until something happens (a resume, a slot freed,
     a worker started). ``key`` is the concurrency or rate-limit key, ``queue`` the queue;
-    ``holders`` and ``limit`` describe a full concurrency key.
+    ``holders`` and ``limit`` describe a full concurrency key. ``unknown_job``: no worker that
+    claimed job ``name`` knows it; ``workers`` are the last of them, ``since`` when its wait
+    began, ``until`` its next try, ``reason`` where the name was expected.
     """
 
     kind: BlockedKind
@@ -805,6 +834,9 @@ class BlockedBy:
     reason: str | None = None
     holders: tuple[str, ...] = ()
     limit: int | None = None
+    name: str | None = None
+    since: datetime | None = None
+    workers: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
@@ -825,6 +857,12 @@ class BlockedBy:
             if self.until is None:
                 return f"rate limit of key {self.key}: its cost exceeds the whole limit"
             return f"rate limit of key {self.key} (next unit at {_moment(self.until)})"
+        if self.kind == "unknown_job":
+            who = f"workers {', '.join(self.workers)}" if self.workers else "the workers"
+            hint = f"; {self.reason}" if self.reason else ""
+            return (f"no worker that knows job {self.name!r} has claimed it: {who} do not "
+                    "know it (deployed to web before the workers?); waiting since "
+                    f"{_moment(self.since)}, next try at {_moment(self.until)}{hint}")
         return f"no worker serving queue {self.queue} in the last 5 minutes"
 
 
@@ -847,6 +885,11 @@ class FlowFacts:
     pauses: tuple[PauseRecord, ...]  # in force for its queue, its concurrency or rate key
     holders: tuple[str, ...]  # the live holders of its concurrency key's slots
     worker_seen: bool  # an x_workers row names its queue, seen in the last 5 minutes
+    # Waiting for a worker that knows its name (job_give_back_unknown_if_owned): since when,
+    # the last workers that gave it back, and the cron task that enqueued it ("cron:<task>").
+    unknown_since: datetime | None = None
+    unknown_workers: tuple[str, ...] = ()
+    enqueued_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -331,9 +331,30 @@ def get(name: str) -> JobDefinition[..., Any]:
         return _jobs[name]
     except KeyError:
         raise UnknownJob(
-            f"No job named {name!r} is registered in this process (is its app in "
-            "INSTALLED_APPS and its jobs.py importable?)"
+            f"No job named {name!r} is registered in this process: {expected_home(name)}"
         ) from None
+
+
+def expected_home(name: str, enqueued_by: str | None = None) -> str:
+    """Where the code of job ``name`` was expected, for a message about a name no registry
+    here knows: a django.tasks task is named by its module path (``app.tasks.func``), an
+    ``@job`` by default ``<app label>.<function>``; a name that looks like neither lists every
+    place, ``XJOBS["SCHEDULE"]`` included. ``enqueued_by`` ``cron:<task>`` names the schedule
+    entry that enqueued it."""
+    parts = name.split(".")
+    if len(parts) >= 3 and parts[-2] == "tasks":
+        where = (f"a django.tasks task: function {parts[-1]!r} in module "
+                 f"{'.'.join(parts[:-1])!r} (an app's tasks.py)")
+    elif len(parts) == 2 and all(parts):
+        where = (f"an @job: function {parts[1]!r} in the jobs.py of app {parts[0]!r} (or an "
+                 "@job(name=...) of that name)")
+    else:
+        where = ("an @job in an app's jobs.py, a django.tasks task in an app's tasks.py (named "
+                 'by its module path), or the job of an XJOBS["SCHEDULE"] entry')
+    text = f"expected as {where}, with its app in INSTALLED_APPS"
+    if enqueued_by and enqueued_by.startswith("cron:"):
+        text += f'; enqueued by XJOBS["SCHEDULE"][{enqueued_by[5:]!r}] (its "job")'
+    return text
 
 
 def lookup(name: str) -> JobDefinition[..., Any] | None:

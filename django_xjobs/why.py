@@ -14,6 +14,9 @@ pauses in force, the slot holders, the workers seen) plus one for a rate-limited
   under (``slots.limit_for``, else 1: a key with no known limit runs one at a time).
 * ``rate_limit``: its rate-limit key's spending over the period leaves no room for its cost.
 * ``no_worker``: no worker that serves its queue was seen in the last 5 minutes.
+* ``unknown_job``: the workers that claimed it do not know its name, and gave it back to wait
+  for one that does (docs/deployment.md, "New job types before their workers"); it replaces the
+  ``delayed`` / ``backoff`` reason of that wait.
 
 A running or finished job has none; nor has a ready, due job nothing holds back (the next claim
 of its queue takes it). A ``blocked`` job none of whose reasons holds any more waits for the
@@ -55,21 +58,33 @@ def blocked_by(facts: FlowFacts) -> tuple[BlockedBy, ...]:
     """The reasons ``facts`` (the engine's ``why_job``) hold, most binding first."""
     if facts.state not in records.WAITING_STATES:
         return ()
-    found = [*_waits(facts), *_pauses(facts), *_slot(facts), *_rate(facts), *_worker(facts)]
+    found = [*_waits(facts), *_unknown(facts), *_pauses(facts), *_slot(facts), *_rate(facts),
+             *_worker(facts)]
     return tuple(sorted(found, key=_binding))
 
 
 def _binding(reason: BlockedBy) -> tuple[int, float, int]:
-    if reason.until is None:
+    # An unknown name's next try ends nothing by itself: a worker that knows it must come.
+    if reason.until is None or reason.kind == "unknown_job":
         return (0, 0.0, _KIND_ORDER[reason.kind])
     return (1, -reason.until.timestamp(), _KIND_ORDER[reason.kind])
 
 
 def _waits(facts: FlowFacts) -> list[BlockedBy]:
-    if facts.state not in ("ready", "delayed") or facts.run_at <= facts.now:
+    if (facts.state not in ("ready", "delayed") or facts.run_at <= facts.now
+            or facts.unknown_since is not None):
         return []
     failed = facts.attempt > 0 and facts.last_error is not None
     return [BlockedBy(kind="backoff" if failed else "delayed", until=facts.run_at)]
+
+
+def _unknown(facts: FlowFacts) -> list[BlockedBy]:
+    if facts.unknown_since is None:
+        return []
+    return [BlockedBy(kind="unknown_job", name=facts.name, queue=facts.queue,
+                      since=facts.unknown_since, until=facts.run_at,
+                      workers=facts.unknown_workers,
+                      reason=registry.expected_home(facts.name, facts.enqueued_by))]
 
 
 def _pauses(facts: FlowFacts) -> list[BlockedBy]:

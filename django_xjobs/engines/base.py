@@ -69,6 +69,8 @@ from ..records import (
     StepRecord,
     Suspension,
     TableHealth,
+    UnknownGiveBack,
+    UnknownWait,
     WorkerRecord,
     XminHolder,
 )
@@ -209,6 +211,17 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def job_suspend_if_owned(self, suspension: Suspension) -> FenceReport: ...
+
+    @abc.abstractmethod
+    def job_give_back_unknown_if_owned(self, give_back: UnknownGiveBack) -> FenceReport:
+        """Give back, without spending an attempt, a job whose name the worker does not know;
+        due again after a backoff that grows with its wait (docs/deployment.md)."""
+
+    @abc.abstractmethod
+    def jobs_unknown_waiting(self, *, names: Iterable[str] | None = None,
+                             tenant_ids: Iterable[str] | None = None) -> list[UnknownWait]:
+        """Per queue and name, the jobs waiting for a worker that knows their name, the
+        longest-waiting first."""
 
     @abc.abstractmethod
     def jobs_renew_if_owned(self, claims: Sequence[Claim], lease_ms: int) -> Renewal:

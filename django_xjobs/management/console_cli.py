@@ -342,6 +342,11 @@ def _print_health(out: _Out, health: reads.Health, overall: str) -> None:
     out.table(("expired", "id", "name", "queue", "worker", "attempt"),
               [(reads.ago(j.at, now), j.id, j.name, j.queue, j.claimed_by,
                 f"{j.attempt}/{j.max_attempts}") for j in health.lapsed], empty="")
+    out.line(f"\njobs no worker knows (waiting for a worker that knows their name): "
+             f"{sum(u.wait.count for u in health.unknown)}")
+    out.table(("name", "queue", "jobs", "waiting since", "verdict", "expected as"),
+              [(u.wait.name, u.wait.queue, u.wait.count, reads.ago(u.wait.since, now),
+                u.verdict, u.expected) for u in health.unknown], empty="")
     r = health.rescues
     out.line(f"\nrescues: {r.live_jobs} live job(s) rescued ({r.live_rescues} rescues); "
              f"{r.finished_jobs} finished in the last hour after a rescue "

@@ -80,9 +80,8 @@ def _settings_entry(task: str, entry: Mapping[str, Any], payload_limit: int) -> 
     definition = registry.lookup(entry["job"])
     if definition is None:
         return Problem(UNKNOWN_JOB, task, (
-            f"{where}: no job named {entry['job']!r} is registered (is its app in "
-            f"INSTALLED_APPS and its jobs.py importable?); registered: "
-            f"{sorted(registry.all_jobs())}"
+            f"{where}: no job named {entry['job']!r} is registered: "
+            f"{registry.expected_home(entry['job'])}; registered: {sorted(registry.all_jobs())}"
         ))
     # The input every occurrence is enqueued with must bind to the job's signature, or each
     # run would fail with a TypeError (tests/unit/test_validation.py).

@@ -121,7 +121,7 @@ def in_turn(work: Callable[[], None]) -> None:
 
 def run_claimed(engine: Engine, claimed: ClaimedJob) -> str:
     """Run a claimed job in this thread and write its outcome; the state it went to (as a
-    worker counts it: done, ready, delayed, dead, requeued, suspended, or lost)."""
+    worker counts it: done, ready, delayed, dead, requeued, unknown_job, suspended, or lost)."""
     settings = conf.get()
     definition = registry.lookup(claimed.name)
     ctx = JobContext(

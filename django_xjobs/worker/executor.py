@@ -17,7 +17,9 @@ raises ``Snooze(delay)``               ``GiveBack``: later, without spending an 
 raises ``PauseKey(key, for_=...)``     ``KeyPaused``: due now without spending an attempt,
                                        and the key paused (docs/flow-control.md)
 raises anything else                   ``Retry`` with a full-jitter backoff delay
-its name is not registered here        ``Retry``: a rolling deploy may bring the code
+its name is not registered here        ``UnknownName``: given back without spending an
+                                       attempt until a worker that knows it claims it
+                                       (docs/deployment.md)
 its stored input cannot be decoded     ``Retry(permanent=True)``: the code never runs
 =====================================  ==============================================
 
@@ -53,7 +55,7 @@ from ..exceptions import (
     is_permanent,
 )
 from ..records import ClaimedJob
-from ..registry import JobDefinition
+from ..registry import JobDefinition, expected_home
 from ..steps import StepSuspended
 from ..values import format_error, record_error
 from .backoff import retry_delay
@@ -109,7 +111,18 @@ class Discard:
     reason: str
 
 
-Outcome = Done | Retry | GiveBack | KeyPaused | Suspended | Discard
+@dataclass(frozen=True, slots=True)
+class UnknownName:
+    """No job of the claimed name is registered in this worker: give the job back without
+    spending an attempt, due again after the time it has waited (at least a second, at most
+    ``max_delay`` seconds), for a worker that knows the name (job_give_back_unknown_if_owned).
+    ``note`` is the row's last error."""
+
+    note: str
+    max_delay: float
+
+
+Outcome = Done | Retry | GiveBack | KeyPaused | Suspended | Discard | UnknownName
 
 
 def backoff_for(definition: JobDefinition | None, attempt: int, settings: XJobsSettings) -> float:
@@ -119,14 +132,15 @@ def backoff_for(definition: JobDefinition | None, attempt: int, settings: XJobsS
     return retry_delay(attempt, base=base, cap=cap)
 
 
-def unknown_job(claimed: ClaimedJob, settings: XJobsSettings) -> Retry:
-    return Retry(
-        error=(
-            f"UnknownJob: no job named {claimed.name!r} is registered in this worker. It is "
-            "retried with backoff (a rolling deploy may bring its code); check INSTALLED_APPS "
-            "and the app's jobs.py if it keeps failing."
-        ),
-        delay=backoff_for(None, claimed.attempt, settings),
+def unknown_job(claimed: ClaimedJob, settings: XJobsSettings) -> UnknownName:
+    """The outcome of a claimed job whose name this worker does not know: its code may reach
+    the workers after the web processes that enqueue it (docs/deployment.md, "New job types
+    before their workers"), so the wait spends no attempt and buries nothing."""
+    return UnknownName(
+        note=(f"UnknownJob: no job named {claimed.name!r} is registered in this worker; given "
+              "back without spending an attempt, to wait for a worker that knows it (deployed "
+              f"to web before the workers?). It is {expected_home(claimed.name)}."),
+        max_delay=settings.unknown_job_retry_max,
     )
 
 

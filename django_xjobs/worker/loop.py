@@ -91,6 +91,7 @@ from .listener import WakeListener
 from .liveness import Liveness
 from .settle import announce, announcing, write_outcome
 from .shutdown import ShutdownSignals
+from .unknown import UnknownNames
 
 log = logging.getLogger("django_xjobs.worker")
 
@@ -328,6 +329,7 @@ class Worker:
         self.flow = Flow(engine=self.engine, settings=self.settings, worker_id=self.worker_id,
                          queues=options.queues, poll_interval=options.poll_interval,
                          stats=self.stats)
+        self.unknown = UnknownNames(self.engine, self.settings.unknown_job_report_after)
 
     # ------------------------------------------------------------------------ public --
     def run(self) -> None:
@@ -934,6 +936,12 @@ class Worker:
                      "commit)", job.id, job.name, state)
         self.stats[state] += 1
         outcome = run.outcome
+        if isinstance(outcome, executor.UnknownName):
+            try:
+                self.unknown.gave_back(job.name)
+            except Exception as exc:  # a report is not worth failing the settle for
+                log.warning("job %s (%s): the wait of its name not read: %s", job.id, job.name,
+                            exc)
         if isinstance(outcome, Retry):
             # The error as recorded on the row: its class, then the traceback of the run (the
             # exception itself stayed with the executor thread that caught it).

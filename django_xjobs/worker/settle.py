@@ -13,8 +13,8 @@ from typing import Any
 from .. import signals
 from ..engines import Engine
 from ..pauses import MAX_REASON
-from ..records import ClaimedJob, Failure, Fence, KeyPauseRequeue, Requeue
-from .executor import Discard, Done, GiveBack, KeyPaused, Outcome, Retry, Suspended
+from ..records import ClaimedJob, Failure, Fence, KeyPauseRequeue, Requeue, UnknownGiveBack
+from .executor import Discard, Done, GiveBack, KeyPaused, Outcome, Retry, Suspended, UnknownName
 
 log = logging.getLogger("django_xjobs.worker")
 
@@ -39,6 +39,12 @@ def write_outcome(engine: Engine, job: ClaimedJob, outcome: Outcome) -> tuple[Fe
             outcome=outcome.outcome,
         ))
         return report.outcome(job.lease_token), "requeued"
+    if isinstance(outcome, UnknownName):
+        report = engine.job_give_back_unknown_if_owned(UnknownGiveBack(
+            claim=job.claim, spent_attempt=not job.resumed, resumed=job.resumed,
+            note=outcome.note, max_delay_ms=max(1, round(outcome.max_delay * 1000)),
+        ))
+        return report.outcome(job.lease_token), "unknown_job"
     if isinstance(outcome, KeyPaused):
         report, _until = engine.job_pause_key_if_owned(KeyPauseRequeue(
             claim=job.claim, key=outcome.key, for_ms=max(1, round(outcome.seconds * 1000)),
@@ -99,6 +105,8 @@ def attempt_outcome(engine: Engine, job: ClaimedJob, outcome: Outcome, fence: Fe
         return outcome.outcome
     if isinstance(outcome, KeyPaused):
         return "handed_back"  # as job_pause_key_if_owned records it
+    if isinstance(outcome, UnknownName):
+        return "unknown_job"
     if isinstance(outcome, Suspended):
         return "suspended"
     return "lost"

@@ -63,6 +63,19 @@ def wait_state(job_id: Any, *states: str, timeout: float = SETTLE) -> Any:
                       message=f"job {job_id} to reach {states}")
 
 
+def wait_given_back(job_id: Any, *, tries: int = 1, timeout: float = SETTLE) -> Any:
+    """Wait until workers that do not know the job's name have given it back ``tries`` times
+    (its last attempt entry is the wait's, docs/deployment.md); return its row."""
+    def given_back():
+        row = job_row(job_id)
+        last = row.attempts[-1] if row.attempts else {}
+        return row if last.get("outcome") == "unknown_job" and last.get("tries", 0) >= tries \
+            else None
+
+    return wait_until(given_back, timeout=timeout, interval=0.05,
+                      message=f"job {job_id} given back {tries} time(s) as unknown")
+
+
 def wait_effect(job_id: Any, kind: str, *, count: int = 1, timeout: float = SETTLE) -> list:
     def present():
         rows = effects(job_id, kind)

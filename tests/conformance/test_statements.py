@@ -52,6 +52,7 @@ SCALARS.update({"period_ms": 60_000, "cost": 1})  # ---- why a job is not runnin
 SCALARS.update({"debounce_ms": 5_000, "max_wait_ms": 60_000})  # ---- debounce
 SCALARS.update({"state": "done"})  # ---- history tables
 SCALARS.update({"after_job_id": None})  # ---- deploy check
+SCALARS.update({"max_ms": 60_000})  # ---- job names no worker knows
 SCALARS.update({"kind": "key", "until": None, "for_ms": 60_000})  # ---- pauses
 SCALARS.update({"outcome": "failed", "done": 1.0, "total": 10.0, "message": None,
                 "grain": "minute", "since": None, "minute_ms": 1000, "hour_ms": 1000,

@@ -303,23 +303,33 @@ def test_a_result_whose_own_code_raises_while_encoded_still_ends_the_run(job):
     assert after.get().state == "done"
 
 
-def test_a_row_naming_an_unknown_job_is_retried_then_dead_and_the_worker_carries_on():
+def test_a_row_naming_an_unknown_job_waits_without_spending_an_attempt_and_the_worker_carries_on():
     unknown = Job.objects.create(name="gone.in_the_deploy", idempotency_key=str(uuid4()),
-                                 max_attempts=2, input={"a": 1})
+                                 max_attempts=1, input={"a": 1})
     neighbour = testapp_jobs.record.enqueue(tag="neighbour")
 
     stats = drain()
     assert neighbour.get().state == "done"  # the unknown name did not stop the worker
     first = Job.objects.get(id=unknown.id)
-    assert retries(stats) + stats["dead"] >= 1
-    assert "UnknownJob" in first.last_error
-    assert "'gone.in_the_deploy'" in first.last_error
+    assert stats["unknown_job"] == 1 and stats["dead"] == 0
+    assert (first.state, first.attempt) == ("delayed", 0)  # max_attempts=1, and not dead
+    assert "UnknownJob: no job named 'gone.in_the_deploy'" in first.last_error
+    assert "jobs.py of app 'gone'" in first.last_error
+    assert first.attempts[-1]["outcome"] == "unknown_job"
+    assert first.attempts[-1]["tries"] == 1
+    assert first.unknown_since is not None
+    # The first wait is a second: the waits then double (the time waited so far).
+    assert timedelta(seconds=1) <= first.run_at - first.unknown_since < timedelta(seconds=2)
 
-    handle = api.JobHandle(id=unknown.id, run_id=unknown.run_id, created=True)
-    row, _ = drain_until(handle)
-    assert row.state == "dead"
-    assert row.attempt == 2
-    assert "UnknownJob" in row.last_error
+    Job.objects.filter(id=unknown.id).update(run_at=first.unknown_since)  # due again now
+    drain()
+    again = Job.objects.get(id=unknown.id)
+    assert (again.state, again.attempt, again.unknown_since) == ("delayed", 0,
+                                                                 first.unknown_since)
+    assert len(again.attempts) == 1  # one entry for the whole wait
+    assert again.attempts[-1]["tries"] == 2
+    assert again.attempts[-1]["workers"] == [first.attempts[-1]["worker"],
+                                             again.attempts[-1]["worker"]]  # two drains
 
 
 # -------------------------------------------------------------------------- enqueued_by --

@@ -14,3 +14,5 @@ class TestAppConfig(AppConfig):
         path = os.environ.get(receivers.ENV)
         if path:  # a worker of tests/acceptance/test_signals_worker.py
             receivers.connect(path)
+        if os.environ.get("XJOBS_TEST_LATE_JOBS"):  # tests/acceptance/test_unknown_jobs_worker.py
+            from . import late_jobs  # noqa: F401 - registers its job

@@ -256,7 +256,7 @@ def test_the_worker_s_own_messages_name_a_real_exception_class():
     claimed = ClaimedJob(id=str(uuid.uuid4()), lease_token="t", name="os.system",
                          queue="default", input={}, run_id="r", attempt=1, max_attempts=3,
                          tenant_id=None, traceparent=None, concurrency_key=None, resumed=False)
-    unknown = unknown_job(claimed, conf.get()).error
+    unknown = unknown_job(claimed, conf.get()).note
     assert exception_class_path(unknown) == "django_xjobs.exceptions.UnknownJob"
     timeout = ("TimeoutError: tests.testapp.tasks.add ran longer than its timeout (1s); the run"
                " was stopped and its result will be discarded")

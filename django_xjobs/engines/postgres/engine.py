@@ -85,6 +85,8 @@ from ...records import (
     StepRecord,
     Suspension,
     TableHealth,
+    UnknownGiveBack,
+    UnknownWait,
     WorkerRecord,
     XminHolder,
     attempt_history,
@@ -804,6 +806,23 @@ class PostgresEngine(Engine):
         }, fetch="one")
         return self._one_report("requeue", requeue.claim, row)
 
+    def job_give_back_unknown_if_owned(self, give_back: UnknownGiveBack) -> FenceReport:
+        row = self._run(S.JOB_GIVE_BACK_UNKNOWN_IF_OWNED, {
+            **_fence(give_back.claim), "spent": give_back.spent_attempt,
+            "resumed": give_back.resumed, "note": give_back.note,
+            "max_ms": give_back.max_delay_ms,
+        }, fetch="one")
+        return self._one_report("requeue", give_back.claim, row)
+
+    def jobs_unknown_waiting(self, *, names: Iterable[str] | None = None,
+                             tenant_ids: Iterable[str] | None = None) -> list[UnknownWait]:
+        rows = self._run(S.JOBS_UNKNOWN_WAITING, {
+            "names": list(names) if names is not None else None,
+            "tenant_ids": _tenants(tenant_ids),
+        })
+        return [UnknownWait(queue=r[0], name=r[1], count=r[2], since=r[3], waited=r[4],
+                            cron_tasks=tuple(sorted(r[5]))) for r in rows]
+
     def job_suspend_if_owned(self, suspension: Suspension) -> FenceReport:
         row = self._run(S.JOB_SUSPEND_IF_OWNED, {
             **_fence(suspension.claim), "wake_at": suspension.wake_at,
@@ -1202,7 +1221,8 @@ class PostgresEngine(Engine):
         return FlowFacts(
             id=r[0], name=r[1], queue=r[2], state=r[3], run_at=r[4], attempt=r[5],
             last_error=r[6], concurrency_key=r[7], rate_key=r[8], blocked_on=r[9], now=r[10],
-            pauses=pauses, holders=tuple(r[12]), worker_seen=r[13],
+            pauses=pauses, holders=tuple(r[12]), worker_seen=r[13], unknown_since=r[14],
+            unknown_workers=tuple(json.loads(r[15])) if r[15] else (), enqueued_by=r[16],
         )
 
     def why_rate_window(self, key: str, *, limit: int, period_ms: int, cost: int) -> RateWindow:

@@ -94,6 +94,7 @@ from .jobs import (
     JOB_ENQUEUE_UNKEYED,
     JOB_FAIL_IF_OWNED,
     JOB_FIND_LIVE_BY_KEY,
+    JOB_GIVE_BACK_UNKNOWN_IF_OWNED,
     JOB_PROGRESS_IF_OWNED,
     JOB_REQUEUE_IF_OWNED,
     JOB_RETRY,
@@ -113,6 +114,7 @@ from .jobs import (
     JOBS_RENEW_IF_OWNED,
     JOBS_REQUEUE_IF_OWNED,
     JOBS_SHIFT_DUE,
+    JOBS_UNKNOWN_WAITING,
     JOBS_WAKE_REFUSED,
     QUEUE_DEPTH,
     QUEUE_STATS,
@@ -245,6 +247,8 @@ ALL: dict[str, Statement] = {s.name: s for s in (
     STEP_INVOKE_PENDING_IF_OWNED, JOBS_CHILDREN, JOBS_CHILDREN_ARCHIVED,
     # idempotency windows
     JOB_ENQUEUE_WINDOWED, JOB_KEY_HELD, JOB_KEY_HOLDER, JOB_KEYS_PURGE_EXPIRED,
+    # job names no worker that claimed them knows (docs/deployment.md)
+    JOB_GIVE_BACK_UNKNOWN_IF_OWNED, JOBS_UNKNOWN_WAITING,
     # cron overlap (docs/scheduling.md, "Overlap")
     CRON_RUNS_LIVE, CRON_RUNS_LOCK_LIVE, CRON_RUNS_HOLD, CRON_RUNS_RELEASE,
     SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,

@@ -653,6 +653,77 @@ select 'busy' from ({held_runs_sql("one", "moved")}) busy
 """,
 )
 
+# What job_give_back_unknown_if_owned reads of the row it gives back: the run's attempt entry,
+# and the last entry, which tells a job that waits already from one that starts to.
+_UNKNOWN_COLUMNS = "id, attempt, claimed_by, started_at, unknown_since, attempts->-1 as last"
+
+JOB_GIVE_BACK_UNKNOWN_IF_OWNED = Statement(
+    "job_give_back_unknown_if_owned",
+    why="""
+Give back a job whose name the claiming worker does not know (its code is not deployed there
+yet: docs/deployment.md, "New job types before their workers"), like job_requeue_if_owned: no
+attempt spent, so a rolling deploy that brings the code to web first buries nothing. It is due
+again after as long as it has waited so far (at least a second, at most max_ms): the waits
+double, and a worker that knows the name waits for at most max_ms once it is deployed.
+
+unknown_since is when the wait began: kept while the job's last attempt entry is this
+give-back's (`unknown_job`), else now. Consecutive give-backs share one entry (its `tries`
+counted, its last five `workers` kept), so a long wait does not push the runs out of the
+job's attempt history. Fenced and locked like job_requeue_if_owned.
+""",
+    sql=f"""
+with {_ONE_RUN}, free as materialized (
+    {free_runs_sql("one", _UNKNOWN_COLUMNS)}
+), w as (
+    select f.*, coalesce(f.last->>'outcome' = 'unknown_job', false) as waiting,
+           case when f.last->>'outcome' = 'unknown_job' then coalesce(f.unknown_since, now())
+                else now() end as since
+      from free f
+), e as (
+    select w.id, w.since, jsonb_strip_nulls(jsonb_build_object(
+               'attempt', w.attempt, 'worker', w.claimed_by, 'started_at', w.started_at,
+               'finished_at', now(), 'outcome', 'unknown_job', 'error', %(note)s::text,
+               'since', w.since,
+               'tries', case when w.waiting then coalesce((w.last->>'tries')::int, 1) + 1
+                             else 1 end,
+               'workers', (select jsonb_agg(k.x order by k.n)
+                             from (select x, n
+                                     from jsonb_array_elements(
+                                              case when w.waiting
+                                                   then coalesce(w.last->'workers', '[]'::jsonb)
+                                                   else '[]'::jsonb end
+                                              - coalesce(w.claimed_by, '?')
+                                              || jsonb_build_array(coalesce(w.claimed_by, '?'))
+                                          ) with ordinality as t(x, n)
+                                    order by n desc limit 5) k))) as entry,
+           w.waiting
+      from w
+), moved as (
+    update only x_jobs j
+       set state         = case when %(resumed)s::boolean then 'suspended' else 'delayed' end,
+           attempt       = j.attempt - %(spent)s::boolean::int,
+           worker_ids    = case when %(spent)s::boolean
+                                then j.worker_ids - (jsonb_array_length(j.worker_ids) - 1)
+                                else j.worker_ids end,
+           unknown_since = e.since,
+           run_at        = now() + least(%(max_ms)s::bigint,
+                                         greatest(1000, {elapsed_ms_sql("e.since")}))
+                                   * interval '1 millisecond',
+           visible_at    = null,
+           last_error    = %(note)s,
+           attempts      = case when e.waiting then jsonb_set(j.attempts, '{{-1}}', e.entry)
+                                else xjobs_attempt_push(j.attempts, e.entry) end,
+           updated_at    = now()
+      from e
+     where j.id = e.id
+    returning j.id, j.state
+)
+select state from moved
+union all
+select 'busy' from ({held_runs_sql("one", "moved")}) busy
+""",
+)
+
 JOB_SUSPEND_IF_OWNED = Statement(
     "job_suspend_if_owned",
     why="""
@@ -985,6 +1056,31 @@ select queue,
            and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))) l
  group by queue
  order by queue
+""",
+)
+
+JOBS_UNKNOWN_WAITING = Statement(
+    "jobs_unknown_waiting",
+    why="""
+The jobs that wait for a worker knowing their name (job_give_back_unknown_if_owned), per
+queue and name: how many, since when the oldest waits and for how long on the database clock,
+and the cron tasks that enqueued them. For the health panel, `xjobs_jobs_unknown` and the
+worker's report past XJOBS["UNKNOWN_JOB_REPORT_AFTER"]. Read through the live rows (the claim
+index's states) whose unknown_since is set, nearly none; the last attempt entry tells a job that
+waits now from one that waited once and has run since.
+""",
+    sql="""
+select queue, name, count(*)::bigint, min(unknown_since),
+       extract(epoch from now() - min(unknown_since))::float8,
+       coalesce(array_agg(distinct substr(enqueued_by, 6))
+                  filter (where enqueued_by like 'cron:%%'), '{}'::text[])
+  from only x_jobs
+ where state in ('ready', 'delayed', 'suspended') and unknown_since is not null
+   and attempts->-1->>'outcome' = 'unknown_job'
+   and (%(names)s::text[] is null or name = any(%(names)s::text[]))
+   and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+ group by queue, name
+ order by min(unknown_since), queue, name
 """,
 )
 

@@ -16,7 +16,9 @@ One job's row as it is now, with every flow-control row that can hold it back, i
 statement so they are one snapshot: the pauses in force (until NULL or later than now()) for
 its queue and for its concurrency and rate-limit keys, the live holders of its concurrency
 key's slots (a lapsed slot is free, whoever it names), and whether any worker that serves its
-queue was seen in the last 5 minutes (x_workers.queues holds the queue names as a JSON list).
+queue was seen in the last 5 minutes (x_workers.queues holds the queue names as a JSON list),
+and, while it waits for a worker that knows its name, since when and which workers gave it back
+(job_give_back_unknown_if_owned).
 Under a tenant scope a job of another tenant is not found, like job_get.
 """,
     sql="""
@@ -34,7 +36,11 @@ select j.id, j.name, j.queue, j.state, j.run_at, j.attempt, j.last_error, j.conc
                   where l.lease_key = j.concurrency_key and l.expires_at > now()),
                 '{}'::text[]),
        exists (select 1 from x_workers w
-                where w.queues ? j.queue and w.seen_at > now() - interval '5 minutes')
+                where w.queues ? j.queue and w.seen_at > now() - interval '5 minutes'),
+       case when j.attempts->-1->>'outcome' = 'unknown_job' then j.unknown_since end,
+       case when j.attempts->-1->>'outcome' = 'unknown_job'
+            then (j.attempts->-1->'workers')::text end,
+       j.enqueued_by
   from x_jobs j
  where j.id = %(id)s
    and (%(tenant_ids)s::text[] is null or j.tenant_id = any(%(tenant_ids)s::text[]))
