@@ -171,7 +171,9 @@ JOB_DATABASE = [
            'DROP INDEX CONCURRENTLY IF EXISTS "x_jobs_live_key_uniq"',
            done_if=LIVE_KEY_COVERS_BLOCKED,
            reverse_done_if=f"select not ({LIVE_KEY_COVERS_BLOCKED})", hints=JOB),
-    RunDDL('ALTER INDEX IF EXISTS "x_jobs_live_key_uniq_new" RENAME TO "x_jobs_live_key_uniq"',
+    # Renamed into the name the model gives it: no client knows the temporary one.
+    RunDDL('-- squawk-ignore renaming-object\n'
+           'ALTER INDEX IF EXISTS "x_jobs_live_key_uniq_new" RENAME TO "x_jobs_live_key_uniq"',
            'CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS "x_jobs_live_key_uniq_new" ON "x_jobs" ("name", (COALESCE("tenant_id", \'\')), "idempotency_key") WHERE ("state" IN (\'ready\', \'delayed\', \'running\', \'suspended\') AND NOT ("idempotency_key" = ("id")::text))',
            reverse_done_if=f"select not ({LIVE_KEY_COVERS_BLOCKED})", hints=JOB),
     # The state CHECK, widened to blocked: added NOT VALID (no scan under the lock), validated
@@ -183,11 +185,14 @@ JOB_DATABASE = [
     RunDDL('ALTER TABLE "x_jobs" VALIDATE CONSTRAINT "x_jobs_state_valid_new"',
            'ALTER TABLE "x_jobs" VALIDATE CONSTRAINT "x_jobs_state_valid_new"',
            done_if=NEW_STATE_CHECK_VALID, reverse_done_if=NEW_STATE_CHECK_VALID, hints=JOB),
-    RunDDL('ALTER TABLE "x_jobs" DROP CONSTRAINT IF EXISTS "x_jobs_state_valid"',
+    # Dropped once its wider successor is valid: the guarantee stays.
+    RunDDL('-- squawk-ignore ban-drop-constraint\n'
+           'ALTER TABLE "x_jobs" DROP CONSTRAINT IF EXISTS "x_jobs_state_valid"',
            'ALTER TABLE "x_jobs" DROP CONSTRAINT IF EXISTS "x_jobs_state_valid"',
            done_if=STATE_CHECK_ADMITS_BLOCKED,
            reverse_done_if=f"select not ({STATE_CHECK_ADMITS_BLOCKED})", hints=JOB),
-    RunDDL('ALTER TABLE "x_jobs" RENAME CONSTRAINT "x_jobs_state_valid_new" TO "x_jobs_state_valid"',
+    RunDDL('-- squawk-ignore renaming-object\n'
+           'ALTER TABLE "x_jobs" RENAME CONSTRAINT "x_jobs_state_valid_new" TO "x_jobs_state_valid"',
            f'ALTER TABLE "x_jobs" ADD CONSTRAINT "x_jobs_state_valid_new" CHECK ("state" IN ({OLD_STATES}, \'done\', \'dead\', \'cancelled\')) NOT VALID',
            done_if=NEW_STATE_CHECK_ABSENT,
            reverse_done_if=f"select not ({NEW_STATE_CHECK_ABSENT})", hints=JOB),
