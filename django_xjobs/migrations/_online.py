@@ -114,7 +114,7 @@ class _BlockerWatch:
             with watcher.cursor() as cursor:
                 cursor.execute(BLOCKERS_SQL, [pid])
                 self.rows = list(cursor.fetchall())
-        except Exception as error:  # noqa: BLE001 - the message says it could not look
+        except Exception as error:  # any failure to look: the message says so
             self.rows = [(None, "", "", 0.0, f"(could not read the blockers: {error})")]
         finally:
             watcher.close()
@@ -156,11 +156,11 @@ def run_ddl(schema_editor: BaseDatabaseSchemaEditor, sql: str, *, guarded: bool 
     for attempt in range(retries + 1):
         watch = _BlockerWatch(connection, pid, ms / 2000)
         try:
-            in_transaction = connection.in_atomic_block
-            with transaction.atomic(connection.alias) if in_transaction else nullcontext():
-                with connection.cursor() as cursor:
-                    cursor.execute("select set_config('lock_timeout', %s, false)", [text])
-                    cursor.execute(sql)
+            savepoint = (transaction.atomic(connection.alias) if connection.in_atomic_block
+                         else nullcontext())
+            with savepoint, connection.cursor() as cursor:
+                cursor.execute("select set_config('lock_timeout', %s, false)", [text])
+                cursor.execute(sql)
             return
         except OperationalError as error:
             if not _is_lock_timeout(error):

@@ -196,8 +196,10 @@ def test_a_bad_lock_timeout_setting_is_refused_with_the_variables_name(monkeypat
 
 
 SCHEMA_SQL = """
-select 'column', attrelid::regclass::text || '.' || attname || ' ' || format_type(atttypid, atttypmod)
-       || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '') || case when attnotnull then ' not null' else '' end
+select 'column', attrelid::regclass::text || '.' || attname || ' '
+       || format_type(atttypid, atttypmod)
+       || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+       || case when attnotnull then ' not null' else '' end
   from pg_attribute a left join pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
  where attrelid::regclass::text like 'x\\_%' and attnum > 0 and not attisdropped
 union all
