@@ -5,7 +5,8 @@
 Builds a fresh ``xjobs_bench_migrations`` database (``XJOBS_BENCH_DB`` names another) at the
 schema of migration 0001 (the first release's), fills ``x_jobs`` with ``--jobs`` rows (97%
 finished: done, dead, cancelled; the rest live: ready, delayed, running) and ``x_job_steps``
-with ``--steps`` rows, server-side (``generate_series``), then VACUUM ANALYZE.
+with ``--steps`` rows, server-side (``generate_series``; ids minted in time order as the
+application's are; the indexes 0001 made are built after the fill), then VACUUM ANALYZE.
 
 Then it applies each later migration of django_xjobs one at a time (``migrate django_xjobs
 0002``, ``0003``, ...), in this process, while a producer (a connection of its own) enqueues a
@@ -44,9 +45,17 @@ select g.id, 'shop.job_' || (g.n %% 20), (array['default', 'emails', 'payments']
        case when g.n %% 100 < 97 then g.at + interval '2 seconds' end,
        case when g.n %% 50 = 0 then 'cron:nightly' else 'web-1:4242' end,
        case when g.n %% 10 < 7 then 'tenant-' || (g.n %% 97) end
-  from (select n, gen_random_uuid() as id,
-               now() - interval '7 days' * (1 - n::float8 / %(total)s) as at
-          from generate_series(%(first)s, %(last)s) n) g
+  from (select n, at, (lpad(to_hex((extract(epoch from at) * 1000)::bigint), 12, '0')
+                         || substr(md5(n::text), 1, 20))::uuid as id
+          from (select n, now() - interval '7 days' * (1 - n::float8 / %(total)s) as at
+                  from generate_series(%(first)s, %(last)s) n) t) g
+"""
+# The indexes no constraint owns, dropped for the fill and built again after it (bench set-up).
+LOOSE_INDEXES = """
+select i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid)
+  from pg_index i
+ where i.indrelid in ('x_jobs'::regclass, 'x_job_steps'::regclass)
+   and not exists (select from pg_constraint c where c.conindid = i.indexrelid)
 """
 FILL_STEPS = """
 insert into x_job_steps (run_id, name, status, output, started_at, completed_at)
@@ -143,11 +152,19 @@ def fill(jobs: int, steps: int) -> None:
     from django.db import connection
 
     with connection.cursor() as cur:
+        cur.execute(LOOSE_INDEXES)
+        indexes = cur.fetchall()
+        for name, _definition in indexes:
+            cur.execute(f"drop index {name}")
         for first in range(1, jobs + 1, BATCH):
             cur.execute(FILL_JOBS, {"first": first, "last": min(jobs, first + BATCH - 1),
                                     "total": jobs})
             print(f"  x_jobs: {min(jobs, first + BATCH - 1):,} rows", flush=True)
         cur.execute(FILL_STEPS, {"runs": steps // 4})
+        cur.execute("set maintenance_work_mem = '1GB'")
+        for _name, definition in indexes:
+            cur.execute(definition)
+        cur.execute("reset maintenance_work_mem")
         cur.execute("vacuum analyze x_jobs")
         cur.execute("vacuum analyze x_job_steps")
 
