@@ -36,7 +36,7 @@ from typing import Any
 
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.core.exceptions import ImproperlyConfigured
-from django.db import migrations, transaction
+from django.db import migrations, router, transaction
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.utils import OperationalError
 
@@ -223,15 +223,21 @@ class RunDDL(migrations.RunSQL):
 
     def database_forwards(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor,
                           from_state: Any, to_state: Any) -> None:
-        if not _done(schema_editor, self.done_if):
-            self._guarded = self.done_if is not None
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
+        if not self._here(app_label, schema_editor) or _done(schema_editor, self.done_if):
+            return  # another database's tables (the router), or already run
+        self._guarded = self.done_if is not None
+        super().database_forwards(app_label, schema_editor, from_state, to_state)
 
     def database_backwards(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor,
                            from_state: Any, to_state: Any) -> None:
-        if not _done(schema_editor, self.reverse_done_if):
-            self._guarded = self.reverse_done_if is not None
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
+        if not self._here(app_label, schema_editor) or _done(schema_editor,
+                                                              self.reverse_done_if):
+            return
+        self._guarded = self.reverse_done_if is not None
+        super().database_backwards(app_label, schema_editor, from_state, to_state)
+
+    def _here(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor) -> bool:
+        return router.allow_migrate(schema_editor.connection.alias, app_label, **self.hints)
 
     def _run_sql(self, schema_editor: BaseDatabaseSchemaEditor,
                  sqls: str | Sequence[str]) -> None:
