@@ -9,6 +9,8 @@
 #   make bench-peers          the shared harness: the peers and django-xjobs in one run
 #   make lint                 ruff + import-linter (the layer contract) + mypy (pyproject.toml)
 #   make bench-admin          the console's page render times at 10,000,000 jobs
+#   make bench-migrations     each migration's time, lock and enqueue stall at 10,000,000 jobs
+#                             under a running producer (docs/deployment.md)
 #   make bench-ab BASELINE=REV  this checkout against git revision REV, alternating, one run
 #   make screenshots          the console's screenshots in docs/img (the browser test)
 #   make upgrade-check        the upgrade test at 1,000,000 rows: the baseline of
@@ -37,7 +39,7 @@ PYTEST_ARGS ?=
 TEST_PROCESSES ?= 2
 SOAK_ARGS ?= --duration 5m
 
-.PHONY: demo test soak upgrade-check bench bench-flow bench-scale bench-peers bench-admin bench-ab lint install clean-db browser pooler faketime screenshots
+.PHONY: demo test soak upgrade-check bench bench-flow bench-scale bench-peers bench-admin bench-migrations bench-ab lint install clean-db browser pooler faketime screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -118,6 +120,9 @@ bench-scale: install
 
 bench-admin: install
 	$(PY) bench/admin_pages.py $(BENCH_ARGS)
+
+bench-migrations: install
+	$(PY) bench/migrations.py $(BENCH_ARGS)
 
 # A/B in one run: this checkout against BASELINE (a git revision), same workloads, alternating.
 bench-ab: install

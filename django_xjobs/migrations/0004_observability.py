@@ -9,6 +9,8 @@ import django.db.models.functions.datetime
 import django_xjobs.models
 from django.db import migrations, models
 
+from django_xjobs.migrations._online import AddFieldOnline, Once, RunDDL
+
 
 # Append one attempt entry to a job's history, keeping the first entry and the newest 20
 # (docs/observability.md, "Attempt history"). Immutable: it reads only its arguments.
@@ -46,98 +48,102 @@ drop function if exists xjobs_attempt_push(jsonb, jsonb);
 
 class Migration(migrations.Migration):
 
+    atomic = False
+
     dependencies = [
         ('django_xjobs', '0003_flow_control'),
     ]
 
     operations = [
-        migrations.CreateModel(
-            name='StatDelta',
-            fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('queue', models.TextField()),
-                ('name', models.TextField()),
-                ('enqueued', models.BigIntegerField(db_default=0, default=0)),
-                ('started', models.BigIntegerField(db_default=0, default=0)),
-                ('done', models.BigIntegerField(db_default=0, default=0)),
-                ('failed', models.BigIntegerField(db_default=0, default=0)),
-                ('dead', models.BigIntegerField(db_default=0, default=0)),
-                ('cancelled', models.BigIntegerField(db_default=0, default=0)),
-                ('wait_ms', django_xjobs.models.BigIntArray(blank=True, null=True)),
-                ('run_ms', django_xjobs.models.BigIntArray(blank=True, null=True)),
-                ('wait_ms_sum', models.BigIntegerField(db_default=0, default=0)),
-                ('run_ms_sum', models.BigIntegerField(db_default=0, default=0)),
-            ],
-            options={
-                'verbose_name': 'counter delta',
-                'db_table': 'x_stat_deltas',
-            },
-        ),
-        migrations.AddField(
+        Once([
+            migrations.CreateModel(
+                name='StatDelta',
+                fields=[
+                    ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                    ('at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                    ('queue', models.TextField()),
+                    ('name', models.TextField()),
+                    ('enqueued', models.BigIntegerField(db_default=0, default=0)),
+                    ('started', models.BigIntegerField(db_default=0, default=0)),
+                    ('done', models.BigIntegerField(db_default=0, default=0)),
+                    ('failed', models.BigIntegerField(db_default=0, default=0)),
+                    ('dead', models.BigIntegerField(db_default=0, default=0)),
+                    ('cancelled', models.BigIntegerField(db_default=0, default=0)),
+                    ('wait_ms', django_xjobs.models.BigIntArray(blank=True, null=True)),
+                    ('run_ms', django_xjobs.models.BigIntArray(blank=True, null=True)),
+                    ('wait_ms_sum', models.BigIntegerField(db_default=0, default=0)),
+                    ('run_ms_sum', models.BigIntegerField(db_default=0, default=0)),
+                ],
+                options={
+                    'verbose_name': 'counter delta',
+                    'db_table': 'x_stat_deltas',
+                },
+            ),
+            migrations.CreateModel(
+                name='Stat',
+                fields=[
+                    ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                    ('grain', models.TextField(choices=[('minute', 'minute'), ('hour', 'hour'), ('day', 'day'), ('total', 'total')])),
+                    ('at', models.DateTimeField()),
+                    ('queue', models.TextField()),
+                    ('name', models.TextField()),
+                    ('enqueued', models.BigIntegerField(db_default=0, default=0)),
+                    ('started', models.BigIntegerField(db_default=0, default=0)),
+                    ('done', models.BigIntegerField(db_default=0, default=0)),
+                    ('failed', models.BigIntegerField(db_default=0, default=0)),
+                    ('dead', models.BigIntegerField(db_default=0, default=0)),
+                    ('cancelled', models.BigIntegerField(db_default=0, default=0)),
+                    ('wait_ms_sum', models.BigIntegerField(db_default=0, default=0)),
+                    ('run_ms_sum', models.BigIntegerField(db_default=0, default=0)),
+                    ('wait_hist', django_xjobs.models.BigIntArray(blank=True, null=True)),
+                    ('run_hist', django_xjobs.models.BigIntArray(blank=True, null=True)),
+                ],
+                options={
+                    'verbose_name': 'counter',
+                    'db_table': 'x_stats',
+                    'constraints': [models.UniqueConstraint(fields=('grain', 'at', 'queue', 'name'), name='x_stats_bucket_uniq')],
+                },
+            ),
+        ], done_if="select to_regclass('x_stats') is not null"),
+        AddFieldOnline(
             model_name='job',
             name='attempts',
             field=models.JSONField(db_default=models.Value([], models.JSONField()), default=list),
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='job',
             name='progress',
             field=models.JSONField(blank=True, null=True),
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='workerrow',
             name='claimed_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='workerrow',
             name='concurrency',
             field=models.IntegerField(db_default=0, default=0),
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='workerrow',
             name='finished',
             field=models.BigIntegerField(db_default=0, default=0),
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='workerrow',
             name='loop_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='workerrow',
             name='running',
             field=models.IntegerField(db_default=0, default=0),
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='workerrow',
             name='version',
             field=models.TextField(db_default='', default=''),
         ),
-        migrations.CreateModel(
-            name='Stat',
-            fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('grain', models.TextField(choices=[('minute', 'minute'), ('hour', 'hour'), ('day', 'day'), ('total', 'total')])),
-                ('at', models.DateTimeField()),
-                ('queue', models.TextField()),
-                ('name', models.TextField()),
-                ('enqueued', models.BigIntegerField(db_default=0, default=0)),
-                ('started', models.BigIntegerField(db_default=0, default=0)),
-                ('done', models.BigIntegerField(db_default=0, default=0)),
-                ('failed', models.BigIntegerField(db_default=0, default=0)),
-                ('dead', models.BigIntegerField(db_default=0, default=0)),
-                ('cancelled', models.BigIntegerField(db_default=0, default=0)),
-                ('wait_ms_sum', models.BigIntegerField(db_default=0, default=0)),
-                ('run_ms_sum', models.BigIntegerField(db_default=0, default=0)),
-                ('wait_hist', django_xjobs.models.BigIntArray(blank=True, null=True)),
-                ('run_hist', django_xjobs.models.BigIntArray(blank=True, null=True)),
-            ],
-            options={
-                'verbose_name': 'counter',
-                'db_table': 'x_stats',
-                'constraints': [models.UniqueConstraint(fields=('grain', 'at', 'queue', 'name'), name='x_stats_bucket_uniq')],
-            },
-        ),
-        migrations.RunSQL(ATTEMPT_PUSH + HIST, DROP),
+        RunDDL(ATTEMPT_PUSH + HIST, DROP),
     ]

@@ -16,6 +16,8 @@ Reversing this migration drops the functions and every history table, with their
 
 from django.db import migrations
 
+from django_xjobs.migrations._online import RunDDL
+
 # The history table of a state and day, created on first use with the indexes a reader of
 # finished jobs needs (by id, by key, by run id, the console's filters and finished order); no
 # claim index, since no row in it is live. Returns the job table's name.
@@ -188,12 +190,14 @@ drop function if exists xjobs_history_table(text, date);
 
 class Migration(migrations.Migration):
 
+    atomic = False
+
     dependencies = [
         ('django_xjobs', '0005_console_indexes'),
     ]
 
     operations = [
-        migrations.RunSQL(
+        RunDDL(
             sql=[HISTORY_TABLE, ARCHIVE, DROP_EXPIRED],
             reverse_sql=REVERSE,
             hints={"model_name": "job"},

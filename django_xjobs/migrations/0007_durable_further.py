@@ -20,6 +20,8 @@ jobs", says why nothing is missed).
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
+from django_xjobs.migrations._online import AddFieldOnline, AddIndexOnline, Once, RunDDL
+
 TRANSITION = r"""
 create or replace function xjobs_job_transition() returns trigger
 language plpgsql as $fn$
@@ -57,8 +59,12 @@ begin
     end if;
     return null;
 end
-$fn$;
+$fn$
+"""
 
+# CREATE TRIGGER takes a SHARE ROW EXCLUSIVE lock on x_jobs (it holds off writers): a statement
+# of its own, under the lock timeout.
+TRANSITION_TRIGGER = r"""
 create trigger x_jobs_transition
     after update of state on x_jobs
     for each row
@@ -68,74 +74,78 @@ create trigger x_jobs_transition
     execute function xjobs_job_transition();
 """
 
-TRANSITION_REVERSE = r"""
-drop trigger if exists x_jobs_transition on x_jobs;
-drop function if exists xjobs_job_transition();
-"""
-
 
 
 class Migration(migrations.Migration):
+
+    atomic = False
 
     dependencies = [
         ('django_xjobs', '0006_history'),
     ]
 
     operations = [
-        migrations.CreateModel(
-            name='JobKey',
-            fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('name', models.TextField()),
-                ('tenant', models.TextField(db_default='', default='')),
-                ('key', models.TextField()),
-                ('job_id', models.UUIDField()),
-                ('unique_for_ms', models.BigIntegerField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-            ],
-            options={
-                'verbose_name': 'idempotency window',
-                'db_table': 'x_job_keys',
-            },
-        ),
-        migrations.AddField(
+        Once([
+            migrations.CreateModel(
+                name='JobKey',
+                fields=[
+                    ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                    ('name', models.TextField()),
+                    ('tenant', models.TextField(db_default='', default='')),
+                    ('key', models.TextField()),
+                    ('job_id', models.UUIDField()),
+                    ('unique_for_ms', models.BigIntegerField(blank=True, null=True)),
+                    ('finished_at', models.DateTimeField(blank=True, null=True)),
+                    ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                ],
+                options={
+                    'verbose_name': 'idempotency window',
+                    'db_table': 'x_job_keys',
+                },
+            ),
+            migrations.AddIndex(
+                model_name='jobkey',
+                index=models.Index(condition=models.Q(('unique_for_ms__isnull', False)), fields=['finished_at'], name='x_job_keys_expiry_idx'),
+            ),
+            migrations.AddConstraint(
+                model_name='jobkey',
+                constraint=models.UniqueConstraint(fields=('name', 'tenant', 'key'), name='x_job_keys_uniq'),
+            ),
+        ], done_if="select to_regclass('x_job_keys') is not null"),
+        AddFieldOnline(
             model_name='job',
             name='parent_id',
             field=models.UUIDField(blank=True, null=True),
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='job',
             name='parent_step',
             field=models.TextField(blank=True, null=True),
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='job',
             name='unique_for_ms',
             field=models.BigIntegerField(blank=True, null=True),
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='jobstep',
             name='kind',
             field=models.TextField(blank=True, null=True),
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='jobstep',
             name='pending',
             field=models.IntegerField(blank=True, null=True),
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name='job',
             index=models.Index(condition=models.Q(('parent_id__isnull', False)), fields=['parent_id'], name='x_jobs_parent_idx'),
         ),
-        migrations.AddIndex(
-            model_name='jobkey',
-            index=models.Index(condition=models.Q(('unique_for_ms__isnull', False)), fields=['finished_at'], name='x_job_keys_expiry_idx'),
-        ),
-        migrations.AddConstraint(
-            model_name='jobkey',
-            constraint=models.UniqueConstraint(fields=('name', 'tenant', 'key'), name='x_job_keys_uniq'),
-        ),
-            migrations.RunSQL(sql=TRANSITION, reverse_sql=TRANSITION_REVERSE,
-                          hints={"model_name": "job"}),
+        RunDDL(sql=TRANSITION, reverse_sql="drop function if exists xjobs_job_transition()",
+               hints={"model_name": "job"}),
+        RunDDL(sql=TRANSITION_TRIGGER,
+               reverse_sql="drop trigger if exists x_jobs_transition on x_jobs",
+               done_if="select exists (select from pg_trigger where tgname = 'x_jobs_transition'"
+                       " and tgrelid = 'x_jobs'::regclass)",
+               hints={"model_name": "job"}),
     ]

@@ -17,6 +17,8 @@ its task is still live.
 
 from django.db import migrations, models
 
+from django_xjobs.migrations._online import AddFieldOnline, AddIndexOnline, RunDDL
+
 RELEASE = r"""
 create or replace function xjobs_cron_overlap_release() returns trigger
 language plpgsql as $fn$
@@ -43,8 +45,12 @@ begin
       from (select distinct queue from woken) q;
     return null;
 end
-$fn$;
+$fn$
+"""
 
+# CREATE TRIGGER takes a SHARE ROW EXCLUSIVE lock on x_jobs (it holds off writers): a statement
+# of its own, under the lock timeout.
+RELEASE_TRIGGER = r"""
 create trigger x_jobs_cron_overlap
     after update of state on x_jobs
     for each row
@@ -54,33 +60,35 @@ create trigger x_jobs_cron_overlap
     execute function xjobs_cron_overlap_release();
 """
 
-RELEASE_REVERSE = r"""
-drop trigger if exists x_jobs_cron_overlap on x_jobs;
-drop function if exists xjobs_cron_overlap_release();
-"""
-
 
 class Migration(migrations.Migration):
+
+    atomic = False
 
     dependencies = [
         ('django_xjobs', '0008_outbox_unique_for'),
     ]
 
     operations = [
-        migrations.AddField(
+        AddFieldOnline(
             model_name='schedulerstate',
             name='overlap_skipped',
             field=models.BigIntegerField(db_default=0, default=0),
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='schedulerstate',
             name='overlap_skipped_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name='job',
             index=models.Index(condition=models.Q(('state__in', ('ready', 'delayed', 'running', 'suspended', 'blocked')), ('enqueued_by__startswith', 'cron:')), fields=['enqueued_by'], name='x_jobs_cron_live_idx'),
         ),
-        migrations.RunSQL(sql=RELEASE, reverse_sql=RELEASE_REVERSE,
-                          hints={"model_name": "job"}),
+        RunDDL(sql=RELEASE, reverse_sql="drop function if exists xjobs_cron_overlap_release()",
+               hints={"model_name": "job"}),
+        RunDDL(sql=RELEASE_TRIGGER,
+               reverse_sql="drop trigger if exists x_jobs_cron_overlap on x_jobs",
+               done_if="select exists (select from pg_trigger where tgname = 'x_jobs_cron_overlap'"
+                       " and tgrelid = 'x_jobs'::regclass)",
+               hints={"model_name": "job"}),
     ]

@@ -23,6 +23,8 @@ import importlib
 
 from django.db import migrations, models
 
+from django_xjobs.migrations._online import Once, RunDDL
+
 REQUIRE_READ_COMMITTED = r"""
 create or replace function xjobs_require_read_committed(p_what text) returns void
 language plpgsql volatile as $fn$
@@ -166,8 +168,7 @@ end
 $fn$;
 """
 
-TRANSITION_REVERSE = _earlier("0007_durable_further", "TRANSITION").split(
-    "create trigger x_jobs_transition")[0]
+TRANSITION_REVERSE = _earlier("0007_durable_further", "TRANSITION")
 
 # x_jobs_cron_overlap as migration 0009 made it, the release skipping a buffered run another
 # transaction holds (jobs_unblock releases it then).
@@ -202,36 +203,39 @@ end
 $fn$;
 """
 
-RELEASE_REVERSE = _earlier("0009_cron_overlap", "RELEASE").split(
-    "create trigger x_jobs_cron_overlap")[0]
+RELEASE_REVERSE = _earlier("0009_cron_overlap", "RELEASE")
 
 
 class Migration(migrations.Migration):
+
+    atomic = False
 
     dependencies = [
         ('django_xjobs', '0009_cron_overlap'),
     ]
 
     operations = [
-        migrations.CreateModel(
-            name='LeaseExtension',
-            fields=[
-                ('lease_token', models.UUIDField(primary_key=True, serialize=False)),
-                ('job_id', models.UUIDField()),
-                ('until', models.DateTimeField()),
-            ],
-            options={
-                'verbose_name': 'lease extension',
-                'db_table': 'x_lease_extensions',
-            },
-        ),
-        migrations.RunSQL(sql=REQUIRE_READ_COMMITTED,
+        Once([
+            migrations.CreateModel(
+                name='LeaseExtension',
+                fields=[
+                    ('lease_token', models.UUIDField(primary_key=True, serialize=False)),
+                    ('job_id', models.UUIDField()),
+                    ('until', models.DateTimeField()),
+                ],
+                options={
+                    'verbose_name': 'lease extension',
+                    'db_table': 'x_lease_extensions',
+                },
+            ),
+        ], done_if="select to_regclass('x_lease_extensions') is not null"),
+        RunDDL(sql=REQUIRE_READ_COMMITTED,
                           reverse_sql="drop function if exists xjobs_require_read_committed(text);",
                           hints={"model_name": "job"}),
-        migrations.RunSQL(sql=RATE_TAKE, reverse_sql=RATE_TAKE_REVERSE,
+        RunDDL(sql=RATE_TAKE, reverse_sql=RATE_TAKE_REVERSE,
                           hints={"model_name": "job"}),
-        migrations.RunSQL(sql=TRANSITION, reverse_sql=TRANSITION_REVERSE,
+        RunDDL(sql=TRANSITION, reverse_sql=TRANSITION_REVERSE,
                           hints={"model_name": "job"}),
-        migrations.RunSQL(sql=RELEASE, reverse_sql=RELEASE_REVERSE,
+        RunDDL(sql=RELEASE, reverse_sql=RELEASE_REVERSE,
                           hints={"model_name": "job"}),
     ]

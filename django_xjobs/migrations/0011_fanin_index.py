@@ -4,8 +4,9 @@ another transaction held the parent's row (migration 0010). Built CONCURRENTLY, 
 of its own (a concurrent build cannot run in a transaction): writers of x_job_steps, the
 workers' step writes among them, go on while it is built."""
 
-from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
+
+from django_xjobs.migrations._online import AddIndexOnline
 
 
 class Migration(migrations.Migration):
@@ -16,7 +17,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        AddIndexConcurrently(
+        AddIndexOnline(
             model_name='jobstep',
             index=models.Index(condition=models.Q(('pending__lte', 0), ('status', 'invoking')), fields=['run_id'], name='x_job_steps_fanin_idx'),
         ),
