@@ -8,12 +8,15 @@ has used (any row in its tables), it records that the fleet must stay compatible
 new workers then hold those writes back until ``manage.py xjobs fleet --finish-upgrade``. A
 database no earlier version touched starts with no row: nothing older shares it.
 
-Only a new, small table and a read of whether five tables hold a row (an index-free ``limit 1``
-each): no lock on any table a running process writes.
+Only a new, small table and a read of whether five tables hold a row (one row each): no lock on
+any table a running process writes. Both in one transaction, skipped when the table exists
+(a migrate stopped midway and run again; ``_online.py``).
 """
 
 from django.db import migrations, models
 from django.db.models.functions import Now
+
+from django_xjobs.migrations._online import Once
 
 # Written only where an earlier version left a trace: a job, a step, an outbox row, a slot, or a
 # scheduler's leadership (a worker of 0.1 running on an empty queue still holds that).
@@ -30,24 +33,28 @@ select true, '0.1', 'migration 0012: these tables were used by an earlier versio
 
 class Migration(migrations.Migration):
 
+    atomic = False
+
     dependencies = [
         ('django_xjobs', '0011_fanin_index'),
     ]
 
     operations = [
-        migrations.CreateModel(
-            name='Fleet',
-            fields=[
-                ('id', models.BooleanField(db_default=True, default=True, primary_key=True, serialize=False)),
-                ('compatible_with', models.TextField(blank=True, null=True)),
-                ('changed_at', models.DateTimeField(db_default=Now())),
-                ('changed_by', models.TextField(db_default='', default='')),
-            ],
-            options={
-                'verbose_name': 'fleet',
-                'db_table': 'x_fleet',
-                'constraints': [models.CheckConstraint(condition=models.Q(('id', True)), name='x_fleet_one_row')],
-            },
-        ),
-        migrations.RunSQL(RECORD_UPGRADE, reverse_sql=migrations.RunSQL.noop),
+        Once([
+            migrations.CreateModel(
+                name='Fleet',
+                fields=[
+                    ('id', models.BooleanField(db_default=True, default=True, primary_key=True, serialize=False)),
+                    ('compatible_with', models.TextField(blank=True, null=True)),
+                    ('changed_at', models.DateTimeField(db_default=Now())),
+                    ('changed_by', models.TextField(db_default='', default='')),
+                ],
+                options={
+                    'verbose_name': 'fleet',
+                    'db_table': 'x_fleet',
+                    'constraints': [models.CheckConstraint(condition=models.Q(('id', True)), name='x_fleet_one_row')],
+                },
+            ),
+            migrations.RunSQL(RECORD_UPGRADE, reverse_sql=migrations.RunSQL.noop),
+        ], done_if="select to_regclass('x_fleet') is not null"),
     ]
