@@ -63,6 +63,12 @@ def test_why_names_the_workers_the_wait_and_where_the_name_was_expected(waiting,
     out = StringIO()
     call_command("xjobs", "why", str(waiting.id), stdout=out)
     assert f"no worker that knows job '{NAME}' has claimed it" in out.getvalue()
+    out = StringIO()
+    call_command("xjobs", "why", str(waiting.id), "--json", stdout=out)
+    answer = json.loads(out.getvalue())
+    unknown = [r for r in answer["blocked_by"] if r["kind"] == "unknown_job"]
+    assert unknown and unknown[0]["workers"] == [worker]
+    assert unknown[0]["since"] == waiting.unknown_since.isoformat()
     page = admin_client.get(reverse("admin:django_xjobs_job_change", args=[waiting.id]))
     assert f"no worker that knows job &#x27;{NAME}&#x27; has claimed it" in page.content.decode()
 
