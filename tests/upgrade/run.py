@@ -155,6 +155,11 @@ class Report:
                    f"{self.durable_resumed_new} resumed under the new one")
         out.append(f"jobs enqueued in the run: {self.jobs}")
         out.append("exit codes: " + ", ".join(f"{k} {v}" for k, v in self.exit_codes.items()))
+        out.append("warning or error lines per log: " + ", ".join(
+            f"{name} {len(self.log_errors.get(name, []))}" for name in self.exit_codes))
+        failed = {name: sum(c.values()) for name, c in self.failed_enqueues.items()}
+        out.append("failed enqueues per producer: " + ", ".join(
+            f"{name} {failed.get(name, 0)}" for name in self.exit_codes if "producer" in name))
         problems = self.problems()
         out.append("checks: " + ("all passed" if not problems else f"{len(problems)} failed"))
         out += [f"  FAIL {p}" for p in problems]
