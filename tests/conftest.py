@@ -40,14 +40,29 @@ def group_of(nodeid: str) -> str:
 
 
 def grouped(config: Any) -> bool:
-    """Whether the run shares its tests out by group (``make test``: ``--dist loadgroup``)."""
-    return config.pluginmanager.hasplugin("xdist") and config.getvalue("dist") == "loadgroup"
+    """Whether the run shares its tests out by group (``make test``: ``--dist loadgroup``).
+
+    Asked in the controller, which schedules, and in each pytest-xdist process, which collects:
+    there pytest-xdist sets ``dist`` to ``no`` and keeps ``loadgroup`` (True) instead.
+    """
+    if not config.pluginmanager.hasplugin("xdist"):
+        return False
+    return config.getvalue("dist") == "loadgroup" or getattr(config.option, "loadgroup", False)
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
-    """The fleet group first (see pytest_xdist_make_scheduler), the rest in file order."""
+    """The fleet group first (see pytest_xdist_make_scheduler), then the other acceptance
+    modules, the rest in file order.
+
+    The scheduler hands the groups out in the order the processes collected them, so this is
+    the order they start in: the long fleet group at once in one process; the other process
+    takes the other subprocess-heavy modules (each a group of its own, and long) while the
+    fleet runs, and the many short modules last, so both processes run out of work at about
+    the same time rather than one waiting for the other's last long module.
+    """
     if grouped(config):
-        items.sort(key=lambda item: group_of(item.nodeid) != FLEET)
+        items.sort(key=lambda item: (group_of(item.nodeid) != FLEET,
+                                     not item.nodeid.startswith("tests/acceptance/")))
 
 
 @pytest.hookimpl(optionalhook=True)

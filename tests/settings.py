@@ -12,6 +12,11 @@ if "DATABASE_URL" not in os.environ:
     os.environ[devdb.ENV_SOURCE] = DATABASE_SOURCE
 
 SECRET_KEY = "xjobs-tests-not-secret"
+# Django's stock hasher (PBKDF2, 1.5 million rounds) spends most of a second of CPU on each
+# password: every test that makes an admin (pytest-django's admin_client) or logs in paid it,
+# about two minutes over the suite. The tests check who may see and do what in the console,
+# never how a password is stored.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
