@@ -8,7 +8,7 @@ has used (any row in its tables), it records that the fleet must stay compatible
 new workers then hold those writes back until ``manage.py xjobs fleet --finish-upgrade``. A
 database no earlier version touched starts with no row: nothing older shares it.
 
-Only a new, small table and a read of whether five tables hold a row (one row each): no lock on
+Only a new, small table and a read of whether four tables hold a row (one row each): no lock on
 any table a running process writes. Both in one transaction, skipped when the table exists
 (a migrate stopped midway and run again; ``_online.py``).
 """
@@ -18,14 +18,14 @@ from django.db.models.functions import Now
 
 from django_xjobs.migrations._online import Once
 
-# Written only where an earlier version left a trace: a job, a step, an outbox row, a slot, or a
-# scheduler's leadership (a worker of 0.1 running on an empty queue still holds that).
+# Written only where an earlier version left a trace: a job, a step, a slot, or a scheduler's
+# leadership (a worker of 0.1 running on an empty queue still holds that). Only tables that live
+# on the database of x_fleet: x_outbox may be on another (XJOBS["OUTBOX"]["DATABASES"]).
 RECORD_UPGRADE = """
 insert into x_fleet (id, compatible_with, changed_by)
 select true, '0.1', 'migration 0012: these tables were used by an earlier version'
  where exists (select 1 from x_jobs)
     or exists (select 1 from x_job_steps)
-    or exists (select 1 from x_outbox)
     or exists (select 1 from x_job_leases)
     or exists (select 1 from x_scheduler_leader)
 """
@@ -55,6 +55,7 @@ class Migration(migrations.Migration):
                     'constraints': [models.CheckConstraint(condition=models.Q(('id', True)), name='x_fleet_one_row')],
                 },
             ),
-            migrations.RunSQL(RECORD_UPGRADE, reverse_sql=migrations.RunSQL.noop),
+            migrations.RunSQL(RECORD_UPGRADE, reverse_sql=migrations.RunSQL.noop,
+                              hints={"model_name": "fleet"}),
         ], done_if="select to_regclass('x_fleet') is not null"),
     ]

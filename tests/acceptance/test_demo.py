@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from tests.acceptance.test_package import clean_env, fresh_database_url
+from tests.acceptance.test_package import fresh_database_url
 from tests.conftest import ROOT
+from tests.release_check import clean_env
 
 pytestmark = pytest.mark.acceptance
 
