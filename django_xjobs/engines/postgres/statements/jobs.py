@@ -663,8 +663,13 @@ JOB_GIVE_BACK_UNKNOWN_IF_OWNED = Statement(
 Give back a job whose name the claiming worker does not know (its code is not deployed there
 yet: docs/deployment.md, "New job types before their workers"), like job_requeue_if_owned: no
 attempt spent, so a rolling deploy that brings the code to web first buries nothing. It is due
-again after as long as it has waited so far (at least a second, at most max_ms): the waits
-double, and a worker that knows the name waits for at most max_ms once it is deployed.
+again after as long as it has waited so far (at least a second, at most max_ms), times a random
+factor between one half and one: the waits roughly double, and a worker that knows the name
+waits for at most max_ms once it is deployed. The factor is what lets that worker in: without
+it the job falls due a fixed time after the give-back, which is a whole number of poll
+intervals of the worker that gave it back, so that worker's next claim lands just after the job
+is due, every time, and one that knows the name, polling at a phase of its own, finds it taken
+(tests/acceptance/test_unknown_jobs_worker.py lost that race round after round).
 
 unknown_since is when the wait began: kept while the job's last attempt entry is this
 give-back's (`unknown_job`), else now. Consecutive give-backs share one entry (its `tries`
@@ -708,7 +713,7 @@ with {_ONE_RUN}, free as materialized (
            unknown_since = e.since,
            run_at        = now() + least(%(max_ms)s::bigint,
                                          greatest(1000, {elapsed_ms_sql("e.since")}))
-                                   * interval '1 millisecond',
+                                   * (0.5 + random() / 2) * interval '1 millisecond',
            visible_at    = null,
            last_error    = %(note)s,
            attempts      = case when e.waiting then jsonb_set(j.attempts, '{{-1}}', e.entry)
