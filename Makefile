@@ -13,7 +13,7 @@
 #                             under a running producer (docs/deployment.md)
 #   make bench-ab BASELINE=REV  this checkout against git revision REV, alternating, one run
 #   make screenshots          the console's screenshots in docs/img (the browser test)
-#   make upgrade-check        the upgrade test at 1,000,000 rows: the baseline of
+#   make upgrade-check        the upgrade test at 1,000,000 rows: each baseline of
 #                             tests/upgrade/baselines.py migrated to this checkout under load,
 #                             both fleets side by side; prints the report (UPGRADE_ARGS="--rows N")
 #   make soak                 the chaos self-test, 5 minutes on the example project's database
@@ -104,7 +104,10 @@ soak: install
 
 # Needs the repository's history (the baseline comes out of git): not a shallow clone.
 upgrade-check: install
-	$(PY) -m tests.upgrade.run --rows 1000000 $(UPGRADE_ARGS)
+	@for baseline in $$($(PY) -c "from tests.upgrade.baselines import BASELINES; print(*BASELINES)"); do \
+		echo "== from $$baseline"; \
+		$(PY) -m tests.upgrade.run --rows 1000000 --baseline $$baseline $(UPGRADE_ARGS) || exit 1; \
+	done
 
 bench: install
 	$(PY) bench/run.py $(BENCH_ARGS)

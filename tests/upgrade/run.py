@@ -416,7 +416,8 @@ class Run:
         if code != 0:
             raise Failed(f"new `migrate` exited {code}:\n{out[-3000:]}")
         names = [m for m, _ in MIGRATED.findall(out)]
-        ends = [starts.get(n, 0.0) for n in names[1:]] + [self.migrate_window[1]]
+        # Each ends where the next begins, the last with migrate (none: nothing to apply).
+        ends = [starts.get(n, 0.0) for n in names[1:]] + [self.migrate_window[1]] * bool(names)
         self.report.migrations = [(m, float(t)) for m, t in MIGRATED.findall(out)]
         self.windows = [(n, starts.get(n, began), end) for n, end in zip(names, ends, strict=True)]
 
