@@ -31,6 +31,9 @@ FLEET_MODULES = frozenset(f"tests/acceptance/{name}.py" for name in (
     "test_lease_proof", "test_worker_health", "test_worker_processes", "test_backfills",
     "test_worker_signals", "test_history_fleet", "test_children_faults",
     "test_live_application",
+    # Not a fleet under faults, but it balances the two processes: the fleet group and the
+    # rest of the suite each take about half of it (docs/development.md).
+    "test_outbox_relay",
 ))
 FLEET = "fleet"
 

@@ -3,7 +3,7 @@
 workers and a producer run, both versions' fleets side by side, the old one stopped, the
 upgrade finished. Everything it asserts is read from the database and the processes' logs.
 
-The overlap is counted in jobs (each version's workers run 30 jobs the other version enqueued),
+The overlap is counted in jobs (each version's workers run 15 jobs the other version enqueued),
 not in seconds, so a slow machine runs longer rather than less.
 """
 
@@ -20,7 +20,7 @@ from tests.upgrade import run as upgrade
 
 pytestmark = pytest.mark.acceptance
 
-OVERLAP = 30
+OVERLAP = 15
 
 
 def test_an_upgrade_under_load_loses_nothing_and_runs_nothing_twice() -> None:
