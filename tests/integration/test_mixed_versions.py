@@ -16,6 +16,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.urls import reverse
 
 from django_xjobs import conf, reads, registry, versions
 from django_xjobs.engines import get_engine
@@ -176,6 +177,16 @@ def test_a_bad_series_changes_nothing(bad):
     with pytest.raises(CommandError, match=r"--compatible-with: .*nothing was changed"):
         xjobs("fleet", "--compatible-with", bad)
     assert get_engine().fleet_get() == FleetRecord()
+
+
+def test_the_console_health_panel_says_what_is_held_back(admin_client):
+    assert "xjobs-mixed-versions" not in admin_client.get(
+        reverse("admin:django_xjobs_health")).content.decode()
+    keep_compatible("0.1")
+    panel = admin_client.get(reverse("admin:django_xjobs_health")).content.decode()
+    assert "Mixed versions: kept compatible with 0.1" in panel
+    assert "is not parked in `blocked`" in panel and "history tables" in panel
+    assert "manage.py xjobs fleet --finish-upgrade" in panel
 
 
 def test_the_fleet_command_answers_in_json():
