@@ -61,6 +61,15 @@ def parse_series(text: str) -> str:
     return series
 
 
+def older(version: str) -> bool:
+    """Whether a process reporting ``version`` (x_workers.version) runs a series older than
+    this one's; one that reports none, or no number, predates the column: older."""
+    try:
+        return _key(".".join(version.split(".")[:2])) < _key(SERIES)
+    except ValueError:
+        return True
+
+
 def writes(feature: str, record: FleetRecord) -> bool:
     """Whether this version may write ``feature`` (a key of :data:`HELD_BACK`) in a fleet whose
     compatibility is ``record``."""

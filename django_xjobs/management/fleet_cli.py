@@ -48,22 +48,13 @@ def add_arguments(sub: Any) -> list[Any]:
     return [parser]
 
 
-def _older(worker: WorkerRecord) -> bool:
-    """Whether a worker runs a release series older than this version's."""
-    parts = worker.version.split(".")[:2]
-    try:
-        return (int(parts[0]), int(parts[1])) < tuple(int(p) for p in versions.SERIES.split("."))
-    except (ValueError, IndexError):
-        return True  # no version reported: a version older than the column
-
-
 def handle(command: Any, options: dict[str, Any], as_json: bool) -> None:
     engine = get_engine()
     by = f"manage.py xjobs fleet by {getpass.getuser()}@{socket.gethostname()}"
     now = reads.db_now()
     seen = [w for w in engine.workers_list(max_stall=SEEN_LATELY)
             if (now - w.seen_at).total_seconds() <= SEEN_LATELY]
-    older = [w for w in seen if _older(w)]
+    older = [w for w in seen if versions.older(w.version)]
     if options["finish_upgrade"]:
         if older and not options["force"]:
             names = ", ".join(f"{w.id} ({w.version or 'no version'})" for w in older)

@@ -175,6 +175,8 @@ def run_ddl(schema_editor: BaseDatabaseSchemaEditor, sql: str, *, guarded: bool 
                     f"migrate again; {ENV_TIMEOUT} and {ENV_RETRIES} set the bound):\n"
                     f"{_describe(seen)}") from error
             # Jittered exponential backoff: writers queued behind the try drain meanwhile.
+            # The pause between two tries, doubling with jitter: the writers queued behind the
+            # DDL go on meanwhile (no wait for anything: the next try is the check).
             time.sleep(min(BACKOFF_CAP, 0.25 * 2 ** attempt) * random.uniform(0.5, 1.0))
         finally:
             watch.stop()

@@ -32,7 +32,7 @@ def limited(ctx, by, n, group):
     """One run at a time per group: more ready than the limit allows, so claims skip or park
     them. The short sleep is the job's work, which keeps its slot taken."""
     _record(ctx, "run", by)
-    time.sleep(0.01)
+    time.sleep(0.01)  # the job's work: its slot stays taken while more of its group wait
     return {"n": n}
 
 
