@@ -6,7 +6,8 @@
 #   make bench                our own benchmark table (bench/; BENCH_ARGS="--workloads W3,W8")
 #   make bench-flow           flow control: W8, W11-W13 (slots, fair share, rate limit, hand-over)
 #   make bench-scale          claim latency and drain rate at 10k/100k/1M queued, 1M in history
-#   make bench-peers          the shared harness: the peers and django-xjobs in one run
+#   make bench-peers          the peers' harness and django-xjobs in one run
+#                             (PEERS_HARNESS=<its folder>; docs/performance.md)
 #   make lint                 ruff + import-linter (the layer contract) + mypy (pyproject.toml)
 #   make bench-admin          the console's page render times at 10,000,000 jobs
 #   make bench-migrations     each migration's time, lock and enqueue stall at 10,000,000 jobs
@@ -137,10 +138,16 @@ bench-ab: install
 # start-up; pip compiles bytecode for the peers' (non-editable) installs, so we do it too.
 BENCH_PYTHON ?= $(shell PYENV_VERSION=3.12.1 pyenv which python3.12 2>/dev/null || command -v python3.12)
 
+# The peers' harness is not part of this repository: PEERS_HARNESS names a checkout of it (the
+# folder holding its run.sh; docs/performance.md, "Beside the peers").
+PEERS_HARNESS ?=
+
 bench-peers: install
+	@test -n "$(PEERS_HARNESS)" -a -x "$(PEERS_HARNESS)/run.sh" || { \
+		echo "make bench-peers needs PEERS_HARNESS=<folder of the peers' harness, holding run.sh>"; exit 2; }
 	$(BENCH_PYTHON) -m compileall -q django_xjobs bench/xbench_project tests/devdb.py tests/__init__.py
 	XBENCH_EXTRA_PIP="-e $(CURDIR)" XBENCH_EXTRA_ADAPTERS=bench/xjobs_adapter.py \
-		../shared/bench/run.sh --out bench/RESULTS.md $(BENCH_ARGS)
+		$(PEERS_HARNESS)/run.sh --out bench/RESULTS.md $(BENCH_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
