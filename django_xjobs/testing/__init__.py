@@ -33,20 +33,24 @@ if TYPE_CHECKING:
     from .draining import drain
     from .rows import assert_enqueued, enqueued_jobs, travel
 
-_LAZY = {
-    "drain": "draining", "travel": "rows", "enqueued_jobs": "rows", "assert_enqueued": "rows",
-    "make_context": "context", "MemorySteps": "context",
-}
-
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'django_xjobs.testing' has no attribute {name!r}")
-    from importlib import import_module  # names are imported on first use: the docstring says why
+    # Each import names its module (the import contract sees it) and waits for the first use
+    # of a name: the docstring says why.
+    if name == "drain":
+        from .draining import drain  # on first use
 
-    return getattr(import_module(f".{module}", __name__), name)
+        return drain
+    if name in ("travel", "enqueued_jobs", "assert_enqueued"):
+        from . import rows  # on first use
+
+        return getattr(rows, name)
+    if name in ("make_context", "MemorySteps"):
+        from . import context  # on first use
+
+        return getattr(context, name)
+    raise AttributeError(f"module 'django_xjobs.testing' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+    return sorted({*globals(), *__all__})
