@@ -15,7 +15,9 @@ from django.conf import settings as django_settings
 from django.core import checks
 from django.db import connections
 
-from . import backfills, conf, registry, slots
+from . import conf, registry, slots
+from .backfills.definition import check_alias
+from .backfills.registry import all_backfills
 from .conf import DOCS_URL
 from .exceptions import ConfigurationError
 from .scheduler.schedule import collect
@@ -265,9 +267,9 @@ def check_backfills(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
         return []  # check_settings reports that first (xjobs.E002)
 
     errors: list[checks.CheckMessage] = []
-    for _name, definition in sorted(backfills.all_backfills().items()):
+    for _name, definition in sorted(all_backfills().items()):
         try:
-            backfills.check_alias(definition)
+            check_alias(definition)
         except ConfigurationError as exc:
             errors.append(checks.Warning(
                 str(exc),

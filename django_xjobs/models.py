@@ -497,7 +497,7 @@ class Backfill(models.Model):
     updated_at = models.DateTimeField(null=True, blank=True)
     # ---- backfills: every resume under code other than the code the pass last ran with
     # ({"checksum", "app_version", "at", "rows_processed"}), so an audit can tell which rows
-    # which code processed (django_xjobs/backfills.py).
+    # which code processed (django_xjobs/backfills/provenance.py).
     code_changes = models.JSONField(default=list, db_default=Value([], models.JSONField()))
 
     class Meta:

@@ -731,7 +731,7 @@ class ChangeResult:
 
 # A pass is `pending` from `xjobs_backfill start` until a worker opens it, `running` while a
 # worker (or a retry due soon) owns it, and ends `completed`, `failed` (cursor kept: a retry
-# resumes there) or `cancelled` (also resumable). See django_xjobs/backfills.py.
+# resumes there) or `cancelled` (also resumable). See django_xjobs/backfills/passes.py.
 BACKFILL_STATUSES: tuple[str, ...] = ("pending", "running", "completed", "failed", "cancelled")
 
 

@@ -444,7 +444,7 @@ class Engine(abc.ABC):
     # A pass's progress row (``x_backfills``), keyed by its job's run_id. Worker writes are
     # fenced on the job's ownership (``_if_owned``: None/False = the run lost its job, nothing
     # was written) and meant to run inside the batch's transaction (``atomic()``), so the
-    # user's writes and the progress commit together. See django_xjobs/backfills.py.
+    # user's writes and the progress commit together. See django_xjobs/backfills/passes.py.
     @abc.abstractmethod
     def backfill_create(self, *, run_id: str, name: str, job_id: str, checksum: str,
                         app_version: str) -> bool:

@@ -21,7 +21,9 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 from django.test import override_settings
 
-from django_xjobs import Batch, backfills, faults
+from django_xjobs import Batch, backfill, faults, registry
+from django_xjobs.backfills import registry as backfill_registry
+from django_xjobs.backfills.provenance import app_version, checksum_of, project_version
 from django_xjobs.engines import get_engine
 from django_xjobs.models import Backfill, Job
 from django_xjobs.testing import drain
@@ -129,7 +131,7 @@ def test_a_pass_records_the_checksum_of_its_code_and_the_app_version():
         work()
 
     done = pass_of(started)
-    assert done.checksum == count_rows.checksum == backfills.checksum_of(count_rows.func)
+    assert done.checksum == count_rows.checksum == checksum_of(count_rows.func)
     assert len(done.checksum) == 64
     assert done.app_version == "2026.12.1"
 
@@ -218,18 +220,19 @@ def test_a_batch_that_returns_no_batch_fails_the_pass_for_good():
 
 
 def test_a_bad_batch_is_refused_with_the_reason():
-    from django_xjobs.backfills import BadBatch, _validated
+    from django_xjobs.backfills.definition import MAX_CURSOR_BYTES, validate_batch
+    from django_xjobs.exceptions import BadBatch
     from tests.testapp.jobs import count_rows
 
     for bad, reason in [
         (Batch(None, -1), "processed must be an integer >= 0"),
         (Batch(None, True), "processed must be an integer >= 0"),
         (Batch(object(), 1), "not JSON-serialisable"),
-        (Batch("x" * (backfills.MAX_CURSOR_BYTES + 1), 1), "a cursor is a position"),
+        (Batch("x" * (MAX_CURSOR_BYTES + 1), 1), "a cursor is a position"),
         ((5, 10), "not Batch"),
     ]:
         with pytest.raises(BadBatch, match=reason):
-            _validated(count_rows, bad)
+            validate_batch(count_rows, bad)
 
 
 def test_jobs_enqueued_by_a_batch_commit_with_it_and_name_the_backfill():
@@ -253,12 +256,12 @@ def test_a_pass_resumed_under_different_code_warns_and_records_it(caplog):
     make_rows(300, poison=(150,))
     started = start("testapp.count_rows_once")
     work()
-    original = backfills.get("testapp.count_rows_once")
+    original = backfill_registry.get("testapp.count_rows_once")
     Counted.objects.update(poison=False)
-    backfills.unregister("testapp.count_rows_once")
+    backfill_registry.unregister("testapp.count_rows_once")
     try:
         # A deploy: the same backfill, other code.
-        @backfills.backfill("testapp.count_rows_once", batch_size=100, max_attempts=1)
+        @backfill("testapp.count_rows_once", batch_size=100, max_attempts=1)
         def count_rows_once_v2(ctx, cursor):
             return jobs.count_batch(ctx, cursor)
 
@@ -266,8 +269,8 @@ def test_a_pass_resumed_under_different_code_warns_and_records_it(caplog):
         with caplog.at_level(logging.WARNING, logger="django_xjobs.backfill"):
             work()
     finally:
-        backfills.unregister("testapp.count_rows_once")
-        backfills.register(original)
+        backfill_registry.unregister("testapp.count_rows_once")
+        backfill_registry.register(original)
 
     done = pass_of(started)
     assert done.status == "completed" and hits() == [1] * 300
@@ -282,18 +285,18 @@ def test_a_pass_resumed_under_different_code_warns_and_records_it(caplog):
 def test_the_project_version_is_the_installed_distribution_of_its_top_package():
     from importlib.metadata import version
 
-    assert backfills.project_version(("django.conf.global_settings",)) == version("Django")
-    assert backfills.project_version(("tests.settings", "django.db")) == version("Django")
-    assert backfills.project_version(("tests.settings",)) == ""
+    assert project_version(("django.conf.global_settings",)) == version("Django")
+    assert project_version(("tests.settings", "django.db")) == version("Django")
+    assert project_version(("tests.settings",)) == ""
 
 
 def test_without_a_setting_the_app_version_comes_from_the_project():
     from tests.testapp.jobs import count_rows
 
     # The test project (tests.settings, tests.testapp) is not an installed distribution.
-    assert backfills.app_version(count_rows) == ""
+    assert app_version(count_rows) == ""
     with xjobs(APP_VERSION="7"):
-        assert backfills.app_version(count_rows) == "7"
+        assert app_version(count_rows) == "7"
 
 
 # ----------------------------------------------------------------------------- fencing --
@@ -384,7 +387,7 @@ def test_a_pass_run_outside_a_worker_is_refused():
     from django_xjobs.context import JobContext
     from django_xjobs.exceptions import PermanentError
 
-    job = backfills.registry.get("backfill:testapp.count_rows")
+    job = registry.get("backfill:testapp.count_rows")
     ctx = JobContext(job_id=str(uuid.uuid4()), run_id=str(uuid.uuid4()), name=job.name,
                      queue="backfills", attempt=1, max_attempts=1, tenant_id=None,
                      traceparent=None)
@@ -556,7 +559,7 @@ def test_a_dry_run_to_the_end_says_the_pass_would_end():
 
 
 def test_a_dry_run_stops_when_the_cursor_does_not_advance():
-    @backfills.backfill("testapp.finds_rows_by_what_it_changed", batch_size=10)
+    @backfill("testapp.finds_rows_by_what_it_changed", batch_size=10)
     def by_state(ctx, cursor):
         ids = list(Counted.objects.filter(hits=0).values_list("pk", flat=True)[:10])
         Counted.objects.filter(pk__in=ids).update(hits=1)
@@ -567,7 +570,7 @@ def test_a_dry_run_stops_when_the_cursor_does_not_advance():
         out = run("start", "testapp.finds_rows_by_what_it_changed", "--dry-run",
                   "--batches", "5")
     finally:
-        backfills.unregister("testapp.finds_rows_by_what_it_changed")
+        backfill_registry.unregister("testapp.finds_rows_by_what_it_changed")
 
     assert "2 batch(es)" in out
     assert "stopped: a batch returned the cursor it was given" in out
@@ -754,7 +757,8 @@ def test_show_survives_a_total_hook_that_fails():
 
 
 def test_a_throttle_comes_from_start_then_the_backfill_then_the_setting():
-    from django_xjobs.backfills import BackfillDefinition, _Pass
+    from django_xjobs.backfills import BackfillDefinition
+    from django_xjobs.backfills.passes import Pass
     from django_xjobs.context import JobContext
 
     ctx = JobContext(job_id="j", run_id="r", name="n", queue="q", attempt=1, max_attempts=1,
@@ -762,8 +766,8 @@ def test_a_throttle_comes_from_start_then_the_backfill_then_the_setting():
     plain = BackfillDefinition(func=lambda c, cur: None, name="t.plain")
     slow = BackfillDefinition(func=lambda c, cur: None, name="t.slow", throttle=0.25)
     with override_settings(XJOBS={"BACKFILL_THROTTLE": "50ms"}):
-        assert _Pass(plain, ctx, batch_size=None, throttle=None).throttle == 0.05
-        assert _Pass(slow, ctx, batch_size=None, throttle=None).throttle == 0.25
-        assert _Pass(slow, ctx, batch_size=None, throttle=0.0).throttle == 0.0
-    assert _Pass(plain, ctx, batch_size=None, throttle=None).throttle == 0.0
-    assert _Pass(plain, ctx, batch_size=7, throttle=None).batch_size == 7
+        assert Pass(plain, ctx, batch_size=None, throttle=None).throttle == 0.05
+        assert Pass(slow, ctx, batch_size=None, throttle=None).throttle == 0.25
+        assert Pass(slow, ctx, batch_size=None, throttle=0.0).throttle == 0.0
+    assert Pass(plain, ctx, batch_size=None, throttle=None).throttle == 0.0
+    assert Pass(plain, ctx, batch_size=7, throttle=None).batch_size == 7

@@ -200,7 +200,7 @@ def every_kind_of_check_message(monkeypatch) -> list[checks.CheckMessage]:
     finally:
         registry.unregister("t.hint_unlimited")
         registry.unregister("t.hint_nightly")
-    # xjobs.T*: the django.tasks backend's own checks (tasks.py), not this module's.
+    # xjobs.T*: the django.tasks backend's own checks (tasks/__init__.py), not this module's.
     return [m for m in found if m.id.startswith("xjobs.") and not m.id.startswith("xjobs.T")]
 
 

@@ -17,10 +17,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_xjobs import api, registry, slots
-from django_xjobs import tasks as xtasks
 from django_xjobs.exceptions import InvalidJobInput, JobCancelled, PayloadTooLarge
 from django_xjobs.models import Job
-from django_xjobs.tasks import XJobsBackend, XJobsTask
+from django_xjobs.tasks import XJobsBackend, XJobsTask, declarations
 from django_xjobs.testing import drain
 from tests.testapp import jobs as testapp_jobs
 from tests.testapp import tasks as t
@@ -45,7 +44,7 @@ def declare():
         return XJobsTask(func=t.undeclared, **options)
 
     yield make
-    xtasks.forget(path)
+    declarations.forget(path)
 
 
 # ------------------------------------------------------------------------- what is stored --
@@ -139,7 +138,7 @@ def test_a_timeout_is_read_like_job_s_and_applied_by_the_worker(declare, timeout
 def test_a_bad_option_is_an_invalid_task_at_decoration_time(declare, options, fragment):
     with pytest.raises(InvalidTask, match=fragment):
         declare(**options)
-    assert xtasks.declared("tests.testapp.tasks.undeclared") is None
+    assert declarations.declared("tests.testapp.tasks.undeclared") is None
 
 
 def test_an_unknown_option_is_refused_by_the_decorator():
@@ -284,7 +283,7 @@ def test_the_backend_is_built_and_declares_tasks_without_the_database(declare):
     backend = XJobsBackend("fresh", {"QUEUES": ["default"], "OPTIONS": {"MAX_ATTEMPTS": 2}})
     assert backend.max_attempts == 2 and backend.queues == {"default"}
     declare(max_attempts=2)
-    assert xtasks.declared("tests.testapp.tasks.undeclared") is not None
+    assert declarations.declared("tests.testapp.tasks.undeclared") is not None
 
 
 # ---------------------------------------------------------------------- early declarations --
@@ -292,13 +291,14 @@ def test_the_backend_is_built_and_declares_tasks_without_the_database(declare):
 EARLY = """
 import django
 from django.tasks import task
-from django_xjobs import registry, tasks
+from django_xjobs import registry
+from django_xjobs.tasks import declarations
 import {module} as early_module
 
 declared = task(early_module.early)  # the app registry is not ready: the declaration waits
-assert tasks.declared("{module}.early") is None
+assert declarations.declared("{module}.early") is None
 django.setup()  # AppConfig.ready finishes it
-assert tasks.declared("{module}.early") is declared, "not declared at ready()"
+assert declarations.declared("{module}.early") is declared, "not declared at ready()"
 assert registry.lookup("{module}.early") is not None, "not registered for workers"
 print("declared")
 """

@@ -46,9 +46,8 @@ from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test import override_settings
 from django.utils import timezone
 
-from django_xjobs import tasks as xtasks
 from django_xjobs.models import Job
-from django_xjobs.tasks import XJobsBackend, XJobsTask
+from django_xjobs.tasks import XJobsBackend, XJobsTask, declarations
 from django_xjobs.testing import drain
 from tests.testapp import tasks as t
 from tests.testapp.models import Effect
@@ -194,7 +193,7 @@ def test_a_function_that_is_not_module_level_is_an_invalid_task():
 def test_takes_context_needs_a_first_argument_named_context():
     with pytest.raises(InvalidTask, match="first argument of 'context'"):
         task(takes_context=True)(t.undeclared)
-    assert xtasks.declared("tests.testapp.tasks.undeclared") is None
+    assert declarations.declared("tests.testapp.tasks.undeclared") is None
 
 
 def test_an_unknown_backend_is_an_invalid_task_backend():

@@ -15,9 +15,8 @@ from django.db import transaction
 from django.tasks import TaskResultStatus
 from django.tasks.exceptions import InvalidTask
 
-from django_xjobs import tasks as xtasks
 from django_xjobs.models import Job, JobKey, OutboxEntry
-from django_xjobs.tasks import XJobsTask
+from django_xjobs.tasks import XJobsTask, declarations
 from django_xjobs.testing import drain
 from tests.testapp import tasks as t
 
@@ -31,7 +30,7 @@ def declare():
         return XJobsTask(func=t.undeclared, **options)
 
     yield make
-    xtasks.forget(path)
+    declarations.forget(path)
 
 
 @pytest.mark.django_db(transaction=True)

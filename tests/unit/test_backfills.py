@@ -8,7 +8,10 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
-from django_xjobs import Batch, backfill, backfills, registry
+from django_xjobs import Batch, backfill, registry
+from django_xjobs.backfills import registry as backfill_registry
+from django_xjobs.backfills.definition import count_total
+from django_xjobs.backfills.provenance import checksum_of
 from django_xjobs.checks import check_backfills
 from django_xjobs.exceptions import ConfigurationError, UnknownBackfill
 
@@ -18,7 +21,7 @@ def forget():
     names: list[str] = []
     yield names.append
     for name in names:
-        backfills.unregister(name)
+        backfill_registry.unregister(name)
 
 
 def test_a_backfill_registers_the_job_that_runs_its_passes(forget):
@@ -28,7 +31,7 @@ def test_a_backfill_registers_the_job_that_runs_its_passes(forget):
     def touch(ctx, cursor):
         return Batch(None, 0)
 
-    assert backfills.get("unit.touch") is touch
+    assert backfill_registry.get("unit.touch") is touch
     assert (touch.batch_size, touch.queue, touch.max_attempts, touch.throttle) == (
         250, "slow", 7, 0.1)
     job = registry.get("backfill:unit.touch")
@@ -52,11 +55,11 @@ def test_unregister_forgets_the_backfill_and_its_job():
     def gone(ctx, cursor):
         return Batch(None, 0)
 
-    backfills.unregister("unit.gone")
+    backfill_registry.unregister("unit.gone")
 
     assert registry.lookup("backfill:unit.gone") is None
     with pytest.raises(UnknownBackfill, match=r"No backfill named 'unit\.gone'"):
-        backfills.get("unit.gone")
+        backfill_registry.get("unit.gone")
 
 
 @pytest.mark.parametrize(("kwargs", "fragment"), [
@@ -79,7 +82,7 @@ def test_a_bad_declaration_is_refused_and_registers_nothing(kwargs, fragment):
         def bad(ctx, cursor):
             return Batch(None, 0)
 
-    assert backfills.lookup("unit.bad") is None
+    assert backfill_registry.lookup("unit.bad") is None
     assert registry.lookup("backfill:unit.bad") is None
 
 
@@ -126,7 +129,7 @@ def test_two_functions_cannot_share_a_backfill_name(forget):
         def second(ctx, cursor):
             return Batch(None, 1)
 
-    assert backfills.get("unit.twice") is first
+    assert backfill_registry.get("unit.twice") is first
 
 
 def test_a_backfill_on_another_database_than_the_job_tables_is_a_system_check_warning(forget):
@@ -170,8 +173,8 @@ def test_the_total_hook_is_declared_by_decorator_or_option(forget):
     def counted_too(ctx, cursor):
         return Batch(None, 0)
 
-    assert backfills.count_total(counted) == (12, None)
-    assert backfills.count_total(counted_too) == (3, None)
+    assert count_total(counted) == (12, None)
+    assert count_total(counted_too) == (3, None)
 
 
 def test_a_total_hook_that_fails_or_lies_gives_no_total(forget):
@@ -181,11 +184,11 @@ def test_a_total_hook_that_fails_or_lies_gives_no_total(forget):
     def no_total(ctx, cursor):
         return Batch(None, 0)
 
-    assert backfills.count_total(no_total) == (None, None)
+    assert count_total(no_total) == (None, None)
     no_total.total(lambda: -1)
-    assert backfills.count_total(no_total) == (None, "total() returned -1, not an integer >= 0")
+    assert count_total(no_total) == (None, "total() returned -1, not an integer >= 0")
     no_total.total(lambda: {}["missing"])
-    total, error = backfills.count_total(no_total)
+    total, error = count_total(no_total)
     assert total is None and error.startswith("KeyError")
 
 
@@ -198,9 +201,9 @@ def _two(ctx, cursor):
 
 
 def test_the_checksum_is_the_hash_of_the_function_source():
-    assert backfills.checksum_of(_one) == backfills.checksum_of(_one)
-    assert backfills.checksum_of(_one) != backfills.checksum_of(_two)
-    assert len(backfills.checksum_of(_one)) == 64
+    assert checksum_of(_one) == checksum_of(_one)
+    assert checksum_of(_one) != checksum_of(_two)
+    assert len(checksum_of(_one)) == 64
 
 
 def test_a_function_without_source_still_gets_a_checksum_of_its_code():
@@ -208,7 +211,7 @@ def test_a_function_without_source_still_gets_a_checksum_of_its_code():
     exec("def f(ctx, cursor):\n    return 1\n", namespace)
     exec("def g(ctx, cursor):\n    return 2\n", namespace)
 
-    assert backfills.checksum_of(namespace["f"]) != backfills.checksum_of(namespace["g"])
+    assert checksum_of(namespace["f"]) != checksum_of(namespace["g"])
 
 
 def test_batch_takes_its_fields_by_position_and_is_frozen():

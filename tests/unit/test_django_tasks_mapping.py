@@ -1,5 +1,5 @@
 """How an ``x_jobs`` row reads as a ``django.tasks`` ``TaskResult`` (no database: rows are built
-in memory). The table is in django_xjobs/tasks.py and docs/django-tasks.md.
+in memory). The table is in django_xjobs/tasks/mapping.py and docs/django-tasks.md.
 Skipped on Django < 6.0, which has no ``django.tasks``."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from django.tasks import TaskResultStatus
 
 from django_xjobs import exceptions
 from django_xjobs.records import ALL_STATES, JobRecord
-from django_xjobs.tasks import exception_class_path, status_of, task_error_of, to_task_result
+from django_xjobs.tasks import status_of, task_error_of, to_task_result
+from django_xjobs.tasks.mapping import exception_class_path
 from django_xjobs.values import MAX_ERROR_CHARS, format_error, record_error
 from django_xjobs.worker.executor import unknown_job
 from tests.testapp import tasks as t

@@ -7,7 +7,7 @@
     manage.py xjobs_backfill cancel RUN_ID     stop after the current batch (cursor kept)
     manage.py xjobs_backfill retry RUN_ID      resume a failed or cancelled pass from its cursor
 
-Every form takes ``--json``. Thin: the work is in ``django_xjobs/backfills.py``.
+Every form takes ``--json``. Thin: the work is in ``django_xjobs/backfills/``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ... import backfills, registry
+from ...backfills.definition import count_total, parse_throttle
+from ...backfills.registry import get as get_backfill
 from ...exceptions import ConfigurationError
 from ...records import BACKFILL_STATUSES, BackfillRecord
 from .. import cli
@@ -40,7 +42,7 @@ def _when(value: datetime | None) -> str:
 
 def _throttle(value: str) -> float:
     try:
-        return backfills.parse_throttle("--throttle", value)
+        return parse_throttle("--throttle", value)
     except ConfigurationError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -113,7 +115,7 @@ class Command(BaseCommand):
             raise CommandError("--batches only goes with --dry-run")
         handle = backfills.start(name, batch_size=options["batch_size"],
                                  throttle=options["throttle"])
-        definition = backfills.get(name)
+        definition = get_backfill(name)
         queues = registry.worked_queues()
         if as_json:
             cli.emit(self, {"name": handle.name, "run_id": handle.run_id, "job_id": handle.job_id,
@@ -135,7 +137,7 @@ class Command(BaseCommand):
             )
 
     def _dry_run(self, report: backfills.DryRunReport, as_json: bool) -> None:
-        total, total_error = backfills.count_total(backfills.get(report.name))
+        total, total_error = count_total(get_backfill(report.name))
         seconds = sum(b.seconds for b in report.batches)
         if as_json:
             cli.emit(self, {"name": report.name, "batch_size": report.batch_size,
