@@ -20,7 +20,7 @@ between modules without its importers noticing:
 ``ratelimits``  the spending of a rate-limit budget
 ``why``         why a job is not running
 ``slots``       concurrency slots
-``workers``     worker processes and the fleet's compatibility
+``workers``     worker processes, why one is stalled, the fleet's compatibility
 ``pauses``      pauses of queues and keys
 ``scheduler``   the scheduler's leader, watermarks and cron runs
 ``console``     the catalog figures of the operations console
@@ -69,7 +69,7 @@ from .slots import SlotHold, SlotRecord, SlotRequest, SlotUsage
 from .states import ALL_STATES, LIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobState, JobStateName
 from .steps import ChildState, EventRecord, InvokeStep, ParkedStep, RunOwner, StepRecord
 from .why import BLOCKED_KINDS, BlockedBy, BlockedKind, FlowFacts, RateWindow
-from .workers import DEFAULT_MAX_STALL, FleetRecord, WorkerRecord
+from .workers import DEFAULT_MAX_STALL, FleetRecord, WorkerRecord, span, stall_reason
 
 __all__ = [
     "ALL_STATES",
@@ -143,4 +143,6 @@ __all__ = [
     "new_ids",
     "progress_from_json",
     "run_ids_for",
+    "span",
+    "stall_reason",
 ]

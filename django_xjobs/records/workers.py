@@ -1,4 +1,5 @@
-"""The worker processes (``x_workers``) and the fleet's compatibility (``x_fleet``)."""
+"""The worker processes (``x_workers``), the sentence of a stalled one, and the fleet's
+compatibility (``x_fleet``)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,26 @@ class FleetRecord:
     compatible_with: str | None = None
     changed_at: datetime | None = None
     changed_by: str = ""
+
+
+def stall_reason(kind: str, age: float, queue: str | None = None,
+                 due_since: datetime | None = None) -> str:
+    """The sentence of a stalled worker (``WorkerRecord.stalled``): ``kind`` is "heartbeat",
+    "loop" or "claim", ``age`` the seconds since the heartbeat, the loop's last round or the
+    last claim; a "claim" names the queue whose job has been due since ``due_since``."""
+    if kind == "heartbeat":
+        return f"no heartbeat for {span(age)}"
+    if kind == "loop":
+        return f"loop has not gone round for {span(age)}"
+    since = due_since.isoformat(sep=" ", timespec="seconds") if due_since else "?"
+    return (f"has not claimed for {span(age)} although queue {queue!r} has had a job due "
+            f"since {since}")
+
+
+def span(seconds: float) -> str:
+    """A duration in one short unit: ``42s``, ``5m``, ``1.5h``."""
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"

@@ -92,8 +92,10 @@ from ...records import (
     attempt_history,
     decode_stored_json,
     progress_from_json,
+    stall_reason,
 )
-from ..base import AdvisorySession, Engine, Features, Listener, Statement, stall_reason
+from ..base import AdvisorySession, Engine, Listener, Statement
+from ..features import Features
 from . import statements as S
 from .instrumentation import instrumented
 from .sessions import PostgresAdvisorySession, PostgresListener, advisory_key
