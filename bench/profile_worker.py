@@ -203,7 +203,7 @@ def _per_job(fn, n: int) -> float:
 def _parts(n: int) -> dict[str, float]:
     from django_xjobs import clock, conf, registry
     from django_xjobs.engines import get_engine
-    from django_xjobs.engines.postgres import engine as pg
+    from django_xjobs.engines.postgres import rows as pg_rows
     from django_xjobs.records import Completion
     from django_xjobs.worker import executor
     from django_xjobs.worker.loop import Run, Worker, WorkerOptions
@@ -217,7 +217,7 @@ def _parts(n: int) -> dict[str, float]:
     rows = [(j.id, j.lease_token, j.name, j.queue, '{"i": 1}', j.run_id, j.attempt,
              j.max_attempts, j.tenant_id, j.traceparent, j.concurrency_key, j.resumed)
             for j in batch]
-    jobs = [pg._claimed_job(rows[i % len(rows)]) for i in range(n)]
+    jobs = [pg_rows.claimed_job(rows[i % len(rows)]) for i in range(n)]
     settings = conf.get()
     definition = registry.lookup("bench.noop")
     assert definition is not None
@@ -264,8 +264,8 @@ def _parts(n: int) -> dict[str, float]:
         "run it (executor.execute, no connection check)": _per_job(run_job, n),
         "record the outcome (_finish)": _per_job(finish, n),
         "claim, batches of 500: the worker's CPU": claim_cpu / done * 1e6,
-        "  of which decoding one claimed row alone (_claimed_job)":
-            _per_job(lambda i: pg._claimed_job(rows[i % len(rows)]), n),
+        "  of which decoding one claimed row alone (claimed_job)":
+            _per_job(lambda i: pg_rows.claimed_job(rows[i % len(rows)]), n),
         "claim, batches of 500: the round trip": claim_wall / done * 1e6,
         "acknowledge, batches of 500: the worker's CPU": ack_cpu / done * 1e6,
         "acknowledge, batches of 500: the round trip": ack_wall / done * 1e6,

@@ -47,7 +47,7 @@ __all__ = [
     "retry",
 ]
 
-from . import ratelimits, records, registry, slots, why
+from . import ratelimits, registry, slots, why
 from .api import (
     JobHandle,
     aenqueue,
@@ -66,6 +66,7 @@ from .exceptions import ChildFailed, PauseKey, PermanentError, Snooze
 from .outbox import StagedJob
 from .pauses import pause_key, pause_queue, pauses, resume_key, resume_queue
 from .ratelimits import RateLimit
+from .records import jobs as _job_records
 from .scheduler import options as _cron_options
 from .slots import Concurrency
 from .steps import publish_event
@@ -78,6 +79,6 @@ registry.register_option("rate_limit", ratelimits.check_option)
 for _name, _check in _cron_options.CHECKS.items():
     registry.register_option(_name, _check)
 
-# JobRecord.blocked_by reads through django_xjobs.why, which records.py, below the engines,
+# JobRecord.blocked_by reads through django_xjobs.why, which the records, below the engines,
 # cannot import (docs/flow-control.md, "Why is a job not running?").
-records.blocked_by_reader = why.read_blocked_by
+_job_records.blocked_by_reader = why.read_blocked_by

@@ -12,7 +12,8 @@ from django.db import connections
 
 from .. import conf
 from ..exceptions import EngineUnavailable, ListenerLost, SessionLost
-from .base import AdvisorySession, Engine, Features, Listener, Statement
+from .base import AdvisorySession, Engine, Listener, Statement
+from .features import Features
 
 __all__ = [
     "AdvisorySession", "Engine", "Features", "Listener", "ListenerLost", "SessionLost",

@@ -8,7 +8,8 @@ Names are noun-first and carry their guard: ``jobs_complete_if_owned`` may only 
 ``lease_token`` is the caller's; a plural noun means the method takes a batch.
 
 Every engine must pass ``tests/conformance/`` unchanged; behaviour an engine cannot offer is
-declared in :class:`Features`, and tests skip by flag, never by vendor.
+declared in :class:`~django_xjobs.engines.features.Features` (``engines/features.py``), and
+tests skip by flag, never by vendor.
 
 Transactions: every method runs on the Django connection of the engine's alias *in the current
 thread*, so inside ``transaction.atomic()`` it joins the caller's transaction, and outside one
@@ -74,6 +75,7 @@ from ..records import (
     WorkerRecord,
     XminHolder,
 )
+from .features import Features
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,16 +89,6 @@ class Statement:
     name: str
     sql: LiteralString
     why: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Features:
-    """What an engine can do. Tests and services branch on these, never on the vendor."""
-
-    skip_locked: bool = False  # concurrent claims never block each other
-    listen_notify: bool = False  # wake-ups pushed by the database on commit
-    transactional_enqueue: bool = True  # enqueue joins the caller's transaction
-    advisory_locks: bool = False
 
 
 class Listener(abc.ABC):
@@ -558,10 +550,10 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def workers_list(self, *, max_stall: float) -> list[WorkerRecord]:
         """The workers seen in the last day, each with ``stalled`` (the reason, see
-        :func:`stall_reason`) when, for ``max_stall`` seconds on the database clock, it sent no
-        heartbeat, or its loop did not go round, or it claimed nothing although it had room
-        and one of its queues had a job due (docs/observability.md, "Workers and health
-        probes")."""
+        :func:`~django_xjobs.records.stall_reason`) when, for ``max_stall`` seconds on the
+        database clock, it sent no heartbeat, or its loop did not go round, or it claimed
+        nothing although it had room and one of its queues had a job due
+        (docs/observability.md, "Workers and health probes")."""
 
     @abc.abstractmethod
     def worker_gone(self, worker_id: str, stale_after: float = 86_400.0) -> None:
@@ -798,26 +790,3 @@ class Engine(abc.ABC):
         this client away (authentication, a role or a database that does not exist): a
         configuration to fix, where any other failure to connect (refused, unresolved,
         timed out, a server starting up or full) is an outage that may end by itself."""
-
-
-def stall_reason(kind: str, age: float, queue: str | None = None,
-                 due_since: datetime | None = None) -> str:
-    """The sentence of a stalled worker (``WorkerRecord.stalled``): ``kind`` is "heartbeat",
-    "loop" or "claim", ``age`` the seconds since the heartbeat, the loop's last round or the
-    last claim; a "claim" names the queue whose job has been due since ``due_since``."""
-    if kind == "heartbeat":
-        return f"no heartbeat for {span(age)}"
-    if kind == "loop":
-        return f"loop has not gone round for {span(age)}"
-    since = due_since.isoformat(sep=" ", timespec="seconds") if due_since else "?"
-    return (f"has not claimed for {span(age)} although queue {queue!r} has had a job due "
-            f"since {since}")
-
-
-def span(seconds: float) -> str:
-    """A duration in one short unit: ``42s``, ``5m``, ``1.5h``."""
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"

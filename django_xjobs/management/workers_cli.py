@@ -26,9 +26,8 @@ from django.core.management.base import CommandError
 
 from .. import conf, reads, registry
 from ..engines import get_engine
-from ..engines.base import span
 from ..exceptions import ConfigurationError
-from ..records import DEFAULT_MAX_STALL, WorkerRecord
+from ..records import DEFAULT_MAX_STALL, WorkerRecord, span
 from ..values import NAME_RE, parse_duration
 
 # The exit status of `xjobs health` (docs/observability.md, "Workers and health probes"): 2 is

@@ -24,9 +24,12 @@ from django_xjobs.engines.postgres import instrumentation
 from django_xjobs.engines.postgres import statements as S
 
 PLACEHOLDER = re.compile(r"%\((\w+)\)s")
-# The engine's modules (engine.py, sessions.py, ...), the statements package aside.
+# The engine's modules (engine.py, core.py, operations/, sessions.py, ...), the statements
+# package aside.
+ENGINE_PACKAGE = Path(postgres_engine.__file__).parent
 ENGINE_SOURCE = "\n".join(
-    path.read_text() for path in sorted(Path(postgres_engine.__file__).parent.glob("*.py"))
+    path.read_text() for path in sorted(ENGINE_PACKAGE.rglob("*.py"))
+    if "statements" not in path.relative_to(ENGINE_PACKAGE).parts
 )
 STATEMENTS = sorted(S.ALL.items())
 IDS = [name for name, _ in STATEMENTS]

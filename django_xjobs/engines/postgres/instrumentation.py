@@ -26,9 +26,9 @@ def instrumented(stmt: Statement, send: Callable[_P, _T], *args: _P.args,
     """``send(*args, **kwargs)``, which sends ``stmt``, between the fault points
     ``before:<name>`` and ``after:<name>``, with its time and rows in the DEBUG log. Every
     statement the engine sends goes through here: on the thread's Django connection
-    (engine.py: ``_run``, the COPY of a bulk enqueue) and on the dedicated ones (sessions.py:
-    the LISTEN, the advisory session's statements). An error skips the log and the ``after``
-    point: the statement did not complete."""
+    (core.py: ``_run``; operations/enqueue.py: the COPY of a bulk enqueue) and on the
+    dedicated ones (sessions.py: the LISTEN, the advisory session's statements). An error
+    skips the log and the ``after`` point: the statement did not complete."""
     if faults.armed:
         faults.hit(f"before:{stmt.name}")
     started = time.perf_counter()

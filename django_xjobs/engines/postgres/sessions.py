@@ -1,7 +1,7 @@
 """The PostgreSQL engine's dedicated connections: the LISTEN connection and the scheduler's
 advisory session.
 
-Every other statement runs on Django's connection of the calling thread (engine.py). These two
+Every other statement runs on Django's connection of the calling thread (core.py). These two
 cannot: a connection that LISTENs must not be shared with the statements of the thread that
 waits on it, and a session advisory lock lives exactly as long as its session, which no pool
 may lend to anyone else. Their statements go through the same instrumentation as the rest
