@@ -133,19 +133,20 @@ def sessions(engine):
 
     def open_session(label: str = "xjobs:tests:leader", lock_key: str = KEY):
         session = engine.leader_advisory_session(lock_key, label)
-        opened.append(session)
+        opened.append((lock_key, session))
         return session
 
     yield open_session
-    for session in opened:
+    for _, session in opened:
         session.close()
-    # A closed session's backend ends a moment later, and its lock with it: wait, or the next
-    # test may still see this one's lock (it did, on a loaded machine).
-    closed = {getattr(session, "backend_pid", None) for session in opened}
+    # A closed session's backend ends a moment later, and its lock with it: wait for every key
+    # a session of this test held, or the next test may still see one of them held (it did, on
+    # a loaded machine: the managers variant of a test found the postgres variant's "db-1").
+    closed = {getattr(session, "backend_pid", None) for _, session in opened}
 
     def released():
-        holder = engine.leader_advisory_holder(KEY)
-        return holder is None or holder.pid not in closed
+        holders = (engine.leader_advisory_holder(key) for key in {key for key, _ in opened})
+        return all(holder is None or holder.pid not in closed for holder in holders)
 
     wait_until(released, timeout=15, message="the closed sessions' advisory lock to go")
 
