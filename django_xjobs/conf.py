@@ -373,7 +373,8 @@ def _app_version(raw: Mapping[str, Any], key: str, default: str | None) -> str |
 
 
 def _tenant_scope(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:
-    """The dotted path; a callable is read from ``raw`` where it is used (reads.py)."""
+    """The dotted path; a callable is read from ``raw`` where it is used
+    (console/reads/scope.py)."""
     scope = raw.get(key, default)
     if scope is not None and not (isinstance(scope, str) or callable(scope)):
         raise ConfigurationError('XJOBS["ADMIN_TENANT_SCOPE"] must be a dotted path or callable')

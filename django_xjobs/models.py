@@ -54,8 +54,8 @@ DEFAULT_KEY_EXCLUDED = ~Q(idempotency_key=Cast(F("id"), models.TextField()))
 # The API mints a job's id and run id in one call (records.new_ids), so both UUIDv7s carry the
 # same millisecond: the first 13 characters of their text (the 48-bit timestamp) agree, and the
 # console finds the job by run id in the primary-key range of that millisecond
-# (admin.run_id_match). The rows where they differ (written by hand, with random uuids) are
-# the only ones that need an index on run_id to be found without reading the table.
+# (console.jobs.run_id_match). The rows where they differ (written by hand, with random uuids)
+# are the only ones that need an index on run_id to be found without reading the table.
 RUN_ID_APART = ~Q(Exact(Left(Cast(F("run_id"), models.TextField()), 13),
                         Left(Cast(F("id"), models.TextField()), 13)))
 
@@ -218,7 +218,8 @@ class Job(models.Model):
             # (several intervals per range: a retried job's new run_at does not widen the
             # range to everything) of created_at and run_at: a "created" or "run at" range
             # days back reads only the ranges that hold it; the list orders those pages by that
-            # column and reads them window by window (admin.EstimatedCountPaginator).
+            # column and reads them window by window
+            # (console.paginator.EstimatedCountPaginator).
             # One index for the five columns: one summary per range to keep, not five.
             BrinIndex(
                 fields=["name", "queue", "tenant_id", "created_at", "run_at"],

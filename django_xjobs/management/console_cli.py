@@ -1,6 +1,6 @@
 """The console's subcommands of ``manage.py xjobs``: everything the admin console shows, for a
-terminal or a script (``--json``). The data comes from :mod:`django_xjobs.reads`, the module
-the admin pages render, so the two never disagree.
+terminal or a script (``--json``). The data comes from :mod:`django_xjobs.console.reads`, the
+read model the admin pages render, so the two never disagree.
 
     manage.py xjobs dashboard              queues (live buckets + last 24 h), outbox,
                                            scheduler, workers, latest failures
@@ -38,7 +38,14 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError
 from django.utils.dateparse import parse_datetime
 
-from .. import api, reads, why
+from .. import api, why
+from ..console.reads import json_columns
+from ..console.reads.dashboard import Dashboard, LeaderRow, ScheduleRow, dashboard
+from ..console.reads.health import BAD, Health, health
+from ..console.reads.jobs import diagnose, job_row, jobs, run_steps
+from ..console.reads.json_columns import ShownJson, shown_json, with_json_text
+from ..console.reads.tables import backfill_rate, backfill_rows, outbox_entries
+from ..console.reads.text import ago, db_now, error_summary, humanize_seconds
 from ..models import JobStep
 from ..records import ALL_STATES, BlockedBy, WorkerRecord
 from . import workers_cli
@@ -102,7 +109,7 @@ def add_parsers(sub: Any) -> list[Any]:
 def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> None:
     out = _Out(command, as_json)
     if action == "dashboard":
-        board = reads.dashboard()
+        board = dashboard()
         out.emit(board, lambda: _print_dashboard(out, board))
     elif action == "health":
         _health(out, options)
@@ -111,20 +118,20 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
     elif action == "jobs":
         if options["limit"] < 1:
             raise CommandError("--limit must be at least 1")
-        jobs = reads.jobs(
+        listed = jobs(
             limit=options["limit"], state=options["state"], queue=options["queue"],
             name=options["name"], tenant_id=options["tenant"],
             created_after=options["created_after"], created_before=options["created_before"],
             run_after=options["run_after"], run_before=options["run_before"])
-        out.emit(jobs, lambda: out.table(
+        out.emit(listed, lambda: out.table(
             ("id", "state", "name", "queue", "attempt", "run_at", "updated_at", "tenant",
              "enqueued_by"),
             [(j.id, j.state, j.name, j.queue, f"{j.attempt}/{j.max_attempts}", j.run_at,
-              j.updated_at, j.tenant_id, j.enqueued_by) for j in jobs], empty="(no jobs)"))
+              j.updated_at, j.tenant_id, j.enqueued_by) for j in listed], empty="(no jobs)"))
     elif action == "why":
         _why(out, options["job_id"])
     elif action == "steps":
-        qs = reads.with_json_text(JobStep.objects.order_by("-id"), limit=None)
+        qs = with_json_text(JobStep.objects.order_by("-id"), limit=None)
         if options["run_id"]:
             qs = qs.filter(run_id=_uuid(options["run_id"]))
         if options["status"]:
@@ -134,24 +141,24 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
             ("run_id", "step", "status", "attempts", "started_at", "completed_at", "wake_at",
              "error"),
             [(s.run_id, s.name, s.status, s.attempts, s.started_at, s.completed_at, s.wake_at,
-              reads.error_summary(s.error, 60)) for s in steps_rows], empty="(no steps)"))
+              error_summary(s.error, 60)) for s in steps_rows], empty="(no steps)"))
     elif action == "outbox":
         pending = True if options["pending"] else False if options["published"] else None
-        entries = reads.outbox_entries(pending=pending, limit=options["limit"])
+        entries = outbox_entries(pending=pending, limit=options["limit"])
         out.emit(entries, lambda: out.table(
             ("staged_at", "job", "queue", "published_at", "became job", "tenant"),
             [(o.staged_at, o.job, o.queue, o.published_at, o.job_id, o.tenant_id)
              for o in entries], empty="(no outbox entries)"))
     elif action == "backfills":
-        backfills = reads.backfill_rows()
-        now = reads.db_now()
-        data = [{**reads.as_json(b), "rows_per_second": reads.backfill_rate(b, now)}
+        backfills = backfill_rows()
+        now = db_now()
+        data = [{**json_columns.as_json(b), "rows_per_second": backfill_rate(b, now)}
                 for b in backfills]
         out.emit(data, lambda: out.table(
             ("name", "status", "rows", "rows/s", "started_at", "completed_at", "last_cursor"),
-            [(b.name, b.status, b.rows_processed, _rate(reads.backfill_rate(b, now)),
+            [(b.name, b.status, b.rows_processed, _rate(backfill_rate(b, now)),
               b.started_at, b.completed_at,
-              preview(reads.shown_json(b, "last_cursor", limit=None), 200))
+              preview(shown_json(b, "last_cursor", limit=None), 200))
              for b in backfills], empty="(no backfills)"))
     elif action == "delete":
         ids = [str(_uuid(i)) for i in options["job_ids"]]
@@ -168,7 +175,7 @@ def _health(out: _Out, options: dict[str, Any]) -> None:
     max_stall = options["max_stall"]
     try:
         verdict = workers_cli.verdict(options["queues"], max_stall)
-        health = reads.health(max_stall=max_stall)
+        panel = health(max_stall=max_stall)
     except DatabaseError as exc:
         missing = workers_cli.no_database(exc, max_stall)
         if missing is None:
@@ -178,14 +185,14 @@ def _health(out: _Out, options: dict[str, Any]) -> None:
         return
     # The panel's own verdict (tables, VACUUM, lapsed leases, every worker) changes no exit
     # status; an unhealthy verdict makes the overall one bad, so the two never disagree.
-    overall = health.verdict if verdict.healthy else reads.BAD
+    overall = panel.verdict if verdict.healthy else BAD
 
     def human() -> None:
         out.lines(verdict.lines())
         out.line()
-        _print_health(out, health, overall)
+        _print_health(out, panel, overall)
 
-    out.emit({**reads.as_json(health), "overall": overall, "probe": verdict.as_json()}, human)
+    out.emit({**json_columns.as_json(panel), "overall": overall, "probe": verdict.as_json()}, human)
     verdict.exit()
 
 
@@ -193,11 +200,11 @@ def _why(out: _Out, job_id: str) -> None:
     """``xjobs why ID``: what the job does now, one line per reason that holds it back (most
     binding first), then the console's reading of the row. ``--json``: ``{id, state,
     blocked_by, summary, job, diagnosis}``."""
-    job = reads.job_row(job_id, limit=None)
+    job = job_row(job_id, limit=None)
     reasons = why.for_job(job.id)
-    now = reads.db_now()
-    steps = reads.run_steps(job.run_id, limit=None)
-    lines = reads.diagnose(job, steps, now)
+    now = db_now()
+    steps = run_steps(job.run_id, limit=None)
+    lines = diagnose(job, steps, now)
     doing = why.summary(job, reasons, now)
     head = f"job {job.id} ({job.name}): {doing}"
     out.emit({"id": job.id, "state": job.state,
@@ -208,7 +215,7 @@ def _why(out: _Out, job_id: str) -> None:
 
 def reason_json(reason: BlockedBy) -> dict[str, Any]:
     """One reason for ``--json``: its fields and its sentence."""
-    return {**reads.as_json(reason), "text": reason.text}
+    return {**json_columns.as_json(reason), "text": reason.text}
 
 
 def _uuid(value: str) -> Any:
@@ -218,7 +225,7 @@ def _uuid(value: str) -> Any:
         raise CommandError(f"{value!r} is not a job id (a UUID)") from None
 
 
-def preview(shown: reads.ShownJson, limit: int = 60) -> str:
+def preview(shown: ShownJson, limit: int = 60) -> str:
     """A JSON column on one line of a table: compact, cut at ``limit`` characters."""
     if shown.text is None:
         return "null"
@@ -232,7 +239,7 @@ def preview(shown: reads.ShownJson, limit: int = 60) -> str:
 RAW_JSON_CHARS = 1_000
 
 
-def block(shown: reads.ShownJson) -> str:
+def block(shown: ShownJson) -> str:
     """A JSON column as ``xjobs show`` prints it: indented, or the stored text (its first
     :data:`RAW_JSON_CHARS` characters) with a note when Python cannot decode it."""
     if shown.text is None:
@@ -255,7 +262,7 @@ class _Out:
 
     def emit(self, data: Any, human: Any) -> None:
         if self.as_json:
-            self.command.stdout.write(json.dumps(reads.as_json(data), indent=2,
+            self.command.stdout.write(json.dumps(json_columns.as_json(data), indent=2,
                                                  default=str))
         else:
             human()
@@ -291,34 +298,34 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _print_dashboard(out: _Out, board: reads.Dashboard) -> None:
+def _print_dashboard(out: _Out, board: Dashboard) -> None:
     now = board.now
     out.line(f"as of {_cell(now)} (database clock)\n")
     out.table(("queue", "ready", "delayed", "running", "suspended", "blocked", "oldest due",
                "done 24h", "failed 24h", "died 24h", "cancelled 24h"),
               [(q.queue, q.ready, q.delayed, q.running, q.suspended, q.blocked,
-                reads.humanize_seconds(q.oldest_ready_age), q.done_24h, q.failed_24h,
+                humanize_seconds(q.oldest_ready_age), q.done_24h, q.failed_24h,
                 q.dead_24h, q.cancelled_24h) for q in board.queues],
               empty="(no jobs)")
     age = board.outbox_oldest_seconds
     out.line(f"\noutbox: {board.outbox_pending} pending"
-             + (f", oldest {reads.humanize_seconds(age)}" if age is not None else ""))
+             + (f", oldest {humanize_seconds(age)}" if age is not None else ""))
     out.line("")
     _print_scheduler(out, board.leaders, board.schedules, now)
     out.line("")
     _print_workers(out, board.workers, now)
     out.line("\nlatest failures:")
     out.table(("died", "id", "name", "queue", "attempt", "error"),
-              [(reads.ago(f.at, now), f.id, f.name, f.queue, f"{f.attempt}/{f.max_attempts}",
+              [(ago(f.at, now), f.id, f.name, f.queue, f"{f.attempt}/{f.max_attempts}",
                 f.error) for f in board.failures], empty="(no dead jobs)")
 
 
-def _print_scheduler(out: _Out, leaders: Sequence[reads.LeaderRow],
-                     tasks: Sequence[reads.ScheduleRow], now: datetime) -> None:
+def _print_scheduler(out: _Out, leaders: Sequence[LeaderRow],
+                     tasks: Sequence[ScheduleRow], now: datetime) -> None:
     for leader in leaders:
         state = "leading" if leader.live else "EXPIRED"
         out.line(f"scheduler leader ({leader.lock_key}): {leader.holder}, lease "
-                 f"{reads.ago(leader.expires_at, now)} ({state})")
+                 f"{ago(leader.expires_at, now)} ({state})")
     if not leaders:
         out.line("scheduler leader: none yet")
     out.table(("task", "last fired (watermark)", "next fire", "paused"),
@@ -330,22 +337,22 @@ def _print_workers(out: _Out, rows: Sequence[WorkerRecord], now: datetime) -> No
     out.line("workers (x_workers):")
     out.table(("worker", "queues", "running", "finished", "heartbeat", "last claim", "status"),
               [(w.id, ",".join(w.queues), f"{w.running}/{w.concurrency}", w.finished,
-                reads.ago(w.seen_at, now), reads.ago(w.claimed_at, now),
+                ago(w.seen_at, now), ago(w.claimed_at, now),
                 f"STALLED: {w.stalled}" if w.stalled else "ok") for w in rows],
               empty="(no worker seen in the last day)")
 
 
-def _print_health(out: _Out, health: reads.Health, overall: str) -> None:
+def _print_health(out: _Out, health: Health, overall: str) -> None:
     now = health.now
     out.line(f"overall: {overall}\n")
     out.line(f"running jobs whose lease expired: {health.lapsed_count}")
     out.table(("expired", "id", "name", "queue", "worker", "attempt"),
-              [(reads.ago(j.at, now), j.id, j.name, j.queue, j.claimed_by,
+              [(ago(j.at, now), j.id, j.name, j.queue, j.claimed_by,
                 f"{j.attempt}/{j.max_attempts}") for j in health.lapsed], empty="")
     out.line(f"\njobs no worker knows (waiting for a worker that knows their name): "
              f"{sum(u.wait.count for u in health.unknown)}")
     out.table(("name", "queue", "jobs", "waiting since", "verdict", "expected as"),
-              [(u.wait.name, u.wait.queue, u.wait.count, reads.ago(u.wait.since, now),
+              [(u.wait.name, u.wait.queue, u.wait.count, ago(u.wait.since, now),
                 u.verdict, u.expected) for u in health.unknown], empty="")
     r = health.rescues
     out.line(f"\nrescues: {r.live_jobs} live job(s) rescued ({r.live_rescues} rescues); "
@@ -357,13 +364,13 @@ def _print_health(out: _Out, health: reads.Health, overall: str) -> None:
     out.table(("table", "live", "dead", "dead %", "last vacuum", "xid age", "of freeze max",
                "verdict"),
               [(t.health.table, t.health.live_tuples, t.health.dead_tuples,
-                f"{t.health.dead_ratio:.0%}", reads.ago(t.health.last_vacuum, now),
+                f"{t.health.dead_ratio:.0%}", ago(t.health.last_vacuum, now),
                 t.health.xid_age, f"{t.health.xid_age / t.health.freeze_max_age:.0%}",
                 f"{t.verdict} {t.advice}".strip()) for t in health.tables])
     c = health.compatibility
     if c is not None and health.held_back:
         out.line(f"\nmixed versions: the fleet is kept compatible with {c.compatible_with} "
-                 f"(set {reads.ago(c.changed_at, now)} by {c.changed_by}); held back until "
+                 f"(set {ago(c.changed_at, now)} by {c.changed_by}); held back until "
                  "`manage.py xjobs fleet --finish-upgrade`:")
         for line in health.held_back:
             out.line(f"  - {line}")
@@ -374,6 +381,6 @@ def _print_health(out: _Out, health: reads.Health, overall: str) -> None:
     out.line("\nwhat holds VACUUM back (oldest first):")
     out.table(("kind", "who", "pid", "state", "open for", "xmin age", "verdict"),
               [(h.holder.kind, h.holder.name, h.holder.pid, h.holder.state,
-                reads.humanize_seconds(h.holder.age_seconds), h.holder.xmin_age,
+                humanize_seconds(h.holder.age_seconds), h.holder.xmin_age,
                 f"{h.verdict} {h.advice}".strip()) for h in health.holders],
               empty="(nothing holds an old snapshot)")

@@ -21,7 +21,8 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from .. import conf, reads, versions
+from .. import conf, versions
+from ..console.reads.text import db_now
 from ..engines import get_engine
 from ..records import FleetRecord, WorkerRecord
 from . import cli
@@ -51,7 +52,7 @@ def add_arguments(sub: Any) -> list[Any]:
 def handle(command: Any, options: dict[str, Any], as_json: bool) -> None:
     engine = get_engine()
     by = f"manage.py xjobs fleet by {getpass.getuser()}@{socket.gethostname()}"
-    now = reads.db_now()
+    now = db_now()
     seen = [w for w in engine.workers_list(max_stall=SEEN_LATELY)
             if (now - w.seen_at).total_seconds() <= SEEN_LATELY]
     older = [w for w in seen if versions.older(w.version)]

@@ -24,7 +24,10 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from .. import conf, reads, registry
+from .. import conf, registry
+from ..console.reads import json_columns
+from ..console.reads.health import BAD
+from ..console.reads.text import ago, db_now
 from ..engines import get_engine
 from ..exceptions import ConfigurationError
 from ..records import DEFAULT_MAX_STALL, WorkerRecord, span
@@ -84,13 +87,13 @@ def add_health_arguments(parser: Any) -> None:
 def workers(out: Any, options: dict[str, Any]) -> None:
     """``xjobs workers``: a table, or ``--json`` a list of the records."""
     records = get_engine().workers_list(max_stall=options["max_stall"])
-    now = reads.db_now()
+    now = db_now()
     out.emit(records, lambda: out.table(
         ("id", "host", "pid", "queues", "version", "running", "finished", "heartbeat",
          "last claim", "status"),
         [(w.id, w.host, w.pid, ",".join(w.queues), w.version or "-",
-          f"{w.running}/{w.concurrency}", w.finished, reads.ago(w.seen_at, now),
-          reads.ago(w.claimed_at, now), f"STALLED: {w.stalled}" if w.stalled else "ok")
+          f"{w.running}/{w.concurrency}", w.finished, ago(w.seen_at, now),
+          ago(w.claimed_at, now), f"STALLED: {w.stalled}" if w.stalled else "ok")
          for w in records],
         empty="(no worker seen in the last day)"))
 
@@ -119,7 +122,7 @@ class Verdict:
         return {"status": "healthy" if self.healthy else "unhealthy", "healthy": self.healthy,
                 "database": conf.get().database, "max_stall_seconds": self.max_stall,
                 "queues": list(self.queues), "reasons": list(self.reasons),
-                "workers": reads.as_json(list(self.workers))}
+                "workers": json_columns.as_json(list(self.workers))}
 
     def exit(self) -> None:
         """End the command with status 1 when unhealthy (the reasons are printed already)."""
@@ -143,7 +146,7 @@ class NoDatabase:
         return f"{what} (alias {self.alias!r}): {self.reason}"
 
     def as_json(self) -> dict[str, Any]:
-        return {"overall": reads.BAD if self.refused else "unreachable", "probe": {
+        return {"overall": BAD if self.refused else "unreachable", "probe": {
             "status": "unhealthy" if self.refused else "database_unreachable",
             "healthy": False, "database": self.alias, "reason": self.reason,
             "max_stall_seconds": self.max_stall, "reasons": [self.line()]}}

@@ -24,11 +24,11 @@ def new_ids(n: int) -> list[UUID]:
 
     One clock read gives every id of the call the same millisecond: a job's id and run id are
     minted together, and the console finds a job by its run id within the primary-key range of
-    that millisecond (``admin.run_id_match``). The standard library's ``uuid.uuid7()`` (Python
-    3.14 on; we support 3.11) and the ``uuid6`` package take no timestamp, so a pair made with
-    them can straddle a millisecond; ``uuid-utils`` takes one, but is a compiled dependency for
-    these few lines. Their counter within a millisecond buys nothing here: nothing orders jobs
-    by id within a millisecond (claims order by ``run_at``).
+    that millisecond (``console.jobs.run_id_match``). The standard library's ``uuid.uuid7()``
+    (Python 3.14 on; we support 3.11) and the ``uuid6`` package take no timestamp, so a pair
+    made with them can straddle a millisecond; ``uuid-utils`` takes one, but is a compiled
+    dependency for these few lines. Their counter within a millisecond buys nothing here:
+    nothing orders jobs by id within a millisecond (claims order by ``run_at``).
     """
     ms = (time.time_ns() // 1_000_000) & 0xFFFF_FFFF_FFFF
     return _v7([ms] * n)
@@ -37,8 +37,9 @@ def new_ids(n: int) -> list[UUID]:
 def run_ids_for(ids: Sequence[UUID]) -> list[UUID]:
     """A fresh UUIDv7 in the millisecond of each of ``ids``: run ids for jobs whose ids were
     minted earlier (the outbox stages a job's id, the relay mints its run id later), so the
-    console finds them by run id on the primary key like the API's jobs (``admin.run_id_match``;
-    a run id in another millisecond puts its row in ``x_jobs_run_apart_idx``)."""
+    console finds them by run id on the primary key like the API's jobs
+    (``console.jobs.run_id_match``; a run id in another millisecond puts its row in
+    ``x_jobs_run_apart_idx``)."""
     return _v7([i.int >> 80 for i in ids])
 
 

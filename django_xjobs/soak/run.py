@@ -18,8 +18,8 @@ from pathlib import Path
 from django.db import connections
 
 from .. import api
+from ..console.reads.health import health
 from ..models import Job, JobLease, OutboxEntry, RateUnit, Stat, StatDelta, WorkerRow
-from ..reads import health
 from ..records import LIVE_STATES
 from ..worker.shutdown import ShutdownSignals
 from . import chaos, invariants, tables, workload

@@ -12,7 +12,7 @@ from django.template.loader import get_template
 from django.template.loader_tags import BlockNode, ExtendsNode
 from django.utils.html import format_html
 
-from .. import reads
+from ..console.reads import text
 
 register = template.Library()
 
@@ -20,12 +20,12 @@ register = template.Library()
 @register.filter
 def ago(moment: datetime | None, now: datetime) -> str:
     """``{{ job.finished_at|ago:db_now }}`` -> "3 min ago" / "in 20 s" / "never"."""
-    return reads.ago(moment, now)
+    return text.ago(moment, now)
 
 
 @register.filter
 def seconds(value: float | None) -> str:
-    return reads.humanize_seconds(value)
+    return text.humanize_seconds(value)
 
 
 @register.filter

@@ -17,7 +17,9 @@ from django.core.management import call_command
 from django.db import connections
 from django.test import override_settings
 
-from django_xjobs import api, cancel, faults, reads
+from django_xjobs import api, cancel, faults
+from django_xjobs.console.reads.jobs import diagnose, run_children, run_steps
+from django_xjobs.console.reads.text import db_now
 from django_xjobs.exceptions import InvalidJobInput, JobNotFound
 from django_xjobs.models import Job, JobStep
 from tests.conftest import wait_until
@@ -79,8 +81,7 @@ def test_the_parent_is_suspended_and_frees_its_worker_while_the_child_runs():
         assert row(parent).state == "suspended"
         step = JobStep.objects.get(run_id=row(parent).run_id, name="square")
         assert (step.status, step.pending) == ("invoking", 1)
-        diagnosis = " ".join(reads.diagnose(row(parent), reads.run_steps(step.run_id),
-                                            reads.db_now()))
+        diagnosis = " ".join(diagnose(row(parent), run_steps(step.run_id), db_now()))
         assert "waiting for 1 child job(s) of step 'square'" in diagnosis
         done = finished(parent)
     assert done.state == "done"
@@ -188,7 +189,7 @@ def test_the_console_links_a_parent_and_its_children_both_ways(admin_client):
     linked = re.findall(r'/job/([0-9a-f-]{36})/change/" class="xjobs-child"', page)
     assert linked == [str(kids[0].id), str(kids[2].id)]
     assert "more</li>" not in page  # nor counted
-    assert reads.run_children(done.run_id, tenants={"acme"}, limit=1).total == 2
+    assert run_children(done.run_id, tenants={"acme"}, limit=1).total == 2
 
 
 def test_xjobs_show_lists_the_children_and_names_the_parent():

@@ -20,8 +20,9 @@ from django.test.utils import CaptureQueriesContext, override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from django_xjobs import admin as console_admin
 from django_xjobs import api
+from django_xjobs.console import actions as console_actions
+from django_xjobs.console import paginator as console_paginator
 from django_xjobs.exceptions import ConfigurationError
 from django_xjobs.models import Job, JobStep
 from django_xjobs.records import QueueDepth, QueueStats
@@ -393,7 +394,7 @@ def test_an_action_from_the_detail_page_returns_to_it(admin_client, one_of_each)
 
 
 def test_select_all_is_handled_in_bounded_rounds(admin_client, monkeypatch):
-    monkeypatch.setattr(console_admin, "ACTION_LIMIT", 3)
+    monkeypatch.setattr(console_actions, "ACTION_LIMIT", 3)
     handles = [testapp_jobs.record.using(queue="bulk-q").enqueue() for _ in range(5)]
     response = admin_client.post(f"{JOBS}?queue=bulk-q", {
         "action": "cancel_jobs", CHECKBOX: [str(handles[0].id)], "select_across": "1",
@@ -414,7 +415,7 @@ def test_a_viewer_sees_the_console_but_no_action(client, one_of_each):
     client.force_login(staff("viewer", "view_job"))
     page = client.get(JOBS).content.decode()
     assert client.get(JOBS).status_code == 200
-    for action in console_admin.ACTIONS:
+    for action in console_actions.ACTIONS:
         assert f'value="{action}"' not in page
     assert client.get(DASHBOARD).status_code == 200
     dead_page = client.get(detail(one_of_each["dead"].id)).content.decode()
@@ -438,7 +439,7 @@ def test_each_action_needs_its_own_permission(client, one_of_each, codename, act
     client.force_login(staff("operator", "view_job", codename))
     page = client.get(JOBS).content.decode()
     assert f'value="{action}"' in page
-    for other in set(console_admin.ACTIONS) - {action}:
+    for other in set(console_actions.ACTIONS) - {action}:
         assert f'value="{other}"' not in page
         assert post_action(client, other, [one_of_each["dead"].id]).status_code == 403
     post_action(client, action, [one_of_each[state].id], reason="r")
@@ -566,7 +567,7 @@ def test_a_callable_scope_works_as_well_as_a_dotted_path(admin_client, two_tenan
 
 
 def test_a_big_list_is_estimated_not_counted(admin_client, monkeypatch):
-    monkeypatch.setattr(console_admin, "EXACT_COUNT_LIMIT", 20)
+    monkeypatch.setattr(console_paginator, "EXACT_COUNT_LIMIT", 20)
     api.enqueue_many(("testapp.noop", {"n": i}, {"queue": "big-q"}) for i in range(60))
     with connection.cursor() as cursor:
         cursor.execute("analyze x_jobs")

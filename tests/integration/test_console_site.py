@@ -310,10 +310,10 @@ def test_the_dashboard_reads_no_job_table_scan(admin_client, drained):
 
 def test_the_health_panel_and_the_dashboard_list_the_workers_and_flag_a_stalled_one(
         admin_client):
-    from django_xjobs import reads
+    from django_xjobs.console.reads.health import WORKER_MAX_STALL
     from django_xjobs.management import workers_cli
 
-    assert reads.WORKER_MAX_STALL == workers_cli.DEFAULT_MAX_STALL  # the console judges alike
+    assert WORKER_MAX_STALL == workers_cli.DEFAULT_MAX_STALL  # the console judges alike
     engine = get_engine()
     engine.worker_seen("host-a:1:ok", "host-a", 1, [QUEUE], version="1.0", concurrency=4,
                        running=1, finished=20, claimed_age=1.0, loop_age=0.1)

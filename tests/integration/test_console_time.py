@@ -162,6 +162,6 @@ def test_without_time_zone_support_times_are_shown_in_time_zone(admin_client, on
     (3599.6, "1 h 0 min"), (11_520, "3 h 12 min"), (183_600, "2 d 3 h"), (None, "-"),
 ])
 def test_durations_read_to_the_second(seconds, text):
-    from django_xjobs import reads
+    from django_xjobs.console.reads.text import duration_text
 
-    assert reads.duration_text(seconds) == text
+    assert duration_text(seconds) == text

@@ -18,7 +18,9 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.urls import reverse
 
-from django_xjobs import conf, reads, registry, versions
+from django_xjobs import conf, registry, versions
+from django_xjobs.console.reads.health import OK, health
+from django_xjobs.console.reads.text import db_now
 from django_xjobs.engines import get_engine
 from django_xjobs.maintenance import pruner
 from django_xjobs.models import Job
@@ -92,7 +94,7 @@ def test_a_claim_kept_compatible_leaves_a_job_without_a_slot_due_instead_of_bloc
     assert list(batch) == [] and batch.held == 1
     row = Job.objects.get(pk=handle.id)
     assert (row.state, row.blocked_on, row.attempt) == ("delayed", None, 0)
-    assert row.run_at - reads.db_now() > timedelta(seconds=50)  # hold_ms later, not at once
+    assert row.run_at - db_now() > timedelta(seconds=50)  # hold_ms later, not at once
     # 0.1's conflict read finds it among the four live states it knows.
     assert row.state in ("ready", "delayed", "running", "suspended")
 
@@ -107,7 +109,7 @@ def test_a_worker_reads_the_compatibility_before_its_first_claim_and_after_a_cha
     assert Job.objects.get(pk=handle.id).state == "delayed"
 
     keep_compatible(None)
-    Job.objects.filter(pk=handle.id).update(run_at=reads.db_now())
+    Job.objects.filter(pk=handle.id).update(run_at=db_now())
     flow._fleet_read_at = None  # as FLEET_REFRESH later
     assert list(flow.claim({"default": 10}, 30_000)) == []
     assert flow.params.park
@@ -131,7 +133,7 @@ def test_kept_compatible_the_safety_net_wakes_every_blocked_job_room_or_not():
 
 
 def test_kept_compatible_the_maintenance_moves_no_finished_job_into_history():
-    make_row(get_engine(), state="done", finished_at=reads.db_now() - timedelta(hours=1))
+    make_row(get_engine(), state="done", finished_at=db_now() - timedelta(hours=1))
     keep_compatible("0.1")
     assert pruner.archive(settings=settings_with(ARCHIVE_AFTER="1m")) == 0
     assert get_engine().history_tables() == []
@@ -148,13 +150,13 @@ def test_the_fleet_command_shows_finishes_and_reopens_the_compatibility():
     assert get_engine().fleet_get().compatible_with == "0.1"
     assert "fleet" in get_engine().fleet_get().changed_by
 
-    health = reads.health()
-    assert health.verdict != reads.OK and len(health.held_back) == 2
+    report = health()
+    assert report.verdict != OK and len(report.held_back) == 2
     assert "mixed versions: the fleet is kept compatible with 0.1" in xjobs("health")
 
     assert "compatibility: none needed" in xjobs("fleet", "--finish-upgrade")
     assert get_engine().fleet_get().compatible_with is None
-    assert reads.health().held_back == []
+    assert health().held_back == []
 
 
 def test_finish_upgrade_refuses_while_a_worker_of_an_older_version_is_seen():

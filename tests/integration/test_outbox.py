@@ -150,7 +150,7 @@ def test_a_committed_transaction_becomes_exactly_one_job_that_runs_to_done():
 def test_a_relayed_jobs_run_id_is_minted_in_its_ids_millisecond():
     """The id is staged, the run id minted by the relay later: in the id's millisecond, as the
     API mints both at once, so the console finds the job by run id on the primary key and the
-    job never enters x_jobs_run_apart_idx (admin.run_id_match)."""
+    job never enters x_jobs_run_apart_idx (console.jobs.run_id_match)."""
     with transaction.atomic():
         staged = record.enqueue_on_commit(tag="later")
     time.sleep(0.01)  # the relay's clock is past the staging's millisecond

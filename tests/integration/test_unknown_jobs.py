@@ -19,7 +19,8 @@ from django.db import connection
 from django.urls import reverse
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_xjobs import reads, registry, why
+from django_xjobs import registry, why
+from django_xjobs.console.reads.health import health, unknown_jobs
 from django_xjobs.models import Job
 from django_xjobs.testing import drain
 from django_xjobs.worker.unknown import UnknownNames
@@ -74,14 +75,14 @@ def test_why_names_the_workers_the_wait_and_where_the_name_was_expected(waiting,
 
 
 def test_health_lists_the_wait_and_calls_it_bad_past_the_bound(waiting, admin_client):
-    (row,) = reads.health().unknown
+    (row,) = health().unknown
     assert (row.wait.name, row.wait.queue, row.wait.count, row.verdict) == (
         NAME, "web-first", 1, "ok")  # a rolling deploy may still bring the code
     assert row.wait.cron_tasks == ("nightly-charge",)
 
     age_the_wait(waiting)
-    health = reads.health()
-    assert [u.verdict for u in health.unknown] == ["bad"] and health.verdict == "bad"
+    report = health()
+    assert [u.verdict for u in report.unknown] == ["bad"] and report.verdict == "bad"
     out = StringIO()
     # The exit status stays the workers' (a liveness probe): a job's wait is no reason to
     # restart them. The panel's overall verdict says it.
@@ -110,7 +111,7 @@ def test_a_job_that_ran_since_its_wait_is_no_longer_counted(waiting):
     # A worker that knows the name ran it and failed it: the last entry is no longer the wait's.
     Job.objects.filter(id=waiting.id).update(
         attempts=[*waiting.attempts, {"outcome": "failed"}])
-    assert reads.unknown_jobs() == []
+    assert unknown_jobs() == []
     assert [r.kind for r in why.for_job(waiting.id)] == ["no_worker", "delayed"]
 
 

@@ -1,5 +1,6 @@
-"""The console's SVG charts (django_xjobs/charts.py): well-formed XML a browser can draw, one
-point per bucket, readable without the picture, and no markup smuggled in through a name."""
+"""The console's SVG charts (django_xjobs/console/charts.py): well-formed XML a browser can
+draw, one point per bucket, readable without the picture, and no markup smuggled in through a
+name."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from django_xjobs import charts
+from django_xjobs.console import charts
 from django_xjobs.counters import WINDOWS, Chart
 from django_xjobs.records import Counters
 

@@ -34,7 +34,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from ... import api, outbox, reads, slots
+from ... import api, outbox, slots
+from ...console.reads import json_columns
+from ...console.reads.jobs import job_row, run_children, run_steps
+from ...console.reads.json_columns import shown_json
+from ...console.reads.tables import event_rows, key_limits, slot_limits
+from ...console.reads.text import error_summary
 from ...engines import get_engine
 from ...exceptions import ConfigurationError
 from ...records import (
@@ -103,7 +108,7 @@ class Command(BaseCommand):
             if action is None:
                 self._stats(as_json)
             elif action == "show":
-                self._show(reads.job_row(options["job_id"], limit=None), as_json)
+                self._show(job_row(options["job_id"], limit=None), as_json)
             elif action == "cancel":
                 self._change("cancel", api.cancel(options["job_id"], reason=options["reason"]),
                              as_json)
@@ -112,7 +117,7 @@ class Command(BaseCommand):
             elif action == "run-now":
                 self._change("run-now", api.run_now(options["job_id"]), as_json)
             elif action == "events":
-                self._events(reads.event_rows(name=options["name"], limit=options["limit"]),
+                self._events(event_rows(name=options["name"], limit=options["limit"]),
                              as_json)
             elif action == "purge":
                 self._purge(options, as_json)
@@ -141,7 +146,7 @@ class Command(BaseCommand):
         outbox = self._outbox_pending()
         pending, oldest = outbox["pending"], outbox["oldest_pending_seconds"]
         held = engine.slots_usage(limit=STATS_SLOT_KEYS + 1)
-        limits = reads.key_limits(u.slot_key for u in held[:STATS_SLOT_KEYS])
+        limits = key_limits(u.slot_key for u in held[:STATS_SLOT_KEYS])
         if as_json:
             cli.emit(self, {
                 "queues": [
@@ -190,8 +195,8 @@ class Command(BaseCommand):
         """One job, read like its console page (JSON columns as text: a value Python cannot
         decode is printed as stored, with a note, instead of ending the command), then its
         progress and its attempt history (docs/observability.md)."""
-        steps = reads.run_steps(job.run_id, limit=None)
-        children = reads.run_children(job.run_id, limit=CHILDREN_SHOWN)
+        steps = run_steps(job.run_id, limit=None)
+        children = run_children(job.run_id, limit=CHILDREN_SHOWN)
         attempts = attempt_history(job.attempts, state=job.state, attempt=job.attempt,
                                    worker=job.claimed_by, started_at=_aware(job.started_at),
                                    finished_at=_aware(job.finished_at))
@@ -202,7 +207,7 @@ class Command(BaseCommand):
             progress is not None and job.state == "running") else None
         if as_json:
             cli.emit(self, {
-                **reads.as_json(job), "steps": reads.as_json(steps),
+                **json_columns.as_json(job), "steps": json_columns.as_json(steps),
                 "children": [{"step": step, "id": str(c.pk), "name": c.name, "state": c.state}
                              for step, c in children.shown],
                 "children_total": children.total,
@@ -220,9 +225,9 @@ class Command(BaseCommand):
                   "traceparent", "rescues", "concurrency_key", "parent_id", "parent_step")
         for name in fields:
             self.stdout.write(f"{name:>16}: {cli.jsonable(getattr(job, name))}")
-        shown = reads.shown_json(job, "input", limit=None)
+        shown = shown_json(job, "input", limit=None)
         self.stdout.write(f"{'input':>16}: {console_cli.block(shown)}")
-        result = reads.shown_json(job, "result", limit=None)
+        result = shown_json(job, "result", limit=None)
         if result.text is not None:
             self.stdout.write(f"{'result':>16}: {console_cli.block(result)}")
         if job.last_error:
@@ -233,7 +238,7 @@ class Command(BaseCommand):
                 when = cli.jsonable(step.completed_at or step.wake_at or step.started_at)
                 detail = ""
                 if step.status == "completed":
-                    detail = console_cli.preview(reads.shown_json(step, "output", limit=None))
+                    detail = console_cli.preview(shown_json(step, "output", limit=None))
                 elif step.status == "invoking":
                     detail = f"waiting for {step.pending} child job(s)"
                 elif step.status in ("sleeping", "waiting"):
@@ -273,14 +278,14 @@ class Command(BaseCommand):
 
     def _events(self, events: list[Any], as_json: bool) -> None:
         if as_json:
-            cli.emit(self, reads.as_json(events))
+            cli.emit(self, json_columns.as_json(events))
             return
         if not events:
             self.stdout.write("(no events)")
         for e in events:
             key = f" key={e.correlation_key}" if e.correlation_key else ""
             self.stdout.write(f"{cli.jsonable(e.published_at)}  #{e.id} {e.name}{key}  "
-                              f"{console_cli.preview(reads.shown_json(e, 'payload', limit=None))}")
+                              f"{console_cli.preview(shown_json(e, 'payload', limit=None))}")
 
     def _purge(self, options: dict[str, Any], as_json: bool) -> None:
         try:
@@ -309,7 +314,7 @@ class Command(BaseCommand):
             self.stdout.write("  ... more keys: manage.py xjobs slots")
 
     def _slots(self, records: list[SlotRecord], as_json: bool) -> None:
-        limits = reads.slot_limits((r.slot_key, r.holder) for r in records)
+        limits = slot_limits((r.slot_key, r.holder) for r in records)
         if as_json:
             cli.emit(self, [_slot_json(r, limits[(r.slot_key, r.holder)]) for r in records])
             return
@@ -369,7 +374,7 @@ def _timeline(attempts: list[AttemptRecord]) -> list[str]:
     for n, a in enumerate(attempts):
         if n == 1 and a.attempt - attempts[0].attempt > 1:
             lines.append(f"  ... attempts {attempts[0].attempt + 1}-{a.attempt - 1} not kept")
-        error = reads.error_summary(a.error, 120) or ""
+        error = error_summary(a.error, 120) or ""
         took = "-" if a.duration is None else (
             f"{a.duration:.2f}s" if a.duration < 10 else cli.duration(a.duration))
         lines.append(f"  #{a.attempt:<3} {a.outcome:<11} {a.worker or '-'}  "

@@ -113,8 +113,8 @@ delete from x_lease_extensions
 )
 
 # --------------------------------------------------------------------------------- console --
-# The operations console (django_xjobs/reads.py, admin.py): its one queue write and the
-# health reads of its dashboard.
+# The operations console (django_xjobs/console/): its one queue write and the health reads of
+# its dashboard.
 
 JOBS_DELETE_FINISHED = Statement(
     "jobs_delete_finished",

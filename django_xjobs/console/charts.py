@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from html import escape
 
-from .counters import Chart
+from ..counters import Chart
 
 # Mid tones (a colour-blind-safe order first): each keeps a contrast of about 3:1 or more on
 # the admin's white and on its dark theme's near-black background.

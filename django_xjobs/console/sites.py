@@ -4,7 +4,9 @@
 :data:`SITE_NAME` (its URL namespace) with the jobs models only, registered with the same
 ``ModelAdmin`` classes as the project's main admin, so every page, action and permission is the
 same under both; its index is the dashboard. Login, logout and the password pages come with
-``AdminSite``. The models stay registered in the project's main admin too (``admin.py``).
+``AdminSite``. The models stay registered in the project's main admin too: each model admin
+registers itself there (``@admin.register``), and ``django_xjobs/admin.py``, which Django's
+admin autodiscovery imports, imports them.
 """
 
 from __future__ import annotations
@@ -14,17 +16,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 
-from .admin import (
-    BackfillAdmin,
-    JobAdmin,
-    JobEventAdmin,
-    JobLeaseAdmin,
-    JobStepAdmin,
-    OutboxEntryAdmin,
-    SchedulerLeaderAdmin,
-    SchedulerStateAdmin,
-)
-from .models import (
+from ..models import (
     Backfill,
     Job,
     JobEvent,
@@ -34,6 +26,12 @@ from .models import (
     SchedulerLeader,
     SchedulerState,
 )
+from .backfills import BackfillAdmin
+from .jobs import JobAdmin
+from .outbox import OutboxEntryAdmin
+from .scheduler import SchedulerLeaderAdmin, SchedulerStateAdmin
+from .slots import JobLeaseAdmin
+from .steps import JobEventAdmin, JobStepAdmin
 
 SITE_NAME = "xjobs_console"
 

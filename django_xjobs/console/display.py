@@ -1,0 +1,48 @@
+"""How the console's pages show a value: a state as a badge, a JSON column (shortened, with a
+link to the whole value), an error preformatted, a time on one line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils.html import format_html, format_html_join
+
+from .reads.json_columns import JSON_PAGE_CHARS, ShownJson
+from .reads.text import shown_time
+
+
+def badge(value: str) -> str:
+    return format_html('<span class="xjobs-badge xjobs-{}">{}</span>', value, value)
+
+
+def json_block(shown: ShownJson, whole_url: str) -> str:
+    """A JSON column on a page: indented (or, when Python cannot decode it, as stored), at most
+    :data:`JSON_PAGE_CHARS` characters of it, and a link to the whole value beyond."""
+    if shown.text is None:
+        return "-"
+    notes = []
+    if not shown.decoded:
+        notes.append(format_html(
+            "This value could not be decoded by Python's json module ({}): it is shown as "
+            "the database stores it.", shown.problem))
+    if shown.truncated:
+        notes.append(format_html(
+            'Shortened to its first {} of {} characters: <a href="{}">the whole value</a>.',
+            f"{JSON_PAGE_CHARS:,}", f"{shown.chars:,}", whole_url))
+    elif not shown.decoded:
+        notes.append(format_html('<a href="{}">The value as stored</a>.', whole_url))
+    note = format_html('<p class="xjobs-note">{}</p>', format_html_join(" ", "{}", (
+        (n,) for n in notes))) if notes else ""
+    return format_html('<pre class="xjobs-json">{}</pre>{}', shown.text, note)
+
+
+def preformatted(text: str | None) -> str:
+    return format_html('<pre class="xjobs-error">{}</pre>', text) if text else "-"
+
+
+def short_time(moment: Any) -> str:
+    """``2026-12-02 18:58:44`` in the page's time zone: a list column that fits on one line."""
+    shown = shown_time(moment)
+    if shown is None:
+        return "-"
+    return format_html('<span class="xjobs-time">{}</span>', shown.strftime("%Y-%m-%d %H:%M:%S"))

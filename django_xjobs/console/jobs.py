@@ -1,0 +1,363 @@
+"""The jobs list and a job's page (docs/console.md, "Finding the job", "Understanding it").
+
+At ten million jobs (docs/console.md, "At ten million jobs"): the default order is the primary
+key (UUIDv7: newest first); a "created" or "run at" range orders the list by that column and is
+read window by window (:class:`.paginator.EstimatedCountPaginator`); search is exact and on
+indexes only (the id, the idempotency key, the run id: :func:`run_id_match`). The operator
+actions are :mod:`.actions`; the dashboard, queue, health and pause pages, which this admin
+serves, are :mod:`.views`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.contrib import admin
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.db.models import F, Q, TextField
+from django.db.models.functions import Cast
+from django.http import HttpResponse
+from django.urls import path
+from django.utils.html import format_html, format_html_join
+from rangefilter.filters import DateTimeRangeFilterBuilder
+
+from .. import why
+from ..exceptions import JobNotFound
+from ..models import RUN_ID_APART, Job, JobStep
+from ..records import attempt_history, progress_from_json
+from .actions import ACTIONS, guarded_action, vet_action_post
+from .display import badge, preformatted, short_time
+from .filters import NameFilter, QueueFilter, StateFilter, TenantFilter
+from .options import ConsoleAdmin, as_uuid
+from .paginator import WINDOWED
+from .reads.jobs import diagnose, run_children, run_steps
+from .reads.json_columns import shown_json
+from .reads.scope import tenant_scope
+from .reads.text import ago, clock_text, db_now, duration_text, error_summary, seconds_between
+from .views import dashboard, health, pauses
+
+
+@admin.register(Job)
+class JobAdmin(ConsoleAdmin):
+    tenant_field = "tenant_id"
+    list_display = ("id_link", "state_badge", "name", "queue", "attempt_of", "run_at_short",
+                    "updated_at_short", "tenant_id", "enqueued_by")
+    list_display_links = None
+    list_filter = (
+        StateFilter, QueueFilter, NameFilter, TenantFilter,
+        ("created_at", DateTimeRangeFilterBuilder(title="created")),
+        ("run_at", DateTimeRangeFilterBuilder(title="run at")),
+    )
+    search_fields = ("=id",)  # shows the box; get_search_results does the matching
+    search_help_text = "An exact job id, run id or idempotency key."
+    ordering = ("-id",)
+    actions = [guarded_action(spec) for spec in ACTIONS.values()]
+    fieldsets = (
+        (None, {"fields": ("state_badge", "name", "queue", "attempt_of", "priority",
+                           "tenant_id", "enqueued_by")}),
+        ("Timing", {"fields": ("created", "due", "waited", "started", "ran_for", "finished",
+                               "updated", "lease")}),
+        ("Run", {"fields": ("claimed_by", "workers", "rescues", "id", "run_id",
+                            "idempotency_key", "concurrency_key", "traceparent",
+                            "lease_token", "parent_link", "children_links")}),
+        ("Input", {"fields": ("pretty_input",)}),
+        ("Result", {"fields": ("pretty_result",)}),
+        ("Last error", {"fields": ("error",)}),
+    )
+    readonly_fields = ("state_badge", "attempt_of", "created", "due", "waited", "started",
+                       "ran_for", "finished", "updated", "lease", "workers", "pretty_input",
+                       "pretty_result", "error", "parent_link", "children_links")
+
+    def get_object(self, request: Any, object_id: str, from_field: str | None = None) -> Any:
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:  # children_links lists only the children the viewer may see
+            obj._xjobs_tenants = tenant_scope(request)
+        return obj
+
+    # ------------------------------------------------------------ parent and children --
+    # docs/durable.md, "Child jobs": a child links to its parent, a parent lists its children.
+    @admin.display(description="parent")
+    def parent_link(self, obj: Job) -> str:
+        if obj.parent_id is None:
+            return self.get_empty_value_display()
+        return format_html('<a href="{}{}/change/" class="xjobs-parent">{}</a> (step {})',
+                           self.url("django_xjobs_job_changelist"), obj.parent_id,
+                           obj.parent_id, obj.parent_step)
+
+    @admin.display(description="children")
+    def children_links(self, obj: Job) -> str:
+        # The viewer's tenant scope, set by get_object; none set shows no child (fails closed).
+        children = run_children(obj.run_id,
+                                      tenants=getattr(obj, "_xjobs_tenants", frozenset()))
+        if not children.total:
+            return self.get_empty_value_display()
+        url = self.url("django_xjobs_job_changelist")
+        items = format_html_join(
+            "", '<li><a href="{}{}/change/" class="xjobs-child">{}</a> {} {} (step {})</li>',
+            ((url, child.pk, child.pk, child.name, badge(child.state), step)
+             for step, child in children.shown))
+        more = (format_html("<li>… {} more</li>", children.total - len(children.shown))
+                if children.total > len(children.shown) else "")
+        return format_html('<ul class="xjobs-children">{}{}</ul>', items, more)
+
+    # -------------------------------------------------------------------------- columns --
+    @admin.display(description="job")
+    def id_link(self, obj: Job) -> str:
+        # The id's head: UUIDv7s of one period share it, so the tail tells rows apart; the whole
+        # id is the link's title and on the detail page.
+        text = str(obj.pk)
+        return format_html('<a href="{}{}/change/" class="xjobs-id" title="{}">{}…{}</a>',
+                           self.url("django_xjobs_job_changelist"), text, text,
+                           text[:8], text[-6:])
+
+    @admin.display(description="run at")
+    def run_at_short(self, obj: Job) -> str:
+        return short_time(obj.run_at)
+
+    @admin.display(description="updated")
+    def updated_at_short(self, obj: Job) -> str:
+        return short_time(obj.updated_at)
+
+    @admin.display(description="state")
+    def state_badge(self, obj: Job) -> str:
+        return badge(obj.state)
+
+    @admin.display(description="attempt")
+    def attempt_of(self, obj: Job) -> str:
+        return f"{obj.attempt}/{obj.max_attempts}"
+
+    # ------------------------------------------------------------------ timing (detail) --
+    # To the second, in the page's time zone, each with how long ago it was on the database
+    # clock; and the durations an operator computes by hand otherwise. Pinned by
+    # tests/integration/test_console_time.py.
+    @staticmethod
+    def _now(obj: Job) -> Any:
+        if not hasattr(obj, "_xjobs_now"):
+            obj._xjobs_now = db_now()  # type: ignore[attr-defined]
+        return obj._xjobs_now  # type: ignore[attr-defined]
+
+    def _moment(self, obj: Job, moment: Any) -> str:
+        if moment is None:
+            return "-"
+        return f"{clock_text(moment)} ({ago(moment, self._now(obj))})"
+
+    @admin.display(description="created")
+    def created(self, obj: Job) -> str:
+        return self._moment(obj, obj.created_at)
+
+    @admin.display(description="run at (due)")
+    def due(self, obj: Job) -> str:
+        return self._moment(obj, obj.run_at)
+
+    @admin.display(description="queued for")
+    def waited(self, obj: Job) -> str:
+        now = self._now(obj)
+        if obj.state == "ready" and obj.run_at <= now:
+            return (f"{duration_text(seconds_between(obj.run_at, now))} so "
+                    "far: due, no worker has taken it yet")
+        if obj.started_at is not None and obj.started_at >= obj.run_at and obj.state in (
+                "running", "done", "dead", "cancelled"):
+            seconds = seconds_between(obj.run_at, obj.started_at)
+            return (f"{duration_text(seconds)}: from due to the start of attempt "
+                    f"{obj.attempt}")
+        return "-"
+
+    @admin.display(description="started (last attempt)")
+    def started(self, obj: Job) -> str:
+        return self._moment(obj, obj.started_at)
+
+    @admin.display(description="ran for")
+    def ran_for(self, obj: Job) -> str:
+        if obj.started_at is None:
+            return "-"
+        if obj.state == "running":
+            seconds = seconds_between(obj.started_at, self._now(obj))
+            return f"{duration_text(seconds)} so far (attempt {obj.attempt})"
+        if obj.finished_at is not None and obj.finished_at >= obj.started_at:
+            seconds = seconds_between(obj.started_at, obj.finished_at)
+            return f"{duration_text(seconds)} (attempt {obj.attempt})"
+        return "-"
+
+    @admin.display(description="finished")
+    def finished(self, obj: Job) -> str:
+        return self._moment(obj, obj.finished_at)
+
+    @admin.display(description="updated")
+    def updated(self, obj: Job) -> str:
+        return self._moment(obj, obj.updated_at)
+
+    @admin.display(description="lease until (visible_at)")
+    def lease(self, obj: Job) -> str:
+        if obj.visible_at is None:
+            return "-"
+        text = clock_text(obj.visible_at)
+        if obj.state != "running":
+            return text
+        left = seconds_between(self._now(obj), obj.visible_at)
+        if left > 0:
+            return f"{text} (expires in {duration_text(left)})"
+        return f"{text} (expired {duration_text(-left)} ago)"
+
+    @admin.display(description="workers that ran it")
+    def workers(self, obj: Job) -> str:
+        shown = shown_json(obj, "worker_ids")
+        if shown.decoded and not shown.truncated and isinstance(shown.value, list):
+            return ", ".join(str(w) for w in shown.value) or "-"
+        return shown.text or "-"
+
+    @admin.display(description="input")
+    def pretty_input(self, obj: Job) -> str:
+        return self.json_html(obj, "input")
+
+    @admin.display(description="result")
+    def pretty_result(self, obj: Job) -> str:
+        return self.json_html(obj, "result")
+
+    @admin.display(description="last error")
+    def error(self, obj: Job) -> str:
+        return preformatted(obj.last_error)
+
+    # -------------------------------------------------------------------------- ordering --
+    def get_ordering(self, request: Any) -> Any:
+        """Newest first by the column of a "created" or "run at" range when one is given (the
+        paginator then reads the range window by window: EstimatedCountPaginator), else by id.
+        By id, a range days back would walk the primary key past every newer row first."""
+        for field in WINDOWED:
+            if any(k.startswith(f"{field}__range__") and v for k, v in request.GET.items()):
+                return (f"-{field}", "-id")
+        return self.ordering
+
+    # --------------------------------------------------------------------------- search --
+    def get_search_results(self, request: Any, queryset: Any, search_term: str) -> Any:
+        """Exact matches only, each on an index: the id (primary key), the idempotency key
+        (``x_jobs_key_idx``, over keyed rows: an unkeyed job's key is its id, found by the id),
+        the run id (see :func:`run_id_match`)."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        # The same condition as the partial index's, so the planner can use it.
+        by_key = Q(idempotency_key=term) & ~Q(idempotency_key=Cast(F("id"), TextField()))
+        uid = as_uuid(term)
+        if uid is None:
+            return queryset.filter(by_key), False
+        # A job id first: one primary-key probe, and a uuid names one row.
+        if queryset.filter(id=uid).exists():
+            return queryset.filter(id=uid), False
+        return queryset.filter(by_key | run_id_match(uid)), False
+
+    # ------------------------------------------------------------------------- pages --
+    # The console's own pages (views/), served by this admin: its site, its permissions.
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view
+        return [
+            path("dashboard/", view(self.dashboard_view), name="django_xjobs_dashboard"),
+            path("health/", view(self.health_view), name="django_xjobs_health"),
+            path("queue/<str:queue>/", view(self.queue_view), name="django_xjobs_queue"),
+            path("pause/", view(self.pause_view), name="django_xjobs_pause"),
+            *super().get_urls(),
+        ]
+
+    def dashboard_view(self, request: Any) -> HttpResponse:
+        return dashboard.dashboard_view(self, request)
+
+    def queue_view(self, request: Any, queue: str) -> HttpResponse:
+        return dashboard.queue_view(self, request, queue)
+
+    def health_view(self, request: Any) -> HttpResponse:
+        return health.health_view(self, request)
+
+    def pause_view(self, request: Any) -> HttpResponse:
+        return pauses.pause_view(self, request)
+
+    def change_view(self, request: Any, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        job = self._object_or_404(request, object_id)
+        steps = run_steps(job.run_id)
+        now = db_now()
+        # Step outputs are step records: on the job's page too they need the steps' own view
+        # permission (a "support" group given view_job alone does not see them).
+        step_admin = self.admin_site.get_model_admin(JobStep)
+        can_view_steps = step_admin.has_view_permission(request)
+        step_outputs = [step_admin.json_html(s, "output") if can_view_steps else ""
+                        for s in steps]
+        buttons = [
+            (spec, spec.name) for spec in ACTIONS.values()
+            if spec.applies(job) and spec.name in self.get_actions(request)
+            and (spec.name != "run_jobs_now" or job.state != "ready" or job.run_at > now)
+        ]
+        try:
+            blocked_by = why.for_job(job.pk)
+        except JobNotFound:  # deleted since it was read: the page shows it as read
+            blocked_by = ()
+        progress = progress_from_json(job.progress)
+        eta = progress.eta(job.started_at) if progress and job.state == "running" else None
+        context = {
+            "attempt_rows": self._attempt_rows(job), "progress": progress,
+            "progress_eta": f"{clock_text(eta)} ({ago(eta, now)})" if eta else None,
+            "diagnosis": diagnose(job, steps, now), "steps": steps, "db_now": now,
+            "blocked_by": blocked_by,
+            "step_rows": list(zip(steps, step_outputs, strict=True)),
+            "can_view_steps": can_view_steps,
+            "action_buttons": buttons, "changelist_url":
+                self.url("django_xjobs_job_changelist"),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME, **(extra_context or {}),
+        }
+        return super().change_view(request, object_id, form_url, context)
+
+    @staticmethod
+    def _attempt_rows(job: Job) -> list[dict[str, Any]]:
+        """The attempt history (``Job.attempts``), oldest first, as the job page shows it: the
+        times in the page's zone, the duration, the line of the error a person reads first (the
+        exception and its message, the last line of a traceback) and the whole error."""
+        rows = []
+        for a in attempt_history(job.attempts, state=job.state, attempt=job.attempt,
+                                 worker=job.claimed_by, started_at=job.started_at,
+                                 finished_at=job.finished_at):
+            error = (a.error or "").strip()
+            rows.append({"attempt": a.attempt, "outcome": a.outcome, "worker": a.worker,
+                         "started": clock_text(a.started_at),
+                         "finished": clock_text(a.finished_at),
+                         "duration": duration_text(a.duration),
+                         "error_line": error_summary(error) or "",
+                         "error": error})
+        return rows
+
+    # -------------------------------------------------------------------------- actions --
+    def has_cancel_permission(self, request: Any) -> bool:
+        return request.user.has_perm("django_xjobs.cancel_job")
+
+    def has_retry_permission(self, request: Any) -> bool:
+        return request.user.has_perm("django_xjobs.retry_job")
+
+    def has_run_permission(self, request: Any) -> bool:
+        return request.user.has_perm("django_xjobs.run_job_now")
+
+    def has_purge_permission(self, request: Any) -> bool:
+        return request.user.has_perm("django_xjobs.purge_job")
+
+    def changelist_view(self, request: Any, extra_context: dict[str, Any] | None = None) -> Any:
+        request.current_app = self.admin_site.name  # the confirmation pages' {% url %}
+        vet_action_post(self, request)
+        context = {"dashboard_url": self.url("django_xjobs_dashboard"),
+                   "health_url": self.url("django_xjobs_health"), **(extra_context or {})}
+        return super().changelist_view(request, context)
+
+
+def run_id_match(run_id: UUID) -> Q:
+    """A run-id condition that every row meets through an index, never a table scan.
+
+    ``x_jobs.run_id`` has no index over all rows (each index on x_jobs costs every claim and ack
+    a write). But the API mints a job's id and run id in one ``new_ids`` call, so both UUIDv7s
+    carry the same millisecond: such a job is in the primary-key range of its run id's
+    millisecond. Every other row (written by hand, with random uuids) is in
+    ``x_jobs_run_apart_idx``, whose condition is that the two differ; the API's rows never
+    enter it. ``tests/integration/test_console_admin.py`` pins both paths, and
+    ``tests/integration/test_console_plans.py`` the plan of a run id nothing has.
+    """
+    ms = run_id.int >> 80
+    low, high = UUID(int=ms << 80), UUID(int=((ms + 1) << 80) - 1)
+    return Q(run_id=run_id, id__gte=low, id__lte=high) | (Q(run_id=run_id) & RUN_ID_APART)
