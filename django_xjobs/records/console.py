@@ -1,5 +1,5 @@
-"""Monitoring reads for the operations console (django_xjobs/reads.py): the catalog figures
-that say whether PostgreSQL can still clean up after the queue."""
+"""Monitoring reads for the operations console (django_xjobs/console/reads/health.py): the
+catalog figures that say whether PostgreSQL can still clean up after the queue."""
 
 from __future__ import annotations
 
