@@ -137,8 +137,9 @@ class WorkerOptions:
     burst: bool = False  # exit once nothing is due and nothing is in flight
     install_signals: bool = True
     worker_id: str | None = None
-    # Background duties to run beside the job loop (worker/duties.py); default: all of them.
-    duties: tuple[str, ...] | None = None
+    # Background duties to run beside the job loop (worker/duties.py), in start order: handed
+    # in by whoever composes the process (django_xjobs/worker_process.py); none by default.
+    duties: tuple[type[duties.Duty], ...] = ()
     # The process id of the supervisor that runs this worker (--processes, or the soak's pool):
     # a repeated SIGTERM/SIGINT is the same stop arriving twice, not a request to exit at once
     # (worker/shutdown.py); and the worker stops by itself once that process is gone (SIGKILLed,
@@ -171,8 +172,6 @@ class WorkerOptions:
         values.update(given)
         if values["prefetch"] == "auto":
             values["prefetch"] = None
-        if values.get("duties") is None:
-            values["duties"] = tuple(duties.AVAILABLE)
         return cls(**values)  # type: ignore[arg-type]
 
 
@@ -405,7 +404,7 @@ class Worker:
                 queues=self.options.queues, wake=self.notify, stop=self._stop_threads,
             )
             self._listener.start()
-        self._duties = duties.start(self.options.duties or (), engine=self.engine,
+        self._duties = duties.start(self.options.duties, engine=self.engine,
                                     worker_id=self.worker_id, stop=self._stop_threads)
 
     def _spawn_executor(self) -> None:
@@ -1153,11 +1152,3 @@ class Worker:
             first = min(self.options.poll_interval, 0.5)
             pause = min(DB_RETRY_MAX, first * 2 ** min(self._db_failures - 1, 16))
         self._wake.wait(pause)
-
-
-def run_worker(**overrides: object) -> Worker:
-    """Build a worker from settings plus ``overrides`` and run it until it stops."""
-    worker = Worker(WorkerOptions.from_settings(**overrides))
-    worker.run()
-    return worker
-
