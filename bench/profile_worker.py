@@ -168,7 +168,8 @@ def _drain(n: int, profile: cProfile.Profile | None = None
            ) -> tuple[float, float, float, dict[str, float]]:
     """One burst drain of ``n`` loaded jobs: wall, the worker's CPU and the database server's
     CPU (when on this machine, else nan), in µs per job."""
-    from django_xjobs.worker.loop import Worker, WorkerOptions
+    from django_xjobs.worker.loop import Worker
+    from django_xjobs.worker.options import WorkerOptions
 
     _load(n)
     worker = Worker(WorkerOptions.from_settings(burst=True, install_signals=False, duties=()))
@@ -206,7 +207,8 @@ def _parts(n: int) -> dict[str, float]:
     from django_xjobs.engines.postgres import engine as pg
     from django_xjobs.records import Completion
     from django_xjobs.worker import executor
-    from django_xjobs.worker.loop import Run, Worker, WorkerOptions
+    from django_xjobs.worker.loop import Run, Worker
+    from django_xjobs.worker.options import WorkerOptions
 
     _load(n)
     engine = get_engine()
@@ -298,7 +300,7 @@ def _latency(n: int) -> dict[str, list[float]]:
 
     from django.db import connection
 
-    from django_xjobs.worker import executor, flow, loop
+    from django_xjobs.worker import executor, flow, loop, options
 
     with connection.cursor() as cur:
         cur.execute("truncate x_jobs, x_stat_deltas")
@@ -325,7 +327,7 @@ def _latency(n: int) -> dict[str, list[float]]:
     executor.execute = execute_marked
     with tempfile.TemporaryDirectory() as lat_dir:
         os.environ["XJOBS_BENCH_LAT_DIR"] = lat_dir
-        worker = loop.Worker(loop.WorkerOptions.from_settings(install_signals=False, duties=()))
+        worker = loop.Worker(options.WorkerOptions.from_settings(install_signals=False, duties=()))
         thread = threading.Thread(target=worker.run, name="profile-worker")
         thread.start()
         worker.started.wait(30)

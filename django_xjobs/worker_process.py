@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from .worker.duties import Duty
-from .worker.loop import Worker, WorkerOptions
+from .worker.loop import Worker
+from .worker.options import WorkerOptions
 from .worker.relay import Relay
 from .worker.stats import StatsDuty
 

@@ -64,13 +64,11 @@ import gc
 import logging
 import os
 import queue
-import secrets
 import socket
 import threading
 import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -89,6 +87,7 @@ from .flow import Flow
 from .heartbeat import Heartbeat
 from .listener import WakeListener
 from .liveness import Liveness
+from .options import WorkerOptions, new_worker_id
 from .settle import announce, announcing, write_outcome
 from .shutdown import ShutdownSignals
 from .unknown import UnknownNames
@@ -121,58 +120,6 @@ BURST_CLAIM_TRIES = 3
 # The pause after a failed database call doubles with each failure in a row, up to this
 # (seconds); the first pause is the poll interval, at most half a second.
 DB_RETRY_MAX = 5.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerOptions:
-    queues: tuple[str, ...]
-    concurrency: int
-    prefetch: int | None  # None = adaptive
-    lease: float
-    heartbeat: float
-    poll_interval: float
-    shutdown_grace: float
-    queue_concurrency: dict[str, int] = field(default_factory=dict)
-    notify: bool = True
-    burst: bool = False  # exit once nothing is due and nothing is in flight
-    install_signals: bool = True
-    worker_id: str | None = None
-    # Background duties to run beside the job loop (worker/duties.py), in start order: handed
-    # in by whoever composes the process (django_xjobs/worker_process.py); none by default.
-    duties: tuple[type[duties.Duty], ...] = ()
-    # The process id of the supervisor that runs this worker (--processes, or the soak's pool):
-    # a repeated SIGTERM/SIGINT is the same stop arriving twice, not a request to exit at once
-    # (worker/shutdown.py); and the worker stops by itself once that process is gone (SIGKILLed,
-    # say), rather than working on as an orphan nobody will stop. Given by the supervisor, not
-    # read here: a supervisor that dies while this process starts up would otherwise be missed.
-    supervisor: int | None = None
-    # Touched while the loop goes round (--health-file; worker/liveness.py).
-    health_file: str | None = None
-
-    @classmethod
-    def from_settings(cls, **overrides: object) -> WorkerOptions:
-        s = conf.get()
-        values: dict[str, object] = {
-            "queues": registry.worked_queues(s),
-            "concurrency": s.concurrency,
-            "prefetch": s.prefetch,
-            "lease": s.lease,
-            "heartbeat": s.heartbeat,
-            "poll_interval": s.poll_interval,
-            "shutdown_grace": s.shutdown_grace,
-            "queue_concurrency": dict(s.queue_concurrency),
-            "notify": s.notify,
-        }
-        given = {k: v for k, v in overrides.items() if v is not None}
-        lease = given.get("lease")
-        if isinstance(lease, (int, float)) and "heartbeat" not in given:
-            # The lease alone: renew as often as that lease needs (as XJOBS["LEASE"] alone
-            # does), never less often than the settings ask.
-            given["heartbeat"] = min(s.heartbeat, conf.default_heartbeat(lease))
-        values.update(given)
-        if values["prefetch"] == "auto":
-            values["prefetch"] = None
-        return cls(**values)  # type: ignore[arg-type]
 
 
 class Run:
@@ -270,10 +217,6 @@ class Run:
         """Before a step write: the run must still be able to prove it holds its slot."""
         if self.slot is not None and clock.monotonic() - self.slot_renewed_at >= self.slot_ttl:
             raise SlotLost(f"{SLOT_LOST}: the run's slot may have lapsed; step not recorded")
-
-
-def new_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
 
 
 class Worker:

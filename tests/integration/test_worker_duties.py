@@ -12,7 +12,8 @@ from django_xjobs.engines import get_engine
 from django_xjobs.models import Job
 from django_xjobs.scheduler.runner import SchedulerDuty
 from django_xjobs.worker import duties
-from django_xjobs.worker.loop import Worker, WorkerOptions
+from django_xjobs.worker.loop import Worker
+from django_xjobs.worker.options import WorkerOptions
 from django_xjobs.worker.relay import Relay
 from django_xjobs.worker.stats import StatsDuty
 from tests.conftest import wait_until
