@@ -207,8 +207,9 @@ def _parts(n: int) -> dict[str, float]:
     from django_xjobs.engines.postgres import engine as pg
     from django_xjobs.records import Completion
     from django_xjobs.worker import executor
-    from django_xjobs.worker.loop import Run, Worker
+    from django_xjobs.worker.loop import Worker
     from django_xjobs.worker.options import WorkerOptions
+    from django_xjobs.worker.runs import Run
 
     _load(n)
     engine = get_engine()
@@ -226,7 +227,7 @@ def _parts(n: int) -> dict[str, float]:
     worker = Worker(WorkerOptions.from_settings(install_signals=False, duties=()))
     # A lease budget no part outlives: the parts time the work, not the lease proof's outcome.
     runs = [Run(jobs[i], definition, clock.monotonic(), budget=1e9,
-                on_unproven=worker._unproven) for i in range(n)]
+                on_unproven=worker.executors.unproven) for i in range(n)]
     work: queue.SimpleQueue[object] = queue.SimpleQueue()
 
     def hand_off(i: int) -> None:
@@ -238,8 +239,8 @@ def _parts(n: int) -> dict[str, float]:
         executor.execute(definition, r.job, r.ctx, settings, fresh_connections=False)
 
     def finish(i: int) -> None:
-        worker._finish(runs[i], executor.Done(None), from_phase=runs[i].phase)
-        worker._finished.clear()
+        worker.runs.finish(runs[i], executor.Done(None), from_phase=runs[i].phase)
+        worker.runs.finished.clear()
 
     # The claim and the acknowledgement of real batches (loaded again: the claim above took
     # some): the worker's CPU (this thread's) and the round trip, per job.
@@ -261,10 +262,11 @@ def _parts(n: int) -> dict[str, float]:
         done += len(claimed)
     return {
         "build the run and its ctx (Run)": _per_job(
-            lambda i: Run(jobs[i], definition, 0.0, budget=1.0, on_unproven=worker._unproven), n),
+            lambda i: Run(jobs[i], definition, 0.0, budget=1.0,
+                          on_unproven=worker.executors.unproven), n),
         "executor hand-off (queue put + get, one thread)": _per_job(hand_off, n),
         "run it (executor.execute, no connection check)": _per_job(run_job, n),
-        "record the outcome (_finish)": _per_job(finish, n),
+        "record the outcome (Runs.finish)": _per_job(finish, n),
         "claim, batches of 500: the worker's CPU": claim_cpu / done * 1e6,
         "  of which decoding one claimed row alone (_claimed_job)":
             _per_job(lambda i: pg._claimed_job(rows[i % len(rows)]), n),

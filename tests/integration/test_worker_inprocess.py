@@ -132,7 +132,7 @@ def test_a_burst_runs_what_a_run_enqueued_in_a_queue_its_sweep_had_already_asked
         later.append(testapp_jobs.record.using(queue=queue).enqueue(tag="later"))
         finish.set()
         # Until the run's outcome waits to be settled: the loop settles it next.
-        wait_until(lambda: worker._finished, timeout=10, message="the run's outcome")
+        wait_until(lambda: worker.runs.finished, timeout=10, message="the run's outcome")
 
     first = testapp_jobs.record.using(queue="q-0").enqueue(tag="first")
     faults.inject_hook("worker:job-start", hold_the_run, times=1)

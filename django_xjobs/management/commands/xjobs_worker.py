@@ -92,7 +92,7 @@ class Command(BaseCommand):
                                  "(needs django-xjobs[prometheus]; with --processes the "
                                  "supervisor serves them; docs/observability.md)")
         # Set by the supervisor on the processes it starts, with its own process id
-        # (worker/shutdown.py; worker/loop.py, _watch_main).
+        # (worker/shutdown.py; worker/watchdog.py).
         parser.add_argument("--supervised", type=int, metavar="PID", help=argparse.SUPPRESS)
         parser.add_argument("--processes", type=int, default=1,
                             help="run N worker processes under a supervisor that restarts any "
