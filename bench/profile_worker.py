@@ -168,7 +168,8 @@ def _drain(n: int, profile: cProfile.Profile | None = None
            ) -> tuple[float, float, float, dict[str, float]]:
     """One burst drain of ``n`` loaded jobs: wall, the worker's CPU and the database server's
     CPU (when on this machine, else nan), in µs per job."""
-    from django_xjobs.worker.loop import Worker, WorkerOptions
+    from django_xjobs.worker.loop import Worker
+    from django_xjobs.worker.options import WorkerOptions
 
     _load(n)
     worker = Worker(WorkerOptions.from_settings(burst=True, install_signals=False, duties=()))
@@ -206,7 +207,9 @@ def _parts(n: int) -> dict[str, float]:
     from django_xjobs.engines.postgres import rows as pg_rows
     from django_xjobs.records import Completion
     from django_xjobs.worker import executor
-    from django_xjobs.worker.loop import Run, Worker, WorkerOptions
+    from django_xjobs.worker.loop import Worker
+    from django_xjobs.worker.options import WorkerOptions
+    from django_xjobs.worker.runs import Run
 
     _load(n)
     engine = get_engine()
@@ -224,7 +227,7 @@ def _parts(n: int) -> dict[str, float]:
     worker = Worker(WorkerOptions.from_settings(install_signals=False, duties=()))
     # A lease budget no part outlives: the parts time the work, not the lease proof's outcome.
     runs = [Run(jobs[i], definition, clock.monotonic(), budget=1e9,
-                on_unproven=worker._unproven) for i in range(n)]
+                on_unproven=worker.executors.unproven) for i in range(n)]
     work: queue.SimpleQueue[object] = queue.SimpleQueue()
 
     def hand_off(i: int) -> None:
@@ -236,8 +239,8 @@ def _parts(n: int) -> dict[str, float]:
         executor.execute(definition, r.job, r.ctx, settings, fresh_connections=False)
 
     def finish(i: int) -> None:
-        worker._finish(runs[i], executor.Done(None), from_phase=runs[i].phase)
-        worker._finished.clear()
+        worker.runs.finish(runs[i], executor.Done(None), from_phase=runs[i].phase)
+        worker.runs.finished.clear()
 
     # The claim and the acknowledgement of real batches (loaded again: the claim above took
     # some): the worker's CPU (this thread's) and the round trip, per job.
@@ -259,10 +262,11 @@ def _parts(n: int) -> dict[str, float]:
         done += len(claimed)
     return {
         "build the run and its ctx (Run)": _per_job(
-            lambda i: Run(jobs[i], definition, 0.0, budget=1.0, on_unproven=worker._unproven), n),
+            lambda i: Run(jobs[i], definition, 0.0, budget=1.0,
+                          on_unproven=worker.executors.unproven), n),
         "executor hand-off (queue put + get, one thread)": _per_job(hand_off, n),
         "run it (executor.execute, no connection check)": _per_job(run_job, n),
-        "record the outcome (_finish)": _per_job(finish, n),
+        "record the outcome (Runs.finish)": _per_job(finish, n),
         "claim, batches of 500: the worker's CPU": claim_cpu / done * 1e6,
         "  of which decoding one claimed row alone (claimed_job)":
             _per_job(lambda i: pg_rows.claimed_job(rows[i % len(rows)]), n),
@@ -298,7 +302,7 @@ def _latency(n: int) -> dict[str, list[float]]:
 
     from django.db import connection
 
-    from django_xjobs.worker import executor, flow, loop
+    from django_xjobs.worker import executor, flow, loop, options
 
     with connection.cursor() as cur:
         cur.execute("truncate x_jobs, x_stat_deltas")
@@ -325,7 +329,7 @@ def _latency(n: int) -> dict[str, list[float]]:
     executor.execute = execute_marked
     with tempfile.TemporaryDirectory() as lat_dir:
         os.environ["XJOBS_BENCH_LAT_DIR"] = lat_dir
-        worker = loop.Worker(loop.WorkerOptions.from_settings(install_signals=False, duties=()))
+        worker = loop.Worker(options.WorkerOptions.from_settings(install_signals=False, duties=()))
         thread = threading.Thread(target=worker.run, name="profile-worker")
         thread.start()
         worker.started.wait(30)

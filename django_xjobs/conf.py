@@ -120,7 +120,7 @@ class XJobsSettings:
     concurrency: int = 10
     # Claimed-but-not-started jobs a worker may hold beyond its running ones. A claim asks for
     # up to concurrency + prefetch minus what is in flight: bigger batches are fewer round trips.
-    # None ("auto"): sized to the observed run time (worker/loop.py, PREFETCH_WINDOW).
+    # None ("auto"): sized to the observed run time (worker/capacity.py, PREFETCH_WINDOW).
     prefetch: int | None = None
     lease: float = 30.0
     heartbeat: float = 10.0
@@ -354,7 +354,7 @@ def _retention(
 
 
 def _prefetch(raw: Mapping[str, Any], key: str, default: int | None) -> int | None:
-    """``"auto"`` is None: sized to the observed run time (worker/loop.py)."""
+    """``"auto"`` is None: sized to the observed run time (worker/capacity.py)."""
     prefetch = raw.get(key, "auto")
     if prefetch == "auto":
         return None

@@ -28,7 +28,7 @@ MAX_PROGRESS_MESSAGE = 200
 # lock, an operator's change not committed yet) is written again after BUSY_RETRY_FIRST seconds,
 # then at doubling intervals up to BUSY_RETRY_MAX: the run never waits in PostgreSQL's lock
 # queue, and is settled within BUSY_RETRY_MAX of the row's release (docs/design.md, "Lock
-# order"). The worker's acknowledgements follow the same schedule (worker/loop.py).
+# order"). The worker's acknowledgements follow the same schedule (worker/settle.py).
 BUSY_RETRY_FIRST = 0.05
 BUSY_RETRY_MAX = 1.0
 

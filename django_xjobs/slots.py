@@ -37,7 +37,7 @@ States of one slot ``(key, n)``, ``0 <= n < limit``::
   releases nothing: its slots free themselves at expiry, and ``jobs_unblock`` (each worker,
   once per poll interval) wakes the jobs blocked on a key that has room again.
 
-A run's life with a slot (worker/loop.py, worker/flow.py)::
+A run's life with a slot (worker/flow.py; worker/watchdog.py stops it)::
 
     claim + acquire ─granted─▶ execute ─▶ settle (fenced write) ─▶ release + wake blocked
            │                      │

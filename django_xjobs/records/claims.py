@@ -52,8 +52,8 @@ class ClaimedJob:
     # limit it was taken under; None for a job without a key.
     slot: int | None = None
     slot_limit: int | None = None
-    # A child job's parent (ctx.step.invoke / gather): the worker acknowledges the children of
-    # one parent in a statement of their own (worker/loop.py, Worker._settle says why).
+    # A child job's parent (ctx.step.invoke / gather). The worker acknowledges children of
+    # several parents in one statement (worker/settle.py says why that waits on no one).
     parent_id: str | None = None
 
     @property

@@ -110,7 +110,7 @@ class Pool:
             "--concurrency", str(t.concurrency), "--lease", f"{t.lease}s",
             "--heartbeat", f"{t.heartbeat}s", "--poll-interval", f"{t.poll}s",
             "--shutdown-grace", f"{t.grace}s", "--no-scheduler",
-            "--supervised", str(os.getpid()),  # it stops if this soak is killed (worker/loop.py)
+            "--supervised", str(os.getpid()),  # stops if this soak is killed (worker/watchdog.py)
         ]
         log = open(self.log_dir / f"{slot.worker_id}.log", "wb")  # noqa: SIM115 - the child's
         slot.proc = subprocess.Popen(worker_command() + args, env=worker_env(), stdout=log,

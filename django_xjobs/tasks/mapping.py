@@ -51,8 +51,8 @@ WORKER_ERROR = f"{exceptions.JobFailed.__module__}.{exceptions.JobFailed.__qualn
 _TRUNCATED = "[... traceback truncated ...]"
 _TRACEBACK = "Traceback (most recent call last):"
 _EXCEPTION_LINE = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?::|$)")
-# Requeue notes (worker/loop.py: shutdown, self-fence) share last_error with failures; a run
-# handed back did not fail.
+# Requeue notes (worker/loop.py: shutdown; worker/watchdog.py: self-fence) share last_error
+# with failures; a run handed back did not fail.
 _NOT_A_FAILURE = ("handed back:",)
 
 

@@ -44,7 +44,8 @@ from django.db.transaction import TransactionManagementError
 from .. import conf, registry
 from ..engines import get_engine
 from ..outbox import relay_pending
-from ..worker.loop import Worker, WorkerOptions
+from ..worker.loop import Worker
+from ..worker.options import WorkerOptions
 from .inline import WORKER_ID, in_turn, run_claimed
 
 

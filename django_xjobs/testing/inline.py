@@ -129,7 +129,7 @@ def run_claimed(engine: Engine, claimed: ClaimedJob) -> str:
         attempt=claimed.attempt, max_attempts=claimed.max_attempts,
         tenant_id=claimed.tenant_id, traceparent=claimed.traceparent,
         lease_token=claimed.lease_token,
-        # The worker's write (worker/loop.py, Run), on this thread's connection.
+        # The worker's write (worker/runs.py, Run), on this thread's connection.
         progress_writer=lambda done, total, message: engine.job_progress_if_owned(
             claimed.claim, done=done, total=total, message=message),
     )

@@ -2,10 +2,15 @@
 
 A duty is a loop on a daemon thread with its own Django connection (threads never share one):
 the outbox relay, the cron scheduler with its maintenance (leader only), and whatever else must
-run somewhere in the fleet. Every worker runs every duty unless switched off
-(``xjobs_worker --no-scheduler``, ``--no-relay``); each duty is also runnable alone as a
-dedicated process by its own management command, which calls :meth:`Duty.run` on the main
-thread.
+run somewhere in the fleet. Every worker process of ``manage.py xjobs_worker`` runs every duty
+unless switched off (``--no-scheduler``, ``--no-relay``, ``--no-stats``); each duty is also
+runnable alone as a dedicated process by its own management command, which calls
+:meth:`Duty.run` on the main thread.
+
+Which duties a worker runs is not decided here: the cron scheduler sits in a layer above the
+worker (pyproject.toml, ``[tool.importlinter]``), so a worker process is composed above both
+(django_xjobs/worker_process.py), which hands the worker the duty classes to start
+(``WorkerOptions.duties``). A worker handed none runs none.
 
 Contract of a duty:
 
@@ -19,9 +24,6 @@ Contract of a duty:
   worked or failed: a burst worker waits for it before it decides that nothing is due, since
   that pass may have enqueued jobs (the scheduler's late cron occurrences, the relay's
   stagings).
-
-Duties are named in :data:`AVAILABLE` as ``"module:Class"`` paths relative to the package, and
-imported only when started: a worker with ``--no-scheduler`` never imports the scheduler.
 """
 
 from __future__ import annotations
@@ -29,20 +31,13 @@ from __future__ import annotations
 import abc
 import logging
 import threading
-from importlib import import_module
+from collections.abc import Iterable
 
 from django.db import connections
 
 from ..engines import Engine
 
 log = logging.getLogger("django_xjobs.worker")
-
-# name -> "module:Class" under django_xjobs. Order is start order.
-AVAILABLE: dict[str, str] = {
-    "relay": "worker.relay:Relay",  # the enqueue_on_commit outbox (outbox.py)
-    "scheduler": "scheduler.runner:SchedulerDuty",  # cron, and maintenance while leading
-    "stats": "worker.stats:StatsDuty",  # the counters' rollup (counters.py)
-}
 
 
 class Duty(abc.ABC):
@@ -67,21 +62,13 @@ class Duty(abc.ABC):
             log.debug("%s: closing its connection failed", self.name, exc_info=True)
 
 
-def load(name: str) -> type[Duty]:
-    """The duty class registered as ``name``."""
-    module_path, _, cls_name = AVAILABLE[name].partition(":")
-    module = import_module(f"django_xjobs.{module_path}")
-    cls: type[Duty] = getattr(module, cls_name)
-    return cls
-
-
-def start(names: tuple[str, ...], *, engine: Engine, worker_id: str,
+def start(duties: Iterable[type[Duty]], *, engine: Engine, worker_id: str,
           stop: threading.Event) -> list[tuple[Duty, threading.Thread]]:
-    """Start each named duty on its own daemon thread; unknown names are a programming error."""
+    """Start each duty, in order, on a daemon thread of its own named after it."""
     started: list[tuple[Duty, threading.Thread]] = []
-    for name in names:
-        duty = load(name)(engine=engine, worker_id=worker_id, stop=stop)
-        thread = threading.Thread(target=_run_logged, args=(duty,), name=f"xjobs-{name}",
+    for cls in duties:
+        duty = cls(engine=engine, worker_id=worker_id, stop=stop)
+        thread = threading.Thread(target=_run_logged, args=(duty,), name=f"xjobs-{duty.name}",
                                   daemon=True)
         thread.start()
         started.append((duty, thread))

@@ -43,7 +43,7 @@ log = logging.getLogger("django_xjobs.worker")
 
 
 class SlotRun(Protocol):
-    """What this module needs of a run (worker/loop.py's ``Run``)."""
+    """What this module needs of a run (worker/runs.py's ``Run``)."""
 
     job: ClaimedJob
     slot: SlotHold | None

@@ -6,7 +6,7 @@ Protocol (the database is authoritative for ownership):
   (id, lease_token) of every unsettled run (queued, running, or finished but not yet
   acknowledged): an acknowledgement waiting in the batch buffer still needs its lease;
 * an id missing from the answer means the run lost the job: the worker stops that run and
-  discards its result (``Worker.on_renewed``);
+  discards its result (``Watchdog.on_renewed``, worker/watchdog.py);
 * the statement never waits on a row lock: a row another transaction holds (a request's lock,
   an operator's change not committed yet) has its lease KEPT beside it instead
   (``x_lease_extensions``), which no claim takes over; the run goes on, and its row is renewed
@@ -15,17 +15,17 @@ Protocol (the database is authoritative for ownership):
 * a renewal that landed moves the run's ``renewed_at`` to the moment the statement was SENT, not
   answered: the database's ``now() + lease`` was computed at or after that moment, so the
   worker's belief about the lease never outlives the database's. A run proves its lease from it
-  before each body it starts (``loop.Run.prove_lease``).
+  before each body it starts (``runs.Run.prove_lease``).
 
 Concurrency slots (``slots.py``): when some of those runs hold a slot, the same round sends ONE
 more statement, ``slots_renew_if_held``, fenced on the holder and on the slot not having expired
 (a lapsed slot is never revived); a run whose slot is missing from the answer lost it
-(``Worker.on_slots_renewed``: ``X_JOB_SLOT_LOST``); a slot row another transaction holds this
+(``Watchdog.on_slots_renewed``: ``X_JOB_SLOT_LOST``); a slot row another transaction holds this
 moment is skipped (not renewed, not lost) and renewed at the next round. Its ``sent_at`` is
 taken the same way. A round with no slot held sends nothing more.
 
 Every ``XJOBS["WORKER_SEEN_INTERVAL"]`` (at most once a round, busy or idle, with or without
-leases to renew) the round also refreshes the worker's x_workers row (``Worker.seen``): it is
+leases to renew) the round also refreshes the worker's x_workers row (``Watchdog.seen``): it is
 alive, and how its loop is doing (worker/liveness.py). A stopped process stops refreshing it,
 which is how ``xjobs health`` tells it is stalled.
 
@@ -52,7 +52,7 @@ from . import reachability
 log = logging.getLogger("django_xjobs.worker")
 
 class Renewer(Protocol):
-    """The worker, as its heartbeat sees it (worker/loop.py)."""
+    """The worker, as its heartbeat sees it (worker/watchdog.py, ``Watchdog``)."""
 
     heartbeat_generation: int  # a heartbeat whose generation is older has been replaced
 

@@ -13,7 +13,7 @@ The supervisor starts N ordinary worker processes (the same command, one process
   group reaches it directly and forwarded, and that is one stop, not two. A child started while
   the first signal came (its ``Popen`` still running) gets it as soon as it is known;
 * has no way to stop its children if it is SIGKILLed itself: each child watches its parent and
-  stops as on a first SIGTERM once the supervisor is gone (worker/loop.py, ``_watch_main``);
+  stops as on a first SIGTERM once the supervisor is gone (worker/watchdog.py);
 * with ``--burst``, lets a child that exits 0 (nothing left to do) stay gone, and exits once
   every child has; a child that exits 1 (the command's error exit: its burst could not go on,
   e.g. the database is unreachable) stays gone too, and the supervisor then exits non-zero.

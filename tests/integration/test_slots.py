@@ -21,7 +21,8 @@ from django_xjobs.exceptions import InvalidConcurrencyKey
 from django_xjobs.models import Job, JobLease
 from django_xjobs.records import SlotHold, SlotRequest
 from django_xjobs.testing import drain
-from django_xjobs.worker.loop import Worker, WorkerOptions
+from django_xjobs.worker.loop import Worker
+from django_xjobs.worker.options import WorkerOptions
 from tests.conftest import wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Effect

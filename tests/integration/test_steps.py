@@ -20,7 +20,8 @@ from django.db.models.functions import Now
 from django_xjobs import faults, publish_event
 from django_xjobs.models import Job, JobEvent, JobStep
 from django_xjobs.steps import purge_expired_events
-from django_xjobs.worker.loop import Worker, WorkerOptions
+from django_xjobs.worker.loop import Worker
+from django_xjobs.worker.options import WorkerOptions
 from tests.conftest import wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Effect

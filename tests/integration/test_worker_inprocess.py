@@ -112,7 +112,8 @@ def test_a_burst_runs_what_a_run_enqueued_in_a_queue_its_sweep_had_already_asked
     (each queue in turn, so one of them is the queue the sweep had already asked; a CI run saw
     it with a parent its children woke)."""
     from django_xjobs import faults
-    from django_xjobs.worker.loop import Worker, WorkerOptions
+    from django_xjobs.worker.loop import Worker
+    from django_xjobs.worker.options import WorkerOptions
 
     queues = ("q-0", "q-1", "q-2")
     worker = Worker(WorkerOptions.from_settings(
@@ -131,7 +132,7 @@ def test_a_burst_runs_what_a_run_enqueued_in_a_queue_its_sweep_had_already_asked
         later.append(testapp_jobs.record.using(queue=queue).enqueue(tag="later"))
         finish.set()
         # Until the run's outcome waits to be settled: the loop settles it next.
-        wait_until(lambda: worker._finished, timeout=10, message="the run's outcome")
+        wait_until(lambda: worker.runs.finished, timeout=10, message="the run's outcome")
 
     first = testapp_jobs.record.using(queue="q-0").enqueue(tag="first")
     faults.inject_hook("worker:job-start", hold_the_run, times=1)
@@ -513,7 +514,8 @@ def test_a_worker_whose_database_stops_answering_stops_its_runs_after_a_lease():
     the watch runs on a thread of its own, so the run is still stopped once a whole lease
     passed without renewal, before another worker can re-claim the job and run it twice."""
     from django_xjobs import faults
-    from django_xjobs.worker.loop import Worker, WorkerOptions
+    from django_xjobs.worker.loop import Worker
+    from django_xjobs.worker.options import WorkerOptions
 
     release = threading.Event()
     worker = Worker(WorkerOptions.from_settings(

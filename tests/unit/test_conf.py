@@ -13,7 +13,7 @@ from django.test import override_settings
 
 from django_xjobs import conf, values
 from django_xjobs.exceptions import ConfigurationError
-from django_xjobs.worker.loop import WorkerOptions
+from django_xjobs.worker.options import WorkerOptions
 
 # ------------------------------------------------------------------------- parse_duration --
 

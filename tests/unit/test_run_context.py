@@ -1,4 +1,4 @@
-"""A settled run lets go of its context (worker/loop.py, ``Run.let_go_of_ctx``): the pair is
+"""A settled run lets go of its context (worker/runs.py, ``Run.let_go_of_ctx``): the pair is
 freed at once, without the garbage collector, unless the job's code kept the context, which
 then still reaches its run and the run it (docs/performance.md, "Where a job's time goes")."""
 
@@ -10,7 +10,7 @@ import weakref
 import pytest
 
 from django_xjobs.records import ClaimedJob
-from django_xjobs.worker.loop import Run
+from django_xjobs.worker.runs import Run
 
 
 def make_run() -> Run:

@@ -15,7 +15,7 @@ from ... import conf, outbox
 from ...engines import get_engine
 from ...exceptions import ConfigurationError, XJobsError
 from ...values import parse_duration
-from ...worker.loop import new_worker_id
+from ...worker.options import new_worker_id
 from ...worker.relay import Relay
 from ...worker.shutdown import ShutdownSignals
 from .. import cli

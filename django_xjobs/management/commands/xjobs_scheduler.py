@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand
 
 from ...engines import get_engine
 from ...scheduler.runner import SchedulerDuty
-from ...worker.loop import new_worker_id
+from ...worker.options import new_worker_id
 from ...worker.shutdown import ShutdownSignals
 from .. import cli
 

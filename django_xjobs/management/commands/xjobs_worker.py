@@ -12,10 +12,10 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
+from ... import worker_process
 from ...exceptions import ConfigurationError
 from ...values import NAME_RE, parse_duration
-from ...worker import duties
-from ...worker.loop import Worker, WorkerOptions
+from ...worker.loop import Worker
 from .. import cli
 
 
@@ -92,7 +92,7 @@ class Command(BaseCommand):
                                  "(needs django-xjobs[prometheus]; with --processes the "
                                  "supervisor serves them; docs/observability.md)")
         # Set by the supervisor on the processes it starts, with its own process id
-        # (worker/shutdown.py; worker/loop.py, _watch_main).
+        # (worker/shutdown.py; worker/watchdog.py).
         parser.add_argument("--supervised", type=int, metavar="PID", help=argparse.SUPPRESS)
         parser.add_argument("--processes", type=int, default=1,
                             help="run N worker processes under a supervisor that restarts any "
@@ -122,15 +122,13 @@ class Command(BaseCommand):
             "worker_id": options["worker_id"],
             "supervisor": options["supervised"],
             "health_file": health_file,
-            "duties": tuple(
-                name for name in duties.AVAILABLE
-                if not options.get(f"no_{name}")
-            ),
         }
         for key in ("lease", "heartbeat", "poll_interval", "shutdown_grace"):
             if options[key] is not None:
                 overrides[key] = _duration(options[key])
-        worker_options = WorkerOptions.from_settings(**overrides)
+        worker_options = worker_process.options(
+            duties=[name for name in worker_process.DUTIES if not options.get(f"no_{name}")],
+            **overrides)
         if worker_options.lease < 3 * worker_options.heartbeat:
             raise CommandError(
                 f"--lease ({worker_options.lease:g}s) must be at least 3 x the heartbeat "
