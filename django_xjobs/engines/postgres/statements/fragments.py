@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import textwrap
 
+from ....conf import DEBOUNCE_PREFIX
 from ....records import HISTOGRAM_BOUNDS_MS
-from ....slots import DEBOUNCE_PREFIX
 
 # The channel of enqueue wake-ups: every job NOTIFY names it (its payload is the queue), and a
 # worker's listener LISTENs on it. The outbox has a channel of its own (outbox.OUTBOX_CHANNEL).
