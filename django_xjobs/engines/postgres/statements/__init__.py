@@ -24,9 +24,13 @@ One module per table family, each statement declared once in the module a mainta
 family opens; this package re-exports every constant (``from django_xjobs.engines.postgres import
 statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 
-* ``jobs``: x_jobs from enqueue to the fenced settlement: enqueue, claim, the fenced writes and
-  the heartbeat, the fence check, an operator's actions, the queue counts, the early wake-up
-  of jobs handed back, and the test kit's claim of one job and shift of due times.
+* ``enqueue``: x_jobs: the enqueue of one job and many, keyed and unkeyed, by COPY, and the read
+  of the live job behind a key's conflict.
+* ``claim``: x_jobs: the claim, composed from its named stages (what each decides, the locks it
+  takes), and the test kit's claim of one job.
+* ``jobs``: x_jobs from the claim to the fenced settlement: the fenced writes and the heartbeat,
+  the fence check, an operator's actions, the queue counts, the early wake-up of jobs handed
+  back, and the test kit's shift of due times.
 * ``debounce``: x_jobs: a debounced enqueue's move of the pending job of its key, or the setting
   aside of the run under way for a follow-up.
 * ``steps``: x_job_steps and x_job_events: durable steps, sleeps, event waits and publishing.
@@ -74,6 +78,10 @@ from .backfills import (
     BACKFILLS_LIST,
 )
 from .backfills import BACKFILL_COLUMNS as BACKFILL_COLUMNS
+from .claim import (
+    JOB_CLAIM_IF_DUE,
+    JOBS_CLAIM,
+)
 from .connections import (
     DB_NOW,
     LISTEN,
@@ -81,6 +89,17 @@ from .connections import (
 )
 from .debounce import JOB_DEBOUNCE_LIVE
 from .deploy import RUNS_SUSPENDED_LIST, STEPS_OF_RUN_IN_ORDER  # the deploy check
+from .enqueue import (
+    JOB_ENQUEUE,
+    JOB_ENQUEUE_UNKEYED,
+    JOB_FIND_LIVE_BY_KEY,
+    JOBS_COPY,
+    JOBS_ENQUEUE,
+    JOBS_ENQUEUE_CHILDREN,
+    JOBS_ENQUEUE_UNKEYED,
+    JOBS_FIND_LIVE_BY_KEYS,
+    JOBS_NOTIFY_QUEUES,
+)
 from .fleet import FLEET_GET, FLEET_SET
 from .flow import JOBS_UNBLOCK, RATE_TAKE
 from .fragments import CHANNEL as CHANNEL
@@ -89,11 +108,7 @@ from .fragments import LIVE as LIVE
 from .history import HISTORY_DROP, HISTORY_TABLES, JOB_UNARCHIVE, JOBS_ARCHIVE
 from .jobs import (
     JOB_CANCEL,
-    JOB_CLAIM_IF_DUE,
-    JOB_ENQUEUE,
-    JOB_ENQUEUE_UNKEYED,
     JOB_FAIL_IF_OWNED,
-    JOB_FIND_LIVE_BY_KEY,
     JOB_GIVE_BACK_UNKNOWN_IF_OWNED,
     JOB_PROGRESS_IF_OWNED,
     JOB_REQUEUE_IF_OWNED,
@@ -102,15 +117,8 @@ from .jobs import (
     JOB_SUSPEND_IF_OWNED,
     JOBS_CANCEL_TREE,
     JOBS_CANCEL_TREE_FREE,
-    JOBS_CLAIM,
     JOBS_COMPLETE_IF_OWNED,
-    JOBS_COPY,
-    JOBS_ENQUEUE,
-    JOBS_ENQUEUE_CHILDREN,
-    JOBS_ENQUEUE_UNKEYED,
     JOBS_FENCE_CHECK,
-    JOBS_FIND_LIVE_BY_KEYS,
-    JOBS_NOTIFY_QUEUES,
     JOBS_RENEW_IF_OWNED,
     JOBS_REQUEUE_IF_OWNED,
     JOBS_SHIFT_DUE,
