@@ -29,6 +29,8 @@ ENGINE_SOURCE = "\n".join(
     path.read_text() for path in sorted(Path(postgres_engine.__file__).parent.glob("*.py"))
 )
 STATEMENTS = sorted(S.ALL.items())
+# The modules of the statements package that declare no statement.
+NOT_FAMILIES = ("fragments",)
 IDS = [name for name, _ in STATEMENTS]
 
 
@@ -59,10 +61,24 @@ def test_each_statement_is_filed_under_its_own_name(key, stmt):
     assert re.fullmatch(r"[a-z][a-z0-9_]*", stmt.name), "names are snake_case, noun first"
 
 
+def test_every_family_module_is_collected_into_all_in_the_documented_order():
+    # ALL is collected from S.FAMILIES: a family module left out of it would declare statements
+    # the engine could run but xjobs_sql would never show. Its order is the package docstring's.
+    package = Path(S.__file__).parent
+    modules = {path.stem for path in package.glob("*.py")} - {"__init__", *NOT_FAMILIES}
+    assert {m.__name__.rpartition(".")[2] for m in S.FAMILIES} == modules
+    documented = re.findall(r"^\* ``(\w+)``:", S.__doc__ or "", re.MULTILINE)
+    assert [m.__name__.rpartition(".")[2] for m in S.FAMILIES] == [
+        name for name in documented if name not in NOT_FAMILIES]
+    in_order = [stmt.name for module in S.FAMILIES for stmt in vars(module).values()
+                if isinstance(stmt, Statement)]
+    assert list(S.ALL) == in_order
+
+
 def test_each_statement_is_declared_in_one_family_module_and_listed_in_all():
-    # The package re-exports what its family modules declare, and ALL lists each statement by
-    # hand (in a fixed order): a statement declared in two modules, or added to a module but
-    # not to ALL, would be run by one name and shown by xjobs_sql under another, or not at all.
+    # The package re-exports what its family modules declare, and ALL is collected from them: a
+    # statement declared in two modules would be run by one name and shown by xjobs_sql under
+    # another, and one missing from ALL would not be shown at all.
     package = Path(S.__file__).parent
     declared: dict[str, list[str]] = {}
     for path in sorted(package.glob("*.py")):
