@@ -66,13 +66,18 @@ hand:
 * ``connections``: no table: a connection's label, LISTEN on the job channel, the clock.
 * ``fragments``: SQL text several statements share (``CHANNEL``, ``LIVE``, ``JOB_COLUMNS``, the
   enqueue's insert); it declares no statement.
+* ``routines``: no statement either: the functions, the aggregate and the triggers the
+  statements rely on, as the migrations leave them today; ``ROUTINES`` lists them, each before
+  what calls it.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
+from typing import TypeVar
 
 from ...base import Statement
+from ...routines import Routine
 from . import (
     backfills,
     claim,
@@ -88,6 +93,7 @@ from . import (
     outbox,
     pauses,
     reads,
+    routines,
     scheduler,
     slots,
     stats,
@@ -258,12 +264,19 @@ FAMILIES = (enqueue, claim, jobs, debounce, steps, outbox, slots, workers, fleet
             connections)
 
 
-def _declared(module: ModuleType) -> list[Statement]:
-    """The statements ``module`` declares, in the order it declares them."""
-    return [value for value in vars(module).values() if isinstance(value, Statement)]
+_T = TypeVar("_T")
+
+
+def _declared(module: ModuleType, kind: type[_T]) -> list[_T]:
+    """The ``kind`` constants ``module`` declares, in the order it declares them."""
+    return [value for value in vars(module).values() if isinstance(value, kind)]
 
 
 # Every statement by name: what FAMILIES declare, family by family. A family module that is not
 # in FAMILIES, a statement declared in two modules and a constant this package does not
 # re-export each fail tests/unit/test_statement_lint.py.
-ALL: dict[str, Statement] = {stmt.name: stmt for family in FAMILIES for stmt in _declared(family)}
+ALL: dict[str, Statement] = {
+    stmt.name: stmt for family in FAMILIES for stmt in _declared(family, Statement)}
+
+# Every function, aggregate and trigger of the schema, in the order routines.py declares them.
+ROUTINES: tuple[Routine, ...] = tuple(_declared(routines, Routine))
