@@ -104,7 +104,9 @@ WANTS = """wants as (
 # or an idempotency window, whose settle the trigger x_jobs_transition follows, and
 # settle_locks_sql locks what it will write first, SKIP LOCKED, in the documented order (2: the
 # parents' step rows by (run_id, name); 3: the window's key rows by id). `lapsed` leaves out the
-# burials one of whose rows another transaction holds (`stuck`): a later claim buries them.
+# burials one of whose rows another transaction holds (`stuck`): a later claim buries them
+# (tests/integration/test_lock_order.py pins both: a kept lease is not claimed, a lapsed child
+# whose parent's step row is held is buried later).
 RESCUES = f"""lapsed_rows as materialized (
     -- A lease kept beside its row (x_lease_extensions: the heartbeat found the row held by
     -- another transaction) has not lapsed while its extension runs.
@@ -136,8 +138,9 @@ RESCUES = f"""lapsed_rows as materialized (
 )"""
 
 
-# How many due jobs each queue may still take: its n less its rescues. A rescue takes its place
-# first (its job waited a whole lease already). Reads only.
+# How many due jobs each queue may still take: its n less its rescues
+# (tests/conformance/test_claim.py::test_lapsed_rows_count_towards_the_asked_number). A rescue
+# takes its place first: its job waited a whole lease already. Reads only.
 SHARES = """shares as (
     select w.queue, w.fair, w.cursor,
            greatest(w.n - (select count(*) from lapsed l where l.queue = w.queue), 0) as share
@@ -148,7 +151,8 @@ SHARES = """shares as (
 # The due jobs of each queue that is not fair, in claim order (priority desc, run_at) up to its
 # share: one bounded run_at scan per distinct priority, highest first, the priorities found by a
 # loose index scan. Lock order 1: x_jobs rows, FOR UPDATE SKIP LOCKED (a row another
-# transaction holds is passed over, never waited for).
+# transaction holds is passed over, never waited for:
+# tests/conformance/test_claim.py::test_a_row_locked_by_another_session_is_skipped_not_waited_for).
 DUE = """due as (
     -- Lapsed leases take their places first (they have waited a whole lease already), and the
     -- due scan fills what is left of each queue's share, in claim order, so a rescue never
@@ -193,7 +197,8 @@ DUE = """due as (
 # The due jobs of each fair queue (fair_by = "tenant"): `fair_tenants` walks the tenants with
 # claimable jobs from the worker's cursor round (tenant_walk_sql, at most `share` of them, with
 # their weights); `fair_due` deals the share out in rounds, each tenant taking up to its weight
-# per round in claim order. Lock order 1, as DUE: x_jobs rows, FOR UPDATE SKIP LOCKED.
+# per round in claim order (tests/integration/test_fair_share.py). Lock order 1, as DUE: x_jobs
+# rows, FOR UPDATE SKIP LOCKED.
 FAIR_DUE = f"""fair_tenants as materialized (
     -- The tenants of each fair queue after the cursor, then from the first one up to the
     -- cursor (the wrap): at most `share` of them, each visited once (x_jobs_fair_idx: the walk
@@ -274,7 +279,9 @@ GATED = f"""gated as (
 # The rate budgets spent: the gated jobs that are not paused and carry a budget, in ONE call
 # of xjobs_rate_take (routines.py) with `wait` false. It tries each key's advisory lock in key
 # order; a key another transaction is spending is not waited for, and its jobs are answered due
-# a tenth of a second on. A row with next_at NULL was granted; any other is over budget.
+# a tenth of a second on (tests/integration/test_lock_order.py: a claim never waits on a rate
+# key a user's transaction is spending). A row with next_at NULL was granted; any other is over
+# budget.
 RATED = """spending as (
     select array_agg(id order by id) as ids, array_agg(rate_key order by id) as keys,
            array_agg(rate_limit order by id) as lims, array_agg(period_ms order by id) as pers,
@@ -295,7 +302,8 @@ RATED = """spending as (
 # budget, if any, granted), ranked within their key lowest limit first; grant_slots_sql takes
 # the lowest free slot under each one's own limit, trying each slot's advisory lock and writing
 # x_job_leases rows in (lease_key, slot) order, SKIP LOCKED: a slot being acquired elsewhere is
-# not offered, never waited for.
+# not offered, never waited for (tests/integration/test_lock_order.py: a claim never waits on a
+# slot a user's transaction is acquiring).
 SLOTS = f"""slot_req as (
     -- The jobs that need a slot now: not paused, their rate budget (if any) spent.
     select g.id, g.concurrency_key as lease_key, g.slot_limit as lim,
@@ -312,10 +320,11 @@ SLOTS = f"""slot_req as (
 
 
 # What flow control holds back, and its write: `held` are the gated jobs paused or left without
-# a slot (blocked on that key) and those over budget (due again when the budget frees);
-# `holding` writes their rows, already locked by this statement: `blocked`, or, while the fleet
-# may not park (`park` false: x_fleet), `delayed` or `suspended` again a poll interval later.
-# A held job keeps its attempt; a held rescue's lapsed run gets its `lost` entry.
+# a slot (blocked on that key) and those over budget; `holding` writes their rows, already
+# locked by this statement. One blocked on a key goes to `blocked` (or, while the fleet may not
+# park, `park` false: x_fleet, back to `delayed` or `suspended`, due a poll interval later); one
+# over budget goes back to `delayed` or `suspended`, due when its budget frees. A held job keeps
+# its attempt; a held rescue's lapsed run gets its `lost` entry and loses its token.
 HELD = f"""held as (
     -- What flow control holds back: paused or without a slot -> blocked, over budget -> due
     -- again when the budget frees.
