@@ -53,7 +53,7 @@ def main() -> None:
     from django.db import connection, transaction
     from xbench_project.benchjobs.jobs import noop
 
-    from django_xjobs.engines.postgres.statements import jobs as statements
+    from django_xjobs.engines.postgres.statements import enqueue as statements
     from django_xjobs.records import new_ids
 
     call_command("migrate", verbosity=0)

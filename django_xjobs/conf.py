@@ -482,6 +482,12 @@ def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[st
 
 MAX_SLOT_KEY = 500  # characters of a concurrency key (and so of a CONCURRENCY_LIMITS prefix)
 
+# The concurrency key of every debounced job starts with it (slots.debounce_key), and such a key
+# has the limit 1 whatever CONCURRENCY_LIMITS says: slots.limit_for on the worker's side, the
+# claim's key_limit_sql (engines/postgres/statements/fragments.py) on the database's. It lives
+# here, below both: the statements import no service (pyproject.toml's import contracts).
+DEBOUNCE_PREFIX = "debounce:"
+
 
 def _concurrency_limits(
     raw: Mapping[str, Any], key: str, default: tuple[tuple[str, int], ...]

@@ -85,7 +85,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import keys
-from .conf import MAX_SLOT_KEY
+from .conf import DEBOUNCE_PREFIX, MAX_SLOT_KEY
 from .exceptions import SLOT_LOST, ConfigurationError, InvalidConcurrencyKey
 from .keys import KeyTemplate
 from .values import INT32
@@ -239,8 +239,6 @@ def _no_limit(job: str, key: str) -> InvalidConcurrencyKey:
 
 
 # -------------------------------------------------------------------------------- debounce --
-
-DEBOUNCE_PREFIX = "debounce:"
 
 
 def debounce_key(name: str, tenant_id: str | None, idempotency_key: str) -> str:

@@ -1,6 +1,6 @@
 """The wire format is a set of named, commented statements, each declared once in the module
 of its table family, and ``manage.py xjobs_sql`` prints each one as text an operator can paste
-into psql.
+into psql, then the functions and triggers the statements rely on (routines.py).
 
 No database: these tests read the statements package and the command's output only.
 (That the printed PREPAREs are accepted by PostgreSQL is checked in
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from django_xjobs.engines import Statement, get_engine
+from django_xjobs.engines import Routine, Statement, get_engine
 from django_xjobs.engines.postgres import engine as postgres_engine
 from django_xjobs.engines.postgres import instrumentation
 from django_xjobs.engines.postgres import statements as S
@@ -32,6 +32,8 @@ ENGINE_SOURCE = "\n".join(
     if "statements" not in path.relative_to(ENGINE_PACKAGE).parts
 )
 STATEMENTS = sorted(S.ALL.items())
+# The modules of the statements package that declare no statement.
+NOT_FAMILIES = ("fragments", "routines")
 IDS = [name for name, _ in STATEMENTS]
 
 
@@ -62,10 +64,24 @@ def test_each_statement_is_filed_under_its_own_name(key, stmt):
     assert re.fullmatch(r"[a-z][a-z0-9_]*", stmt.name), "names are snake_case, noun first"
 
 
+def test_every_family_module_is_collected_into_all_in_the_documented_order():
+    # ALL is collected from S.FAMILIES: a family module left out of it would declare statements
+    # the engine could run but xjobs_sql would never show. Its order is the package docstring's.
+    package = Path(S.__file__).parent
+    modules = {path.stem for path in package.glob("*.py")} - {"__init__", *NOT_FAMILIES}
+    assert {m.__name__.rpartition(".")[2] for m in S.FAMILIES} == modules
+    documented = re.findall(r"^\* ``(\w+)``:", S.__doc__ or "", re.MULTILINE)
+    assert [m.__name__.rpartition(".")[2] for m in S.FAMILIES] == [
+        name for name in documented if name not in NOT_FAMILIES]
+    in_order = [stmt.name for module in S.FAMILIES for stmt in vars(module).values()
+                if isinstance(stmt, Statement)]
+    assert list(S.ALL) == in_order
+
+
 def test_each_statement_is_declared_in_one_family_module_and_listed_in_all():
-    # The package re-exports what its family modules declare, and ALL lists each statement by
-    # hand (in a fixed order): a statement declared in two modules, or added to a module but
-    # not to ALL, would be run by one name and shown by xjobs_sql under another, or not at all.
+    # The package re-exports what its family modules declare, and ALL is collected from them: a
+    # statement declared in two modules would be run by one name and shown by xjobs_sql under
+    # another, and one missing from ALL would not be shown at all.
     package = Path(S.__file__).parent
     declared: dict[str, list[str]] = {}
     for path in sorted(package.glob("*.py")):
@@ -203,3 +219,58 @@ def test_xjobs_sql_of_an_unknown_name_lists_the_known_ones():
     with pytest.raises(CommandError, match="no statement 'job_explode'") as info:
         sql_command("job_explode")
     assert "jobs_claim" in str(info.value)
+    assert "xjobs_rate_take" in str(info.value)
+
+
+# ------------------------------------------------------- functions, aggregate and triggers --
+# engines/postgres/statements/routines.py; tests/integration/test_sql_routines.py checks them
+# against the migrated database.
+
+ROUTINE_IDS = [r.signature for r in S.ROUTINES]
+
+
+def printed(routine: Routine) -> str:
+    return (f"-- {routine.signature}  ({routine.kind}, migration {routine.migration})\n"
+            f"{routine.sql.strip()};\n")
+
+
+@pytest.mark.parametrize("routine", S.ROUTINES, ids=ROUTINE_IDS)
+def test_each_function_and_trigger_is_named_as_its_definition_names_it_and_says_why(routine):
+    assert re.fullmatch(r"x(jobs)?_[a-z0-9_]+", routine.name), "ours are named x_ or xjobs_"
+    create = {"function": "create or replace function", "aggregate": "create or replace aggregate",
+              "trigger": "create trigger"}[routine.kind]
+    assert routine.sql.strip().startswith(f"{create} {routine.name}")
+    assert routine.name not in S.ALL, "a statement and a function share a name"
+    why = routine.why.strip()
+    assert len(why) >= 30, f"{routine.signature}: a why must give a reason, not a label"
+    assert not routine.sql.strip().endswith(";"), "xjobs_sql adds the semicolon"
+
+
+def test_xjobs_sql_prints_every_function_and_trigger_after_the_statements():
+    out = sql_command()
+    last_statement = max(out.index(f"-- {name}") for name in S.ALL)
+    for routine in S.ROUTINES:
+        assert printed(routine) in out
+        assert out.index(printed(routine)) > last_statement
+    assert len(S.ROUTINES) >= 10
+
+
+@pytest.mark.parametrize("name", sorted({r.name for r in S.ROUTINES}))
+def test_xjobs_sql_name_prints_a_function_or_trigger_with_its_why(name):
+    out = sql_command(name)
+    forms = [r for r in S.ROUTINES if r.name == name]
+    for routine in forms:
+        assert printed(routine) in out
+        for line in routine.why.strip().splitlines():
+            assert f"-- {line}".rstrip() in out.splitlines()
+    headers = [line for line in out.splitlines() if line.startswith(f"-- {name}")]
+    assert len(headers) == len(forms), "every form of the name, and nothing else"
+    assert "prepare " not in out
+
+
+def test_xjobs_sql_prints_both_forms_of_the_rate_take_and_bodies_verbatim():
+    # A body's % is PL/pgSQL's (a RAISE's placeholder, a LIKE pattern), not a placeholder of ours.
+    assert sql_command("xjobs_rate_take").count("create or replace function xjobs_rate_take(") == 2
+    out = sql_command("xjobs_require_read_committed")
+    assert "'django-xjobs: % needs READ COMMITTED, and this transaction is %'" in out
+    assert "like 'cron:%'" in sql_command("x_jobs_cron_overlap")

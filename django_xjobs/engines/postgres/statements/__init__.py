@@ -20,13 +20,20 @@ token of the run that finished it, so a write retried after an ambiguous commit 
 that buries a lapsed job) clears the token: that run did not finish the job, and its late writes
 must read as lost.
 
-One module per table family, each statement declared once in the module a maintainer of that
-family opens; this package re-exports every constant (``from django_xjobs.engines.postgres import
-statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
+One module per table family, each statement declared once, as a ``Statement`` constant of the
+module a maintainer of that family opens. This package re-exports every constant (``from
+django_xjobs.engines.postgres import statements as S; S.JOBS_CLAIM``), and ``ALL`` maps every
+name to its statement, collected from the family modules (``FAMILIES``, in the order of this
+list; within a module, in the order it declares them), so a new statement is listed nowhere by
+hand:
 
-* ``jobs``: x_jobs from enqueue to the fenced settlement: enqueue, claim, the fenced writes and
-  the heartbeat, the fence check, an operator's actions, the queue counts, the early wake-up
-  of jobs handed back, and the test kit's claim of one job and shift of due times.
+* ``enqueue``: x_jobs: the enqueue of one job and many, keyed and unkeyed, by COPY, and the read
+  of the live job behind a key's conflict.
+* ``claim``: x_jobs: the claim, composed from its named stages (what each decides, the locks it
+  takes), and the test kit's claim of one job.
+* ``jobs``: x_jobs from the claim to the fenced settlement: the fenced writes and the heartbeat,
+  the fence check, an operator's actions, the queue counts, the early wake-up of jobs handed
+  back, and the test kit's shift of due times.
 * ``debounce``: x_jobs: a debounced enqueue's move of the pending job of its key, or the setting
   aside of the run under way for a follow-up.
 * ``steps``: x_job_steps and x_job_events: durable steps, sleeps, event waits and publishing.
@@ -59,11 +66,45 @@ statements as S; S.JOBS_CLAIM``) and ``ALL``, every statement by name:
 * ``connections``: no table: a connection's label, LISTEN on the job channel, the clock.
 * ``fragments``: SQL text several statements share (``CHANNEL``, ``LIVE``, ``JOB_COLUMNS``, the
   enqueue's insert); it declares no statement.
+* ``routines``: no statement either: the functions, the aggregate and the triggers the
+  statements rely on, as the migrations leave them today; ``ROUTINES`` lists them, each before
+  what calls it.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import TypeVar
+
 from ...base import Statement
+from ...routines import Routine
+from . import (
+    backfills,
+    claim,
+    connections,
+    debounce,
+    deploy,
+    enqueue,
+    fleet,
+    flow,
+    history,
+    jobs,
+    maintenance,
+    outbox,
+    pauses,
+    reads,
+    routines,
+    scheduler,
+    slots,
+    stats,
+    steps,
+    why,
+    windows,
+    workers,
+)
+
+# The namespace the engine runs statements by (S.JOBS_CLAIM): every constant of the family
+# modules, re-exported.
 from .backfills import (
     BACKFILL_CANCEL,
     BACKFILL_COMPLETE_IF_OWNED,
@@ -74,6 +115,10 @@ from .backfills import (
     BACKFILLS_LIST,
 )
 from .backfills import BACKFILL_COLUMNS as BACKFILL_COLUMNS
+from .claim import (
+    JOB_CLAIM_IF_DUE,
+    JOBS_CLAIM,
+)
 from .connections import (
     DB_NOW,
     LISTEN,
@@ -81,6 +126,17 @@ from .connections import (
 )
 from .debounce import JOB_DEBOUNCE_LIVE
 from .deploy import RUNS_SUSPENDED_LIST, STEPS_OF_RUN_IN_ORDER  # the deploy check
+from .enqueue import (
+    JOB_ENQUEUE,
+    JOB_ENQUEUE_UNKEYED,
+    JOB_FIND_LIVE_BY_KEY,
+    JOBS_COPY,
+    JOBS_ENQUEUE,
+    JOBS_ENQUEUE_CHILDREN,
+    JOBS_ENQUEUE_UNKEYED,
+    JOBS_FIND_LIVE_BY_KEYS,
+    JOBS_NOTIFY_QUEUES,
+)
 from .fleet import FLEET_GET, FLEET_SET
 from .flow import JOBS_UNBLOCK, RATE_TAKE
 from .fragments import CHANNEL as CHANNEL
@@ -89,11 +145,7 @@ from .fragments import LIVE as LIVE
 from .history import HISTORY_DROP, HISTORY_TABLES, JOB_UNARCHIVE, JOBS_ARCHIVE
 from .jobs import (
     JOB_CANCEL,
-    JOB_CLAIM_IF_DUE,
-    JOB_ENQUEUE,
-    JOB_ENQUEUE_UNKEYED,
     JOB_FAIL_IF_OWNED,
-    JOB_FIND_LIVE_BY_KEY,
     JOB_GIVE_BACK_UNKNOWN_IF_OWNED,
     JOB_PROGRESS_IF_OWNED,
     JOB_REQUEUE_IF_OWNED,
@@ -102,15 +154,8 @@ from .jobs import (
     JOB_SUSPEND_IF_OWNED,
     JOBS_CANCEL_TREE,
     JOBS_CANCEL_TREE_FREE,
-    JOBS_CLAIM,
     JOBS_COMPLETE_IF_OWNED,
-    JOBS_COPY,
-    JOBS_ENQUEUE,
-    JOBS_ENQUEUE_CHILDREN,
-    JOBS_ENQUEUE_UNKEYED,
     JOBS_FENCE_CHECK,
-    JOBS_FIND_LIVE_BY_KEYS,
-    JOBS_NOTIFY_QUEUES,
     JOBS_RENEW_IF_OWNED,
     JOBS_REQUEUE_IF_OWNED,
     JOBS_SHIFT_DUE,
@@ -213,45 +258,25 @@ from .windows import (
 )
 from .workers import WORKER_GONE, WORKER_SEEN, WORKERS_LIST
 
-# Every statement by name, each listed once (tests/unit/test_statement_lint.py fails on a
-# statement of a family module that is missing here). The order is the one engine.statements()
-# has always had; `manage.py xjobs_sql` sorts by name anyway.
-ALL: dict[str, Statement] = {s.name: s for s in (
-    JOB_ENQUEUE, JOB_ENQUEUE_UNKEYED, JOBS_ENQUEUE, JOBS_ENQUEUE_UNKEYED, JOBS_COPY,
-    JOBS_NOTIFY_QUEUES, JOB_FIND_LIVE_BY_KEY, JOBS_FIND_LIVE_BY_KEYS, JOBS_CLAIM,
-    JOBS_COMPLETE_IF_OWNED, JOB_FAIL_IF_OWNED, JOB_REQUEUE_IF_OWNED, JOB_SUSPEND_IF_OWNED,
-    JOBS_RENEW_IF_OWNED, JOBS_FENCE_CHECK, STEPS_OF_RUN, STEP_COMPLETE_IF_OWNED, STEP_FAIL_IF_OWNED,
-    STEP_PARK_IF_OWNED, STEP_CANCEL_SIBLINGS, EVENT_LOCK, EVENT_PUBLISH, EVENT_WAKE_WAITERS,
-    EVENT_NEXT, EVENT_NEXT_KEYED, EVENTS_LIST, EVENTS_PURGE, JOB_GET, JOB_CANCEL, JOB_RETRY,
-    JOB_RUN_NOW, JOBS_PURGE, QUEUE_STATS, OUTBOX_PENDING, OUTBOX_STAGE, OUTBOX_CLAIM,
-    OUTBOX_MARK_PUBLISHED, OUTBOX_STATUS, JOBS_FIND_BY_IDS, OUTBOX_LISTEN, LEADER_ATTEMPT_ELECT,
-    LEADER_RESIGN, LEADER_GET, LEADER_ADVISORY_LOCK_TRY, LEADER_ADVISORY_HELD,
-    LEADER_ADVISORY_UNLOCK, LEADER_ADVISORY_HOLDER, SCHEDULER_STATES_ENSURE,
-    SCHEDULER_STATES_LOCK_IF_LEADING, SCHEDULER_STATES_MARK_IF_LEADING, SCHEDULER_STATES_LIST,
-    SCHEDULER_STATE_SET_PAUSED, OUTBOX_PURGE_PUBLISHED, SLOTS_PURGE_EXPIRED, SESSION_LABEL, LISTEN,
-    DB_NOW, BACKFILL_CREATE, BACKFILL_START_IF_OWNED, BACKFILL_PROGRESS_IF_OWNED,
-    BACKFILL_COMPLETE_IF_OWNED, BACKFILL_FAIL_IF_OWNED, BACKFILL_CANCEL, BACKFILLS_LIST,
-    SLOTS_ACQUIRE, SLOTS_RENEW_IF_HELD, SLOTS_RELEASE_IF_HELD, SLOTS_LIST, JOBS_DELETE_FINISHED,
-    TABLES_HEALTH, XMIN_HORIZON, SLOTS_USAGE, JOBS_WAKE_REFUSED, JOBS_REQUEUE_IF_OWNED,
-    JOB_CLAIM_IF_DUE, JOBS_SHIFT_DUE, JOBS_LIST, JOBS_UNBLOCK, RATE_TAKE, WORKER_SEEN,
-    WORKER_GONE, WHY_JOB, WHY_RATE_WINDOW, JOB_DEBOUNCE_LIVE, PAUSE_UPSERT, PAUSE_RESUME_QUEUE,
-    PAUSE_RESUME_KEY, PAUSES_LIST, JOB_PAUSE_KEY_IF_OWNED, JOB_PROGRESS_IF_OWNED, STATS_ROLLUP,
-    STATS_PRUNE, STATS_SERIES, STATS_TOTALS, QUEUE_DEPTH,
-    WORKERS_LIST, FLEET_GET, FLEET_SET, JOBS_PURGE_ALL, JOBS_ARCHIVE, HISTORY_DROP,
-    HISTORY_TABLES, JOB_UNARCHIVE,
-    # ---- deploy check ----
-    RUNS_SUSPENDED_LIST, STEPS_OF_RUN_IN_ORDER,
-    # ---- end deploy check ----
-    # child jobs (docs/durable.md, "Child jobs")
-    JOBS_ENQUEUE_CHILDREN, JOBS_CANCEL_TREE, STEP_INVOKE_OPEN_IF_OWNED,
-    STEP_INVOKE_PENDING_IF_OWNED, JOBS_CHILDREN, JOBS_CHILDREN_ARCHIVED,
-    # idempotency windows
-    JOB_ENQUEUE_WINDOWED, JOB_KEY_HELD, JOB_KEY_HOLDER, JOB_KEYS_PURGE_EXPIRED,
-    # job names no worker that claimed them knows (docs/deployment.md)
-    JOB_GIVE_BACK_UNKNOWN_IF_OWNED, JOBS_UNKNOWN_WAITING,
-    # cron overlap (docs/scheduling.md, "Overlap")
-    CRON_RUNS_LIVE, CRON_RUNS_LOCK_LIVE, CRON_RUNS_HOLD, CRON_RUNS_RELEASE,
-    SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,
-    # never stalled by the application (docs/design.md, "Lock order")
-    JOBS_CANCEL_TREE_FREE, LEASE_EXTENSIONS_PURGE,
-)}
+# The family modules, in the order of the list above.
+FAMILIES = (enqueue, claim, jobs, debounce, steps, outbox, slots, workers, fleet, stats, flow,
+            pauses, scheduler, backfills, history, maintenance, reads, why, windows, deploy,
+            connections)
+
+
+_T = TypeVar("_T")
+
+
+def _declared(module: ModuleType, kind: type[_T]) -> list[_T]:
+    """The ``kind`` constants ``module`` declares, in the order it declares them."""
+    return [value for value in vars(module).values() if isinstance(value, kind)]
+
+
+# Every statement by name: what FAMILIES declare, family by family. A family module that is not
+# in FAMILIES, a statement declared in two modules and a constant this package does not
+# re-export each fail tests/unit/test_statement_lint.py.
+ALL: dict[str, Statement] = {
+    stmt.name: stmt for family in FAMILIES for stmt in _declared(family, Statement)}
+
+# Every function, aggregate and trigger of the schema, in the order routines.py declares them.
+ROUTINES: tuple[Routine, ...] = tuple(_declared(routines, Routine))

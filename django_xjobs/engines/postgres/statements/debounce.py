@@ -1,7 +1,7 @@
 """x_jobs: debounce on the live key (docs/flow-control.md, "Debounce").
 
 A debounced enqueue of (name, tenant, key) runs, in one transaction, job_debounce_live and, when
-that found no pending job to move, the keyed insert job_enqueue (jobs.py) with the debounce as
+that found no pending job to move, the keyed insert job_enqueue (enqueue.py) with the debounce as
 its delay: the live-key index stays the only arbiter of "one live job per key".
 """
 

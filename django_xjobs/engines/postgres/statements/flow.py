@@ -1,6 +1,6 @@
 """Flow control beyond slots (docs/flow-control.md): the periodic wake-up of blocked jobs and the
 spending of rate-limit budgets. Pauses are in pauses.py; the claim, which applies all of it,
-is jobs_claim in jobs.py; slots are in slots.py.
+is jobs_claim in claim.py; slots are in slots.py.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import textwrap
 
+from ....conf import DEBOUNCE_PREFIX
 from ....records import HISTOGRAM_BOUNDS_MS
-from ....slots import DEBOUNCE_PREFIX
 
 # The channel of enqueue wake-ups: every job NOTIFY names it (its payload is the queue), and a
 # worker's listener LISTENs on it. The outbox has a channel of its own (outbox.OUTBOX_CHANNEL).
@@ -26,7 +26,7 @@ JOB_COLUMNS = (
 )
 
 # ---------------------------------------------------------------------------------- enqueue --
-# job_enqueue and jobs_enqueue (jobs.py) say why these are written as they are.
+# job_enqueue and jobs_enqueue (enqueue.py) say why these are written as they are.
 
 # The conflict target of a keyed enqueue: the partial unique index over the live states, with
 # the tenant as coalesce(tenant_id, '') and without the rows keyed by their own id.
@@ -481,31 +481,3 @@ def grant_slots_sql(req: str, ttl: str) -> str:
     union all
     select lease_key, slot, holder from reclaimed
 )"""
-
-
-def _tenants_after(name: str, first: str, stop: str) -> str:
-    """A loose index scan (x_jobs_fair_idx) over the tenants of queue w.queue with claimable
-    jobs, ascending from the first one ``first`` admits, while ``stop`` holds."""
-    claimable = "queue = w.queue and state in ('ready', 'delayed', 'suspended')"
-    return f"""{name}(t) as (
-                      (select coalesce(tenant_id, '') from only x_jobs
-                        where {claimable}{first}
-                        order by coalesce(tenant_id, '') limit 1)
-                      union all
-                      select (select coalesce(tenant_id, '') from only x_jobs
-                               where {claimable}
-                                 and coalesce(tenant_id, '') > {name}.t
-                               order by coalesce(tenant_id, '') limit 1)
-                        from {name} where {name}.t is not null{stop}
-                  )"""
-
-
-def tenant_walk_sql() -> str:
-    """The tenants of a fair queue in the order a claim visits them (jobs_claim): those after
-    the cursor w.cursor, then from the first one up to the cursor (the wrap)."""
-    after = _tenants_after("after", " and coalesce(tenant_id, '') > w.cursor", "")
-    wrap = _tenants_after("wrap", "", " and wrap.t < w.cursor")
-    return f"""with recursive {after}, {wrap}
-                  select t from after where t is not null
-                  union all
-                  select t from wrap where t is not null and t <= w.cursor"""

@@ -6,8 +6,8 @@ it finished), a child of ``x_jobs`` by table inheritance, and its run's steps in
 and ``x_job_steps`` see the children's rows; every statement a worker runs names ``only x_jobs``,
 so no claim, acknowledgement or heartbeat touches, plans or locks a history table. The table
 names depend on the data, so the moving and the dropping are SQL functions
-(``xjobs_history_table``, ``xjobs_archive``, ``xjobs_history_drop``), defined in the
-migration ``0006_history``; the statements here call them.
+(``xjobs_history_table``, ``xjobs_archive``, ``xjobs_history_drop``), made by the migration
+``0006_history`` and kept as they are today in routines.py; the statements here call them.
 """
 
 from __future__ import annotations

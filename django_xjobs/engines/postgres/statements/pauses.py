@@ -3,7 +3,7 @@
 
 A pause is in force while its `until` is NULL or later than now(): an expired row is no pause,
 and the next pause of the same queue or key replaces it. The claim reads the pauses in force
-(jobs.py); these statements write and list them, and the resume of a key hands back the jobs the
+(claim.py); these statements write and list them, and the resume of a key hands back the jobs the
 claim blocked on it.
 """
 

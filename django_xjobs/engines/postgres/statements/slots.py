@@ -5,7 +5,7 @@ row is free when it is missing OR lapsed (expires_at <= now()); every write is f
 holder. Only slots_purge_expired, which maintenance runs, deletes lapsed rows of other holders;
 it is here, not in maintenance.py, because its grace is part of the renewal's fence.
 
-The claim takes slots itself (jobs_claim, in jobs.py); slots_acquire is the same step on its
+The claim takes slots itself (jobs_claim, in claim.py); slots_acquire is the same step on its
 own, for JobLease.objects.acquire. The release wakes the jobs the claim blocked on its key;
 jobs_unblock (flow.py) is the periodic safety net of those wake-ups.
 """
