@@ -65,3 +65,31 @@ def test_the_check_tells_an_explained_import_from_an_unexplained_one(tmp_path):
     module.write_text("def f():\n    import json\n    # why\n    import csv\n"
                       "    import re  # why\n    return json, csv, re\n")
     assert _unexplained_imports(module) == ["m.py:2: import json"]
+
+
+def _string_imports(path: Path, root: Path = PACKAGE) -> list[str]:
+    """The calls of ``import_module`` or ``__import__`` in ``path``: imports the contract
+    cannot see."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(
+                node.func, "id", None)
+            if called in ("import_module", "__import__"):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_no_module_of_the_package_is_imported_by_a_string():
+    """Every dependency between the package's modules is an import statement, so the layer
+    contract sees it. Migrations are the exception: their module names start with a digit, so
+    one migration reaches another's functions only through ``import_module``."""
+    found = [problem for path in sorted(PACKAGE.rglob("*.py"))
+             if path.parent.name != "migrations" for problem in _string_imports(path)]
+    assert found == []
+
+
+def test_the_string_import_check_sees_both_spellings(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import importlib\nimportlib.import_module('x')\n__import__('y')\n")
+    assert _string_imports(module, tmp_path) == ["m.py:2", "m.py:3"]

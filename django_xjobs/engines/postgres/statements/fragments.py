@@ -17,7 +17,8 @@ CHANNEL = "xjobs"
 
 LIVE = "('ready', 'delayed', 'running', 'suspended', 'blocked')"
 
-# Column list of a whole job row, decoded by engine._job_record in this order.
+# Column list of a whole job row, decoded by rows.job_record (engines/postgres/rows.py) in
+# this order.
 JOB_COLUMNS = (
     "id, name, queue, input, idempotency_key, run_id, attempt, max_attempts, state, run_at,"
     " visible_at, claimed_by, last_error, tenant_id, traceparent, enqueued_by, created_at,"

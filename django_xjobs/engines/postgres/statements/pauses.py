@@ -19,7 +19,8 @@ from .fragments import (
     notify_queues_sql,
 )
 
-# The columns of a pause row, decoded by engine._pause_record in this order.
+# The columns of a pause row, decoded by rows.pause_record (engines/postgres/rows.py) in
+# this order.
 PAUSE_COLUMNS = "kind, key, until, reason, paused_at"
 
 PAUSE_UPSERT = Statement(
