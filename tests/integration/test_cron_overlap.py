@@ -21,7 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from django_xjobs import api, clock, conf, registry
 from django_xjobs import scheduler as scheduler_api
 from django_xjobs.engines import get_engine
-from django_xjobs.engines.postgres import statements as S
+from django_xjobs.engines.postgres.statements.scheduler import CRON_RUNS_LIVE, CRON_RUNS_LOCK_LIVE
 from django_xjobs.models import Job, SchedulerState
 from django_xjobs.records import ClaimedJob, Completion, Failure, Fence
 from django_xjobs.scheduler import cron
@@ -364,7 +364,7 @@ def test_the_live_runs_of_a_task_are_read_through_the_cron_index(fake_clock):
     """The statements repeat x_jobs_cron_live_idx's predicate, so the planner can use it: a
     probe per task, not a walk of the queue's backlog (at 1,000,000 rows the read costs a
     handful of buffers, docs/scheduling.md, "What each policy costs")."""
-    for statement in (S.CRON_RUNS_LIVE, S.CRON_RUNS_LOCK_LIVE):
+    for statement in (CRON_RUNS_LIVE, CRON_RUNS_LOCK_LIVE):
         with transaction.atomic(), connection.cursor() as cur:
             cur.execute("set local enable_seqscan = off")
             cur.execute("explain " + statement.sql, {"enqueued_by": ["cron:t"]})

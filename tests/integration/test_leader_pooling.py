@@ -22,8 +22,11 @@ import pytest
 from django.db import connection
 
 from django_xjobs.engines import get_engine
-from django_xjobs.engines.postgres import statements as S
 from django_xjobs.engines.postgres.sessions import advisory_key
+from django_xjobs.engines.postgres.statements.scheduler import (
+    LEADER_ADVISORY_LOCK_TRY,
+    LEADER_ATTEMPT_ELECT,
+)
 from django_xjobs.scheduler.leadership import LOCK_KEY, AdvisoryLeadership, LeaseLeadership
 from tests.conftest import raw_connection
 
@@ -70,11 +73,11 @@ def pool_factory():
 
 
 def try_advisory(conn: psycopg.Connection) -> bool:
-    return bool(conn.execute(S.LEADER_ADVISORY_LOCK_TRY.sql, advisory_key(LOCK_KEY)).fetchone()[0])
+    return bool(conn.execute(LEADER_ADVISORY_LOCK_TRY.sql, advisory_key(LOCK_KEY)).fetchone()[0])
 
 
 def elect(conn: psycopg.Connection, holder: str) -> bool:
-    row = conn.execute(S.LEADER_ATTEMPT_ELECT.sql, {
+    row = conn.execute(LEADER_ATTEMPT_ELECT.sql, {
         "lock_key": LOCK_KEY, "holder": holder, "lease_ms": 60_000}).fetchone()
     return row is not None
 

@@ -22,9 +22,14 @@ from django.db import DatabaseError, connections
 
 from ...exceptions import ListenerLost, SessionLost
 from ..base import AdvisorySession, Listener, Statement
-from . import statements as S
 from .instrumentation import instrumented
-from .statements import ADVISORY_LOCK_CLASS
+from .statements.connections import LISTEN
+from .statements.scheduler import (
+    ADVISORY_LOCK_CLASS,
+    LEADER_ADVISORY_HELD,
+    LEADER_ADVISORY_LOCK_TRY,
+    LEADER_ADVISORY_UNLOCK,
+)
 
 
 def advisory_key(lock_key: str) -> dict[str, int]:
@@ -106,27 +111,27 @@ class PostgresAdvisorySession(_DedicatedSession, AdvisorySession):
         return rows[0][0] if rows else None
 
     def try_lock(self) -> bool:
-        return bool(self._scalar(S.LEADER_ADVISORY_LOCK_TRY))
+        return bool(self._scalar(LEADER_ADVISORY_LOCK_TRY))
 
     def holds(self) -> bool:
-        return bool(self._scalar(S.LEADER_ADVISORY_HELD))
+        return bool(self._scalar(LEADER_ADVISORY_HELD))
 
     def unlock(self) -> None:
-        self._scalar(S.LEADER_ADVISORY_UNLOCK)
+        self._scalar(LEADER_ADVISORY_UNLOCK)
 
 
 class PostgresListener(_DedicatedSession, Listener):
-    """A dedicated autocommit connection that LISTENs on the job channel (statements.CHANNEL).
+    """A dedicated autocommit connection that LISTENs on the job channel (fragments.CHANNEL).
 
     The payload of a notification is a queue name. A relay's listener LISTENs on the outbox's
-    channel instead (``listen=S.OUTBOX_LISTEN``), whose payload is empty. Connection errors
+    channel instead (``listen=outbox_sql.OUTBOX_LISTEN``), whose payload is empty. Connection errors
     surface as :class:`ListenerLost`; the worker reconnects (and LISTENs again) with backoff.
     ``wait`` sends no statement (it reads the socket), so it has no fault point or timing.
     """
 
     lost = ListenerLost
 
-    def __init__(self, alias: str, label: str, *, listen: Statement = S.LISTEN) -> None:
+    def __init__(self, alias: str, label: str, *, listen: Statement = LISTEN) -> None:
         super().__init__(alias, label)
         try:
             self._send(listen)

@@ -8,11 +8,19 @@ from typing import Any
 
 from ....records import BackfillRecord, RunOwner
 from ...base import Statement
-from .. import statements as S
 from ..core import PostgresCore
 from ..errors import unless_busy
 from ..params import as_uuid, owner_params
 from ..rows import backfill_record
+from ..statements.backfills import (
+    BACKFILL_CANCEL,
+    BACKFILL_COMPLETE_IF_OWNED,
+    BACKFILL_CREATE,
+    BACKFILL_FAIL_IF_OWNED,
+    BACKFILL_PROGRESS_IF_OWNED,
+    BACKFILL_START_IF_OWNED,
+    BACKFILLS_LIST,
+)
 
 
 class Backfills(PostgresCore):
@@ -20,7 +28,7 @@ class Backfills(PostgresCore):
 
     def backfill_create(self, *, run_id: str, name: str, job_id: str, checksum: str,
                         app_version: str) -> bool:
-        created = self._run(S.BACKFILL_CREATE, {
+        created = self._run(BACKFILL_CREATE, {
             "run_id": run_id, "name": name, "job_id": job_id, "checksum": checksum,
             "app_version": app_version,
         }, fetch="count")
@@ -37,29 +45,29 @@ class Backfills(PostgresCore):
 
     def backfill_start_if_owned(self, owner: RunOwner, *, name: str, checksum: str,
                                 app_version: str) -> BackfillRecord | None:
-        row = self._backfill_write(S.BACKFILL_START_IF_OWNED, owner, {
+        row = self._backfill_write(BACKFILL_START_IF_OWNED, owner, {
             "name": name, "checksum": checksum, "app_version": app_version})
         return backfill_record(row) if row is not None else None
 
     def backfill_progress_if_owned(self, owner: RunOwner, *, processed: int,
                                    cursor_json: str) -> int | None:
-        row = self._backfill_write(S.BACKFILL_PROGRESS_IF_OWNED, owner, {
+        row = self._backfill_write(BACKFILL_PROGRESS_IF_OWNED, owner, {
             "processed": processed, "cursor": cursor_json})
         return int(row[0]) if row is not None else None
 
     def backfill_complete_if_owned(self, owner: RunOwner, *, processed: int) -> int | None:
-        row = self._backfill_write(S.BACKFILL_COMPLETE_IF_OWNED, owner,
+        row = self._backfill_write(BACKFILL_COMPLETE_IF_OWNED, owner,
                                    {"processed": processed})
         return int(row[0]) if row is not None else None
 
     def backfill_fail_if_owned(self, owner: RunOwner, *, error: str) -> bool:
-        return self._backfill_write(S.BACKFILL_FAIL_IF_OWNED, owner, {"error": error}) is not None
+        return self._backfill_write(BACKFILL_FAIL_IF_OWNED, owner, {"error": error}) is not None
 
     def backfill_cancel(self, run_id: str) -> BackfillRecord | None:
         run_uuid = as_uuid(run_id)
         if run_uuid is None:
             return None
-        row = self._run(S.BACKFILL_CANCEL, {"run_id": run_uuid}, fetch="one")
+        row = self._run(BACKFILL_CANCEL, {"run_id": run_uuid}, fetch="one")
         return backfill_record(row) if row is not None else None
 
     def backfills_list(self, *, name: str | None = None, status: str | None = None,
@@ -69,7 +77,7 @@ class Backfills(PostgresCore):
             run_uuid = as_uuid(run_id)
             if run_uuid is None:
                 return []
-        rows = self._run(S.BACKFILLS_LIST, {
+        rows = self._run(BACKFILLS_LIST, {
             "name": name, "status": status, "run_id": run_uuid, "limit": limit,
         })
         return [backfill_record(r) for r in rows]

@@ -12,9 +12,9 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db import transaction as db_transaction
 
 from ...base import Listener
-from .. import statements as S
 from ..core import PostgresCore
 from ..sessions import PostgresListener
+from ..statements.connections import DB_NOW, SESSION_LABEL
 
 _READ_COMMITTED = psycopg.IsolationLevel.READ_COMMITTED
 
@@ -89,14 +89,14 @@ class Connections(PostgresCore):
 
     def session_label(self, label: str) -> str:
         named = self.name_session(label)
-        row = self._run(S.SESSION_LABEL, {"label": None if named else label[:63]}, fetch="one")
+        row = self._run(SESSION_LABEL, {"label": None if named else label[:63]}, fetch="one")
         return str(row[-1])
 
     def listener(self, channel_label: str) -> Listener:
         return PostgresListener(self.listen_alias, channel_label)
 
     def db_now(self) -> datetime:
-        return self._run(S.DB_NOW, {}, fetch="one")[0]
+        return self._run(DB_NOW, {}, fetch="one")[0]
 
     def reset_connection(self) -> None:
         conn = connections[self.alias]

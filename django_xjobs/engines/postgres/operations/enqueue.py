@@ -14,10 +14,21 @@ from django.db import DatabaseError, connections
 from django.db import transaction as db_transaction
 
 from ....records import UNIQUE_FOREVER, EnqueueParams, EnqueueResult
-from .. import statements as S
 from ..core import PostgresCore
 from ..instrumentation import instrumented
 from ..params import batch_args, enqueue_args
+from ..statements.debounce import JOB_DEBOUNCE_LIVE
+from ..statements.enqueue import (
+    JOB_ENQUEUE,
+    JOB_ENQUEUE_UNKEYED,
+    JOB_FIND_LIVE_BY_KEY,
+    JOBS_COPY,
+    JOBS_ENQUEUE,
+    JOBS_ENQUEUE_UNKEYED,
+    JOBS_FIND_LIVE_BY_KEYS,
+    JOBS_NOTIFY_QUEUES,
+)
+from ..statements.windows import JOB_ENQUEUE_WINDOWED, JOB_KEY_HELD, JOB_KEY_HOLDER
 
 
 class _LostAttempt(Exception):
@@ -40,12 +51,12 @@ class Enqueue(PostgresCore):
             return self._enqueue_windowed(params)
         args = enqueue_args(params, notify=self.notify)
         if params.idempotency_key is None:
-            id_, run_id, state, _notified = self._run(S.JOB_ENQUEUE_UNKEYED, args, fetch="one")
+            id_, run_id, state, _notified = self._run(JOB_ENQUEUE_UNKEYED, args, fetch="one")
             return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
         key = params.idempotency_key
         # The live job we conflicted with can finish before we read it; insert again then.
         for _ in range(20):
-            rows = self._run(S.JOB_ENQUEUE, args)
+            rows = self._run(JOB_ENQUEUE, args)
             if rows:
                 id_, run_id, state, _notified = rows[0]
                 return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
@@ -70,7 +81,7 @@ class Enqueue(PostgresCore):
                    if p.idempotency_key is None and results[i] is None]
         if unkeyed:
             items = [batch[i] for i in unkeyed]
-            states = dict(self._run(S.JOBS_ENQUEUE_UNKEYED, batch_args(items, notify=self.notify)))
+            states = dict(self._run(JOBS_ENQUEUE_UNKEYED, batch_args(items, notify=self.notify)))
             for i in unkeyed:
                 p = batch[i]
                 results[i] = EnqueueResult(id=p.id, run_id=p.run_id, created=True,
@@ -83,7 +94,7 @@ class Enqueue(PostgresCore):
             if not pending:
                 break
             items = [batch[i] for i in pending]
-            inserted = dict(self._run(S.JOBS_ENQUEUE, batch_args(items, notify=self.notify)))
+            inserted = dict(self._run(JOBS_ENQUEUE, batch_args(items, notify=self.notify)))
             missing: list[int] = []
             for i in pending:
                 state = inserted.get(batch[i].id)
@@ -94,7 +105,7 @@ class Enqueue(PostgresCore):
                         id=batch[i].id, run_id=batch[i].run_id, created=True, state=state
                     )
             if missing:
-                rows = self._run(S.JOBS_FIND_LIVE_BY_KEYS, {
+                rows = self._run(JOBS_FIND_LIVE_BY_KEYS, {
                     "names": [batch[i].name for i in missing],
                     "tenant_ids": [batch[i].tenant_id for i in missing],
                     "keys": [_key(batch[i]) for i in missing],
@@ -117,11 +128,11 @@ class Enqueue(PostgresCore):
     def _copy_jobs(self, batch: Sequence[EnqueueParams]) -> int:
         """jobs_copy and its NOTIFY, in one transaction (the caller's, or a new one),
         instrumented as one statement; how many rows."""
-        return instrumented(S.JOBS_COPY, self._copy, batch)
+        return instrumented(JOBS_COPY, self._copy, batch)
 
     def _copy(self, batch: Sequence[EnqueueParams]) -> int:
         conn = connections[self.alias]
-        stmt = S.JOBS_COPY
+        stmt = JOBS_COPY
         started = time.perf_counter()
         # Inside the caller's transaction the two statements simply join it; otherwise they
         # get one of their own, so the rows and their NOTIFY commit together.
@@ -143,7 +154,7 @@ class Enqueue(PostgresCore):
                     "time": f"{time.perf_counter() - started:.3f}",
                 })
             counts = collections.Counter((p.queue, p.name) for p in batch)
-            self._run(S.JOBS_NOTIFY_QUEUES, {
+            self._run(JOBS_NOTIFY_QUEUES, {
                 "queues": [q for q, _ in counts], "names": [n for _, n in counts],
                 "counts": list(counts.values()), "notify": self.notify,
             }, fetch="one")
@@ -153,7 +164,7 @@ class Enqueue(PostgresCore):
         self, name: str, tenant_id: str | None, idempotency_key: str
     ) -> EnqueueResult | None:
         row = self._run(
-            S.JOB_FIND_LIVE_BY_KEY,
+            JOB_FIND_LIVE_BY_KEY,
             {"name": name, "tenant_id": tenant_id, "key": idempotency_key},
             fetch="one",
         )
@@ -179,10 +190,10 @@ class Enqueue(PostgresCore):
             # Another enqueue can take the key between the two statements (a first insert that
             # won the race, a follow-up): the next round finds and moves it.
             for _ in range(20):
-                row = self._run(S.JOB_DEBOUNCE_LIVE, live, fetch="one")
+                row = self._run(JOB_DEBOUNCE_LIVE, live, fetch="one")
                 if row is not None and row[0] in ("moved", "held"):  # held: a windowed run
                     return EnqueueResult(id=row[1], run_id=row[2], created=False, state=row[3])
-                rows = self._run(S.JOB_ENQUEUE, insert)
+                rows = self._run(JOB_ENQUEUE, insert)
                 if rows:
                     id_, run_id, state, _notified = rows[0]
                     return EnqueueResult(id=id_, run_id=run_id, created=True, state=state)
@@ -225,14 +236,14 @@ class Enqueue(PostgresCore):
                         where: Mapping[str, Any], in_caller: bool) -> EnqueueResult | None:
         """One round of a windowed enqueue: the job that answers it, or None to go again;
         _LostAttempt when its attempt at the key inserted no job and was rolled back."""
-        held = self._run(S.JOB_KEY_HELD, {**where, "unique_for_ms": args["unique_for_ms"]},
+        held = self._run(JOB_KEY_HELD, {**where, "unique_for_ms": args["unique_for_ms"]},
                          fetch="one")
         if held is not None and held[1] is not None:
             return EnqueueResult(id=held[0], run_id=held[1], created=False, state=held[2])
         if held is not None:  # held by a job no longer in x_jobs itself: read with the history
             return self._after_lost_attempt(params, where, taken=False)
         point = db_transaction.savepoint(using=self.alias) if in_caller else None
-        taken, id_, run_id, state, _notified = self._run(S.JOB_ENQUEUE_WINDOWED, args,
+        taken, id_, run_id, state, _notified = self._run(JOB_ENQUEUE_WINDOWED, args,
                                                          fetch="one")
         if id_ is not None:
             if point is not None:
@@ -250,7 +261,7 @@ class Enqueue(PostgresCore):
         if taken:
             return self.job_find_live_by_key(params.name, params.tenant_id,
                                              params.idempotency_key or "")
-        holder = self._run(S.JOB_KEY_HOLDER, where, fetch="one")
+        holder = self._run(JOB_KEY_HOLDER, where, fetch="one")
         if holder is None:
             return None
         job_id, run_id, state = holder

@@ -17,9 +17,17 @@ from ....records import (
     SlotRequest,
     SlotUsage,
 )
-from .. import statements as S
 from ..core import PostgresCore
 from ..rows import pause_record
+from ..statements.flow import JOBS_UNBLOCK, RATE_TAKE
+from ..statements.pauses import PAUSE_RESUME_KEY, PAUSE_RESUME_QUEUE, PAUSE_UPSERT, PAUSES_LIST
+from ..statements.slots import (
+    SLOTS_ACQUIRE,
+    SLOTS_LIST,
+    SLOTS_RELEASE_IF_HELD,
+    SLOTS_RENEW_IF_HELD,
+    SLOTS_USAGE,
+)
 
 
 def _holds(holds: Sequence[SlotHold]) -> dict[str, Any]:
@@ -36,7 +44,7 @@ class FlowControl(PostgresCore):
     def slots_acquire(self, requests: Sequence[SlotRequest], ttl_ms: int) -> list[SlotHold]:
         if not requests:
             return []
-        rows = self._run(S.SLOTS_ACQUIRE, {
+        rows = self._run(SLOTS_ACQUIRE, {
             "keys": [r.slot_key for r in requests], "limits": [r.limit for r in requests],
             "holders": [r.holder for r in requests], "ttl_ms": ttl_ms,
         })
@@ -47,7 +55,7 @@ class FlowControl(PostgresCore):
     def slots_renew_if_held(self, holds: Sequence[SlotHold], ttl_ms: int) -> Renewal:
         if not holds:
             return Renewal()
-        rows = self._run(S.SLOTS_RENEW_IF_HELD, {**_holds(holds), "ttl_ms": ttl_ms})
+        rows = self._run(SLOTS_RENEW_IF_HELD, {**_holds(holds), "ttl_ms": ttl_ms})
         return Renewal(renewed=frozenset(holder for holder, landed in rows if landed),
                        kept=frozenset(holder for holder, landed in rows if not landed))
 
@@ -55,7 +63,7 @@ class FlowControl(PostgresCore):
         if not holds:
             return 0, []
         ordered = sorted(holds, key=lambda h: (h.slot_key, h.slot))
-        released, _woken, busy = self._run(S.SLOTS_RELEASE_IF_HELD, {
+        released, _woken, busy = self._run(SLOTS_RELEASE_IF_HELD, {
             **_holds(ordered), "limits": [h.limit for h in ordered], "notify": self.notify,
         }, fetch="one")
         held = set(busy or ())
@@ -65,19 +73,19 @@ class FlowControl(PostgresCore):
         return [
             SlotRecord(slot_key=r[0], slot=r[1], holder=r[2], expires_at=r[3],
                        expires_in=r[4] / 1000)
-            for r in self._run(S.SLOTS_LIST, {"key": slot_key, "limit": limit})
+            for r in self._run(SLOTS_LIST, {"key": slot_key, "limit": limit})
         ]
 
     def slots_usage(self, limit: int = 1000) -> list[SlotUsage]:
         return [
             SlotUsage(slot_key=r[0], held=r[1], next_expiry=r[2])
-            for r in self._run(S.SLOTS_USAGE, {"limit": limit})
+            for r in self._run(SLOTS_USAGE, {"limit": limit})
         ]
 
     def rate_take(self, requests: Sequence[RateRequest]) -> list[datetime | None]:
         if not requests:
             return []
-        rows = self._run(S.RATE_TAKE, {
+        rows = self._run(RATE_TAKE, {
             "keys": [r.key for r in requests], "limits": [r.limit for r in requests],
             "periods": [r.period_ms for r in requests], "costs": [r.cost for r in requests],
         })
@@ -85,7 +93,7 @@ class FlowControl(PostgresCore):
         return [found.get(i + 1) for i in range(len(requests))]
 
     def jobs_unblock(self, flow: ClaimFlow, batch: int = 1000) -> int:
-        woken, _notified = self._run(S.JOBS_UNBLOCK, {
+        woken, _notified = self._run(JOBS_UNBLOCK, {
             "prefixes": list(flow.prefixes), "prefix_limits": list(flow.prefix_limits),
             "limit_names": list(flow.limit_names), "limit_values": list(flow.limit_values),
             "batch": batch, "park": flow.park, "notify": self.notify,
@@ -94,23 +102,23 @@ class FlowControl(PostgresCore):
 
     def pause_upsert(self, kind: str, key: str, *, until: datetime | None, for_ms: int | None,
                      reason: str | None) -> PauseRecord | None:
-        row = self._run(S.PAUSE_UPSERT, {
+        row = self._run(PAUSE_UPSERT, {
             "kind": kind, "key": key, "until": until, "for_ms": for_ms, "reason": reason,
         }, fetch="one")
         return None if row is None else pause_record(row)
 
     def pause_resume_queue(self, queue: str) -> bool:
-        in_force, _notified = self._run(S.PAUSE_RESUME_QUEUE, {
+        in_force, _notified = self._run(PAUSE_RESUME_QUEUE, {
             "queue": queue, "notify": self.notify,
         }, fetch="one")
         return bool(in_force)
 
     def pause_resume_key(self, key: str) -> tuple[bool, int]:
-        in_force, unblocked, _notified = self._run(S.PAUSE_RESUME_KEY, {
+        in_force, unblocked, _notified = self._run(PAUSE_RESUME_KEY, {
             "key": key, "notify": self.notify,
         }, fetch="one")
         return bool(in_force), int(unblocked)
 
     def pauses_list(self, *, kind: str | None = None, limit: int = 1000) -> list[PauseRecord]:
-        return [pause_record(r) for r in self._run(S.PAUSES_LIST, {"kind": kind,
+        return [pause_record(r) for r in self._run(PAUSES_LIST, {"kind": kind,
                                                                      "limit": limit})]

@@ -12,10 +12,13 @@ from django.db import transaction as db_transaction
 
 from ....exceptions import LiveJobExists
 from ....records import ChangeResult, JobRecord
-from .. import statements as S
 from ..core import PostgresCore
 from ..params import as_uuid, tenants, uuid_array
 from ..rows import job_record
+from ..statements.history import JOB_UNARCHIVE
+from ..statements.jobs import JOB_CANCEL, JOB_RETRY, JOB_RUN_NOW
+from ..statements.maintenance import JOBS_DELETE_FINISHED
+from ..statements.reads import JOB_GET
 
 
 class _Unchanged(Exception):
@@ -29,7 +32,7 @@ class Operators(PostgresCore):
         job_uuid = as_uuid(job_id)
         if job_uuid is None:
             return None
-        row = self._run(S.JOB_GET, {"id": job_uuid, "tenant_ids": tenants(tenant_ids)},
+        row = self._run(JOB_GET, {"id": job_uuid, "tenant_ids": tenants(tenant_ids)},
                         fetch="one")
         return job_record(row) if row is not None else None
 
@@ -59,7 +62,7 @@ class Operators(PostgresCore):
             with db_transaction.atomic(using=self.alias):
                 self._unarchive(job_uuid, tenant_ids)
                 self.jobs_cancel_tree(parents=[str(job_uuid)], reason=reason)
-                row = self._run(S.JOB_CANCEL, {
+                row = self._run(JOB_CANCEL, {
                     "id": job_uuid, "reason": reason, "tenant_ids": tenants(tenant_ids),
                 }, fetch="one")
                 if row is None:
@@ -75,7 +78,7 @@ class Operators(PostgresCore):
     def _unarchive(self, job_uuid: UUID, tenant_ids: Iterable[str] | None) -> None:
         """Move a finished job (and its steps) back from its history table into x_jobs, if it
         is in one, so that an operator's change to it can run on x_jobs (job_unarchive)."""
-        self._run(S.JOB_UNARCHIVE, {"id": job_uuid, "tenant_ids": tenants(tenant_ids)},
+        self._run(JOB_UNARCHIVE, {"id": job_uuid, "tenant_ids": tenants(tenant_ids)},
                   fetch="count")
 
     def job_retry(self, job_id: str, *, tenant_ids: Iterable[str] | None = None,
@@ -87,7 +90,7 @@ class Operators(PostgresCore):
             # A savepoint, so a refused retry inside the caller's transaction leaves it usable.
             with db_transaction.atomic(using=self.alias):
                 self._unarchive(job_uuid, tenant_ids)
-                row = self._run(S.JOB_RETRY, {
+                row = self._run(JOB_RETRY, {
                     "id": job_uuid, "tenant_ids": tenants(tenant_ids), "notify": self.notify,
                     "enqueued_by": enqueued_by,
                 }, fetch="one")
@@ -112,7 +115,7 @@ class Operators(PostgresCore):
         job_uuid = as_uuid(job_id)
         if job_uuid is None:
             return ChangeResult(job=None, changed=False, reason="not found")
-        row = self._run(S.JOB_RUN_NOW, {
+        row = self._run(JOB_RUN_NOW, {
             "id": job_uuid, "tenant_ids": tenants(tenant_ids), "notify": self.notify,
         }, fetch="one")
         return self._change_result(row, job_id, tenant_ids, unchanged="is {state} and due")
@@ -123,6 +126,6 @@ class Operators(PostgresCore):
         uuids = [u for u in (as_uuid(i) for i in ids) if u is not None]
         if not uuids:
             return 0
-        return self._run(S.JOBS_DELETE_FINISHED, {
+        return self._run(JOBS_DELETE_FINISHED, {
             "ids": uuid_array(uuids), "tenant_ids": tenants(tenant_ids),
         }, fetch="count")

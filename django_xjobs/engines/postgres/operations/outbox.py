@@ -8,18 +8,25 @@ from uuid import UUID
 
 from ....records import EnqueueResult, OutboxRow, OutboxStatus
 from ...base import Listener
-from .. import statements as S
 from ..core import PostgresCore
 from ..params import as_uuid, uuid_array
 from ..rows import decode_json
 from ..sessions import PostgresListener
+from ..statements.outbox import (
+    JOBS_FIND_BY_IDS,
+    OUTBOX_CLAIM,
+    OUTBOX_LISTEN,
+    OUTBOX_MARK_PUBLISHED,
+    OUTBOX_STAGE,
+    OUTBOX_STATUS,
+)
 
 
 class Outbox(PostgresCore):
     """The seam's outbox operations."""
 
     def outbox_stage(self, row: OutboxRow) -> None:
-        self._run(S.OUTBOX_STAGE, {
+        self._run(OUTBOX_STAGE, {
             "id": row.id, "name": row.name, "queue": row.queue, "input": row.input_json,
             "key": row.idempotency_key, "max_attempts": row.max_attempts,
             "run_at": row.run_at, "delay_ms": row.delay_ms, "priority": row.priority,
@@ -37,13 +44,13 @@ class Outbox(PostgresCore):
                 traceparent=r[9], enqueued_by=r[10], concurrency_key=r[11], rate_key=r[12],
                 unique_for_ms=r[13],
             )
-            for r in self._run(S.OUTBOX_CLAIM, {"batch": batch_size})
+            for r in self._run(OUTBOX_CLAIM, {"batch": batch_size})
         ]
 
     def outbox_mark_published(self, published: Mapping[UUID, UUID]) -> int:
         if not published:
             return 0
-        return int(self._run(S.OUTBOX_MARK_PUBLISHED, {
+        return int(self._run(OUTBOX_MARK_PUBLISHED, {
             "ids": uuid_array(published), "job_ids": uuid_array(published.values()),
         }, fetch="count"))
 
@@ -51,7 +58,7 @@ class Outbox(PostgresCore):
         outbox_uuid = as_uuid(outbox_id)
         if outbox_uuid is None:
             return None
-        row = self._run(S.OUTBOX_STATUS, {"id": outbox_uuid}, fetch="one")
+        row = self._run(OUTBOX_STATUS, {"id": outbox_uuid}, fetch="one")
         if row is None:
             return None
         return OutboxStatus(id=row[0], name=row[1], staged_at=row[2], published_at=row[3],
@@ -62,8 +69,8 @@ class Outbox(PostgresCore):
             return []
         return [
             EnqueueResult(id=r[0], run_id=r[1], created=False, state=r[2])
-            for r in self._run(S.JOBS_FIND_BY_IDS, {"ids": uuid_array(ids)})
+            for r in self._run(JOBS_FIND_BY_IDS, {"ids": uuid_array(ids)})
         ]
 
     def outbox_listener(self, channel_label: str) -> Listener:
-        return PostgresListener(self.listen_alias, channel_label, listen=S.OUTBOX_LISTEN)
+        return PostgresListener(self.listen_alias, channel_label, listen=OUTBOX_LISTEN)

@@ -24,10 +24,24 @@ from ....records import (
     UnknownGiveBack,
     UnknownWait,
 )
-from .. import statements as S
 from ..core import PostgresCore
 from ..params import claims_params, fence_params, in_lock_order, tenants
 from ..rows import claimed_job
+from ..statements.claim import JOBS_CLAIM
+from ..statements.jobs import (
+    JOB_FAIL_IF_OWNED,
+    JOB_GIVE_BACK_UNKNOWN_IF_OWNED,
+    JOB_PROGRESS_IF_OWNED,
+    JOB_REQUEUE_IF_OWNED,
+    JOB_SUSPEND_IF_OWNED,
+    JOBS_COMPLETE_IF_OWNED,
+    JOBS_FENCE_CHECK,
+    JOBS_RENEW_IF_OWNED,
+    JOBS_REQUEUE_IF_OWNED,
+    JOBS_UNKNOWN_WAITING,
+    JOBS_WAKE_REFUSED,
+)
+from ..statements.pauses import JOB_PAUSE_KEY_IF_OWNED
 
 # Which states a fenced write leaves behind, to recognise its own earlier commit.
 _APPLIED_STATES = {
@@ -51,7 +65,7 @@ class Runs(PostgresCore):
             return batch
         flow = flow or ClaimFlow(slot_ttl_ms=lease_ms)
         cursors = cursors or {}
-        rows = self._run(S.JOBS_CLAIM, {
+        rows = self._run(JOBS_CLAIM, {
             "queues": queues,
             "limits": [wants[q] for q in queues],
             "fair": [q in flow.fair_queues for q in queues],
@@ -92,7 +106,7 @@ class Runs(PostgresCore):
         return batch
 
     def _fence_check(self, kind: str, claims: Sequence[Claim]) -> FenceReport:
-        rows = self._run(S.JOBS_FENCE_CHECK, {
+        rows = self._run(JOBS_FENCE_CHECK, {
             "ids": [c.job_id for c in claims], "tokens": [c.lease_token for c in claims],
         })
         applied_states = _APPLIED_STATES[kind]
@@ -131,14 +145,14 @@ class Runs(PostgresCore):
         if not batch:
             return FenceReport()
         batch = in_lock_order(batch)
-        rows = self._run(S.JOBS_COMPLETE_IF_OWNED, {
+        rows = self._run(JOBS_COMPLETE_IF_OWNED, {
             **claims_params(c.claim for c in batch),
             "results": "[" + ",".join(c.result_json or "null" for c in batch) + "]",
         })
         return self._batch_report("complete", [c.claim for c in batch], rows)
 
     def job_fail_if_owned(self, failure: Failure) -> tuple[FenceReport, str | None]:
-        row = self._run(S.JOB_FAIL_IF_OWNED, {
+        row = self._run(JOB_FAIL_IF_OWNED, {
             **fence_params(failure.claim), "error": failure.error,
             "delay_ms": failure.retry_delay_ms, "permanent": failure.permanent,
             "outcome": failure.outcome,
@@ -149,7 +163,7 @@ class Runs(PostgresCore):
         return report, report.states.get(failure.claim.lease_token)
 
     def job_requeue_if_owned(self, requeue: Requeue) -> FenceReport:
-        row = self._run(S.JOB_REQUEUE_IF_OWNED, {
+        row = self._run(JOB_REQUEUE_IF_OWNED, {
             **fence_params(requeue.claim), "delay_ms": requeue.delay_ms,
             "spent": requeue.spent_attempt, "resumed": requeue.resumed, "note": requeue.note,
             "outcome": requeue.outcome,
@@ -160,7 +174,7 @@ class Runs(PostgresCore):
         if not batch:
             return FenceReport()
         batch = in_lock_order(batch)
-        rows = self._run(S.JOBS_REQUEUE_IF_OWNED, {
+        rows = self._run(JOBS_REQUEUE_IF_OWNED, {
             **claims_params(r.claim for r in batch),
             "delays_ms": [r.delay_ms for r in batch],
             "spent": [r.spent_attempt for r in batch],
@@ -171,7 +185,7 @@ class Runs(PostgresCore):
         return self._batch_report("requeue", [r.claim for r in batch], rows)
 
     def job_give_back_unknown_if_owned(self, give_back: UnknownGiveBack) -> FenceReport:
-        row = self._run(S.JOB_GIVE_BACK_UNKNOWN_IF_OWNED, {
+        row = self._run(JOB_GIVE_BACK_UNKNOWN_IF_OWNED, {
             **fence_params(give_back.claim), "spent": give_back.spent_attempt,
             "resumed": give_back.resumed, "note": give_back.note,
             "max_ms": give_back.max_delay_ms,
@@ -179,14 +193,14 @@ class Runs(PostgresCore):
         return self._one_report("requeue", give_back.claim, row)
 
     def job_suspend_if_owned(self, suspension: Suspension) -> FenceReport:
-        row = self._run(S.JOB_SUSPEND_IF_OWNED, {
+        row = self._run(JOB_SUSPEND_IF_OWNED, {
             **fence_params(suspension.claim), "wake_at": suspension.wake_at,
         }, fetch="one")
         return self._one_report("suspend", suspension.claim, row)
 
     def job_pause_key_if_owned(self, requeue: KeyPauseRequeue) -> tuple[FenceReport,
                                                                          datetime | None]:
-        row = self._run(S.JOB_PAUSE_KEY_IF_OWNED, {
+        row = self._run(JOB_PAUSE_KEY_IF_OWNED, {
             **fence_params(requeue.claim), "key": requeue.key, "for_ms": requeue.for_ms,
             "reason": requeue.reason, "delay_ms": 0, "spent": requeue.spent_attempt,
             "resumed": requeue.resumed, "note": requeue.note, "outcome": "handed_back",
@@ -197,7 +211,7 @@ class Runs(PostgresCore):
     def jobs_renew_if_owned(self, claims: Sequence[Claim], lease_ms: int) -> Renewal:
         if not claims:
             return Renewal()
-        rows = self._run(S.JOBS_RENEW_IF_OWNED, {
+        rows = self._run(JOBS_RENEW_IF_OWNED, {
             **claims_params(sorted(claims, key=lambda c: c.job_id)),
             "lease_ms": lease_ms,
         })
@@ -206,7 +220,7 @@ class Runs(PostgresCore):
 
     def job_progress_if_owned(self, claim: Claim, *, done: float, total: float | None,
                               message: str | None) -> bool:
-        row = self._run(S.JOB_PROGRESS_IF_OWNED, {
+        row = self._run(JOB_PROGRESS_IF_OWNED, {
             **fence_params(claim), "done": done, "total": total, "message": message,
         }, fetch="one")
         return row is not None
@@ -214,14 +228,14 @@ class Runs(PostgresCore):
     def jobs_wake_refused(self, refused: Sequence[Claim]) -> int:
         if not refused:
             return 0
-        woken, _notified = self._run(S.JOBS_WAKE_REFUSED, {
+        woken, _notified = self._run(JOBS_WAKE_REFUSED, {
             **claims_params(refused), "notify": self.notify,
         }, fetch="one")
         return int(woken)
 
     def jobs_unknown_waiting(self, *, names: Iterable[str] | None = None,
                              tenant_ids: Iterable[str] | None = None) -> list[UnknownWait]:
-        rows = self._run(S.JOBS_UNKNOWN_WAITING, {
+        rows = self._run(JOBS_UNKNOWN_WAITING, {
             "names": list(names) if names is not None else None,
             "tenant_ids": tenants(tenant_ids),
         })

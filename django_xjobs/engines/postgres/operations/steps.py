@@ -20,11 +20,30 @@ from ....records import (
     RunOwner,
     StepRecord,
 )
-from .. import statements as S
 from ..core import PostgresCore
 from ..errors import unless_busy
 from ..params import batch_args, owner_params
 from ..rows import decode_json, decode_json_for_run, job_record
+from ..statements.deploy import RUNS_SUSPENDED_LIST, STEPS_OF_RUN_IN_ORDER
+from ..statements.enqueue import JOBS_ENQUEUE_CHILDREN
+from ..statements.jobs import JOBS_CANCEL_TREE, JOBS_CANCEL_TREE_FREE
+from ..statements.steps import (
+    EVENT_LOCK,
+    EVENT_NEXT,
+    EVENT_NEXT_KEYED,
+    EVENT_PUBLISH,
+    EVENT_WAKE_WAITERS,
+    EVENTS_LIST,
+    JOBS_CHILDREN,
+    JOBS_CHILDREN_ARCHIVED,
+    STEP_CANCEL_SIBLINGS,
+    STEP_COMPLETE_IF_OWNED,
+    STEP_FAIL_IF_OWNED,
+    STEP_INVOKE_OPEN_IF_OWNED,
+    STEP_INVOKE_PENDING_IF_OWNED,
+    STEP_PARK_IF_OWNED,
+    STEPS_OF_RUN,
+)
 
 
 def _like_prefix(prefix: str) -> str:
@@ -45,7 +64,7 @@ class Steps(PostgresCore):
                 correlation_key=r[9], event_id=r[10], event_published_at=r[11], due=r[12],
                 kind=r[13],
             )
-            for r in self._run(S.STEPS_OF_RUN, {"run_id": run_id})
+            for r in self._run(STEPS_OF_RUN, {"run_id": run_id})
         ]
 
     def step_complete_if_owned(
@@ -54,7 +73,7 @@ class Steps(PostgresCore):
         event_id: int | None = None, event_published_at: datetime | None = None,
         kind: str = "run",
     ) -> bool:
-        row = unless_busy(self._run(S.STEP_COMPLETE_IF_OWNED, {
+        row = unless_busy(self._run(STEP_COMPLETE_IF_OWNED, {
             **owner_params(owner), "name": name, "output": output_json, "event": event,
             "kind": kind,
             "correlation_key": correlation_key, "event_id": event_id,
@@ -63,7 +82,7 @@ class Steps(PostgresCore):
         return row[0] is not None
 
     def step_fail_if_owned(self, owner: RunOwner, name: str, error: str) -> int | None:
-        row = unless_busy(self._run(S.STEP_FAIL_IF_OWNED, {
+        row = unless_busy(self._run(STEP_FAIL_IF_OWNED, {
             **owner_params(owner), "name": name, "error": error}, fetch="one"), f"step {name!r}")
         return row[0]
 
@@ -72,7 +91,7 @@ class Steps(PostgresCore):
         duration_ms: int = 0, event: str | None = None, correlation_key: str | None = None,
         kind: str | None = None,
     ) -> ParkedStep | None:
-        row = unless_busy(self._run(S.STEP_PARK_IF_OWNED, {
+        row = unless_busy(self._run(STEP_PARK_IF_OWNED, {
             **owner_params(owner), "name": name, "status": status, "wake_at": wake_at,
             "kind": kind or ("sleep" if status == "sleeping" else "event"),
             "duration_ms": duration_ms, "event": event, "correlation_key": correlation_key,
@@ -82,7 +101,7 @@ class Steps(PostgresCore):
         return ParkedStep(started_at=row[0], wake_at=row[1], due=row[2])
 
     def step_cancel_siblings(self, owner: RunOwner, prefix: str) -> None:
-        unless_busy(self._run(S.STEP_CANCEL_SIBLINGS, {
+        unless_busy(self._run(STEP_CANCEL_SIBLINGS, {
             **owner_params(owner), "prefix": _like_prefix(prefix)}, fetch="one"),
             f"the waits of {prefix!r}")
 
@@ -90,7 +109,7 @@ class Steps(PostgresCore):
     def runs_suspended_list(self, *, name: str | None = None, after_id: str | None = None,
                             limit: int = 500) -> list[JobRecord]:
         return [job_record(r) for r in self._run(
-            S.RUNS_SUSPENDED_LIST, {"name": name, "after_job_id": after_id, "limit": limit})]
+            RUNS_SUSPENDED_LIST, {"name": name, "after_job_id": after_id, "limit": limit})]
 
     def steps_of_run_in_order(self, run_id: str) -> list[StepRecord]:
         return [
@@ -101,12 +120,12 @@ class Steps(PostgresCore):
                 event=r[8], correlation_key=r[9], event_id=r[10], event_published_at=r[11],
                 kind=r[12],
             )
-            for r in self._run(S.STEPS_OF_RUN_IN_ORDER, {"run_id": run_id})
+            for r in self._run(STEPS_OF_RUN_IN_ORDER, {"run_id": run_id})
         ]
 
     def step_invoke_open_if_owned(self, owner: RunOwner, name: str, *, children: Sequence[str],
                                   timeout_ms: int | None) -> InvokeStep | None:
-        row = unless_busy(self._run(S.STEP_INVOKE_OPEN_IF_OWNED, {
+        row = unless_busy(self._run(STEP_INVOKE_OPEN_IF_OWNED, {
             **owner_params(owner), "name": name, "children": json.dumps(list(children)),
             "pending": len(children), "timeout_ms": timeout_ms,
         }, fetch="one"), f"step {name!r}")
@@ -122,40 +141,40 @@ class Steps(PostgresCore):
                           park_at=park_at)
 
     def step_invoke_pending_if_owned(self, owner: RunOwner, name: str, pending: int) -> bool:
-        row = unless_busy(self._run(S.STEP_INVOKE_PENDING_IF_OWNED, {
+        row = unless_busy(self._run(STEP_INVOKE_PENDING_IF_OWNED, {
             **owner_params(owner), "name": name, "pending": pending}, fetch="one"),
             f"step {name!r}")
         return row[0] is not None
 
     def jobs_enqueue_children(self, batch: Sequence[EnqueueParams], *, parent_id: UUID,
                               parent_step: str) -> None:
-        self._run(S.JOBS_ENQUEUE_CHILDREN, {
+        self._run(JOBS_ENQUEUE_CHILDREN, {
             **batch_args(batch, notify=self.notify), "parent_id": parent_id,
             "parent_step": parent_step,
         }, fetch="count")
 
     def jobs_children(self, ids: Sequence[str]) -> list[ChildState]:
-        rows = self._run(S.JOBS_CHILDREN, {"ids": list(ids)})
+        rows = self._run(JOBS_CHILDREN, {"ids": list(ids)})
         if any(r[2] is None for r in rows):  # one was archived (or purged): look further
-            rows = self._run(S.JOBS_CHILDREN_ARCHIVED, {"ids": list(ids)})
+            rows = self._run(JOBS_CHILDREN_ARCHIVED, {"ids": list(ids)})
         return [ChildState(id=r[0], name=r[1], state=r[2],
                            result=decode_json_for_run(r[3], f"result of child job {r[0]}"),
                            error=r[4]) for r in rows]
 
     def jobs_cancel_tree(self, *, ids: Sequence[str] = (), parents: Sequence[str] = (),
                          reason: str | None, wait: bool = True) -> int:
-        stmt = S.JOBS_CANCEL_TREE if wait else S.JOBS_CANCEL_TREE_FREE
+        stmt = JOBS_CANCEL_TREE if wait else JOBS_CANCEL_TREE_FREE
         cancelled, _left = self._run(stmt, {
             "ids": list(ids), "parents": list(parents), "reason": reason}, fetch="one")
         return int(cancelled)
 
     def event_lock(self, names: Sequence[str]) -> None:
-        self._run(S.EVENT_LOCK, {"names": list(names)}, fetch="one")
+        self._run(EVENT_LOCK, {"names": list(names)}, fetch="one")
 
     def event_publish(
         self, name: str, payload_json: str, correlation_key: str | None, ttl_ms: int
     ) -> EventRecord:
-        id_, published_at, expires_at = self._run(S.EVENT_PUBLISH, {
+        id_, published_at, expires_at = self._run(EVENT_PUBLISH, {
             "name": name, "payload": payload_json, "correlation_key": correlation_key,
             "ttl_ms": ttl_ms,
         }, fetch="one")
@@ -164,7 +183,7 @@ class Steps(PostgresCore):
                            expires_at=expires_at)
 
     def event_wake_waiters(self, name: str, correlation_key: str | None) -> int:
-        woken, _queues = self._run(S.EVENT_WAKE_WAITERS, {
+        woken, _queues = self._run(EVENT_WAKE_WAITERS, {
             "name": name, "correlation_key": correlation_key,
         }, fetch="one")
         return int(woken)
@@ -173,7 +192,7 @@ class Steps(PostgresCore):
         self, names: Sequence[str], correlation_key: str | None, after_at: datetime,
         after_id: int,
     ) -> EventRecord | None:
-        stmt = S.EVENT_NEXT if correlation_key is None else S.EVENT_NEXT_KEYED
+        stmt = EVENT_NEXT if correlation_key is None else EVENT_NEXT_KEYED
         row = self._run(stmt, {
             "names": list(names), "correlation_key": correlation_key, "after_at": after_at,
             "after_id": after_id,
@@ -187,5 +206,5 @@ class Steps(PostgresCore):
         return [
             EventRecord(id=r[0], name=r[1], payload=decode_json(r[2]), correlation_key=r[3],
                         published_at=r[4], expires_at=r[5])
-            for r in self._run(S.EVENTS_LIST, {"name": name, "limit": limit})
+            for r in self._run(EVENTS_LIST, {"name": name, "limit": limit})
         ]

@@ -7,8 +7,9 @@ import json
 from collections.abc import Sequence
 
 from ....records import FleetRecord, WorkerRecord, stall_reason
-from .. import statements as S
 from ..core import PostgresCore
+from ..statements.fleet import FLEET_GET, FLEET_SET
+from ..statements.workers import WORKER_GONE, WORKER_SEEN, WORKERS_LIST
 
 
 class Workers(PostgresCore):
@@ -17,7 +18,7 @@ class Workers(PostgresCore):
     def worker_seen(self, worker_id: str, host: str, pid: int, queues: Sequence[str], *,
                     version: str, concurrency: int, running: int, finished: int,
                     claimed_age: float | None, loop_age: float | None) -> None:
-        self._run(S.WORKER_SEEN, {
+        self._run(WORKER_SEEN, {
             "worker_id": worker_id, "host": host, "pid": pid, "queues": json.dumps(list(queues)),
             "version": version, "concurrency": concurrency, "running": running,
             "finished": finished,
@@ -34,19 +35,19 @@ class Workers(PostgresCore):
                 stalled=None if r[12] is None else stall_reason(r[12], float(r[13]) / 1000,
                                                                 r[14], r[15]),
             )
-            for r in self._run(S.WORKERS_LIST, {"stall_ms": round(max_stall * 1000)})
+            for r in self._run(WORKERS_LIST, {"stall_ms": round(max_stall * 1000)})
         ]
 
     def worker_gone(self, worker_id: str, stale_after: float = 86_400.0) -> None:
-        self._run(S.WORKER_GONE, {"worker_id": worker_id,
+        self._run(WORKER_GONE, {"worker_id": worker_id,
                                   "stale_ms": round(stale_after * 1000)}, fetch="count")
 
     def fleet_get(self) -> FleetRecord:
-        row = self._run(S.FLEET_GET, {}, fetch="one")
+        row = self._run(FLEET_GET, {}, fetch="one")
         return FleetRecord() if row is None else FleetRecord(
             compatible_with=row[0], changed_at=row[1], changed_by=row[2])
 
     def fleet_set(self, *, compatible_with: str | None, changed_by: str) -> FleetRecord:
-        row = self._run(S.FLEET_SET, {"compatible_with": compatible_with,
+        row = self._run(FLEET_SET, {"compatible_with": compatible_with,
                                       "changed_by": changed_by}, fetch="one")
         return FleetRecord(compatible_with=row[0], changed_at=row[1], changed_by=row[2])

@@ -21,11 +21,11 @@ that buries a lapsed job) clears the token: that run did not finish the job, and
 must read as lost.
 
 One module per table family, each statement declared once, as a ``Statement`` constant of the
-module a maintainer of that family opens. This package re-exports every constant (``from
-django_xjobs.engines.postgres import statements as S; S.JOBS_CLAIM``), and ``ALL`` maps every
+module a maintainer of that family opens; the engine names it by its family
+(``from ..statements import claim as claim_sql; claim_sql.JOBS_CLAIM``). ``ALL`` maps every
 name to its statement, collected from the family modules (``FAMILIES``, in the order of this
-list; within a module, in the order it declares them), so a new statement is listed nowhere by
-hand:
+list; within a module, in the order it declares them), so a new statement is written in one
+place and listed nowhere by hand:
 
 * ``enqueue``: x_jobs: the enqueue of one job and many, keyed and unkeyed, by COPY, and the read
   of the live job behind a key's conflict.
@@ -103,161 +103,6 @@ from . import (
     workers,
 )
 
-# The namespace the engine runs statements by (S.JOBS_CLAIM): every constant of the family
-# modules, re-exported.
-from .backfills import (
-    BACKFILL_CANCEL,
-    BACKFILL_COMPLETE_IF_OWNED,
-    BACKFILL_CREATE,
-    BACKFILL_FAIL_IF_OWNED,
-    BACKFILL_PROGRESS_IF_OWNED,
-    BACKFILL_START_IF_OWNED,
-    BACKFILLS_LIST,
-)
-from .backfills import BACKFILL_COLUMNS as BACKFILL_COLUMNS
-from .claim import (
-    JOB_CLAIM_IF_DUE,
-    JOBS_CLAIM,
-)
-from .connections import (
-    DB_NOW,
-    LISTEN,
-    SESSION_LABEL,
-)
-from .debounce import JOB_DEBOUNCE_LIVE
-from .deploy import RUNS_SUSPENDED_LIST, STEPS_OF_RUN_IN_ORDER  # the deploy check
-from .enqueue import (
-    JOB_ENQUEUE,
-    JOB_ENQUEUE_UNKEYED,
-    JOB_FIND_LIVE_BY_KEY,
-    JOBS_COPY,
-    JOBS_ENQUEUE,
-    JOBS_ENQUEUE_CHILDREN,
-    JOBS_ENQUEUE_UNKEYED,
-    JOBS_FIND_LIVE_BY_KEYS,
-    JOBS_NOTIFY_QUEUES,
-)
-from .fleet import FLEET_GET, FLEET_SET
-from .flow import JOBS_UNBLOCK, RATE_TAKE
-from .fragments import CHANNEL as CHANNEL
-from .fragments import JOB_COLUMNS as JOB_COLUMNS
-from .fragments import LIVE as LIVE
-from .history import HISTORY_DROP, HISTORY_TABLES, JOB_UNARCHIVE, JOBS_ARCHIVE
-from .jobs import (
-    JOB_CANCEL,
-    JOB_FAIL_IF_OWNED,
-    JOB_GIVE_BACK_UNKNOWN_IF_OWNED,
-    JOB_PROGRESS_IF_OWNED,
-    JOB_REQUEUE_IF_OWNED,
-    JOB_RETRY,
-    JOB_RUN_NOW,
-    JOB_SUSPEND_IF_OWNED,
-    JOBS_CANCEL_TREE,
-    JOBS_CANCEL_TREE_FREE,
-    JOBS_COMPLETE_IF_OWNED,
-    JOBS_FENCE_CHECK,
-    JOBS_RENEW_IF_OWNED,
-    JOBS_REQUEUE_IF_OWNED,
-    JOBS_SHIFT_DUE,
-    JOBS_UNKNOWN_WAITING,
-    JOBS_WAKE_REFUSED,
-    QUEUE_DEPTH,
-    QUEUE_STATS,
-)
-from .maintenance import (
-    EVENTS_PURGE,
-    JOBS_DELETE_FINISHED,
-    JOBS_PURGE,
-    JOBS_PURGE_ALL,
-    LEASE_EXTENSIONS_PURGE,
-    OUTBOX_PURGE_PUBLISHED,
-    TABLES_HEALTH,
-    XMIN_HORIZON,
-)
-from .outbox import (
-    JOBS_FIND_BY_IDS,
-    OUTBOX_CLAIM,
-    OUTBOX_LISTEN,
-    OUTBOX_MARK_PUBLISHED,
-    OUTBOX_PENDING,
-    OUTBOX_STAGE,
-    OUTBOX_STATUS,
-)
-from .outbox import OUTBOX_CHANNEL as OUTBOX_CHANNEL
-from .pauses import (
-    JOB_PAUSE_KEY_IF_OWNED,
-    PAUSE_RESUME_KEY,
-    PAUSE_RESUME_QUEUE,
-    PAUSE_UPSERT,
-    PAUSES_LIST,
-)
-from .reads import (
-    JOB_GET,
-    JOBS_LIST,
-)
-from .scheduler import ADVISORY_LOCK_CLASS as ADVISORY_LOCK_CLASS
-from .scheduler import (
-    CRON_RUNS_HOLD,
-    CRON_RUNS_LIVE,
-    CRON_RUNS_LOCK_LIVE,
-    CRON_RUNS_RELEASE,
-    LEADER_ADVISORY_HELD,
-    LEADER_ADVISORY_HOLDER,
-    LEADER_ADVISORY_LOCK_TRY,
-    LEADER_ADVISORY_UNLOCK,
-    LEADER_ATTEMPT_ELECT,
-    LEADER_GET,
-    LEADER_RESIGN,
-    SCHEDULER_STATE_SET_PAUSED,
-    SCHEDULER_STATES_ENSURE,
-    SCHEDULER_STATES_LIST,
-    SCHEDULER_STATES_LOCK_IF_LEADING,
-    SCHEDULER_STATES_MARK_IF_LEADING,
-    SCHEDULER_STATES_NOTE_SKIPS_IF_LEADING,
-)
-from .slots import (
-    SLOTS_ACQUIRE,
-    SLOTS_LIST,
-    SLOTS_PURGE_EXPIRED,
-    SLOTS_RELEASE_IF_HELD,
-    SLOTS_RENEW_IF_HELD,
-    SLOTS_USAGE,
-)
-from .stats import (
-    STATS_PRUNE,
-    STATS_ROLLUP,
-    STATS_SERIES,
-    STATS_TOTALS,
-)
-from .steps import (
-    EVENT_LOCK,
-    EVENT_NEXT,
-    EVENT_NEXT_KEYED,
-    EVENT_PUBLISH,
-    EVENT_WAKE_WAITERS,
-    EVENTS_LIST,
-    JOBS_CHILDREN,
-    JOBS_CHILDREN_ARCHIVED,
-    STEP_CANCEL_SIBLINGS,
-    STEP_COMPLETE_IF_OWNED,
-    STEP_FAIL_IF_OWNED,
-    STEP_INVOKE_OPEN_IF_OWNED,
-    STEP_INVOKE_PENDING_IF_OWNED,
-    STEP_PARK_IF_OWNED,
-    STEPS_OF_RUN,
-)
-from .why import (
-    WHY_JOB,
-    WHY_RATE_WINDOW,
-)
-from .windows import (
-    JOB_ENQUEUE_WINDOWED,
-    JOB_KEY_HELD,
-    JOB_KEY_HOLDER,
-    JOB_KEYS_PURGE_EXPIRED,
-)
-from .workers import WORKER_GONE, WORKER_SEEN, WORKERS_LIST
-
 # The family modules, in the order of the list above.
 FAMILIES = (enqueue, claim, jobs, debounce, steps, outbox, slots, workers, fleet, stats, flow,
             pauses, scheduler, backfills, history, maintenance, reads, why, windows, deploy,
@@ -273,8 +118,8 @@ def _declared(module: ModuleType, kind: type[_T]) -> list[_T]:
 
 
 # Every statement by name: what FAMILIES declare, family by family. A family module that is not
-# in FAMILIES, a statement declared in two modules and a constant this package does not
-# re-export each fail tests/unit/test_statement_lint.py.
+# in FAMILIES and a statement declared in two modules each fail
+# tests/unit/test_statement_lint.py.
 ALL: dict[str, Statement] = {
     stmt.name: stmt for family in FAMILIES for stmt in _declared(family, Statement)}
 
