@@ -59,9 +59,9 @@ from .api import (
     retry,
 )
 from .backfills import Batch, backfill
-from .base import job
 from .conf import VERSION as __version__
 from .context import JobContext
+from .decorator import job
 from .exceptions import ChildFailed, PauseKey, PermanentError, Snooze
 from .outbox import StagedJob
 from .pauses import pause_key, pause_queue, pauses, resume_key, resume_queue

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from . import clock
 from .engines import get_engine
 from .exceptions import ConfigurationError, InvalidRateKey
-from .keys import KeyTemplate
+from .key_templates import KeyTemplate
 from .records import RateRequest
 from .values import INT32
 

@@ -10,7 +10,7 @@ each job reads it once (:class:`InputShape`), and every enqueue binds its input 
 input the function cannot take is refused at enqueue instead of failing every attempt with a
 ``TypeError`` (tests/unit/test_validation.py).
 
-The ``@job`` decorator and the enqueue side of a job live in :mod:`django_xjobs.base`; this
+The ``@job`` decorator and the enqueue side of a job live in :mod:`django_xjobs.decorator`; this
 module depends on nothing above the settings, so every layer may look a job up. Options that
 other parts add to ``@job`` (``concurrency=``, ``cron=``) are registered with
 :func:`register_option`.
@@ -188,7 +188,7 @@ def _names(names: Any) -> str:
 class JobDefinition(Generic[P, R]):
     """What the registry knows of a job: its function, its name and its options, validated.
 
-    ``@job`` returns a :class:`django_xjobs.base.Job`, this plus the enqueue methods; a worker
+    ``@job`` returns a :class:`django_xjobs.decorator.Job`, this plus the enqueue methods; a worker
     needs only this. ``definition(ctx, **input)`` calls the function directly (tests).
     """
 

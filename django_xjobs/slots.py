@@ -84,10 +84,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import keys
+from . import key_templates
 from .conf import DEBOUNCE_PREFIX, MAX_SLOT_KEY
 from .exceptions import SLOT_LOST, ConfigurationError, InvalidConcurrencyKey
-from .keys import KeyTemplate
+from .key_templates import KeyTemplate
 from .values import INT32
 
 if TYPE_CHECKING:
@@ -147,8 +147,9 @@ class Concurrency:
 
 
 def validate_key(key: Any, *, job: str = "job") -> str:
-    """A concurrency key as stored (keys.validate_key)."""
-    return keys.validate_key(key, job=job, what="concurrency key", error=InvalidConcurrencyKey)
+    """A concurrency key as stored (key_templates.validate_key)."""
+    return key_templates.validate_key(key, job=job, what="concurrency key",
+                                      error=InvalidConcurrencyKey)
 
 
 def concurrency_of(definition: JobDefinition | None) -> Concurrency | None:

@@ -18,7 +18,7 @@ from .routines import Routine
 
 __all__ = [
     "AdvisorySession", "Engine", "Features", "Listener", "ListenerLost", "Routine",
-    "SessionLost", "Statement", "get_engine", "get_routines",
+    "SessionLost", "Statement", "get_engine",
 ]
 
 _engines: dict[tuple[str, bool, bool, str | None], Engine] = {}
@@ -46,20 +46,6 @@ def get_engine(alias: str | None = None) -> Engine:
                             prepared=settings.prepared_statements, listen_alias=listen_alias)
             _engines[key] = engine
     return engine
-
-
-def get_routines(alias: str | None = None) -> tuple[Routine, ...]:
-    """The functions, the aggregate and the triggers the migrations keep in the database of
-    ``alias`` (default: ``XJOBS["DATABASE"]``) for the statements of its engine, as they are
-    today, each before what calls it (``manage.py xjobs_sql`` prints them after the statements).
-
-    Beside the engine rather than on it: the seam (base.py) lists what an engine does, and no
-    operation runs one of these by name; the statements call them."""
-    get_engine(alias)  # EngineUnavailable for an alias no engine serves
-    # The concrete engine's package is imported once an alias needs it, as in _build.
-    from .postgres.statements import ROUTINES
-
-    return ROUTINES
 
 
 def _build(alias: str, *, notify: bool, prepared: bool, listen_alias: str | None) -> Engine:

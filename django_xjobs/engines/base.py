@@ -76,6 +76,7 @@ from ..records import (
     XminHolder,
 )
 from .features import Features
+from .routines import Routine
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +140,13 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def statements(self) -> Mapping[str, Statement]:
         """Every statement of this engine by name (``manage.py xjobs_sql``, statement lint)."""
+
+    @abc.abstractmethod
+    def routines(self) -> tuple[Routine, ...]:
+        """The functions, aggregates and triggers the migrations keep in this engine's database
+        for its statements, as they are today, each before what calls it (``manage.py
+        xjobs_sql`` prints them after the statements). No operation runs one by name: the
+        statements call them."""
 
     # ----------------------------------------------------------------------- enqueue --
     @abc.abstractmethod

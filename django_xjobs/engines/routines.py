@@ -6,7 +6,7 @@ after a lock in a fresh snapshot, name a table it computes; a trigger follows a 
 whichever statement makes it). The migrations create and replace them; the engine keeps each
 one's current definition beside its statements (the PostgreSQL engine's are in
 ``engines/postgres/statements/routines.py``), and ``manage.py xjobs_sql`` prints them
-(:func:`django_xjobs.engines.get_routines`).
+(:meth:`Engine.routines <django_xjobs.engines.base.Engine.routines>`).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from ..base import job
 from ..context import JobContext
+from ..decorator import job
 from ..ratelimits import RateLimit
 from ..slots import Concurrency
 from . import tables

@@ -57,7 +57,7 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules, import_string
 
 from .. import api, conf, outbox, registry, values
-from ..base import BoundJob
+from ..decorator import BoundJob
 from ..exceptions import ConfigurationError, JobNotFound
 from .declarations import XJobsTask, declare, declared, finish_deferred
 from .mapping import as_enqueued, status_of, task_error_of, to_task_result

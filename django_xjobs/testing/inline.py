@@ -35,8 +35,8 @@ from django.core.signals import setting_changed
 from django.db import connections, transaction
 
 from .. import api, conf, registry
-from ..base import child_params
 from ..context import JobContext, StopSignal, until_free
+from ..decorator import child_params
 from ..engines import Engine, get_engine
 from ..exceptions import ConfigurationError, RowBusy
 from ..outbox import relay_pending

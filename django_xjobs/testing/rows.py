@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from .. import registry, values
-from ..base import BoundJob
+from ..decorator import BoundJob
 from ..engines import get_engine
 from ..exceptions import InvalidJobInput
 from ..records import ALL_STATES, JobRecord

@@ -40,8 +40,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import clock, registry
-from ..base import child_params
 from ..context import JobContext
+from ..decorator import child_params
 from ..engines import get_engine
 from ..exceptions import SLOT_LOST, SlotLost
 from ..records import ClaimedJob, RunOwner, SlotHold

@@ -25,7 +25,7 @@ from django_xjobs import (
     get_job,
     job,
 )
-from django_xjobs.base import BoundJob
+from django_xjobs.decorator import BoundJob
 from django_xjobs.records import JobRecord
 
 # ------------------------------------------------------------------------- declarations --

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 
 from ..base import Statement
 from ..features import Features
+from ..routines import Routine
 from . import statements as S
 from .operations.backfills import Backfills
 from .operations.connections import Connections
@@ -62,3 +63,6 @@ class PostgresEngine(Enqueue, Runs, Steps, Operators, Reads, Maintenance, Backfi
 
     def statements(self) -> Mapping[str, Statement]:
         return S.ALL
+
+    def routines(self) -> tuple[Routine, ...]:
+        return S.ROUTINES

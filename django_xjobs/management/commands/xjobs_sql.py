@@ -2,7 +2,7 @@
 
 Each statement is printed as a ``PREPARE`` an operator can paste into psql, with its reason;
 then the functions, the aggregate and the triggers the statements rely on, each as the
-definition the migrations leave in the database (``engines.get_routines``). A NAME is a
+definition the migrations leave in the database (``Engine.routines``). A NAME is a
 statement's or one of those objects' (an overloaded function prints every form).
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...engines import Routine, Statement, get_engine, get_routines
+from ...engines import Routine, Statement, get_engine
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
@@ -52,7 +52,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         statements = get_engine().statements()
-        routines = get_routines()
+        routines = get_engine().routines()
         name = options["name"]
         if name is None:
             chosen = [statements[k] for k in sorted(statements)]
