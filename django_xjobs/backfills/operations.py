@@ -88,7 +88,7 @@ def start(name: str, *, batch_size: int | None = None,
         if handle.created:
             engine.backfill_create(
                 run_id=str(handle.run_id), name=definition.name, job_id=str(handle.id),
-                checksum=definition.checksum, app_version=app_version(definition),
+                checksum=definition.checksum, app_version=app_version(definition.func),
             )
     return PassHandle(name=definition.name, run_id=handle.run_id, job_id=handle.id,
                       created=handle.created)

@@ -105,7 +105,7 @@ class Pass:
         engine = get_engine()
         owner = RunOwner(claim=Claim(job_id=ctx.job_id, lease_token=ctx.lease_token),
                          run_id=ctx.run_id)
-        version = app_version(definition)
+        version = app_version(definition.func)
         record = until_free(lambda: engine.backfill_start_if_owned(
             owner, name=definition.name, checksum=definition.checksum, app_version=version,
         ), ctx.cancelled, ctx.check_cancelled)

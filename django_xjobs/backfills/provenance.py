@@ -11,14 +11,11 @@ from __future__ import annotations
 import hashlib
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 
 from .. import conf
-
-if TYPE_CHECKING:
-    from .definition import BackfillDefinition
 
 _versions: dict[tuple[str, ...], str] = {}
 
@@ -61,13 +58,13 @@ def project_version(modules: tuple[str, ...]) -> str:
     return found
 
 
-def app_version(definition: BackfillDefinition) -> str:
+def app_version(func: Callable[..., Any]) -> str:
     """``XJOBS["APP_VERSION"]``; by default the version of the project's installed package: the
     distribution providing the settings module's top package, else the one providing the
-    backfill's own module; else "" (a project that is not pip-installed has no version)."""
+    backfill's function ``func``; else "" (a project that is not pip-installed has no version)."""
     configured = conf.get().app_version
     if configured is not None:
         return configured
     modules = tuple(m for m in (getattr(settings, "SETTINGS_MODULE", None),
-                                definition.func.__module__) if m)
+                                func.__module__) if m)
     return project_version(modules)

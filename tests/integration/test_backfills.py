@@ -294,9 +294,20 @@ def test_without_a_setting_the_app_version_comes_from_the_project():
     from tests.testapp.jobs import count_rows
 
     # The test project (tests.settings, tests.testapp) is not an installed distribution.
-    assert app_version(count_rows) == ""
+    assert app_version(count_rows.func) == ""
     with xjobs(APP_VERSION="7"):
-        assert app_version(count_rows) == "7"
+        assert app_version(count_rows.func) == "7"
+
+
+def test_a_backfill_starts_its_own_pass_and_a_second_start_returns_the_live_one():
+    from tests.testapp.jobs import count_rows
+
+    first = count_rows.start(batch_size=5)
+    again = count_rows.start()
+
+    assert (first.name, first.created) == ("testapp.count_rows", True)
+    assert (again.run_id, again.created) == (first.run_id, False)
+    assert Backfill.objects.get(run_id=first.run_id).status == "pending"
 
 
 # ----------------------------------------------------------------------------- fencing --

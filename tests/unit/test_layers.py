@@ -1,5 +1,5 @@
 """The package's import structure: the layer contract covers every module, and an import
-inside a function says why it is not at the top (docs/architecture.md, "Layers")."""
+inside a function says why it is not at the top (docs/architecture.md, "Tiers")."""
 
 from __future__ import annotations
 
