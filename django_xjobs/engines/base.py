@@ -268,7 +268,8 @@ class Engine(abc.ABC):
     def step_cancel_siblings(self, owner: RunOwner, prefix: str) -> None:
         """Close the open waits whose names start with ``prefix`` (wait_for_any's losers)."""
 
-    # ---- deploy check ---- (docs/durable.md, "The deploy check"); both only read
+    # ------------------------------------------------------------------------- deploy check --
+    # (docs/durable.md, "The deploy check"); both only read.
     @abc.abstractmethod
     def runs_suspended_list(self, *, name: str | None = None, after_id: str | None = None,
                             limit: int = 500) -> list[JobRecord]:
@@ -279,7 +280,6 @@ class Engine(abc.ABC):
     def steps_of_run_in_order(self, run_id: str) -> list[StepRecord]:
         """A run's steps in the order it recorded them, without wait_for_any's per-event
         rows."""
-    # ---- end deploy check ----
 
     # ----------------------------------------------------------------------- children --
     @abc.abstractmethod

@@ -91,12 +91,11 @@ class Command(BaseCommand):
         slots_cmd = sub.add_parser("slots", help="concurrency slots held now, per key")
         slots_cmd.add_argument("--key", help="only the slots of this key")
         slots_cmd.add_argument("--limit", type=int, default=1000)
-        # ---- console ---- the console's subcommands (dashboard, health, jobs, why, ...)
+        # The console's subcommands (dashboard, health, jobs, why, ...).
         console_parsers = console_cli.add_parsers(sub)
-        # ---- end console ----
         for p in (show, cancel, retry, run_now, events, purge, slots_cmd, *console_parsers,
                   *schedule_cli.add_arguments(sub), *pauses_cli.add_arguments(sub),
-                  *deploy_cli.add_arguments(sub),  # ---- deploy check ----
+                  *deploy_cli.add_arguments(sub),
                   *fleet_cli.add_arguments(sub)):
             cli.add_json_flag(p)
 
@@ -126,18 +125,16 @@ class Command(BaseCommand):
                     raise CommandError("--limit must be at least 1")
                 self._slots(get_engine().slots_list(slot_key=options["key"],
                                                     limit=options["limit"]), as_json)
-            elif action in schedule_cli.ACTIONS:  # ---- scheduler ----
+            elif action in schedule_cli.ACTIONS:
                 schedule_cli.handle(self, options, as_json)
-            elif action in pauses_cli.ACTIONS:  # ---- pauses ----
+            elif action in pauses_cli.ACTIONS:
                 pauses_cli.handle(self, action, options, as_json)
-            elif action in deploy_cli.ACTIONS:  # ---- deploy check ----
+            elif action in deploy_cli.ACTIONS:
                 deploy_cli.handle(self, options, as_json)
-            elif action in fleet_cli.ACTIONS:  # ---- mixed versions ----
+            elif action in fleet_cli.ACTIONS:
                 fleet_cli.handle(self, options, as_json)
-            # ---- console ----
             elif action in console_cli.ACTIONS:
                 console_cli.run(self, action, options, as_json)
-            # ---- end console ----
 
     # ---------------------------------------------------------------------------------------
     def _stats(self, as_json: bool) -> None:
@@ -181,7 +178,6 @@ class Command(BaseCommand):
                                   f"{_age(entry['oldest_pending_seconds'])}")
         self._slot_usage(held, limits)
 
-    # ---- outbox ----
     @staticmethod
     def _outbox_pending() -> dict[str, Any]:
         """Pending stagings over every outbox alias (XJOBS["OUTBOX"]["DATABASES"])."""
