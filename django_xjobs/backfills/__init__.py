@@ -34,11 +34,10 @@ The rest is internal, one concern per module:
 
 from __future__ import annotations
 
-from .definition import BackfillContext, BackfillDefinition, Batch
+from .definition import BackfillContext, BackfillDefinition, Batch, PassHandle
 from .dry_runs import DryRunBatch, DryRunReport, dry_run
 from .operations import (
     PassChange,
-    PassHandle,
     Progress,
     cancel,
     get_pass,

@@ -16,16 +16,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from uuid import UUID
 
-from .. import conf, registry, values
+from .. import api, conf, registry, values
 from ..context import StopSignal
+from ..engines import get_engine
 from ..exceptions import BadBatch, ConfigurationError, InvalidJobInput, JobCancelled
 from ..values import encode_json
-from .provenance import checksum_of
-
-if TYPE_CHECKING:
-    from .operations import PassHandle
+from .provenance import app_version, checksum_of
 
 log = logging.getLogger("django_xjobs.backfill")
 
@@ -35,6 +34,17 @@ MAX_BATCH_SIZE = 1_000_000
 MAX_THROTTLE = 3600.0
 MAX_CURSOR_BYTES = 64 * 1024  # a cursor is a position, not a payload: it is rewritten per batch
 DEFAULT_QUEUE = "backfills"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PassHandle:
+    """A pass that was started or resumed: its run id (the row), its job, and whether this call
+    created it (False: a live pass of this backfill already existed, and this is it)."""
+
+    name: str
+    run_id: UUID
+    job_id: UUID
+    created: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +128,27 @@ class BackfillDefinition:
 
     def start(self, *, batch_size: int | None = None,
               throttle: timedelta | float | str | None = None) -> PassHandle:
-        # Imported here: operations.py imports this module (a pass starts from its definition).
-        from .operations import start
-
-        return start(self.name, batch_size=batch_size, throttle=throttle)
+        """Start a pass: its job is enqueued and its row recorded ``pending``, in one
+        transaction. One live pass per backfill: while one is live, this returns it
+        (``created=False``) and changes nothing. Bad options raise before anything is
+        written."""
+        check_alias(self)
+        input: dict[str, Any] = {}
+        if batch_size is not None:
+            input["batch_size"] = positive_int("batch size", batch_size, MAX_BATCH_SIZE)
+        if throttle is not None:
+            input["throttle"] = parse_throttle("throttle", throttle)
+        job = registry.get(self.job_name)
+        engine = get_engine()
+        with engine.atomic():
+            handle = api.enqueue_job(job, input, {"idempotency_key": self.job_name})
+            if handle.created:
+                engine.backfill_create(
+                    run_id=str(handle.run_id), name=self.name, job_id=str(handle.id),
+                    checksum=self.checksum, app_version=app_version(self.func),
+                )
+        return PassHandle(name=self.name, run_id=handle.run_id, job_id=handle.id,
+                          created=handle.created)
 
 
 def positive_int(what: str, value: Any, maximum: int) -> int:

@@ -19,20 +19,8 @@ from .. import api, registry
 from ..engines import get_engine
 from ..exceptions import BackfillNotFound, InvalidJobInput, InvalidTransition, LiveJobExists
 from ..records import BACKFILL_STATUSES, LIVE_STATES, BackfillRecord
-from .definition import MAX_BATCH_SIZE, check_alias, count_total, parse_throttle, positive_int
-from .provenance import app_version
+from .definition import PassHandle, check_alias, count_total
 from .registry import get, lookup
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PassHandle:
-    """A pass that was started or resumed: its run id (the row), its job, and whether this call
-    created it (False: a live pass of this backfill already existed, and this is it)."""
-
-    name: str
-    run_id: UUID
-    job_id: UUID
-    created: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,24 +62,7 @@ def start(name: str, *, batch_size: int | None = None,
     """Start a pass of ``name``: its job is enqueued and its row recorded ``pending``, in one
     transaction. One live pass per backfill: while one is live, this returns it
     (``created=False``) and changes nothing. Bad options raise before anything is written."""
-    definition = get(name)
-    check_alias(definition)
-    input: dict[str, Any] = {}
-    if batch_size is not None:
-        input["batch_size"] = positive_int("batch size", batch_size, MAX_BATCH_SIZE)
-    if throttle is not None:
-        input["throttle"] = parse_throttle("throttle", throttle)
-    job = registry.get(definition.job_name)
-    engine = get_engine()
-    with engine.atomic():
-        handle = api.enqueue_job(job, input, {"idempotency_key": definition.job_name})
-        if handle.created:
-            engine.backfill_create(
-                run_id=str(handle.run_id), name=definition.name, job_id=str(handle.id),
-                checksum=definition.checksum, app_version=app_version(definition.func),
-            )
-    return PassHandle(name=definition.name, run_id=handle.run_id, job_id=handle.id,
-                      created=handle.created)
+    return get(name).start(batch_size=batch_size, throttle=throttle)
 
 
 def list_passes(*, name: str | None = None, status: str | None = None,
