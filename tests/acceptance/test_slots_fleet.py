@@ -18,6 +18,7 @@ from collections import defaultdict
 import pytest
 
 from tests.conftest import wait_until
+from tests.leases import lapse_worker
 
 from .conftest import SETTLE, effects, job_row, wait_effect, wait_exit, wait_log, wait_state
 
@@ -110,7 +111,9 @@ def test_a_slot_lapsed_under_a_stopped_worker_is_taken_and_the_woken_run_is_disc
         start_worker):
     from tests.testapp.jobs import slotted
 
-    # The job lease is long and the slot TTL short: the slot lapses, the job does not.
+    # The job lease is long and the slot TTL short: the slot lapses, the job does not. A real
+    # TTL, which lapses by the clock while a is stopped (not on demand, tests/leases.py): a
+    # run that ends after its slot lapsed knows it by its own clock, and must not write.
     timing = {"LEASE": "20s", "HEARTBEAT": "0.5s", "SLOT_TTL": "2s",
               "CONCURRENCY_LIMITS": {"slot:stop": 1}}
     a = start_worker("a", "--concurrency", "2", settings=timing)
@@ -148,7 +151,7 @@ def test_a_slot_lapsed_under_a_stopped_worker_is_taken_and_the_woken_run_is_disc
 def test_a_killed_workers_slot_frees_itself_at_expiry(start_worker):
     from tests.testapp.jobs import slotted
 
-    timing = {"SLOT_TTL": "2s", "CONCURRENCY_LIMITS": {"slot:kill": 1}}
+    timing = {"CONCURRENCY_LIMITS": {"slot:kill": 1}}
     a = start_worker("a", "--concurrency", "2", settings=timing)
     first = slotted.enqueue(group="kill", seconds=30, later=0.1)
     wait_effect(first.id, "start")
@@ -156,6 +159,9 @@ def test_a_killed_workers_slot_frees_itself_at_expiry(start_worker):
 
     a.signal(signal.SIGKILL)
     assert wait_exit(a) == -signal.SIGKILL
+    # Its slot and its lease expire (tests/leases.py): nobody released either.
+    assert lapse_worker(a, slots=True) == [str(first.id)]
+    assert live_slots("slot:kill") == []
     second = slotted.enqueue(group="kill", seconds=0.1)
     b = start_worker("b", "--concurrency", "2", settings=timing)
 
