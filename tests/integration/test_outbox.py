@@ -153,7 +153,10 @@ def test_a_relayed_jobs_run_id_is_minted_in_its_ids_millisecond():
     job never enters x_jobs_run_apart_idx (admin.run_id_match)."""
     with transaction.atomic():
         staged = record.enqueue_on_commit(tag="later")
-    time.sleep(0.01)  # the relay's clock is past the staging's millisecond
+    # The relay runs in a later millisecond than the staging (the id's): a run id minted from
+    # its own clock would not be in the id's millisecond.
+    wait_until(lambda: time.time_ns() // 1_000_000 > staged.id.int >> 80,
+               message="the clock past the staging's millisecond")
     assert relay() == 1
     job = Job.objects.get()
     assert job.id == staged.id and job.run_id != job.id and job.run_id.version == 7
