@@ -41,8 +41,8 @@ def test_a_child_that_dies_fails_the_parents_step_after_the_childs_own_attempts(
     from tests.testapp import jobs
 
     parent = jobs.parent_invoke.enqueue(n=3, fail=True)
-    start_worker("one")
-    start_worker("two")
+    for worker in [start_worker(role, wait=False) for role in ("one", "two")]:
+        wait_started(worker)  # started side by side
     done = wait_state(parent.id, "done", timeout=60)
     [child] = children(parent.id)
     assert (child.state, child.attempt) == ("dead", 2)

@@ -34,7 +34,7 @@ from django.db import transaction
 from tests.conftest import wait_until
 from tests.leases import lapse_slots, lapse_worker
 
-from .conftest import SETTLE, effects, job_row, wait_effect, wait_exit, wait_state
+from .conftest import SETTLE, effects, job_row, wait_effect, wait_exit, wait_started, wait_state
 
 pytestmark = pytest.mark.acceptance
 
@@ -164,7 +164,10 @@ def test_slot_holders_killed_and_stopped_never_let_a_key_run_more_than_its_limit
 
     sampler = Sampler(sample, 0.05)
     sampler.start()
-    workers = [start_worker(f"w{i}", "--concurrency", "3", settings=timing) for i in range(3)]
+    workers = [start_worker(f"w{i}", "--concurrency", "3", settings=timing, wait=False)
+               for i in range(3)]
+    for worker in workers:  # started side by side
+        wait_started(worker)
     everyone = list(workers)
     ids = [h.id for h in handles]
 
@@ -248,7 +251,9 @@ def test_a_released_slot_wakes_the_next_job_on_another_worker_without_waiting_fo
 
     timing = {"POLL_INTERVAL": "5s"}
     workers = [start_worker(f"q{i}", "--queue", f"relay{i}", "--concurrency", "2",
-                            settings=timing) for i in range(2)]
+                            settings=timing, wait=False) for i in range(2)]
+    for worker in workers:  # started side by side
+        wait_started(worker)
     # One transaction: both workers see the whole backlog at once; whichever takes the slot,
     # the rest are blocked and woken one by one, highest priority first.
     with transaction.atomic():
@@ -298,7 +303,9 @@ def test_four_workers_and_try_acquire_share_one_rate_budget_exactly_and_use_it(s
 
     sampler = Sampler(sample, 0.1)
     sampler.start()
-    workers = [start_worker(f"r{i}", "--concurrency", "4") for i in range(4)]
+    workers = [start_worker(f"r{i}", "--concurrency", "4", wait=False) for i in range(4)]
+    for worker in workers:  # started side by side
+        wait_started(worker)
     try:
         wait_until(lambda: Job.objects.filter(id__in=ids, started_at__isnull=False).exists(),
                    timeout=60, message="a first rate-limited job to start")

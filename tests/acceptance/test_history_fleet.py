@@ -33,7 +33,16 @@ from tests.leases import lapse_leader, lapse_worker
 from tests.testapp.jobs import dead_then_done, sleepy, two_steps
 from tests.testapp.models import Effect
 
-from .conftest import FAST, LEADER, SETTLE, STARTUP, backends, terminate_backend, wait_exit
+from .conftest import (
+    FAST,
+    LEADER,
+    SETTLE,
+    STARTUP,
+    backends,
+    terminate_backend,
+    wait_exit,
+    wait_started,
+)
 
 pytestmark = pytest.mark.acceptance
 
@@ -284,8 +293,9 @@ def test_a_leader_frozen_in_its_archive_is_replaced_and_its_late_batch_moves_not
 
 def test_an_archived_dead_job_retried_while_the_fleet_runs_runs_once_more_and_is_filed_again(
         start_worker):
-    a = start_worker("a", settings=FLEET)
-    b = start_worker("b", settings=FLEET)
+    a, b = (start_worker(role, settings=FLEET, wait=False) for role in ("a", "b"))
+    for worker in (a, b):  # started side by side
+        wait_started(worker)
     job = dead_then_done.enqueue()
     job_id, run_id = str(job.id), str(job.run_id)
 

@@ -28,7 +28,7 @@ from django_xjobs.scheduler import cron
 from tests.conftest import wait_until
 from tests.leases import lapse_leader, lapse_worker
 
-from .conftest import FAST, LEADER, SETTLE, STARTUP, backends, wait_exit, wait_log
+from .conftest import FAST, LEADER, SETTLE, STARTUP, backends, wait_exit, wait_log, wait_started
 
 pytestmark = pytest.mark.acceptance
 
@@ -149,8 +149,9 @@ def test_two_workers_fire_every_second_exactly_once_while_the_leader_is_frozen_a
     start = start_row()
     sampler = Sampler()
     sampler.start()
-    a = start_worker("a", settings=SCHEDULED)
-    b = start_worker("b", settings=SCHEDULED)
+    a, b = (start_worker(role, settings=SCHEDULED, wait=False) for role in ("a", "b"))
+    for worker in (a, b):  # started side by side
+        wait_started(worker)
     workers = {a.id: a, b.id: b}
     wait_fired(3)
 

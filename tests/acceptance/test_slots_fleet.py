@@ -20,7 +20,16 @@ import pytest
 from tests.conftest import wait_until
 from tests.leases import lapse_worker
 
-from .conftest import SETTLE, effects, job_row, wait_effect, wait_exit, wait_log, wait_state
+from .conftest import (
+    SETTLE,
+    effects,
+    job_row,
+    wait_effect,
+    wait_exit,
+    wait_log,
+    wait_started,
+    wait_state,
+)
 
 pytestmark = pytest.mark.acceptance
 
@@ -70,8 +79,9 @@ def test_forty_jobs_on_one_key_never_run_more_than_two_at_once_across_two_worker
     from tests.testapp.jobs import slotted
 
     handles = slotted.bulk_enqueue([{"group": "fleet", "seconds": 0.15}] * 40)
-    a = start_worker("a", "--concurrency", "8")
-    b = start_worker("b", "--concurrency", "8")
+    a, b = (start_worker(role, "--concurrency", "8", wait=False) for role in ("a", "b"))
+    for worker in (a, b):  # started side by side
+        wait_started(worker)
 
     all_done(handles)
 
@@ -93,8 +103,9 @@ def test_two_keys_with_limits_one_and_three_hold_independently_and_neither_starv
     # The saturated key's jobs are enqueued first, so they sit at the head of the queue.
     one = slotted.bulk_enqueue([{"group": "one", "seconds": 0.3}] * 10)
     three = slotted.bulk_enqueue([{"group": "three", "seconds": 0.3}] * 10)
-    start_worker("a", "--concurrency", "4", settings=limits)
-    start_worker("b", "--concurrency", "4", settings=limits)
+    for worker in [start_worker(role, "--concurrency", "4", settings=limits, wait=False)
+                   for role in ("a", "b")]:  # started side by side
+        wait_started(worker)
 
     all_done(one + three)
 
@@ -199,8 +210,9 @@ def test_slots_of_many_keys_stay_under_their_limits_across_a_fleet(start_worker)
 
     groups = [f"many{i}" for i in range(12)]
     handles = slotted.bulk_enqueue([{"group": g, "seconds": 0.1} for g in groups] * 5)
-    start_worker("a", "--concurrency", "8")
-    start_worker("b", "--concurrency", "8")
+    for worker in [start_worker(role, "--concurrency", "8", wait=False)
+                   for role in ("a", "b")]:  # started side by side
+        wait_started(worker)
 
     all_done(handles)
 
