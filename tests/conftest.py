@@ -190,7 +190,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, interval: fl
             return value
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)
+        time.sleep(interval)  # the poll interval
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -184,7 +184,7 @@ pidfile = {self.dir / "pgbouncer.pid"}
                 if time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(f"pgbouncer did not answer:\n{self.log()}") from None
-                time.sleep(0.05)
+                time.sleep(0.05)  # the poll interval, until pgbouncer answers
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

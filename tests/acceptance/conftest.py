@@ -20,9 +20,17 @@ from tests.conftest import wait_until
 from tests.pooler import pgbouncer  # noqa: F401 - the fixture, for test_pooler.py and others
 from tests.private_cluster import PrivateCluster, _as_postgres, find_bindir
 
-# Short leases so lapses happen within a test, and lease >= 4 x heartbeat so that a heartbeat
-# delayed by CPU starvation does not let a healthy lease lapse.
-FAST = {"LEASE": "2s", "HEARTBEAT": "0.5s", "POLL_INTERVAL": "0.2s"}
+# A lease far longer than any test, so that no heartbeat delayed by CPU starvation lets a
+# healthy lease lapse: a test that needs a lapse makes it (tests/leases.py). Fast heartbeats
+# and polls: a cancel, a lost lease, a job enqueued are noticed within a fraction of a second.
+FAST = {"LEASE": "60s", "HEARTBEAT": "0.5s", "POLL_INTERVAL": "0.2s"}
+# A real short lease, for the tests whose point is its timing as the worker itself measures it
+# (its run stopped after a lease without renewal, its lease proven before a body): lease >= 4 x
+# heartbeat, so a heartbeat delayed by CPU starvation still renews a healthy lease.
+SHORT_LEASE = {"LEASE": "2s", "HEARTBEAT": "0.5s"}
+# The scheduler's leader lease, likewise far longer than any test: a takeover happens when the
+# test lapses the leader's lease (tests/leases.py), not when a starved renewal comes late.
+LEADER = {"LEADER_LEASE": "60s", "LEADER_RENEW": "0.5s"}
 
 # Generous deadlines: they bound a failing test, they are not measurements.
 STARTUP = 30.0

@@ -17,6 +17,7 @@ import pytest
 from django.core.management import call_command
 
 from tests.conftest import wait_until
+from tests.leases import lapse_worker
 
 from .conftest import SETTLE, job_row, wait_exit, wait_log
 
@@ -87,6 +88,7 @@ def test_a_pass_killed_three_times_processes_every_row_exactly_once(start_worker
     wait_exit(first)
     after_kill = pass_row(started).rows_processed
     assert 2000 <= after_kill < 10_000
+    lapse_worker(first)  # each killed worker's lease lapses, and the next one takes over
 
     # 2. Dies after its first batch's progress statement, before the commit: nothing of that
     #    batch may remain.
@@ -95,11 +97,13 @@ def test_a_pass_killed_three_times_processes_every_row_exactly_once(start_worker
     assert wait_exit(second, timeout=60) == 137
     assert pass_row(started).rows_processed == after_kill
     assert job_row(started["job_id"]).attempt == 2
+    lapse_worker(second)
 
     # 3. Dies right after its first batch committed: exactly that batch remains.
     third = start_worker("third", *ON_BACKFILLS, faults="backfill:after-commit=exit")
     assert wait_exit(third, timeout=60) == 137
     assert pass_row(started).rows_processed == after_kill + 100
+    lapse_worker(third)
 
     fourth = start_worker("fourth", *ON_BACKFILLS)
     done = wait_status(started, "completed", timeout=120)
@@ -123,6 +127,7 @@ def test_a_crash_after_the_final_commit_ends_the_pass_without_starting_over(star
     assert pass_row(started).status == "completed"
     assert job_row(started["job_id"]).state == "running"  # its ack was never sent
 
+    lapse_worker(first)
     start_worker("second", *ON_BACKFILLS)
     job = wait_job_state(started, "done")
 
@@ -134,7 +139,9 @@ def test_a_crash_after_the_final_commit_ends_the_pass_without_starting_over(star
 
 def test_a_paused_worker_whose_lease_lapsed_cannot_commit_its_batch(start_worker):
     """The stale run resumes with its batch's writes done and tries to commit them after
-    another worker took the job over: its fence refuses and the batch rolls back."""
+    another worker took the job over: its fence refuses and the batch rolls back. The lease
+    lapses on the database's side only (tests/leases.py): the resumed run believes it still
+    holds it, so what refuses its commit is the fence alone."""
     make_rows(1000)
     started = start_pass("testapp.count_rows", "--batch-size", "100")
 
@@ -142,8 +149,9 @@ def test_a_paused_worker_whose_lease_lapsed_cannot_commit_its_batch(start_worker
     wait_until(lambda: _process_state(stale.pid) == "T", timeout=60, interval=0.05,
                message="the first worker to stop itself mid-batch")
     try:
+        lapse_worker(stale)
         fresh = start_worker("fresh", *ON_BACKFILLS)
-        # The lease lapses, the fresh worker re-claims the job; its first batch then waits for
+        # The lease lapsed, the fresh worker re-claims the job; its first batch then waits for
         # the row locks the stopped run still holds.
         wait_until(lambda: job_row(started["job_id"]).claimed_by == fresh.id, timeout=60,
                    message="the fresh worker to re-claim the job")

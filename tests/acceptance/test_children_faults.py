@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.leases import lapse, lapse_worker
+
 from .conftest import effects, wait_exit, wait_started, wait_state
 
 pytestmark = pytest.mark.acceptance
@@ -26,6 +28,7 @@ def test_a_worker_killed_between_the_childs_enqueue_and_the_parents_record_makes
     first = start_worker("first", faults="step:children-enqueued=exit*1")
     wait_exit(first)
     assert children(parent.id) == []
+    lapse(parent.id, holder=first)
     start_worker("second")
     done = wait_state(parent.id, "done", timeout=60)
     [child] = children(parent.id)
@@ -38,8 +41,8 @@ def test_a_child_that_dies_fails_the_parents_step_after_the_childs_own_attempts(
     from tests.testapp import jobs
 
     parent = jobs.parent_invoke.enqueue(n=3, fail=True)
-    start_worker("one")
-    start_worker("two")
+    for worker in [start_worker(role, wait=False) for role in ("one", "two")]:
+        wait_started(worker)  # started side by side
     done = wait_state(parent.id, "done", timeout=60)
     [child] = children(parent.id)
     assert (child.state, child.attempt) == ("dead", 2)
@@ -62,6 +65,7 @@ def test_a_killed_childs_worker_is_replaced_and_the_parent_gets_the_result_once(
                        message="the child to run")
     first.signal(signal.SIGKILL)
     wait_exit(first)
+    assert lapse_worker(first) == [str(child.id)]  # the parent waits, suspended
     start_worker("second")
     done = wait_state(parent.id, "done", timeout=60)
     assert done.result["got"] == {"n": 5, "square": 25}

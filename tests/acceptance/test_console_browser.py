@@ -42,6 +42,7 @@ from tests.acceptance.conftest import (
     wait_state,
 )
 from tests.conftest import wait_until
+from tests.leases import quiet
 from tests.testapp import jobs as testapp_jobs
 
 pytestmark = pytest.mark.acceptance
@@ -398,7 +399,6 @@ def test_the_console_at_x_charts_a_real_workers_runs_and_shows_each_attempt(
 def test_the_health_panel_flags_a_stopped_worker_in_the_browser(
         live_server, start_worker, page, shots, django_user_model):
     import signal
-    import time
 
     from django.db import connection
 
@@ -417,7 +417,7 @@ def test_the_health_panel_flags_a_stopped_worker_in_the_browser(
     wait_until(lambda: seen(steady.id) and seen(stuck.id), timeout=30, message="both rows")
     stuck.signal(signal.SIGSTOP)
     try:
-        time.sleep(0.5)  # a heartbeat statement sent just before the stop lands first
+        quiet(stuck)  # a heartbeat statement sent just before the stop lands first
         # Its last heartbeat, moved ten minutes back: what the console's 5-minute max stall
         # would see had the process stayed stopped that long (the test does not wait it out).
         with connection.cursor() as cursor:

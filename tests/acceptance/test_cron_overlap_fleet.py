@@ -23,8 +23,9 @@ from django.db import connection, connections
 from django_xjobs.models import Job, SchedulerState
 from django_xjobs.scheduler import cron
 from tests.conftest import wait_until
+from tests.leases import lapse_leader, lapse_worker
 
-from .conftest import SETTLE, wait_exit
+from .conftest import LEADER, SETTLE, wait_exit
 from .test_scheduler_fleet import kill_the_leader_inside_a_round, lease_holder
 
 pytestmark = pytest.mark.acceptance
@@ -36,8 +37,8 @@ EVERY_SECOND = cron.parse("* * * * * *")
 def settings_for(policy: str) -> dict:
     # Runs take 1.5 s and a run is due every second: they would overlap without a policy.
     # misfire "all": the seconds a takeover takes are decided late rather than coalesced, so
-    # every second is decided. A short lease, so a takeover happens within the test.
-    return {"LEADER_LEASE": "1.5s", "LEADER_RENEW": "0.5s", "MAINTENANCE_INTERVAL": None,
+    # every second is decided. A long leader lease, lapsed when the test kills the leader.
+    return {**LEADER, "MAINTENANCE_INTERVAL": None,
             "ARCHIVE_AFTER": None,
             "SCHEDULE": {TASK: {"job": "testapp.sleepy", "cron": "* * * * * *",
                                 "input": {"seconds": 1.5}, "misfire": "all",
@@ -105,6 +106,8 @@ def rolling_restart(start_worker, policy: str, stop: signal.Signals) -> list:
     os.kill(leader.pid, stop)
     if stop == signal.SIGKILL:
         leader.wait(timeout=30)
+        lapse_leader(leader)
+        lapse_worker(leader, none_ok=True)  # a run of the task it had claimed, if any
     else:
         assert wait_exit(leader) == 0
     c = start_worker("c", settings=settings)
@@ -133,7 +136,7 @@ def assert_each_second_decided_once(start: datetime) -> list[Job]:
     return runs
 
 
-# One way of stopping the leader per policy (SIGKILL: its lease must lapse; SIGTERM: it
+# One way of stopping the leader per policy (SIGKILL: its leases lapse; SIGTERM: it
 # resigns), each policy's own restart: the three between them cover both, at a third of the
 # suite's time of every pair.
 def test_skip_never_enqueues_while_a_run_is_live(start_worker):

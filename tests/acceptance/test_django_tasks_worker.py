@@ -19,6 +19,7 @@ from django.tasks import TaskResultStatus, default_task_backend
 from django.tasks.exceptions import TaskResultDoesNotExist
 
 from tests.conftest import wait_until
+from tests.leases import lapse_worker
 
 from .conftest import SETTLE, effects, wait_effect, wait_given_back
 
@@ -107,7 +108,8 @@ def test_a_task_whose_worker_was_killed_runs_again_and_counts_both_claims(start_
     a.signal(signal.SIGKILL)
     a.wait()
 
-    b = start_worker("b")  # re-claims it once a's lease (2 s) lapses
+    lapse_worker(a)
+    b = start_worker("b")  # re-claims it, its lease lapsed
     wait_finished(result)
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.worker_ids == [a.id, b.id]

@@ -32,8 +32,9 @@ import pytest
 from django.db import transaction
 
 from tests.conftest import wait_until
+from tests.leases import lapse_slots, lapse_worker
 
-from .conftest import SETTLE, effects, job_row, wait_effect, wait_exit, wait_state
+from .conftest import SETTLE, effects, job_row, wait_effect, wait_exit, wait_started, wait_state
 
 pytestmark = pytest.mark.acceptance
 
@@ -147,6 +148,8 @@ def test_slot_holders_killed_and_stopped_never_let_a_key_run_more_than_its_limit
     seed = int(os.environ.get("XJOBS_FLEET_SEED") or time.time())
     rng = random.Random(seed)
     print(f"chaos seed {seed} (XJOBS_FLEET_SEED reproduces the choice of faults)")
+    # Real leases and slot TTLs, lapsing by the clock: a stopped worker resumed after its slots
+    # lapsed must know it by its own clock (a lapse on demand, tests/leases.py, would not tell it).
     timing = {"LEASE": "4s", "HEARTBEAT": "0.5s", "SLOT_TTL": "1.5s", "POLL_INTERVAL": "0.2s"}
 
     handles = fleet_slotted.bulk_enqueue(
@@ -161,7 +164,10 @@ def test_slot_holders_killed_and_stopped_never_let_a_key_run_more_than_its_limit
 
     sampler = Sampler(sample, 0.05)
     sampler.start()
-    workers = [start_worker(f"w{i}", "--concurrency", "3", settings=timing) for i in range(3)]
+    workers = [start_worker(f"w{i}", "--concurrency", "3", settings=timing, wait=False)
+               for i in range(3)]
+    for worker in workers:  # started side by side
+        wait_started(worker)
     everyone = list(workers)
     ids = [h.id for h in handles]
 
@@ -245,7 +251,9 @@ def test_a_released_slot_wakes_the_next_job_on_another_worker_without_waiting_fo
 
     timing = {"POLL_INTERVAL": "5s"}
     workers = [start_worker(f"q{i}", "--queue", f"relay{i}", "--concurrency", "2",
-                            settings=timing) for i in range(2)]
+                            settings=timing, wait=False) for i in range(2)]
+    for worker in workers:  # started side by side
+        wait_started(worker)
     # One transaction: both workers see the whole backlog at once; whichever takes the slot,
     # the rest are blocked and woken one by one, highest priority first.
     with transaction.atomic():
@@ -295,7 +303,9 @@ def test_four_workers_and_try_acquire_share_one_rate_budget_exactly_and_use_it(s
 
     sampler = Sampler(sample, 0.1)
     sampler.start()
-    workers = [start_worker(f"r{i}", "--concurrency", "4") for i in range(4)]
+    workers = [start_worker(f"r{i}", "--concurrency", "4", wait=False) for i in range(4)]
+    for worker in workers:  # started side by side
+        wait_started(worker)
     try:
         wait_until(lambda: Job.objects.filter(id__in=ids, started_at__isnull=False).exists(),
                    timeout=60, message="a first rate-limited job to start")
@@ -356,6 +366,7 @@ def test_a_killed_workers_rate_limited_claim_is_rescued_and_run_once(start_worke
 
     a.signal(signal.SIGKILL)
     assert wait_exit(a) == -signal.SIGKILL
+    assert str(hung.id) in lapse_worker(a)
     b = start_worker("b", "--concurrency", "2")
 
     rows = all_done([hung, *others])
@@ -377,8 +388,7 @@ def test_a_killed_slot_holders_jobs_are_rescued_and_its_keys_blocked_jobs_run(st
     from django_xjobs.models import Job
     from tests.testapp.jobs import fleet_slotted
 
-    timing = {"SLOT_TTL": "2s"}
-    a = start_worker("a", "--concurrency", "4", settings=timing)
+    a = start_worker("a", "--concurrency", "4")
     hung = fleet_slotted.bulk_enqueue([{"group": "crash", "seconds": 60, "later": 0.1}] * 2)
     for h in hung:
         wait_effect(h.id, "start")
@@ -390,7 +400,10 @@ def test_a_killed_slot_holders_jobs_are_rescued_and_its_keys_blocked_jobs_run(st
 
     a.signal(signal.SIGKILL)
     assert wait_exit(a) == -signal.SIGKILL
-    b = start_worker("b", "--concurrency", "4", settings=timing)
+    # Its slots and its leases expire (tests/leases.py): nobody released either.
+    assert sorted(lapse_worker(a, slots=True)) == sorted(str(h.id) for h in hung)
+    assert _live_slots("fleetslot:crash") == []
+    b = start_worker("b", "--concurrency", "4")
 
     rows = all_done(hung + waiting)
     assert {r.claimed_by for r in rows} == {b.id}
@@ -424,18 +437,21 @@ def test_a_lapsed_lease_held_back_by_its_slot_still_counts_as_a_rescue(start_wor
     from tests.testapp.jobs import fleet_slotted
 
     # The slot outlives the lease: the claim that takes the lapsed job over finds no free slot.
-    timing = {"LEASE": "2s", "HEARTBEAT": "0.5s", "SLOT_TTL": "6s",
-              "CONCURRENCY_LIMITS": {"fleetslot:held": 1}}
+    # Both lapse on demand (tests/leases.py), the lease first, the slot once the job is held.
+    timing = {"CONCURRENCY_LIMITS": {"fleetslot:held": 1}}
     a = start_worker("a", "--concurrency", "2", settings=timing)
     hung = fleet_slotted.enqueue(group="held", seconds=60, later=0.1)
     wait_effect(hung.id, "start")
 
     a.signal(signal.SIGKILL)
     assert wait_exit(a) == -signal.SIGKILL
+    assert lapse_worker(a) == [str(hung.id)]
     b = start_worker("b", "--concurrency", "2", settings=timing)
 
     # Taken over while its old slot is still live: held back, blocked on its key.
     assert wait_state(hung.id, "blocked", "done", timeout=SETTLE).state == "blocked"
+    assert len(_live_slots("fleetslot:held")) == 1
+    lapse_slots(hung.id)
     row = wait_state(hung.id, "done", "dead")
     assert (row.state, row.claimed_by, row.attempt) == ("done", b.id, 2)
     assert row.rescues == 1, f"the lapsed lease was taken over, but rescues is {row.rescues}"

@@ -29,18 +29,28 @@ from django.db.models.functions import Now
 from django_xjobs import api
 from django_xjobs.models import SchedulerLeader
 from tests.conftest import wait_until
+from tests.leases import lapse_leader, lapse_worker
 from tests.testapp.jobs import dead_then_done, sleepy, two_steps
 from tests.testapp.models import Effect
 
-from .conftest import FAST, SETTLE, STARTUP, backends, terminate_backend, wait_exit
+from .conftest import (
+    FAST,
+    LEADER,
+    SETTLE,
+    STARTUP,
+    backends,
+    terminate_backend,
+    wait_exit,
+    wait_started,
+)
 
 pytestmark = pytest.mark.acceptance
 
-# Leadership moves within a test (lease 1.5 s); finished jobs move at the next archive tick; a
-# small batch (the archive moves ten times MAINTENANCE_BATCH per statement: 30), so a tick
-# sends several archive statements while the fleet drains.
-FLEET = {**FAST, "LEADER_LEASE": "1.5s", "LEADER_RENEW": "0.5s", "MAINTENANCE_INTERVAL": "2s",
-         "ARCHIVE_AFTER": "0s", "MAINTENANCE_BATCH": 3}
+# Leadership moves when the test lapses the leader's long lease (tests/leases.py); finished jobs
+# move at the next archive tick; a small batch (the archive moves ten times MAINTENANCE_BATCH
+# per statement: 30), so a tick sends several archive statements while the fleet drains.
+FLEET = {**FAST, **LEADER, "MAINTENANCE_INTERVAL": "2s", "ARCHIVE_AFTER": "0s",
+         "MAINTENANCE_BATCH": 3}
 
 RECORD = "testapp.record"
 TWO_STEPS = "testapp.two_steps"
@@ -180,6 +190,8 @@ def test_the_archiving_leader_sigkilled_mid_batch_loses_nor_doubles_anything(sta
                message="A's maintenance thread in an archive statement")
     os.kill(a.pid, signal.SIGKILL)
     a.wait(timeout=30)
+    lapse_leader(a)
+    lapse_worker(a, none_ok=True)  # the runs it was in, if any
     second = enqueue_fleet(60, "kill-2")
     wait_until(lambda: lease_holder() == b.id, timeout=SETTLE, interval=0.05,
                message="B to take the leadership over")
@@ -251,13 +263,15 @@ def test_a_leader_frozen_in_its_archive_is_replaced_and_its_late_batch_moves_not
     a = start_worker("a", settings=FLEET, faults="before:jobs_archive=stop*1", wait=False)
     wait_until(lambda: stopped(a.pid), timeout=STARTUP + SETTLE, interval=0.02,
                message="A frozen at its first archive batch")
-    # Only a leader archives; its lease (now running out) is the last one taken.
+    # Only a leader archives; its lease, lapsed now, is the last one taken.
     assert list(SchedulerLeader.objects.values_list("holder", flat=True)) == [a.id]
+    lapse_leader(a)
+    lapse_worker(a, none_ok=True)  # the runs it was in, if any
     b = start_worker("b", settings=FLEET)
     wait_until(lambda: lease_holder() == b.id, timeout=SETTLE, interval=0.05,
                message="B to take the leadership over")
 
-    # B drains the rest (A's claimed jobs once their lease lapses) and archives everything.
+    # B drains the rest (A's claimed jobs, their leases lapsed) and archives everything.
     wait_archived(ids)
     assert stopped(a.pid), "B archived it all while A was frozen"
     label = f"xjobs:{a.id}:maintenance"
@@ -279,8 +293,9 @@ def test_a_leader_frozen_in_its_archive_is_replaced_and_its_late_batch_moves_not
 
 def test_an_archived_dead_job_retried_while_the_fleet_runs_runs_once_more_and_is_filed_again(
         start_worker):
-    a = start_worker("a", settings=FLEET)
-    b = start_worker("b", settings=FLEET)
+    a, b = (start_worker(role, settings=FLEET, wait=False) for role in ("a", "b"))
+    for worker in (a, b):  # started side by side
+        wait_started(worker)
     job = dead_then_done.enqueue()
     job_id, run_id = str(job.id), str(job.run_id)
 

@@ -6,6 +6,10 @@ over once the lease lapses and finishes it; then the stopped worker is resumed. 
 is held off for the whole test (a fault makes its first round sleep), so what keeps the resumed
 worker from starting a body is the run's own proof, not the watch thread winning a race
 against the resumed thread.
+
+The worker under test runs a real short lease, which lapses by the clock while it is stopped
+(not on demand, tests/leases.py): the proof is the worker's own count of its lease's age, so
+the lease must really have run out by the time it resumes.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import pytest
 
 from tests.conftest import wait_until
 
-from .conftest import effects, job_row, wait_effect, wait_log, wait_state
+from .conftest import SHORT_LEASE, effects, job_row, wait_effect, wait_log, wait_state
 
 pytestmark = pytest.mark.acceptance
 
@@ -40,7 +44,7 @@ def test_a_worker_resumed_after_its_job_moved_on_does_not_run_the_next_step_agai
     from tests.testapp import jobs
 
     handle = getattr(jobs, name).enqueue()
-    a = start_worker("a", "--concurrency", "1",
+    a = start_worker("a", "--concurrency", "1", settings=SHORT_LEASE,
                      faults=f"after:step_complete_if_owned=stop*1;{HOLD_WATCH}")
     # Step "first" ran and its output committed; then a stopped itself, before step "second".
     wait_until(lambda: stopped(a.pid), message="worker a to stop after step 'first'")
@@ -75,7 +79,7 @@ def test_a_worker_resumed_after_its_claim_lapsed_does_not_start_the_job(start_wo
     from tests.testapp import jobs
 
     handle = getattr(jobs, name).enqueue(tag="once")
-    a = start_worker("a", "--concurrency", "1",
+    a = start_worker("a", "--concurrency", "1", settings=SHORT_LEASE,
                      faults=f"after:jobs_claim=stop*1;{HOLD_WATCH}")
     # a claimed the job and stopped before starting it.
     wait_until(lambda: stopped(a.pid), message="worker a to stop after its claim")

@@ -25,6 +25,7 @@ import pytest
 
 from django_xjobs.records import TERMINAL_STATES
 from tests.conftest import wait_until
+from tests.leases import lapse_worker
 
 from .conftest import (
     FAST,
@@ -155,6 +156,7 @@ def test_sigkill_mid_job_is_rescued_after_the_lease_and_done_once(behind, pgboun
             wait_effect(h.id, "start")
         a.signal(signal.SIGKILL)
         assert wait_exit(a) == -signal.SIGKILL
+        assert sorted(lapse_worker(a)) == sorted(str(h.id) for h in handles)
         b = behind("b", "--concurrency", "2")
         for h in handles:
             row = wait_state(h.id, *FINISHED)
@@ -201,6 +203,7 @@ def test_a_stale_run_resumed_after_its_lease_is_fenced_off(behind, pgbouncer):
         assert first.pid == a.pid
         os.kill(a.pid, signal.SIGSTOP)
         try:
+            lapse_worker(a)  # the database's side only: the resumed a believes it holds it
             b = behind("b", "--concurrency", "1")
             done = wait_state(h.id, *FINISHED)
             assert (done.state, done.attempt, done.rescues, done.claimed_by) == (

@@ -22,15 +22,18 @@ import pytest
 from tests.conftest import wait_until
 from tests.private_cluster import PrivateCluster
 
-from .conftest import FAST, SETTLE, STARTUP, wait_started, worker_id
+from .conftest import FAST, SETTLE, SHORT_LEASE, STARTUP, wait_started, worker_id
 
 pytestmark = pytest.mark.acceptance
 
 JOBS = 200
 WORKERS = 3
 # A poll interval far beyond every wait of the test: once the fleet is idle, only a NOTIFY
-# (or the wake-up a reconnected listener gives) gets a job claimed in time.
-SETTINGS = {**FAST, "POLL_INTERVAL": "120s", "LEADER_LEASE": "1.5s", "LEADER_RENEW": "0.5s"}
+# (or the wake-up a reconnected listener gives) gets a job claimed in time. A real short lease:
+# a claim the restart committed but whose answer it lost is rescued after its lease, which
+# must lapse by itself within the test.
+SETTINGS = {**FAST, **SHORT_LEASE, "POLL_INTERVAL": "120s", "LEADER_LEASE": "1.5s",
+            "LEADER_RENEW": "0.5s"}
 
 
 def enqueue(cluster: PrivateCluster, items: list[tuple[str, dict]]) -> list[str]:

@@ -32,7 +32,7 @@ def test_progress_is_visible_while_the_job_runs_and_xjobs_show_gives_an_eta(star
         if record.state != "running":
             if record.state == "done":
                 break
-            time.sleep(0.05)
+            time.sleep(0.05)  # the sampling interval
             continue
         if record.progress is not None and (not seen or record.progress.done != seen[-1]):
             seen.append(record.progress.done)
@@ -40,7 +40,7 @@ def test_progress_is_visible_while_the_job_runs_and_xjobs_show_gives_an_eta(star
                 out = StringIO()
                 call_command("xjobs", "show", str(handle.id), stdout=out)
                 shown = out.getvalue()
-        time.sleep(0.05)
+        time.sleep(0.05)  # the sampling interval
 
     assert len(seen) >= 2, f"progress seen while running: {seen}\n{worker.log()}"
     # The last report (60 of 60) can be seen before the run's acknowledgement lands.

@@ -26,16 +26,17 @@ from django_xjobs.engines import get_engine
 from django_xjobs.models import Job, SchedulerLeader, SchedulerState
 from django_xjobs.scheduler import cron
 from tests.conftest import wait_until
+from tests.leases import lapse_leader, lapse_worker
 
-from .conftest import FAST, SETTLE, STARTUP, backends, wait_exit, wait_log
+from .conftest import FAST, LEADER, SETTLE, STARTUP, backends, wait_exit, wait_log, wait_started
 
 pytestmark = pytest.mark.acceptance
 
 TICK = {"tick": {"job": "testapp.noop", "cron": "* * * * * *", "misfire": "all"}}
-# A short leader lease so a takeover happens within a test; misfire "all" so that the seconds
-# a takeover takes are fired late rather than coalesced: every occurrence must fire.
-SCHEDULED = {**FAST, "LEADER_LEASE": "1.5s", "LEADER_RENEW": "0.5s", "SCHEDULE": TICK,
-             "MAINTENANCE_INTERVAL": None}
+# A long leader lease, lapsed by the test when it freezes or kills the leader; misfire "all" so
+# that the seconds a takeover takes are fired late rather than coalesced: every occurrence must
+# fire.
+SCHEDULED = {**FAST, **LEADER, "SCHEDULE": TICK, "MAINTENANCE_INTERVAL": None}
 EVERY_SECOND = cron.parse("* * * * * *")
 
 
@@ -65,8 +66,9 @@ def kill_the_leader_inside_a_round(start_worker, settings: dict, count: Callable
                                    more: int) -> None:
     """A leads and lingers in each round's transaction after the mark, before the commit; it is
     SIGKILLed there, after it enqueued and moved the watermark and before either is committed.
-    B takes over after A's lease, fires ``more`` occurrences (``count()`` counts them all) and
-    stops cleanly."""
+    Its leader lease and its jobs' leases lapse (tests/leases.py: ``settings`` has a long leader
+    lease); B takes over, fires ``more`` occurrences (``count()`` counts them all) and stops
+    cleanly."""
     a = start_worker("a", settings=settings,
                      faults="after:scheduler_states_mark_if_leading=sleep:0.3")
     wait_until(lambda: lease_holder() == a.id, timeout=SETTLE, message="A to lead")
@@ -78,6 +80,8 @@ def kill_the_leader_inside_a_round(start_worker, settings: dict, count: Callable
                timeout=SETTLE, interval=0.005, message="A inside a round's transaction")
     os.kill(a.pid, signal.SIGKILL)
     a.wait(timeout=30)
+    lapse_leader(a)
+    lapse_worker(a, none_ok=True)  # a run of the task it had claimed, if any
     before = count()
     wait_until(lambda: lease_holder() == b.id, timeout=SETTLE, interval=0.05,
                message="B to take over after A's lease")
@@ -145,17 +149,19 @@ def test_two_workers_fire_every_second_exactly_once_while_the_leader_is_frozen_a
     start = start_row()
     sampler = Sampler()
     sampler.start()
-    a = start_worker("a", settings=SCHEDULED)
-    b = start_worker("b", settings=SCHEDULED)
+    a, b = (start_worker(role, settings=SCHEDULED, wait=False) for role in ("a", "b"))
+    for worker in (a, b):  # started side by side
+        wait_started(worker)
     workers = {a.id: a, b.id: b}
     wait_fired(3)
 
-    # Freeze the leader (a GC pause, a stopped VM) past its lease: the other one is elected,
-    # and the frozen one wakes up later still believing it leads, possibly mid-round.
+    # Freeze the leader (a GC pause, a stopped VM) and lapse its lease: the other one is
+    # elected, and the frozen one wakes up later still believing it leads, possibly mid-round.
     first = workers[wait_until(lease_holder, timeout=SETTLE, message="a leader")]
     second = next(w for w in workers.values() if w is not first)
     os.kill(first.pid, signal.SIGSTOP)
     try:
+        lapse_leader(first)
         wait_until(lambda: lease_holder() == second.id, timeout=SETTLE, interval=0.05,
                    message="the other worker to take the leadership over")
     finally:

@@ -18,8 +18,18 @@ from collections import defaultdict
 import pytest
 
 from tests.conftest import wait_until
+from tests.leases import lapse_worker
 
-from .conftest import SETTLE, effects, job_row, wait_effect, wait_exit, wait_log, wait_state
+from .conftest import (
+    SETTLE,
+    effects,
+    job_row,
+    wait_effect,
+    wait_exit,
+    wait_log,
+    wait_started,
+    wait_state,
+)
 
 pytestmark = pytest.mark.acceptance
 
@@ -69,8 +79,9 @@ def test_forty_jobs_on_one_key_never_run_more_than_two_at_once_across_two_worker
     from tests.testapp.jobs import slotted
 
     handles = slotted.bulk_enqueue([{"group": "fleet", "seconds": 0.15}] * 40)
-    a = start_worker("a", "--concurrency", "8")
-    b = start_worker("b", "--concurrency", "8")
+    a, b = (start_worker(role, "--concurrency", "8", wait=False) for role in ("a", "b"))
+    for worker in (a, b):  # started side by side
+        wait_started(worker)
 
     all_done(handles)
 
@@ -92,8 +103,9 @@ def test_two_keys_with_limits_one_and_three_hold_independently_and_neither_starv
     # The saturated key's jobs are enqueued first, so they sit at the head of the queue.
     one = slotted.bulk_enqueue([{"group": "one", "seconds": 0.3}] * 10)
     three = slotted.bulk_enqueue([{"group": "three", "seconds": 0.3}] * 10)
-    start_worker("a", "--concurrency", "4", settings=limits)
-    start_worker("b", "--concurrency", "4", settings=limits)
+    for worker in [start_worker(role, "--concurrency", "4", settings=limits, wait=False)
+                   for role in ("a", "b")]:  # started side by side
+        wait_started(worker)
 
     all_done(one + three)
 
@@ -110,7 +122,9 @@ def test_a_slot_lapsed_under_a_stopped_worker_is_taken_and_the_woken_run_is_disc
         start_worker):
     from tests.testapp.jobs import slotted
 
-    # The job lease is long and the slot TTL short: the slot lapses, the job does not.
+    # The job lease is long and the slot TTL short: the slot lapses, the job does not. A real
+    # TTL, which lapses by the clock while a is stopped (not on demand, tests/leases.py): a
+    # run that ends after its slot lapsed knows it by its own clock, and must not write.
     timing = {"LEASE": "20s", "HEARTBEAT": "0.5s", "SLOT_TTL": "2s",
               "CONCURRENCY_LIMITS": {"slot:stop": 1}}
     a = start_worker("a", "--concurrency", "2", settings=timing)
@@ -148,7 +162,7 @@ def test_a_slot_lapsed_under_a_stopped_worker_is_taken_and_the_woken_run_is_disc
 def test_a_killed_workers_slot_frees_itself_at_expiry(start_worker):
     from tests.testapp.jobs import slotted
 
-    timing = {"SLOT_TTL": "2s", "CONCURRENCY_LIMITS": {"slot:kill": 1}}
+    timing = {"CONCURRENCY_LIMITS": {"slot:kill": 1}}
     a = start_worker("a", "--concurrency", "2", settings=timing)
     first = slotted.enqueue(group="kill", seconds=30, later=0.1)
     wait_effect(first.id, "start")
@@ -156,6 +170,9 @@ def test_a_killed_workers_slot_frees_itself_at_expiry(start_worker):
 
     a.signal(signal.SIGKILL)
     assert wait_exit(a) == -signal.SIGKILL
+    # Its slot and its lease expire (tests/leases.py): nobody released either.
+    assert lapse_worker(a, slots=True) == [str(first.id)]
+    assert live_slots("slot:kill") == []
     second = slotted.enqueue(group="kill", seconds=0.1)
     b = start_worker("b", "--concurrency", "2", settings=timing)
 
@@ -193,8 +210,9 @@ def test_slots_of_many_keys_stay_under_their_limits_across_a_fleet(start_worker)
 
     groups = [f"many{i}" for i in range(12)]
     handles = slotted.bulk_enqueue([{"group": g, "seconds": 0.1} for g in groups] * 5)
-    start_worker("a", "--concurrency", "8")
-    start_worker("b", "--concurrency", "8")
+    for worker in [start_worker(role, "--concurrency", "8", wait=False)
+                   for role in ("a", "b")]:  # started side by side
+        wait_started(worker)
 
     all_done(handles)
 

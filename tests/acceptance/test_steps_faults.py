@@ -7,6 +7,7 @@ import signal
 import pytest
 
 from tests.conftest import wait_until
+from tests.leases import lapse_worker
 
 from .conftest import effects, wait_effect, wait_exit, wait_state
 
@@ -31,6 +32,7 @@ def test_a_step_that_committed_is_skipped_by_the_run_that_replaces_a_killed_work
     first.signal(signal.SIGKILL)  # ...and committed; then the worker dies mid-run
     wait_exit(first)
 
+    lapse_worker(first)
     start_worker("second")
     done = wait_state(handle.id, "done", timeout=60)
     assert done.attempt == 2 and done.rescues == 1

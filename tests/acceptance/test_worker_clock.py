@@ -45,14 +45,15 @@ from django_xjobs.models import Job, SchedulerState
 from django_xjobs.scheduler import cron
 from tests.conftest import ROOT, wait_until
 
-from .conftest import FAST, SETTLE, effects, wait_started, wait_state, worker_id
+from .conftest import FAST, SETTLE, SHORT_LEASE, effects, wait_started, wait_state, worker_id
 
 pytestmark = pytest.mark.acceptance
 
 HOUR = timedelta(hours=1)
 TICK = {"tick": {"job": "testapp.noop", "cron": "* * * * * *", "misfire": "all"}}
-SETTINGS = {**FAST, "LEADER_LEASE": "1.5s", "LEADER_RENEW": "0.5s", "SCHEDULE": TICK,
-            "MAINTENANCE_INTERVAL": None}
+# A real short lease: a job longer than it must be kept by the heartbeats, on the database clock.
+SETTINGS = {**FAST, **SHORT_LEASE, "LEADER_LEASE": "1.5s", "LEADER_RENEW": "0.5s",
+            "SCHEDULE": TICK, "MAINTENANCE_INTERVAL": None}
 EVERY_SECOND = cron.parse("* * * * * *")
 
 

@@ -18,8 +18,10 @@ import uuid
 import pytest
 
 from tests.conftest import wait_until
+from tests.leases import lapse, lapse_worker
 
 from .conftest import (
+    SHORT_LEASE,
     backend_state_change,
     backends,
     effects,
@@ -204,6 +206,16 @@ def test_a_claim_whose_answer_was_lost_is_rescued_after_its_lease(start_worker):
 
     h = record.enqueue(tag="lost-claim")  # before the worker: its first claim takes it
     a = start_worker("a", "--concurrency", "1", faults="after:jobs_claim=disconnect*1")
+    wait_log(a, "database connection lost")
+    # The worker goes on claiming (a job enqueued now is done), and the lost claim's job is
+    # still leased to it, not run: the worker does not know it has it.
+    after = record.enqueue(tag="after")
+    assert wait_state(after.id, *FINISHED).state == "done"
+    lost = job_row(h.id)
+    assert (lost.state, lost.attempt, lost.claimed_by) == ("running", 1, a.id)
+    assert effects(h.id) == []
+    lapse(h.id)  # nobody renews it: the worker's heartbeat does not know the run
+
     row = wait_state(h.id, *FINISHED)
     assert row.state == "done"
     # The first claim (attempt 1) lapsed; the rescue is attempt 2 and the only execution.
@@ -220,7 +232,8 @@ def test_a_hung_heartbeat_connection_makes_the_worker_stop_the_run_itself(start_
     run's result is never written, and a later run finishes the job."""
     from tests.testapp.jobs import sleepy_tagged
 
-    a = start_worker("a", "--concurrency", "1")
+    # A real short lease: the point is the worker's own count of a lease without renewal.
+    a = start_worker("a", "--concurrency", "1", settings=SHORT_LEASE)
     h = sleepy_tagged.enqueue(seconds=6, later=0.3)
     [first] = wait_effect(h.id, "start")
     label = f"xjobs:{a.id}:heartbeat"
@@ -257,8 +270,10 @@ def test_a_hung_heartbeat_connection_makes_the_worker_stop_the_run_itself(start_
 
 
 def test_a_paused_worker_cannot_overwrite_the_result_of_the_worker_that_took_over(start_worker):
-    """Worker A is frozen (SIGSTOP) past its lease; B re-claims and completes the job; when
-    A resumes, its late writes are fenced off and change nothing."""
+    """Worker A is frozen (SIGSTOP) and its lease lapses; B re-claims and completes the job;
+    when A resumes, its late writes are fenced off and change nothing. The lease lapses on
+    the database's side only (tests/leases.py): the resumed A believes it still holds it, so
+    what refuses its writes is the fence alone."""
     from tests.testapp.jobs import sleepy_tagged
 
     a = start_worker("a", "--concurrency", "1")
@@ -268,6 +283,7 @@ def test_a_paused_worker_cannot_overwrite_the_result_of_the_worker_that_took_ove
 
     os.kill(a.pid, signal.SIGSTOP)
     try:
+        lapse(h.id, holder=a)
         b = start_worker("b", "--concurrency", "1")
         done = wait_state(h.id, *FINISHED)
         assert done.state == "done"
@@ -301,6 +317,7 @@ def test_a_job_that_kills_its_worker_ends_dead_after_max_attempts(start_worker):
 
     def settled():
         if workers[-1].proc.poll() is not None:
+            lapse_worker(workers[-1])  # its run died with it: the lease runs out
             workers.append(start_worker(f"w{len(workers)}", *args, wait=False))
         jobs = [job_row(h.id), *(job_row(o.id) for o in others)]
         return all(j.state in FINISHED for j in jobs)

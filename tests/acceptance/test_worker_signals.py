@@ -7,6 +7,7 @@ import signal
 import pytest
 
 from tests.conftest import wait_until
+from tests.leases import lapse_worker
 
 from .conftest import effects, job_row, wait_effect, wait_exit, wait_log, wait_state
 
@@ -24,6 +25,7 @@ def test_sigkill_mid_job_the_lease_lapses_and_another_worker_finishes_it(start_w
 
     a.signal(signal.SIGKILL)
     assert wait_exit(a) == -signal.SIGKILL
+    assert sorted(lapse_worker(a)) == sorted(str(h.id) for h in handles)
     b = start_worker("b", "--concurrency", "3")
 
     for h in handles:
@@ -129,6 +131,7 @@ def test_a_second_sigterm_exits_at_once_and_the_job_is_rescued_after_its_lease(s
     assert (row.state, row.attempt, row.claimed_by) == ("running", 1, a.id)
     assert effects(h.id, "end") == []
 
+    lapse_worker(a)
     b = start_worker("b", "--concurrency", "1")
     row = wait_state(h.id, "done", "dead", "cancelled")
     assert row.state == "done"

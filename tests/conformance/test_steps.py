@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from django_xjobs.records import RunOwner
+from tests.conftest import wait_until
 
 from .conftest import LONG_LEASE_MS, claim_one, enqueue, wait_lapsed
 
@@ -73,10 +74,8 @@ def test_events_come_back_in_publication_order_after_the_cursor(engine):
     # No key: any key matches.
     assert engine.event_next(["evt"], None, second.published_at, second.id).payload == {"n": 3}
     # Expired events are never returned.
-    engine.event_publish("gone", "{}", None, 1)
-    import time
-
-    time.sleep(0.05)
+    gone = engine.event_publish("gone", "{}", None, 1)
+    wait_until(lambda: engine.db_now() > gone.expires_at, message="the event to expire")
     assert engine.event_next(["gone"], None, start, 0) is None
 
 

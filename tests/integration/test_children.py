@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from io import StringIO
 from uuid import UUID
 
@@ -22,7 +21,7 @@ from django_xjobs.console.reads.jobs import diagnose, run_children, run_steps
 from django_xjobs.console.reads.text import db_now
 from django_xjobs.exceptions import InvalidJobInput, JobNotFound
 from django_xjobs.models import Job, JobStep
-from tests.conftest import wait_until
+from tests.conftest import raw_connection, wait_until
 from tests.integration.test_steps import running_worker as steps_worker
 from tests.testapp import jobs
 from tests.testapp.models import Effect
@@ -207,22 +206,39 @@ def test_xjobs_show_lists_the_children_and_names_the_parent():
     assert shown["parent_id"] == str(parent.id) and shown["parent_step"] == "fan"
 
 
+def wait_blocked(pids: list[int], what: str) -> None:
+    """Until the backend whose pid another thread puts in ``pids`` waits on a lock: read on a
+    connection of its own, for the caller's is in the transaction that holds the lock (and
+    pg_stat_activity stands still within a transaction)."""
+    with raw_connection(autocommit=True) as watcher:
+        def blocked() -> bool:
+            found = pids and watcher.execute(
+                "select wait_event_type from pg_stat_activity where pid = %s", [pids[0]]
+            ).fetchone()
+            return bool(found) and found[0] == "Lock"
+
+        wait_until(blocked, message=what)
+
+
 def test_a_child_finishing_between_the_parents_read_and_its_suspension_still_wakes_it():
     """The race of the rendezvous (docs/durable.md, "Child jobs"): the parent read its child as
     live and is about to suspend again when the child finishes. The child's settle waits for
     the parent's step row, then finds the parent suspended and wakes it at once."""
     parent = jobs.parent_gather.enqueue(count=1, queue="elsewhere")  # no worker runs the child
     settled = threading.Event()
+    pids: list[int] = []
 
     def finish_the_child(point):
         def settle():
             with connections["default"].cursor() as cursor:  # its own connection, autocommit
+                cursor.execute("select pg_backend_pid()")
+                pids.append(cursor.fetchone()[0])
                 cursor.execute("update x_jobs set state = 'done', result = '{\"square\": 0}', "
                                "finished_at = now() where parent_id = %s", [parent.id])
             connections["default"].close()
             settled.set()
         threading.Thread(target=settle, daemon=True).start()
-        time.sleep(0.5)  # the settle is now waiting for the parent's step row
+        wait_blocked(pids, "the settle to wait for the parent's step row")
         assert not settled.is_set()
 
     with running_worker(queues=("default",)):
@@ -318,14 +334,18 @@ def test_a_cancel_racing_the_parents_enqueue_of_its_children_cancels_them_too():
     transaction. The children must not outlive their cancelled parent."""
     parent = jobs.parent_gather.enqueue(count=3, queue="elsewhere")  # no worker runs a child
     cancelled = threading.Event()
+    pids: list[int] = []
 
     def cancel_meanwhile(point):
         def run():
+            with connections["default"].cursor() as cursor:  # the cancel's connection
+                cursor.execute("select pg_backend_pid()")
+                pids.append(cursor.fetchone()[0])
             cancel(parent.id, reason="racing")
             connections["default"].close()
             cancelled.set()
         threading.Thread(target=run, daemon=True).start()
-        time.sleep(0.5)  # the cancel now waits for the parent's row
+        wait_blocked(pids, "the cancel to wait for the parent's row")
         assert not cancelled.is_set()
 
     faults.inject_hook("step:children-enqueued", cancel_meanwhile)

@@ -10,7 +10,6 @@ histories), done / dead / cancelled = rows in that state, failed = failed entrie
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from datetime import timedelta
 
@@ -25,6 +24,7 @@ from django_xjobs.engines.postgres.statements.fragments import histogram_ctes
 from django_xjobs.models import Job, Stat, StatDelta
 from django_xjobs.records import HISTOGRAM_BOUNDS_MS
 from django_xjobs.testing import drain, travel
+from tests.conftest import wait_until
 from tests.testapp import jobs as testapp_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -141,11 +141,12 @@ def test_counters_equal_the_rows_after_a_drain(kinds, rollup_between):
 
 def test_the_attempt_history_keeps_every_run_with_its_worker_outcome_and_error():
     handle = testapp_jobs.flaky.enqueue(fail_times=2)
-    for _ in range(20):
-        drain()
-        if handle.get().state == "done":
-            break
-        time.sleep(0.1)
+
+    def done_after_a_drain() -> bool:
+        drain()  # a retry is due a moment after the failure before it
+        return handle.get().state == "done"
+
+    wait_until(done_after_a_drain, message="the job done on its third attempt")
     job = api.get_job(handle.id)
     assert [a.outcome for a in job.attempts] == ["failed", "failed", "done"]
     assert [a.attempt for a in job.attempts] == [1, 2, 3]

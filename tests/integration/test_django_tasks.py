@@ -43,7 +43,7 @@ def drain_until_finished(result, timeout: float = 30.0, **drain_options):
             return result
         if time.monotonic() >= deadline:
             pytest.fail(f"task {result.id} is still {result.status} after {timeout}s")
-        time.sleep(0.05)
+        time.sleep(0.05)  # the poll interval: a retry may be due a moment later
 
 
 def signals(result) -> list[tuple[str, str, int]]:

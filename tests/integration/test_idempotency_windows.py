@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -24,7 +23,7 @@ from django_xjobs.exceptions import InvalidJobInput
 from django_xjobs.maintenance import pruner
 from django_xjobs.models import Job, JobKey, OutboxEntry
 from django_xjobs.testing import drain
-from tests.conftest import in_threads
+from tests.conftest import in_threads, wait_until
 from tests.testapp import jobs as testapp_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,18 +41,16 @@ def jobs_of(key: str, name: str = "testapp.record") -> list[Job]:
 
 def wait_until_window_ended(key: str, tenant: str = "", timeout: float = 30.0) -> None:
     """Poll the database until the holder of ``key`` finished more than its window ago."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def ended() -> bool:
         with connection.cursor() as cur:
             cur.execute(
                 "select finished_at < now() - unique_for_ms * interval '1 millisecond'"
                 "  from x_job_keys where name = 'testapp.record' and tenant = %s and key = %s",
                 [tenant, key])
             row = cur.fetchone()
-        if row is not None and row[0]:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"the window of {key!r} did not end within {timeout}s")
+        return row is not None and row[0]
+
+    wait_until(ended, timeout=timeout, interval=0.05, message=f"the window of {key!r} to end")
 
 
 # ------------------------------------------------------------------------------ dedupe --

@@ -153,7 +153,10 @@ def test_a_relayed_jobs_run_id_is_minted_in_its_ids_millisecond():
     job never enters x_jobs_run_apart_idx (console.jobs.run_id_match)."""
     with transaction.atomic():
         staged = record.enqueue_on_commit(tag="later")
-    time.sleep(0.01)  # the relay's clock is past the staging's millisecond
+    # The relay runs in a later millisecond than the staging (the id's): a run id minted from
+    # its own clock would not be in the id's millisecond.
+    wait_until(lambda: time.time_ns() // 1_000_000 > staged.id.int >> 80,
+               message="the clock past the staging's millisecond")
     assert relay() == 1
     job = Job.objects.get()
     assert job.id == staged.id and job.run_id != job.id and job.run_id.version == 7
@@ -186,8 +189,10 @@ def test_outside_a_transaction_the_staging_commits_at_once_and_a_running_relay_t
     relay_duty = running_relay(poll_interval=600)
     assert connection.get_autocommit()
     staged = record.enqueue_on_commit(tag="autocommit")
-    wait_until(lambda: Job.objects.filter(id=staged.id).exists(), timeout=30,
-               message="the relay to publish the autocommit staging")
+    # The relay counts a batch on its own thread once its commit returned: the job can show a
+    # moment before the count does.
+    wait_until(lambda: relay_duty.relayed and Job.objects.filter(id=staged.id).exists(),
+               timeout=30, message="the relay to publish the autocommit staging")
     assert relay_duty.relayed == 1
 
 
@@ -216,8 +221,9 @@ def test_a_relay_duty_survives_database_errors_and_relays_afterwards(running_rel
     relay_duty = running_relay(poll_interval=0.2)
     clean_faults.inject("before:outbox_claim", "disconnect", times=2)
     staged = record.enqueue_on_commit(tag="after errors")
-    wait_until(lambda: Job.objects.filter(id=staged.id).exists(), timeout=30,
-               message="the relay to recover and publish")
+    # The job shows once the relay's commit returned, its count a moment later (as above).
+    wait_until(lambda: relay_duty.relayed and Job.objects.filter(id=staged.id).exists(),
+               timeout=30, message="the relay to recover and publish")
     assert "outbox relay: OperationalError" in caplog.text
     assert relay_duty.relayed == 1
 

@@ -21,6 +21,7 @@ from django_xjobs.exceptions import ConfigurationError, InvalidRateKey
 from django_xjobs.models import Job, OutboxEntry, RateUnit
 from django_xjobs.outbox import relay_pending
 from django_xjobs.worker.flow import Flow, claim_flow
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -188,7 +189,9 @@ def test_the_budget_frees_after_its_period():
     limit = every_second(limit=5)
     assert [limit.try_acquire(tenant_id="acme") for _ in range(6)] == [True] * 5 + [False]
 
-    time.sleep(1.1)
+    first = min(RateUnit.objects.filter(key="api:acme").values_list("at", flat=True))
+    wait_until(lambda: get_engine().db_now() > first + timedelta(seconds=1),
+               message="the first grant a period old on the database clock")
 
     assert limit.try_acquire(tenant_id="acme")
 
@@ -309,8 +312,7 @@ def test_a_claim_takes_what_the_budget_allows_and_puts_the_rest_back_until_it_fr
     assert RateUnit.objects.filter(key="partner:acme:1").count() == 3
 
     # Once the budget frees, the next claim takes the next three.
-    while engine.db_now() < frees_at:
-        time.sleep(0.05)
+    wait_until(lambda: engine.db_now() >= frees_at, message="the budget to free")
     later = engine.jobs_claim(wants={QUEUE: 10}, worker_id="w", lease_ms=30_000, flow=flow)
     assert len(later) == 3
     assert {c.attempt for c in later} == {1}

@@ -62,7 +62,7 @@ def drain_until(*handles, timeout: float = 30.0) -> Counter[str]:
         if time.monotonic() >= deadline:
             pytest.fail(f"jobs still {[h.get().state for h in handles]} after {timeout}s; "
                         f"stats {totals}")
-        time.sleep(0.05)
+        time.sleep(0.05)  # the poll interval: a slot may be free a moment later
 
 
 def hold_slots(key: str, limit: int, n: int, who: str = "outsider") -> list[SlotHold]:
@@ -364,9 +364,9 @@ def test_a_run_that_finishes_after_its_slot_lapsed_never_writes_its_result(caplo
     def slow_watch(point: str) -> None:
         # The watch comes too late (the process was frozen, and the executor thread got the
         # CPU first), so it cannot stop the run in time: the run's own outcome is what must
-        # be refused.
+        # be refused. Held until the test saw the hand-back.
         if started.is_set():
-            time.sleep(2)
+            release.wait(10)
 
     with override_settings(XJOBS={"LEASE": "30s", "HEARTBEAT": "0.2s", "SLOT_TTL": "0.6s",
                                   "POLL_INTERVAL": "0.2s"}), \
@@ -404,7 +404,7 @@ def test_a_step_that_ends_after_its_runs_slot_lapsed_is_not_recorded():
 
     def slow_watch(point: str) -> None:  # as above: the step's write must be refused
         if started.is_set():
-            time.sleep(2)
+            release.wait(10)
 
     with override_settings(XJOBS={"LEASE": "30s", "HEARTBEAT": "0.2s", "SLOT_TTL": "0.6s",
                                   "POLL_INTERVAL": "0.2s"}), \

@@ -358,7 +358,7 @@ def test_every_one_of_many_waiters_resumes_exactly_once_under_randomised_publish
                 wait_until(
                     lambda h=handle: JobStep.objects.filter(run_id=job(h).run_id, name="wait")
                     .exists(), timeout=120, message="the wait to start")
-                time.sleep(rng.random() * 0.005)
+                time.sleep(rng.random() * 0.005)  # a random moment around the wait's start
                 publish_event("stress", {"i": i}, correlation_key=f"k{i}")
         finally:
             connections.close_all()

@@ -47,7 +47,7 @@ def drain_until(handle, states=FINISHED, timeout: float = 30.0):
             return row, totals
         if time.monotonic() >= deadline:
             pytest.fail(f"job {handle.id} still {row.state} after {timeout}s; stats {totals}")
-        time.sleep(0.05)
+        time.sleep(0.05)  # the poll interval: a retry may be due a moment later
 
 
 def retries(stats: Counter[str]) -> int:
@@ -531,17 +531,13 @@ def test_a_worker_whose_database_stops_answering_stops_its_runs_after_a_lease():
     handle = testapp_jobs.sleepy_polite.enqueue(seconds=30)
     loop.start()
     try:
-        wait_for = time.monotonic() + 15
-        while not starts(handle.id) and time.monotonic() < wait_for:
-            time.sleep(0.02)
+        wait_until(lambda: starts(handle.id), message="the run to start")
         assert starts(handle.id) == [1]
         faults.inject_hook("before:jobs_renew_if_owned", hang, times=None)
         faults.inject_hook("before:jobs_claim", hang, times=None)
         faults.inject_hook("before:jobs_requeue_if_owned", hang, times=None)
-        stopped_by = time.monotonic() + 10
-        while worker.stats["self_fenced"] == 0 and time.monotonic() < stopped_by:
-            time.sleep(0.05)
-
+        wait_until(lambda: worker.stats["self_fenced"], timeout=10,
+                   message="the worker to stop its run")
         assert worker.stats["self_fenced"] == 1, dict(worker.stats)
         # The code saw the stop (ctx.cancelled) and returned early.
         end = wait_until(lambda: Effect.objects.filter(job_id=str(handle.id), kind="end").first(),

@@ -41,7 +41,7 @@ def record(ctx, tag="", **kwargs):
 @job
 def sleepy(ctx, seconds=1.0, tag=""):
     _effect(ctx, "start", tag)
-    time.sleep(seconds)
+    time.sleep(seconds)  # the job's work: it runs for `seconds`
     _effect(ctx, "end", tag)
     return {"slept": seconds}
 
@@ -92,7 +92,7 @@ def crash(ctx):
 @job(timeout=0.5, max_attempts=2)
 def too_slow(ctx):
     _effect(ctx, "start")
-    time.sleep(3)
+    time.sleep(3)  # the job's work, past its timeout
     _effect(ctx, "end")
 
 
@@ -142,7 +142,7 @@ def sleepy_tagged(ctx, seconds=1.0, later=None):
     run = uuid.uuid4().hex
     _effect(ctx, "start", run)
     first = Effect.objects.filter(job_id=ctx.job_id, kind="start").count() == 1
-    time.sleep(seconds if later is None or first else later)
+    time.sleep(seconds if later is None or first else later)  # the job's work
     _effect(ctx, "end", run)
     return {"run": run}
 
@@ -157,7 +157,7 @@ def held_transaction(ctx, seconds=1.0):
     _effect(ctx, "start")
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("select 1")  # the transaction has begun on the server
-        time.sleep(seconds)
+        time.sleep(seconds)  # the job's work, its transaction open
     _effect(ctx, "end")
     return {"held": seconds}
 
@@ -248,7 +248,7 @@ def step_then_hang(ctx, seconds=30.0):
     """Step 1 commits, then the run hangs (a test kills its worker here)."""
     ctx.step.run("first", lambda: _effect(ctx, "step", "first") or {"done": "first"})
     if ctx.attempt == 1:
-        time.sleep(seconds)
+        time.sleep(seconds)  # the first run's work: its worker is killed here
     ctx.step.run("second", lambda: _effect(ctx, "step", "second") or {"done": "second"})
     return {"attempt": ctx.attempt}
 
@@ -349,7 +349,7 @@ def wait_in_atomic(ctx):
 @job
 def step_loop(ctx, steps=100, pause=0.05):
     for i in range(steps):
-        ctx.step.run(f"s{i}", lambda i=i: time.sleep(pause) or i)
+        ctx.step.run(f"s{i}", lambda i=i: time.sleep(pause) or i)  # each step's work
     return {"steps": steps}
 
 
@@ -430,7 +430,7 @@ def slotted(ctx, group, seconds=0.2, later=None):
     run = uuid.uuid4().hex
     _effect(ctx, "start", f"{group}|{run}")
     first = Effect.objects.filter(job_id=ctx.job_id, kind="start").count() == 1
-    time.sleep(seconds if later is None or first else later)
+    time.sleep(seconds if later is None or first else later)  # the job's work
     _effect(ctx, "end", f"{group}|{run}")
     return {"run": run, "attempt": ctx.attempt}
 
@@ -474,7 +474,7 @@ def slotted_outcome(ctx, group, outcome="done"):
     if outcome == "snooze" and Effect.objects.filter(job_id=ctx.job_id).count() == 1:
         raise Snooze(0.05)
     if outcome == "timeout":
-        time.sleep(3)
+        time.sleep(3)  # the job's work, past its timeout
     return {"outcome": outcome}
 
 
@@ -484,7 +484,7 @@ def slotted_step(ctx, group, seconds=1.0):
 
     def work():
         first = not Effect.objects.filter(job_id=ctx.job_id, kind="work").exists()
-        time.sleep(seconds if first else 0)
+        time.sleep(seconds if first else 0)  # the step's work, slow the first time
         _effect(ctx, "work", group)
         return {"worked": True}
 
@@ -503,7 +503,7 @@ def _timed_run(ctx, group, seconds, later):
     run = uuid.uuid4().hex
     _effect(ctx, "start", f"{group}|{run}")
     first = Effect.objects.filter(job_id=ctx.job_id, kind="start").count() == 1
-    time.sleep(seconds if later is None or first else later)
+    time.sleep(seconds if later is None or first else later)  # the run's work
     _effect(ctx, "end", f"{group}|{run}")
     return {"run": run, "attempt": ctx.attempt}
 
@@ -517,7 +517,7 @@ def fleet_slotted(ctx, group, seconds=0.2, later=None):
 @job(concurrency=Concurrency(key="handover:{group}", limit=1))
 def fleet_handover(ctx, group, seconds=0.05):
     """One at a time per group: each run's end hands the key's only slot to the next job."""
-    time.sleep(seconds)
+    time.sleep(seconds)  # the run's work, holding the key's slot
     return {"group": group}
 
 
@@ -541,7 +541,7 @@ def fleet_rated_slow(ctx, group, seconds=0.1, later=None):
 def reports_progress(ctx, items=60, pause=0.1):
     """Works through ``items`` items, ``pause`` seconds each, reporting after each one."""
     for i in range(1, items + 1):
-        time.sleep(pause)
+        time.sleep(pause)  # the work on one item
         ctx.progress(i, items, f"item {i} of {items}")
     return {"items": items}
 
@@ -681,14 +681,14 @@ def deploy_loose(ctx):
 @job
 def nap(ctx, ms=10):
     """Sleeps ``ms`` milliseconds and writes nothing: the stress's plain job."""
-    time.sleep(ms / 1000)
+    time.sleep(ms / 1000)  # the job's work
     return ms
 
 
 @job(concurrency=Concurrency(key="napslot:{group}", limit=2))
 def slotted_nap(ctx, group, ms=10):
     """``nap`` under a slot of its group (limit 2)."""
-    time.sleep(ms / 1000)
+    time.sleep(ms / 1000)  # the job's work, holding its slot
     return ms
 
 

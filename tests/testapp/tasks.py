@@ -138,7 +138,7 @@ def slow_first_attempt(context, seconds=60.0):
     result = context.task_result
     _effect("start", job_id=result.id, attempt=context.attempt, name="slow_first_attempt")
     if context.attempt == 1:
-        time.sleep(seconds)
+        time.sleep(seconds)  # the first attempt's work: its worker is killed here
     return {"attempt": context.attempt, "worker_ids": result.worker_ids}
 
 
