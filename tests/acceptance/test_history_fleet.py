@@ -259,8 +259,10 @@ def test_a_leader_frozen_in_its_archive_is_replaced_and_its_late_batch_moves_not
     ids = [str(sleepy.enqueue(seconds=2.0, tag=f"slow-{i}").id) for i in range(4)]
     ids += enqueue_fleet(150, "stop")
     # A stops itself right before its first archive statement, so that statement goes out
-    # late, after SIGCONT, with the cutoff A computed before it froze.
-    a = start_worker("a", settings=FLEET, faults="before:jobs_archive=stop*1", wait=False)
+    # late, after SIGCONT, with the cutoff A computed before it froze; and again right after
+    # it, so the test sees that statement sent before A's round moves on to the next one.
+    a = start_worker("a", settings=FLEET, wait=False,
+                     faults="before:jobs_archive=stop*1;after:jobs_archive=stop*1")
     wait_until(lambda: stopped(a.pid), timeout=STARTUP + SETTLE, interval=0.02,
                message="A frozen at its first archive batch")
     # Only a leader archives; its lease, lapsed now, is the last one taken.
@@ -279,8 +281,12 @@ def test_a_leader_frozen_in_its_archive_is_replaced_and_its_late_batch_moves_not
     os.kill(a.pid, signal.SIGCONT)
     # The late batch goes out (A checked its leadership before it froze), and finds nothing
     # of what B moved: a job is in x_jobs or in its history table, and only x_jobs is read.
-    wait_until(lambda: "jobs_archive" in last_statement(label), timeout=SETTLE, interval=0.02,
-               message="A's late archive batch")
+    # A stops again right after it, before its round sends anything else on that connection
+    # (polling for the statement could miss it: the round's next one follows at once).
+    wait_until(lambda: stopped(a.pid), timeout=SETTLE, interval=0.02,
+               message="A stopped after its late archive batch")
+    assert "jobs_archive" in last_statement(label), "A's late archive batch"
+    os.kill(a.pid, signal.SIGCONT)
     more = enqueue_fleet(30, "stop-after")
     wait_archived(more)
     for w in (a, b):
