@@ -22,8 +22,9 @@ TOUCH_EVERY = 1.0
 
 
 class Liveness:
-    """Kept by the loop (worker/loop.py), read by the heartbeat thread: plain attribute
-    writes and reads, each atomic under the GIL."""
+    """Kept by the loop (worker/loop.py) and the run table (worker/runs.py: a run finished),
+    read by the heartbeat thread: plain attribute writes and reads, each atomic under the
+    GIL."""
 
     def __init__(self, health_file: str | None = None) -> None:
         self.health_file = health_file

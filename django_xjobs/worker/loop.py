@@ -191,10 +191,6 @@ class Worker:
         self._stopping = True
         self._wake.set()
 
-    @property
-    def in_flight(self) -> int:
-        return len(self.runs)
-
     def notify(self) -> None:
         """A NOTIFY named one of our queues: claim on the next iteration (LISTEN thread)."""
         self._notified = True

@@ -187,11 +187,6 @@ class Runs:
         with self.lock:
             return list(self._by_token.values())
 
-    def unsettled(self) -> list[Run]:
-        """The runs whose leases the heartbeat renews: every run not yet settled."""
-        with self.lock:
-            return [r for r in self._by_token.values() if r.phase != SETTLED]
-
     def running(self) -> int:
         with self.lock:
             return sum(1 for r in self._by_token.values() if r.phase == RUNNING)

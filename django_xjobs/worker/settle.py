@@ -209,7 +209,7 @@ class Settler:
 
 def write_outcome(engine: Engine, job: ClaimedJob, outcome: Outcome) -> tuple[Fence, str]:
     """The fenced write of one outcome other than ``Done`` (acknowledged in batches by
-    ``Settler.settle``); the fence's verdict and the state the job went to. Also the inline
+    ``Settler._acknowledge``); the fence's verdict and the state the job went to. Also the inline
     test mode's settle (django_xjobs/testing), so a test sees the statements a worker sends."""
     if isinstance(outcome, Retry):
         report, state = engine.job_fail_if_owned(Failure(

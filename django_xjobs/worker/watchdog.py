@@ -175,7 +175,8 @@ class Watchdog:
             finished=self.liveness.finished, claimed_age=claimed_age, loop_age=loop_age)
 
     def unsettled(self) -> list[Run]:
-        return self.runs.unsettled()
+        # A run leaves the table as it settles (Runs.settled, Runs.all_settled).
+        return self.runs.snapshot()
 
     def on_renewed(self, runs: Sequence[Run], renewal: Renewal, sent_at: float) -> None:
         """Heartbeat answer (per lease token): runs whose lease was renewed, or kept beside a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -126,9 +127,10 @@ class Command(BaseCommand):
         for key in ("lease", "heartbeat", "poll_interval", "shutdown_grace"):
             if options[key] is not None:
                 overrides[key] = _duration(options[key])
-        worker_options = worker_process.options(
-            duties=[name for name in worker_process.DUTIES if not options.get(f"no_{name}")],
-            **overrides)
+        # The duties' classes are chosen once this process runs a worker itself: a supervisor
+        # (--processes) runs none, and need not import the scheduler.
+        duties = [name for name in worker_process.DUTIES if not options.get(f"no_{name}")]
+        worker_options = worker_process.options(duties=(), **overrides)
         if worker_options.lease < 3 * worker_options.heartbeat:
             raise CommandError(
                 f"--lease ({worker_options.lease:g}s) must be at least 3 x the heartbeat "
@@ -147,7 +149,8 @@ class Command(BaseCommand):
                 if code:
                     raise CommandError("a worker process exited with an error")
                 return
-            worker = Worker(worker_options)
+            worker = Worker(dataclasses.replace(
+                worker_options, duties=worker_process.duty_classes(duties)))
             try:
                 worker.run()
             except ConfigurationError as exc:  # a database the worker cannot run on
@@ -202,9 +205,9 @@ def _child_args(options: dict[str, Any]) -> list[str]:
             args += [f"--{key.replace('_', '-')}", str(options[key])]
     if options["burst"]:
         args.append("--burst")
-    for flag in ("no_scheduler", "no_relay", "no_stats"):
-        if options[flag]:
-            args.append(f"--{flag.replace('_', '-')}")
+    for name in worker_process.DUTIES:
+        if options[f"no_{name}"]:
+            args.append(f"--no-{name}")
     args += ["--verbosity", str(options["verbosity"])]
     return args
 
