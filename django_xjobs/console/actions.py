@@ -29,8 +29,9 @@ from ..api import acting_as
 from ..exceptions import JobNotFound, LiveJobExists, XJobsError
 from ..models import Job
 from ..records import LIVE_STATES, TERMINAL_STATES
-from .options import ConsoleAdmin, as_uuid
+from .options import ConsoleAdmin
 from .reads.scope import tenant_scope
+from .reads.text import as_uuid
 
 # One action touches at most this many jobs (one statement each); "select all" of a million
 # matching rows is done in rounds, and the result message says so.

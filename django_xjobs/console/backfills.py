@@ -7,7 +7,6 @@ from typing import Any
 from django.contrib import admin
 from django.db.models import TextField
 from django.db.models.functions import Cast, Left
-from django.utils.html import format_html
 
 from ..models import Backfill
 from .display import badge
@@ -58,7 +57,4 @@ class BackfillAdmin(ClockedAdmin):
 
     @admin.display(description="job")
     def job_link(self, obj: Backfill) -> str:
-        if obj.job_id is None:
-            return "-"
-        url = self.url("django_xjobs_job_change", obj.job_id)
-        return format_html('<a href="{}">{}</a>', url, obj.job_id)
+        return self.job_html(obj.job_id)

@@ -30,12 +30,20 @@ from ..records import attempt_history, progress_from_json
 from .actions import ACTIONS, guarded_action, vet_action_post
 from .display import badge, preformatted, short_time
 from .filters import NameFilter, QueueFilter, StateFilter, TenantFilter
-from .options import ConsoleAdmin, as_uuid
+from .options import ConsoleAdmin
 from .paginator import WINDOWED
 from .reads.jobs import diagnose, run_children, run_steps
 from .reads.json_columns import shown_json
 from .reads.scope import tenant_scope
-from .reads.text import ago, clock_text, db_now, duration_text, error_summary, seconds_between
+from .reads.text import (
+    ago,
+    as_uuid,
+    clock_text,
+    db_now,
+    duration_text,
+    error_summary,
+    seconds_between,
+)
 from .views import dashboard, health, pauses
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-from uuid import UUID
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
@@ -24,6 +23,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models.functions import Now
 from django.http import Http404, HttpResponse
 from django.urls import path, reverse
+from django.utils.html import format_html
 
 from .display import json_block
 from .paginator import EstimatedCountPaginator
@@ -41,14 +41,6 @@ from .reads.scope import TenantScope, scoped, tenant_scope
 def _nul_in(params: Any) -> bool:
     return any("\x00" in key or any("\x00" in v for v in params.getlist(key))
                for key in params)
-
-
-def as_uuid(value: Any) -> UUID | None:
-    """``value`` as a uuid (a search term, a selected row's id), or None when it is not one."""
-    try:
-        return UUID(str(value).strip())
-    except ValueError:
-        return None
 
 
 class ConsoleAdmin(admin.ModelAdmin):
@@ -156,6 +148,13 @@ class ConsoleAdmin(admin.ModelAdmin):
         the console at ``/_x/`` (docs/console.md), which register the same classes."""
         return reverse(f"{self.admin_site.name}:{name}", args=args)
 
+    def job_html(self, job_id: Any) -> str:
+        """A link to the page of job ``job_id`` (a row's job), or "-" for none."""
+        if job_id is None:
+            return "-"
+        return format_html('<a href="{}">{}</a>', self.url("django_xjobs_job_change", job_id),
+                           job_id)
+
     def whole_json_url(self, obj: Any, field: str) -> str:
         info = self.opts.app_label, self.opts.model_name
         return self.url("{}_{}_json".format(*info), obj.pk, field)
@@ -199,3 +198,8 @@ class ClockedAdmin(ConsoleAdmin):
 
     def get_queryset(self, request: Any) -> Any:
         return super().get_queryset(request).annotate(db_clock=Now())
+
+    @staticmethod
+    def unexpired(obj: Any) -> bool:
+        """Whether the row's ``expires_at`` is still ahead of the database clock."""
+        return bool(obj.expires_at > obj.db_clock)

@@ -4,7 +4,6 @@ relayed, and the job each entry became."""
 from __future__ import annotations
 
 from django.contrib import admin
-from django.utils.html import format_html
 
 from ..models import OutboxEntry
 from .filters import OutboxPendingFilter
@@ -27,10 +26,7 @@ class OutboxEntryAdmin(ConsoleAdmin):
 
     @admin.display(description="became job")
     def job_link(self, obj: OutboxEntry) -> str:
-        if obj.job_id is None:
-            return "-"
-        url = self.url("django_xjobs_job_change", obj.job_id)
-        return format_html('<a href="{}">{}</a>', url, obj.job_id)
+        return self.job_html(obj.job_id)
 
     @admin.display(description="input")
     def pretty_input(self, obj: OutboxEntry) -> str:

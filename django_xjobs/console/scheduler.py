@@ -16,7 +16,7 @@ class SchedulerLeaderAdmin(ClockedAdmin):
 
     @admin.display(description="leading now", boolean=True)
     def live(self, obj: SchedulerLeader) -> bool:
-        return bool(obj.expires_at > obj.db_clock)
+        return self.unexpired(obj)
 
 
 @admin.register(SchedulerState)

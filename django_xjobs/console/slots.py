@@ -38,4 +38,4 @@ class JobLeaseAdmin(ClockedAdmin):
 
     @admin.display(description="held", boolean=True)
     def live(self, obj: JobLease) -> bool:
-        return bool(obj.expires_at > obj.db_clock)
+        return self.unexpired(obj)

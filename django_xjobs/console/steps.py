@@ -11,9 +11,9 @@ from django.utils.html import format_html
 from ..models import JobEvent, JobStep
 from .display import badge, preformatted
 from .filters import EventNameFilter, StepStatusFilter
-from .options import ConsoleAdmin, as_uuid
+from .options import ConsoleAdmin
 from .reads.scope import TenantScope, steps_scoped
-from .reads.text import error_summary
+from .reads.text import as_uuid, error_summary
 
 
 def _job_search_link(model_admin: ConsoleAdmin, run_id: Any) -> str:

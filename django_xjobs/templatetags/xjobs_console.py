@@ -10,8 +10,8 @@ from django import template
 from django.template import Context
 from django.template.loader import get_template
 from django.template.loader_tags import BlockNode, ExtendsNode
-from django.utils.html import format_html
 
+from ..console import display
 from ..console.reads import text
 
 register = template.Library()
@@ -57,9 +57,7 @@ def filesize(value: int | None) -> str:
     return f"{size:.1f} TB"
 
 
-@register.filter
-def badge(value: str) -> str:
-    return format_html('<span class="xjobs-badge xjobs-{}">{}</span>', value, value)
+register.filter("badge", display.badge)
 
 
 # The stock page whose breadcrumbs have the shape of a console page's: Home > the app > the

@@ -336,3 +336,14 @@ def test_the_health_panel_and_the_dashboard_list_the_workers_and_flag_a_stalled_
         assert admin_client.get("/_x/").context["board"].workers == []
         page = admin_client.get(url("xjobs_console", "django_xjobs_health")).content.decode()
         assert "host-b" not in page
+
+
+def test_the_console_site_is_importable_from_the_console_package_as_documented():
+    # docs/console.md names django_xjobs.console.site; the package loads it on first use.
+    import django_xjobs.console
+    from django_xjobs.console import sites
+
+    assert django_xjobs.console.site is sites.site
+    assert (sites.site.name, reverse("xjobs_console:index")) == ("xjobs_console", "/_x/")
+    with pytest.raises(AttributeError):
+        django_xjobs.console.no_such_name  # noqa: B018

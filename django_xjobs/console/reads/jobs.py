@@ -17,7 +17,7 @@ from ...models import Job, JobStep
 from ...records import TERMINAL_STATES
 from .json_columns import JSON_PAGE_CHARS, with_json_text
 from .scope import TenantScope, scoped
-from .text import ago, error_summary, humanize_seconds, orm_time
+from .text import ago, as_uuid, error_summary, humanize_seconds, orm_time
 
 # How many rows a panel lists (the dashboard's latest failures, the health panel's rescues
 # and the sessions that hold VACUUM back).
@@ -196,10 +196,9 @@ def job_row(job_id: Any, *, tenants: TenantScope = None,
     :func:`with_json_text`); :class:`JobNotFound` for an unknown, malformed or out-of-scope id,
     the same answer for all three."""
 
-    try:
-        uid = UUID(str(job_id).strip())
-    except ValueError:
-        raise JobNotFound(f"no job with id {job_id}") from None
+    uid = as_uuid(job_id)
+    if uid is None:
+        raise JobNotFound(f"no job with id {job_id}")
     found = with_json_text(scoped(Job.objects.filter(id=uid), tenants), limit).first()
     if found is None:
         raise JobNotFound(f"no job with id {job_id}")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import overload
+from typing import Any, overload
+from uuid import UUID
 
 from django.conf import settings as django_settings
 from django.utils import timezone
@@ -114,3 +115,11 @@ def ago(moment: datetime | None, now: datetime) -> str:
         return "never"
     delta = seconds_between(moment, now)
     return f"{humanize_seconds(delta)} ago" if delta >= 0 else f"in {humanize_seconds(delta)}"
+
+
+def as_uuid(value: Any) -> UUID | None:
+    """``value`` as a uuid (a search term, a selected row's id), or None when it is not one."""
+    try:
+        return UUID(str(value).strip())
+    except ValueError:
+        return None

@@ -6,6 +6,6 @@
 * :mod:`.page`: the frame they share.
 
 Each view is a function of the ``JobAdmin`` that serves it, whose methods of the same name
-``JobAdmin.get_urls`` mounts (the way Django's ``ModelAdmin`` serves its autocomplete view): its
-site, its permissions, its URLs.
+``JobAdmin.get_urls`` mounts (the way Django's ``AdminSite.autocomplete_view`` takes the
+model admin it serves): its site, its permissions, its URLs.
 """
