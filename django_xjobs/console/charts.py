@@ -8,10 +8,10 @@ the result as it is. A chart is accessible on its own: ``role="img"`` with a ``<
 (the browser shows it on hover). The axes and texts are drawn in ``currentColor``, so they follow
 the admin's light and dark themes; the series colours are mid tones readable on both.
 
-:func:`line_chart` draws any series; :func:`window_charts` draws the three charts of a window of
-counters (:func:`django_xjobs.counters.chart`): throughput (done per bucket), failures (failed runs per
-bucket: each run that raised or timed out, whether the job was retried or died of it) and the
-mean wait from due to start.
+:func:`line_chart` draws any series; :func:`window_charts` draws the three charts of a window
+of counters (:func:`django_xjobs.counters.chart`): throughput (done per bucket), failures
+(failed runs per bucket: each run that raised or timed out, whether the job was retried or
+died of it) and the mean wait from due to start.
 """
 
 from __future__ import annotations
