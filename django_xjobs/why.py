@@ -142,7 +142,7 @@ def _worker(facts: FlowFacts) -> list[BlockedBy]:
 
 def read_blocked_by(record: JobRecord) -> tuple[BlockedBy, ...]:
     """``JobRecord.blocked_by`` (the package's ``__init__`` installs it as
-    ``records.blocked_by_reader``): the job's reasons now, none when it has gone since."""
+    ``records.jobs.blocked_by_reader``): the job's reasons now, none when it has gone since."""
     facts = get_engine().why_job(str(record.id))
     return blocked_by(facts) if facts is not None else ()
 

@@ -137,8 +137,7 @@ def lapse_worker(worker: Any, *, slots: bool = False, none_ok: bool = False) -> 
     passed. Returns the ids of the jobs; fails the test if it held none, unless ``none_ok``."""
     quiet(worker)
     if slots:
-        _run("update x_job_leases set expires_at = now()"
-             " where holder like %s and expires_at > now() returning id", [f"%/{worker.id}"])
+        _lapse_slots(f"%/{worker.id}")
     rows = _run(_LAPSE_JOBS.format(
         chosen="select id from only x_jobs where claimed_by = %s and state = 'running'"),
         [worker.id])
@@ -151,11 +150,17 @@ def lapse_slots(job_id: Any) -> int:
     """Lapse the concurrency slots the runs of ``job_id`` hold (a holder is ``<job id>/<lease
     token>/<worker id>``), whose worker is killed or stopped and quiet: free for the next
     grant, lost to a renewal. Returns how many; fails the test if the job holds none."""
-    rows = _run("update x_job_leases set expires_at = now()"
-                " where holder like %s and expires_at > now() returning id", [f"{job_id}/%"])
+    rows = _lapse_slots(f"{job_id}/%")
     if not rows:
         pytest.fail(f"job {job_id} holds no live slot to lapse")
     return len(rows)
+
+
+def _lapse_slots(holders: str) -> list[tuple]:
+    """Lapse the live slots whose holder (``<job id>/<lease token>/<worker id>``) is LIKE
+    ``holders``; their rows."""
+    return _run("update x_job_leases set expires_at = now()"
+                " where holder like %s and expires_at > now() returning id", [holders])
 
 
 def lapse_leader(holder: Any, lock_key: str = "scheduler") -> None:

@@ -128,10 +128,11 @@ class BackfillDefinition:
 
     def start(self, *, batch_size: int | None = None,
               throttle: timedelta | float | str | None = None) -> PassHandle:
-        """Start a pass: its job is enqueued and its row recorded ``pending``, in one
-        transaction. One live pass per backfill: while one is live, this returns it
-        (``created=False``) and changes nothing. Bad options raise before anything is
-        written."""
+        """Start a pass of this backfill (the checksum recorded is this definition's: the one
+        registered under its name, unless it was declared again since): its job is enqueued
+        and its row recorded ``pending``, in one transaction. One live pass per backfill:
+        while one is live, this returns it (``created=False``) and changes nothing. Bad
+        options raise before anything is written."""
         check_alias(self)
         input: dict[str, Any] = {}
         if batch_size is not None:

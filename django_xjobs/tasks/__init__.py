@@ -15,7 +15,7 @@ How a task travels (docs/django-tasks.md has the user's view)
    function as the job's code, when its module is imported; installed apps' ``tasks.py`` are
    imported at startup (:func:`ready`, like ``jobs.py``). Only a declared task ever runs: a
    stored name is never imported (that module's docstring says why).
-2. **Enqueue** (here). :meth:`XJobsBackend.enqueue` goes through ``base.BoundJob.enqueue``, the
+2. **Enqueue** (here). :meth:`XJobsBackend.enqueue` goes through ``decorator.BoundJob.enqueue``, the
    very path ``my_job.enqueue`` takes: same validation, same statement, the caller's
    transaction. The row's ``name`` is the ``module_path``; its ``input`` is ``{"args": [...],
    "kwargs": {...}, "backend": alias}`` (plus ``run_after``); its ``priority`` is the task's

@@ -108,7 +108,8 @@ def pause_record(row: Sequence[Any]) -> PauseRecord:
 
 
 def backfill_record(row: Sequence[Any]) -> BackfillRecord:
-    """A row in the order of statements.BACKFILL_COLUMNS, maybe followed by job state, attempt."""
+    """A row in the order of BACKFILL_COLUMNS (statements/backfills.py), maybe followed by
+    job state, attempt."""
     (run_id, name, status, rows_processed, last_cursor, checksum, app_version, started_at,
      completed_at, updated_at, error, job_id, code_changes) = row[:13]
     job_state, job_attempt = (row[13], row[14]) if len(row) > 13 else (None, None)

@@ -124,8 +124,9 @@ class PostgresListener(_DedicatedSession, Listener):
     """A dedicated autocommit connection that LISTENs on the job channel (fragments.CHANNEL).
 
     The payload of a notification is a queue name. A relay's listener LISTENs on the outbox's
-    channel instead (``listen=outbox_sql.OUTBOX_LISTEN``), whose payload is empty. Connection errors
-    surface as :class:`ListenerLost`; the worker reconnects (and LISTENs again) with backoff.
+    channel instead (``listen=OUTBOX_LISTEN``, statements/outbox.py), whose payload is empty.
+    Connection errors surface as :class:`ListenerLost`; the worker reconnects (and LISTENs
+    again) with backoff.
     ``wait`` sends no statement (it reads the socket), so it has no fault point or timing.
     """
 

@@ -1,4 +1,4 @@
-"""A backfill's passes (``x_backfills``; django_xjobs/backfills.py), keyed by the run_id of
+"""A backfill's passes (``x_backfills``; django_xjobs/backfills/passes.py), keyed by the run_id of
 the job running each. A worker's writes are fenced on its run's claim."""
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ that buries a lapsed job) clears the token: that run did not finish the job, and
 must read as lost.
 
 One module per table family, each statement declared once, as a ``Statement`` constant of the
-module a maintainer of that family opens; the engine names it by its family
-(``from ..statements import claim as claim_sql; claim_sql.JOBS_CLAIM``). ``ALL`` maps every
+module a maintainer of that family opens; the engine imports it by name from there
+(``from ..statements.claim import JOBS_CLAIM``). ``ALL`` maps every
 name to its statement, collected from the family modules (``FAMILIES``, in the order of this
 list; within a module, in the order it declares them), so a new statement is written in one
 place and listed nowhere by hand:
