@@ -420,8 +420,13 @@ class Maintenance(threading.Thread):
             # The first run waits one interval: a restarted fleet does not purge at start-up.
             # Between two runs, finished jobs move to the history tables every ARCHIVE_TICK,
             # so x_jobs holds about ARCHIVE_AFTER of them, not an interval's worth.
+            # A process that does not lead, and a try that failed, wait a whole tick: once the
+            # first interval was over, a wait until `due` was no wait at all, and a process
+            # that did not lead spun a core on this loop (tests/unit/test_maintenance_loop.py).
             due = time.monotonic() + self.interval
-            while not self.stop.wait(min(ARCHIVE_TICK, max(due - time.monotonic(), 0.0))):
+            wait = min(ARCHIVE_TICK, self.interval)
+            while not self.stop.wait(wait):
+                wait = ARCHIVE_TICK
                 if not self.leadership.is_leader():
                     continue
                 full = time.monotonic() >= due
@@ -445,6 +450,7 @@ class Maintenance(threading.Thread):
                     log.warning("maintenance failed (%s); retrying", exc, exc_info=not lost)
                     continue
                 if not full:
+                    wait = min(ARCHIVE_TICK, max(due - time.monotonic(), 0.0))
                     continue
                 self.runs += 1
                 if report.total:
