@@ -6,6 +6,8 @@
 #   make bench                our own benchmark table (bench/; BENCH_ARGS="--workloads W3,W8")
 #   make bench-flow           flow control: W8, W11-W13 (slots, fair share, rate limit, hand-over)
 #   make bench-scale          claim latency and drain rate at 10k/100k/1M queued, 1M in history
+#   make bench-horizon        W15: an offered load while a snapshot is held 30 minutes, beside
+#                             the raw reference (BENCH_ARGS="--hold 300" for a shorter one)
 #   make bench-peers          the peers' harness and django-xjobs in one run
 #                             (PEERS_HARNESS=<its folder>; docs/performance.md)
 #   make lint                 ruff + import-linter (the layer contract) + mypy (pyproject.toml)
@@ -40,7 +42,7 @@ PYTEST_ARGS ?=
 TEST_PROCESSES ?= 2
 SOAK_ARGS ?= --duration 5m
 
-.PHONY: demo test soak upgrade-check bench bench-flow bench-scale bench-peers bench-admin bench-migrations bench-ab lint install clean-db browser pooler faketime screenshots
+.PHONY: demo test soak upgrade-check bench bench-flow bench-scale bench-horizon bench-peers bench-admin bench-migrations bench-ab lint install clean-db browser pooler faketime screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -121,6 +123,9 @@ bench-children: install
 
 bench-scale: install
 	$(PY) bench/scale.py $(BENCH_ARGS)
+
+bench-horizon: install
+	$(PY) bench/horizon.py $(BENCH_ARGS)
 
 bench-admin: install
 	$(PY) bench/admin_pages.py $(BENCH_ARGS)
