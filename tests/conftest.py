@@ -154,6 +154,15 @@ def raw_connection(**options: Any) -> Any:
     return psycopg.connect(**{**params, **options})
 
 
+def burn_transaction_ids(n: int) -> None:
+    """Move the database cluster's transaction counter on by ``n``: one transaction id per
+    statement, each its own transaction (a Sync after each, pipelined)."""
+    with raw_connection(autocommit=True) as conn, conn.pipeline() as pipeline:
+        for _ in range(n):
+            conn.execute("select txid_current()")
+            pipeline.sync()
+
+
 def in_threads(body: Callable[[], Any], n: int = 16) -> None:
     """Run ``body`` in ``n`` threads let go at once (a barrier), each on database connections
     of its own, closed when it ends; fail the test with the first exception one raised."""

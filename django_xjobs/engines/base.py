@@ -33,6 +33,7 @@ from ..records import (
     Claim,
     ClaimBatch,
     ClaimedJob,
+    ClaimFloors,
     ClaimFlow,
     Completion,
     Counters,
@@ -189,11 +190,13 @@ class Engine(abc.ABC):
     def jobs_claim(
         self, *, wants: Mapping[str, int], worker_id: str, lease_ms: int,
         flow: ClaimFlow | None = None, cursors: Mapping[str, str] | None = None,
+        floors: ClaimFloors | None = None,
     ) -> ClaimBatch:
         """Lease up to ``wants[queue]`` due jobs of each queue, plus lapsed ``running`` jobs,
         under flow control (docs/flow-control.md): pauses, rate budgets (``flow``'s limits) and
         concurrency slots are decided here, and what they hold back is not claimed. A fair
-        queue starts after ``cursors[queue]``, the last tenant this worker served there."""
+        queue starts after ``cursors[queue]``, the last tenant this worker served there. A queue
+        with ``floors`` is scanned from them (docs/performance.md, "Under a held horizon")."""
 
     # The fenced writes of runs never wait on a row another transaction holds (docs/design.md,
     # "Lock order"): such a run is answered busy in the report (nothing written), and the
@@ -544,6 +547,13 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def slots_usage(self, limit: int = 1000) -> list[SlotUsage]:
         """Live slots per key, busiest key first."""
+
+    @abc.abstractmethod
+    def horizon_age(self) -> int:
+        """How many transaction ids back this database's horizon is held (the oldest snapshot
+        of a backend, a replica's feedback, a replication slot or a prepared transaction):
+        row versions younger than it cannot be removed yet (docs/performance.md, "Under a held
+        horizon")."""
 
     @abc.abstractmethod
     def worker_seen(self, worker_id: str, host: str, pid: int, queues: Sequence[str], *,

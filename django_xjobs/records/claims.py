@@ -86,15 +86,44 @@ class ClaimFlow:
     hold_ms: int = 1000
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimFloors:
+    """Where a worker's claim starts its scans while the database's horizon is held
+    (worker/floors.py; docs/performance.md, "Under a held horizon"). The due scans of the
+    ``queues`` read only the priorities listed, as (queue, priority, floor) triples, each from
+    its floor (None: from the start); ``lapsed``: per queue, the earliest lease expiry its
+    rescue scan reads. Any other queue is scanned from the start, every priority found by the
+    claim itself."""
+
+    queues: frozenset[str] = frozenset()
+    floor_queues: tuple[str, ...] = ()
+    floor_priorities: tuple[int, ...] = ()
+    floor_values: tuple[datetime | None, ...] = ()
+    lapsed: Mapping[str, datetime] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPosition:
+    """Where a claim found one of its jobs: its queue, priority and run_at, and whether it was
+    a lapsed lease taken back (the floors follow these)."""
+
+    queue: str
+    priority: int
+    run_at: datetime
+    rescued: bool
+
+
 class ClaimBatch(list[ClaimedJob]):
     """The jobs a claim took; ``held``: how many it held back by flow control (blocked, or due
     later for their rate budget); ``retry_at``: the earliest time a job it held back for its
-    rate budget is due again (None when none was); ``now``: the database's clock when it held
-    jobs back, what ``retry_at`` is to be compared with (never the worker's wall clock)."""
+    rate budget is due again (None when none was); ``now``: the database's clock at the claim,
+    what ``retry_at`` is to be compared with (never the worker's wall clock); ``positions``:
+    where each job was found, in the order of the jobs."""
 
     retry_at: datetime | None = None
     held: int = 0
     now: datetime | None = None
+    positions: list[ClaimPosition] = []  # replaced per batch, never mutated
 
 
 class Fence(enum.Enum):

@@ -38,6 +38,7 @@ from ..exceptions import SLOT_LOST
 from ..ratelimits import rate_limit_of
 from ..records import ClaimBatch, ClaimedJob, ClaimFlow, Renewal, SlotHold
 from .executor import GiveBack
+from .floors import Floors
 
 log = logging.getLogger("django_xjobs.worker")
 
@@ -114,14 +115,21 @@ class Flow:
         # crash) wakes at once what waits on keys with room.
         self._next_unblock = clock.monotonic()
         self._fleet_read_at: float | None = None  # when x_fleet was last read (monotonic)
+        # Where the claims start while the database's horizon is held (floors.py); None: a
+        # burst run, whose claims always scan from the start.
+        self.floors: Floors | None = None
 
     # ------------------------------------------------------------------ the claim --
     def claim(self, wants: Mapping[str, int], lease_ms: int) -> ClaimBatch:
         """Claim under flow control (one statement), and note what the answer says for the
         next claim: the fair queues' cursors, when a rate-limited job is due again."""
-        self._read_fleet(clock.monotonic())
+        sent_at = clock.monotonic()
+        self._read_fleet(sent_at)
+        floors = self.floors.for_claim(wants, sent_at) if self.floors is not None else None
         batch = self.engine.jobs_claim(wants=wants, worker_id=self.worker_id, lease_ms=lease_ms,
-                                       flow=self.params, cursors=self.cursors)
+                                       flow=self.params, cursors=self.cursors, floors=floors)
+        if self.floors is not None:
+            self.floors.claimed(wants, batch)
         if self.params.fair_queues:
             self._advance_cursors(batch)
         if batch.retry_at is not None:
@@ -276,4 +284,11 @@ class Flow:
         woken = self.engine.jobs_unblock(self.params)
         if woken:
             self.stats["unblocked"] += woken
+            self.sweep_soon()
         return woken
+
+    def sweep_soon(self) -> None:
+        """Blocked jobs were woken: they keep their run_at, so the next claim scans from the
+        start (floors.py)."""
+        if self.floors is not None:
+            self.floors.sweep_soon()

@@ -62,6 +62,7 @@ from ..exceptions import ConfigurationError, XJobsError
 from . import duties, executor, reachability
 from .capacity import Capacity
 from .executor import GiveBack
+from .floors import Floors
 from .flow import Flow
 from .listener import WakeListener
 from .liveness import Liveness
@@ -120,6 +121,10 @@ class Worker:
         self.flow = Flow(engine=self.engine, settings=self.settings, worker_id=self.worker_id,
                          queues=options.queues, poll_interval=options.poll_interval,
                          stats=self.stats)
+        if not options.burst:
+            self.flow.floors = Floors(
+                priorities={d.priority for d in registry.all_jobs().values()},
+                fair=self.flow.params.fair_queues)
         self.runs = Runs(flow=self.flow, liveness=self.liveness)
         self.capacity = Capacity(options, self.runs)
         self.executors = Executors(
@@ -281,6 +286,7 @@ class Worker:
             self.capacity.new_sweep(dry=False)
         if self.settler.settle(batch):
             self._more_likely = True  # the release woke the jobs of its keys: claim them
+            self.flow.sweep_soon()
 
     # ------------------------------------------------------- 3. claim and dispatch --
     def _claim(self) -> int:

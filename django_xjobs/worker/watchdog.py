@@ -166,13 +166,16 @@ class Watchdog:
     # ------------------------------------------------------- the heartbeat's answers --
     def seen(self) -> None:
         """This worker is alive and serves its queues, and how its loop is doing (x_workers;
-        the heartbeat calls it)."""
+        the heartbeat calls it); and how far back the database's horizon is held, which
+        decides whether its claims start from floors (floors.py)."""
         running = self.runs.running()
         claimed_age, loop_age = self.liveness.ages()
         self.engine.worker_seen(
             self.worker_id, socket.gethostname(), os.getpid(), self.options.queues,
             version=conf.VERSION, concurrency=self.options.concurrency, running=running,
             finished=self.liveness.finished, claimed_age=claimed_age, loop_age=loop_age)
+        if self.flow.floors is not None:
+            self.flow.floors.horizon(self.engine.horizon_age())
 
     def unsettled(self) -> list[Run]:
         # A run leaves the table as it settles (Runs.settled, Runs.all_settled).

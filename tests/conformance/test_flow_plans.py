@@ -152,6 +152,12 @@ def returned(plan: dict) -> int:
     return plan["Actual Rows"]
 
 
+def claimed(plan: dict) -> int:
+    """Jobs in a claim's answer: its rows less the row without a job that ends every claim's
+    answer (what flow control held back, the database's clock)."""
+    return returned(plan) - 1
+
+
 def test_the_bound_would_fail_for_a_walk_of_the_table(million):
     assert million["table_pages"] > 20 * CLAIM_PAGES, million
 
@@ -162,7 +168,7 @@ def test_a_fair_claim_walks_a_few_tenants_of_a_million_jobs(engine, million, cur
     claim = engine.statements()["jobs_claim"]
     plan = PLANNERS[planner](claim.sql, claim_params(["fair"], fair=True, cursor=cursor))
 
-    assert returned(plan) == 10
+    assert claimed(plan) == 10
     assert "x_jobs_fair_idx" in indexes(plan), indexes(plan)
     assert seq_scans(plan, "x_jobs") == []
     assert buffers(plan) < CLAIM_PAGES, f"{buffers(plan)} pages read by a fair claim of 10"
@@ -173,7 +179,7 @@ def test_a_plain_claim_reads_its_batch_of_a_million_jobs(engine, million, planne
     claim = engine.statements()["jobs_claim"]
     plan = PLANNERS[planner](claim.sql, claim_params(["fair"]))
 
-    assert returned(plan) == 10
+    assert claimed(plan) == 10
     assert "x_jobs_claim_idx" in indexes(plan), indexes(plan)
     assert seq_scans(plan, "x_jobs") == []
     assert buffers(plan) < CLAIM_PAGES, f"{buffers(plan)} pages read by a plain claim of 10"

@@ -80,8 +80,11 @@ LISTS = {
     "prefixes": "slot:", "prefix_limits": 2, "rate_names": "testapp.noop", "rate_limits": 10,
     "rate_periods": 1000, "rate_costs": 1, "weight_queues": "default", "weight_tenants": "acme",
     "weight_values": 2, "periods": 1000, "costs": 1,
+    # ---- the claim's floors (worker/floors.py)
+    "floored": True, "floor_queues": "default", "floor_priorities": 0,
 }
-TIMES = {"run_at", "wake_at", "before", "after_at", "at", "ats"}  # filled with the database clock
+# Filled with the database clock.
+TIMES = {"run_at", "wake_at", "before", "after_at", "at", "ats", "lapsed_from", "floor_values"}
 
 
 def placeholders(sql: str) -> dict[str, bool]:
@@ -193,6 +196,8 @@ def claim_params(queues: list[str], *, fair: bool = False, cursor: str = "") -> 
     return {"queues": queues, "limits": [10] * len(queues), "fair": [fair] * len(queues),
             "cursors": [cursor] * len(queues), "worker_id": "worker-1", "lease_ms": 30_000,
             "slot_ttl_ms": 30_000, "park": True, "hold_ms": 1000,
+            "floored": [False] * len(queues), "lapsed_from": [None] * len(queues),
+            "floor_queues": [], "floor_priorities": [], "floor_values": [],
             **{name: [] for name in empty}}
 
 

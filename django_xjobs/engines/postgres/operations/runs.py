@@ -13,7 +13,9 @@ from typing import Any
 from ....records import (
     Claim,
     ClaimBatch,
+    ClaimFloors,
     ClaimFlow,
+    ClaimPosition,
     Completion,
     Failure,
     FenceReport,
@@ -58,6 +60,7 @@ class Runs(PostgresCore):
     def jobs_claim(
         self, *, wants: Mapping[str, int], worker_id: str, lease_ms: int,
         flow: ClaimFlow | None = None, cursors: Mapping[str, str] | None = None,
+        floors: ClaimFloors | None = None,
     ) -> ClaimBatch:
         queues = [q for q, n in wants.items() if n > 0]
         batch = ClaimBatch()
@@ -70,6 +73,11 @@ class Runs(PostgresCore):
             "limits": [wants[q] for q in queues],
             "fair": [q in flow.fair_queues for q in queues],
             "cursors": [cursors.get(q, "") for q in queues],
+            "floored": [floors is not None and q in floors.queues for q in queues],
+            "lapsed_from": [floors.lapsed.get(q) if floors else None for q in queues],
+            "floor_queues": list(floors.floor_queues) if floors else [],
+            "floor_priorities": list(floors.floor_priorities) if floors else [],
+            "floor_values": list(floors.floor_values) if floors else [],
             "worker_id": worker_id,
             "lease_ms": lease_ms,
             "slot_ttl_ms": flow.slot_ttl_ms,
@@ -95,14 +103,19 @@ class Runs(PostgresCore):
             if decoded is not None and any(type(v) is str for v in decoded):
                 decoded = None
         k = 0
+        positions = []
         for r in rows:
             if r[0] is None:
                 batch.retry_at, batch.held, batch.now = r[14], int(r[15]), r[16]
-            elif decoded is not None:
+                continue
+            positions.append(ClaimPosition(queue=r[3], priority=r[18], run_at=r[19],
+                                           rescued=r[20]))
+            if decoded is not None:
                 batch.append(claimed_job((*r[:4], decoded[k], *r[5:])))
                 k += 1
             else:
                 batch.append(claimed_job(r))
+        batch.positions = positions
         return batch
 
     def _fence_check(self, kind: str, claims: Sequence[Claim]) -> FenceReport:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from ....records import FleetRecord, WorkerRecord, stall_reason
 from ..core import PostgresCore
 from ..statements.fleet import FLEET_GET, FLEET_SET
-from ..statements.workers import WORKER_GONE, WORKER_SEEN, WORKERS_LIST
+from ..statements.workers import HORIZON_AGE, WORKER_GONE, WORKER_SEEN, WORKERS_LIST
 
 
 class Workers(PostgresCore):
@@ -51,3 +51,6 @@ class Workers(PostgresCore):
         row = self._run(FLEET_SET, {"compatible_with": compatible_with,
                                       "changed_by": changed_by}, fetch="one")
         return FleetRecord(compatible_with=row[0], changed_at=row[1], changed_by=row[2])
+
+    def horizon_age(self) -> int:
+        return int(self._run(HORIZON_AGE, {})[0][0])

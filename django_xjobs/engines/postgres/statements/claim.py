@@ -84,13 +84,18 @@ ASYNC_COMMIT = """async_commit as (
 )"""
 
 
-# Which queues are scanned: those asked, with how many jobs each, whether it is fair, and the
-# worker's tenant cursor in it; a queue paused in x_flow_pauses (kind 'queue', no end or an end
+# Which queues are scanned: those asked, with how many jobs each, whether it is fair, the
+# worker's tenant cursor in it, and whether it has floors (docs/performance.md, "Under a held
+# horizon"): `floored`, its due scans start at the floors of floor_values, per priority (the
+# priorities scanned are those listed), and `lapsed_from` (NULL: none), the earliest lease
+# expiry the rescue scan reads; a queue paused in x_flow_pauses (kind 'queue', no end or an end
 # still ahead) is left out here, so none of its rows is read. Reads only.
 WANTS = """wants as (
-    select w.queue, w.n, w.fair, w.cursor
+    select w.queue, w.n, w.fair, w.cursor, w.floored, w.lapsed_from
       from unnest(%(queues)s::text[], %(limits)s::int[], %(fair)s::boolean[],
-                  %(cursors)s::text[]) as w(queue, n, fair, cursor)
+                  %(cursors)s::text[], %(floored)s::boolean[],
+                  %(lapsed_from)s::timestamptz[])
+                as w(queue, n, fair, cursor, floored, lapsed_from)
      where not exists (select 1 from x_flow_pauses p
                         where p.kind = 'queue' and p.key = w.queue
                           and (p.until is null or p.until > now()))
@@ -119,6 +124,7 @@ RESCUES = f"""lapsed_rows as materialized (
                  unique_for_ms
             from only x_jobs j
            where queue = w.queue and state = 'running' and visible_at <= now()
+             and visible_at >= coalesce(w.lapsed_from, '-infinity'::timestamptz)
              and not exists (select 1 from x_lease_extensions e
                               where e.lease_token = j.lease_token and e.until > now())
            order by visible_at
@@ -142,7 +148,7 @@ RESCUES = f"""lapsed_rows as materialized (
 # (tests/conformance/test_claim.py::test_lapsed_rows_count_towards_the_asked_number). A rescue
 # takes its place first: its job waited a whole lease already. Reads only.
 SHARES = """shares as (
-    select w.queue, w.fair, w.cursor,
+    select w.queue, w.fair, w.cursor, w.floored,
            greatest(w.n - (select count(*) from lapsed l where l.queue = w.queue), 0) as share
       from wants w
 )"""
@@ -163,13 +169,19 @@ DUE = """due as (
     -- order cannot stop at the first row not yet due, since a lower priority follows it: with
     -- many delayed jobs and none due, an idle poll would read every one of them
     -- (docs/performance.md, "What the simpler forms cost").
+    --
+    -- With floors (a worker's claims while the database's horizon is held), each priority's
+    -- scan starts at its floor, past the index entries of the jobs already claimed (dead, but
+    -- not removable while the horizon is held), and the priorities are the worker's known
+    -- ones instead of the loose scan, which would walk them all when the queue is empty.
     select c.*, w.queue
       from shares w
       cross join lateral (
           select d.id, d.prev_state, false as exhausted, d.name, d.concurrency_key, d.rate_key
             from (with recursive prio(p) as (
                       (select priority from only x_jobs
-                        where queue = w.queue and state in ('ready', 'delayed', 'suspended')
+                        where not w.floored
+                          and queue = w.queue and state in ('ready', 'delayed', 'suspended')
                         order by priority desc limit 1)
                       union all
                       select (select priority from only x_jobs
@@ -178,12 +190,19 @@ DUE = """due as (
                                  and priority < prio.p
                                order by priority desc limit 1)
                         from prio where prio.p is not null)
-                  select p from prio where p is not null order by p desc) pr
+                  select p, null::timestamptz as floor from prio where p is not null
+                  union all
+                  select k.p, k.floor
+                    from unnest(%(floor_queues)s::text[], %(floor_priorities)s::int[],
+                                %(floor_values)s::timestamptz[]) as k(queue, p, floor)
+                   where w.floored and k.queue = w.queue
+                  order by p desc) pr
             cross join lateral (
                 select id, state as prev_state, name, concurrency_key, rate_key
                   from only x_jobs
                  where queue = w.queue and state in ('ready', 'delayed', 'suspended')
                    and priority = pr.p and run_at <= now()
+                   and run_at >= coalesce(pr.floor, '-infinity'::timestamptz)
                  order by run_at
                  limit w.share
                    for update skip locked
@@ -410,7 +429,7 @@ CLAIMED = f"""admitted as (
        and j.id = any(array(select id from admitted))
  returning j.id, j.lease_token, j.name, j.queue, j.input, j.run_id, j.attempt, j.max_attempts,
            j.tenant_id, j.traceparent, j.concurrency_key, p.prev_state = 'suspended' as resumed,
-           j.state, p.slot, p.slot_limit, p.prev_state, j.run_at, j.parent_id
+           j.state, p.slot, p.slot_limit, p.prev_state, j.run_at, j.parent_id, j.priority
 )"""
 
 
@@ -423,20 +442,22 @@ TALLIED = f"""tallied as (
 )"""
 
 
-# The answer: one row per job that runs, then, when flow control held jobs back, one row
-# without a job: how many, the earliest due time of those over budget, and the database's
-# now(), on which the worker measures its wait.
+# The answer: one row per job that runs (with its priority, its run_at and whether it was a
+# rescue: where the claim's scans stopped, which a worker's floors follow), then one row
+# without a job: how many flow control held back, the earliest due time of those over budget,
+# and the database's now(), on which the worker measures its wait and sets its floors.
 ANSWER = """
 select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
        tenant_id, traceparent, concurrency_key, resumed, slot, slot_limit, null::timestamptz,
-       0::bigint, null::timestamptz, parent_id::text
+       0::bigint, null::timestamptz, parent_id::text, priority, run_at,
+       prev_state = 'running'
   from claimed
  where state = 'running' and (select count(*) from async_commit) = 1
 union all
 select null, null, null, null, null, null, null, null, null, null, null, null, null, null,
-       (select min(next_at) from rated where next_at is not null), h.n, now(), null
+       (select min(next_at) from rated where next_at is not null), h.n, now(), null, null,
+       null, null
   from (select count(*) as n from holding) h
- where h.n > 0
 """
 
 
@@ -487,6 +508,14 @@ the earliest of those held for their rate budget is due, and the database's now(
 worker measures the wait on the database clock, not on its own wall clock. The worker then
 claims again at once (the held jobs left the scan, and what was behind them may be claimable)
 and at that time.
+Floors (docs/performance.md, "Under a held horizon"): while a backup, a report or a replica's
+feedback holds the database's horizon, no index entry of a job claimed since can be removed or
+marked dead, and a scan from the start of its range walks them all (a claim of an empty queue
+read every one). A worker then sends, per queue, where its last claims found the due jobs
+(`floors`, per priority, with the priorities it knows) and the lapsed leases (`lapsed_from`),
+each a few seconds back for transactions that commit late; the scans start there. What the
+floors cannot see (a job made due with an older run_at, a priority the worker does not know)
+is claimed by the next claim without floors, which a worker sends every half minute.
 The limit of a key: the longest prefix of XJOBS["CONCURRENCY_LIMITS"], else its job's
 Concurrency(limit=...), else 1; a debounce key (`debounce:...`, slots.debounce_key) is always 1.
 

@@ -132,3 +132,32 @@ select w.id, w.host, w.pid, array(select jsonb_array_elements_text(w.queues)), w
  order by w.host, w.pid, w.id
 """,
 )
+
+
+HORIZON_AGE = Statement(
+    "horizon_age",
+    why="""
+How far back this database's horizon is held, in transaction ids: the oldest snapshot or
+transaction id of this database's backends (autovacuum's own left out: PostgreSQL ignores them
+for the horizon), of a replica's feedback (pg_stat_replication.backend_xmin), of a replication
+slot and of a prepared transaction. Every transaction id younger than it may have left row
+versions and index entries that cannot be removed or marked dead yet, and a scan from the start
+of the claim's ranges walks them; a worker's claims start from floors while it is large
+(worker/floors.py; docs/performance.md, "Under a held horizon"). Every role sees every
+session's backend_xmin and backend_xid; the backend type of another role's session only with
+pg_read_all_stats (NULL otherwise, so an autovacuum worker then counts too).
+""",
+    sql="""
+select greatest(
+    (select max(greatest(age(a.backend_xmin), age(a.backend_xid)))
+       from pg_stat_activity a
+      where a.datname = current_database()
+        and coalesce(a.backend_type, '') not like 'autovacuum%%'),
+    (select max(age(r.backend_xmin)) from pg_stat_replication r),
+    (select max(age(s.xmin)) from pg_replication_slots s
+      where s.xmin is not null and (s.database is null or s.database = current_database())),
+    (select max(age(p.transaction)) from pg_prepared_xacts p
+      where p.database = current_database()),
+    0)::bigint
+""",
+)

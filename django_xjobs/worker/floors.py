@@ -1,0 +1,130 @@
+"""The claim's floors: where a worker's claims start their scans while the database's horizon
+is held (docs/performance.md, "Under a held horizon").
+
+A backup, a long report or a replica's feedback holds the oldest snapshot open; while it does,
+the index entries of every job claimed since cannot be removed or marked dead, and a scan from
+the start of the claim's ranges walks all of them before it finds a live row (an empty queue's
+claim walked every one). The claim is told where to start instead: per queue and priority,
+where its last claims found the due jobs, ``MARGIN`` back for a transaction that enqueued
+before it and commits late, and per queue, where they found the lapsed leases,
+``LAPSED_MARGIN`` back. So a claim reads the entries of the last few seconds, however long the
+horizon has been held.
+
+What a floor cannot see is claimed by a sweep, a claim without floors, every ``SWEEP`` seconds
+while they are on, and at once after this worker woke blocked jobs: a job made due with an
+older run_at (enqueued with a run_at in the past, by a transaction open longer than the
+margin, or woken from ``blocked`` by another worker), a priority the worker has not met yet.
+A queue whose claims hold jobs back by flow control, or meet jobs with a concurrency key, is
+not floored (a job woken from ``blocked`` keeps its run_at), nor is a fair queue (its walk is
+per tenant). Burst runs never use floors.
+
+The heartbeat thread reads the horizon (``engine.horizon_age``) once a round and sets
+``held``; the loop's thread does everything else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+
+from ..records import ClaimBatch, ClaimFloors
+
+log = logging.getLogger("django_xjobs.worker")
+
+# Floors are on while the horizon is held this many transaction ids back: about what a
+# worker's claims and acknowledgements spend in half a minute at a few hundred jobs a second,
+# and the point from which an unfloored claim of an empty queue reads thousands of entries.
+HORIZON_XIDS = 10_000
+# How far behind where its claims found jobs a due floor stays: an enqueue whose transaction
+# began up to this long before it committed is still claimed at once (its run_at is the
+# transaction's start). Each claim reads the index entries of this window (and a rescue floor's).
+MARGIN = timedelta(seconds=2)
+# The rescue floor's: a lease's expiry is written by the claim or the renewal that holds the
+# row, never behind the database's clock, so only a claim's own duration needs covering.
+LAPSED_MARGIN = timedelta(seconds=1)
+# Seconds between sweeps (claims without floors) while floors are on.
+SWEEP = 30.0
+
+
+class Floors:
+    """One worker's floors (the loop's thread; ``held`` is set by the heartbeat's)."""
+
+    def __init__(self, *, priorities: Iterable[int], fair: Iterable[str] = ()) -> None:
+        self.held = False
+        self._start = frozenset(priorities) | {0}
+        self._fair = frozenset(fair)
+        self._known: dict[str, set[int]] = {}
+        self._due: dict[str, dict[int, datetime]] = {}
+        self._lapsed: dict[str, datetime] = {}
+        self._unfloored: set[str] = set()
+        self._next_sweep = 0.0
+        self.sweeps = 0
+
+    def horizon(self, age: int) -> None:
+        """The heartbeat's reading of the horizon (transaction ids)."""
+        held = age >= HORIZON_XIDS
+        if held != self.held:
+            log.info("the database's horizon is held %d transaction ids back: claims %s",
+                     age, "start from floors" if held else "scan from the start again")
+        self.held = held
+
+    def sweep_soon(self) -> None:
+        """Blocked jobs were woken (they keep their run_at): the next claim sweeps."""
+        self._next_sweep = 0.0
+
+    def for_claim(self, wants: Mapping[str, int], now: float) -> ClaimFloors | None:
+        """The floors of the next claim, None for a sweep (or while the horizon is not held)."""
+        if not self.held:
+            if self._due or self._lapsed:
+                self._due.clear()
+                self._lapsed.clear()
+                self._unfloored.clear()
+                self._next_sweep = 0.0
+            return None
+        if now >= self._next_sweep:
+            self._next_sweep = now + SWEEP
+            self.sweeps += 1
+            return None
+        queues = frozenset(q for q in wants
+                           if q not in self._fair and q not in self._unfloored)
+        fq: list[str] = []
+        fp: list[int] = []
+        fv: list[datetime | None] = []
+        for q in sorted(queues):
+            floors = self._due.get(q, {})
+            for p in sorted(self._known.get(q, self._start), reverse=True):
+                fq.append(q)
+                fp.append(p)
+                fv.append(floors.get(p))
+        return ClaimFloors(queues=queues, floor_queues=tuple(fq), floor_priorities=tuple(fp),
+                           floor_values=tuple(fv),
+                           lapsed={q: self._lapsed[q] for q in wants if q in self._lapsed})
+
+    def claimed(self, wants: Mapping[str, int], batch: ClaimBatch) -> None:
+        """Move the floors to where this claim found its jobs (a sweep's answer too)."""
+        if not self.held or batch.now is None:
+            return
+        back = batch.now - MARGIN
+        for q, n in wants.items():
+            known = self._known.setdefault(q, set(self._start))
+            found = [p for p in batch.positions if p.queue == q]
+            due = [p for p in found if not p.rescued]
+            known.update(p.priority for p in due)
+            if sum(p.rescued for p in found) < n:
+                self._lapsed[q] = batch.now - LAPSED_MARGIN
+            if batch.held or any(job.queue == q and job.concurrency_key for job in batch):
+                # A job held back or woken from `blocked` keeps its run_at: scan it whole.
+                self._unfloored.add(q)
+                continue
+            floors = self._due.setdefault(q, {})
+            if len(found) < n:  # every priority ran dry
+                for p in known:
+                    floors[p] = back
+            elif due:  # the lowest priority found stopped at the share; those above ran dry
+                last = min(p.priority for p in due)
+                for p in known:
+                    if p > last:
+                        floors[p] = back
+                deepest = max(p.run_at for p in due if p.priority == last)
+                floors[last] = min(deepest - MARGIN, back)
