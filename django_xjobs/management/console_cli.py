@@ -384,3 +384,5 @@ def _print_health(out: _Out, health: Health, overall: str) -> None:
                 humanize_seconds(h.holder.age_seconds), h.holder.xmin_age,
                 f"{h.verdict} {h.advice}".strip()) for h in health.holders],
               empty="(nothing holds an old snapshot)")
+    if health.horizon_cost:
+        out.line(f"  what it costs the queue now: {health.horizon_cost}")

@@ -132,3 +132,24 @@ def test_a_lapsed_lease_past_the_rescue_floor_is_taken_back(held_horizon):
 
     assert sorted(ids) == sorted([lapsed, due])
 
+
+def test_the_health_panel_says_what_the_oldest_snapshot_costs_the_queue():
+    from django_xjobs.console.reads.health import health
+    from django_xjobs.worker.floors import HORIZON_XIDS
+
+    holder = raw_connection(application_name="nightly-report")
+    try:
+        holder.execute("set transaction isolation level repeatable read")
+        holder.execute("select count(*) from x_jobs")
+        young = health().horizon_cost
+        burn_transaction_ids(HORIZON_XIDS)
+        old = health().horizon_cost
+    finally:
+        holder.rollback()
+        holder.close()
+
+    assert young.startswith("x_jobs holds ") and "dead row versions" in young
+    assert "floors" not in young
+    assert old.startswith("x_jobs holds ")
+    assert "transaction ids back, so the workers' claims start from floors" in old
+    assert health().horizon_cost == ""  # nothing holds an old snapshot any more

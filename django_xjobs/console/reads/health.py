@@ -29,6 +29,7 @@ from ...records import (
     WorkerRecord,
     XminHolder,
 )
+from ...worker import floors
 from .jobs import PANEL_ROWS, JobBrief, finished_since
 from .json_columns import without_json
 from .scope import TenantScope, scoped
@@ -112,10 +113,13 @@ class Health:
     # Jobs waiting for a worker that knows their name (docs/deployment.md, "New job types
     # before their workers").
     unknown: list[UnknownRow] = field(default_factory=list)
+    # What the oldest holder of the horizon costs the queue now (horizon_cost); "" for none.
+    horizon_cost: str = ""
 
     @property
     def stalled(self) -> list[WorkerRecord]:
         return [w for w in self.workers if w.stalled]
+
 
     @property
     def held_back(self) -> list[str]:
@@ -198,6 +202,24 @@ def rescue_summary(tenants: TenantScope = None) -> RescueSummary:
     )
 
 
+def horizon_cost(holders: list[HolderRow], tables: list[TableRow]) -> str:
+    """What the oldest of the holders costs the queue now: the dead row versions of x_jobs it
+    keeps, and whether the workers' claims step over them (docs/performance.md, "Under a held
+    horizon"). Empty when nothing holds an old snapshot."""
+    if not holders:
+        return ""
+    oldest = max((h.holder.xmin_age or 0 for h in holders), default=0)
+    dead = next((t.health.dead_tuples for t in tables if t.health.table == "x_jobs"), None)
+    pinned = (f"x_jobs holds {dead:,} dead row versions that VACUUM cannot remove while it is "
+              "open" if dead is not None else "")
+    if oldest < floors.HORIZON_XIDS:
+        return pinned
+    return (f"{pinned}; " if pinned else "") + (
+        f"the horizon is {oldest:,} transaction ids back, so the workers' claims start from "
+        f"floors past the jobs claimed since, and a sweep every {floors.SWEEP:.0f} s still "
+        'reads them all (docs/performance.md, "Under a held horizon")')
+
+
 def judge_table(t: TableHealth) -> TableRow:
     verdict, advice = OK, ""
     if t.dead_tuples >= DEAD_TUPLES_MIN and t.dead_ratio >= DEAD_RATIO_WARN:
@@ -278,10 +300,11 @@ def health(tenants: TenantScope = None, *, query_text: bool = True,
         holders = [dataclasses.replace(row, holder=dataclasses.replace(
             row.holder, query=redact_query(row.holder.query)), query_hidden=True)
             for row in holders]
+    tables = [judge_table(t) for t in engine.tables_health()] if tenants is None else []
     return Health(
         now=now, tenants=tenants, lapsed_count=count, lapsed=lapsed,
-        rescues=rescue_summary(tenants),
-        tables=[judge_table(t) for t in engine.tables_health()] if tenants is None else [],
+        rescues=rescue_summary(tenants), tables=tables,
+        horizon_cost=horizon_cost(holders, tables),
         holders=holders, workers=fleet(tenants, max_stall=max_stall), query_text=query_text,
         history=engine.history_tables() if tenants is None else [],
         compatibility=engine.fleet_get() if tenants is None else None,
