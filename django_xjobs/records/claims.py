@@ -103,27 +103,41 @@ class ClaimFloors:
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimPosition:
-    """Where a claim found one of its jobs: its queue, priority and run_at, and whether it was
-    a lapsed lease taken back (the floors follow these)."""
+class DueScan:
+    """What a claim's due scan took in one queue and priority: how many rows (before flow
+    control held any back), the last one's run_at, and whether any carried a key."""
 
     queue: str
     priority: int
-    run_at: datetime
-    rescued: bool
+    found: int
+    last: datetime
+    keyed: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimScans:
+    """What a claim's scans found, per queue, before flow control or a burial took anything
+    out (the floors follow these, worker/floors.py): the queues scanned (a paused queue is
+    not), the rows the rescue scan read (``lapsed``) and took (``taken``, which count against
+    the queue's share), and the due scan's rows per priority."""
+
+    queues: frozenset[str] = frozenset()
+    lapsed: Mapping[str, int] = field(default_factory=dict)
+    taken: Mapping[str, int] = field(default_factory=dict)
+    due: tuple[DueScan, ...] = ()
 
 
 class ClaimBatch(list[ClaimedJob]):
     """The jobs a claim took; ``held``: how many it held back by flow control (blocked, or due
     later for their rate budget); ``retry_at``: the earliest time a job it held back for its
     rate budget is due again (None when none was); ``now``: the database's clock at the claim,
-    what ``retry_at`` is to be compared with (never the worker's wall clock); ``positions``:
-    where each job was found, in the order of the jobs."""
+    what ``retry_at`` is to be compared with (never the worker's wall clock); ``scans``: what
+    its scans found (decoded when the engine is asked to)."""
 
     retry_at: datetime | None = None
     held: int = 0
     now: datetime | None = None
-    positions: list[ClaimPosition] = []  # replaced per batch, never mutated
+    scans: ClaimScans | None = None
 
 
 class Fence(enum.Enum):

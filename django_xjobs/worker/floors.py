@@ -10,16 +10,19 @@ before it and commits late, and per queue, where they found the lapsed leases,
 ``LAPSED_MARGIN`` back. So a claim reads the entries of the last few seconds, however long the
 horizon has been held.
 
-What a floor cannot see is claimed by a sweep, a claim without floors, every ``SWEEP`` seconds
-while they are on, and at once after this worker woke blocked jobs: a job made due with an
-older run_at (enqueued with a run_at in the past, by a transaction open longer than the
-margin, or woken from ``blocked`` by another worker), a priority the worker has not met yet.
-A queue whose claims hold jobs back by flow control, or meet jobs with a concurrency key, is
-not floored (a job woken from ``blocked`` keeps its run_at), nor is a fair queue (its walk is
-per tenant). Burst runs never use floors.
+What a floor cannot see is claimed by a sweep, a claim of the queue without floors, every
+``SWEEP`` seconds per queue while they are on, and at once after the safety net woke blocked
+jobs: a job made due with an older run_at (enqueued with a run_at in the past or by a
+transaction open longer than the margin, woken from ``blocked``, or a cron job woken by its
+predecessor's end), a job another transaction held locked when a claim passed it, a priority
+the worker has not met yet. A queue whose due scans meet a job with a concurrency or rate key
+is not floored (a job woken from ``blocked`` keeps its run_at), nor is a fair queue's due scan
+(its walk is per tenant); their rescue scans are. Burst runs never use floors.
 
-The heartbeat thread reads the horizon (``engine.horizon_age``) once a round and sets
-``held``; the loop's thread does everything else.
+The floors follow what the claim's scans found (``ClaimBatch.scans``: rows taken before flow
+control held any back or a burial took its place), never the jobs it answered. The heartbeat
+thread reads the horizon (``engine.horizon_age``) with the worker's row and sets ``held``; the
+loop's thread does everything else.
 """
 
 from __future__ import annotations
@@ -58,8 +61,8 @@ class Floors:
         self._due: dict[str, dict[int, datetime]] = {}
         self._lapsed: dict[str, datetime] = {}
         self._unfloored: set[str] = set()
-        self._next_sweep = 0.0
-        self.sweeps = 0
+        self._next_sweep: dict[str, float] = {}  # per queue (monotonic); none yet: at once
+        self.sweeps = 0  # claims of a queue without floors while they were on
 
     def horizon(self, age: int) -> None:
         """The heartbeat's reading of the horizon (transaction ids)."""
@@ -70,24 +73,25 @@ class Floors:
         self.held = held
 
     def sweep_soon(self) -> None:
-        """Blocked jobs were woken (they keep their run_at): the next claim sweeps."""
-        self._next_sweep = 0.0
+        """Blocked jobs were woken (they keep their run_at): every queue's next claim sweeps."""
+        self._next_sweep.clear()
 
     def for_claim(self, wants: Mapping[str, int], now: float) -> ClaimFloors | None:
-        """The floors of the next claim, None for a sweep (or while the horizon is not held)."""
+        """The floors of the next claim (none for a queue due a sweep); None while the horizon
+        is not held."""
         if not self.held:
-            if self._due or self._lapsed:
+            if self._due or self._lapsed or self._next_sweep:
                 self._due.clear()
                 self._lapsed.clear()
                 self._unfloored.clear()
-                self._next_sweep = 0.0
+                self._next_sweep.clear()
             return None
-        if now >= self._next_sweep:
-            self._next_sweep = now + SWEEP
-            self.sweeps += 1
-            return None
-        queues = frozenset(q for q in wants
-                           if q not in self._fair and q not in self._unfloored)
+        sweeping = {q for q in wants if now >= self._next_sweep.get(q, 0.0)}
+        for q in sweeping:
+            self._next_sweep[q] = now + SWEEP
+        self.sweeps += len(sweeping)
+        queues = frozenset(q for q in wants if q not in sweeping and q not in self._fair
+                           and q not in self._unfloored)
         fq: list[str] = []
         fp: list[int] = []
         fv: list[datetime | None] = []
@@ -97,34 +101,42 @@ class Floors:
                 fq.append(q)
                 fp.append(p)
                 fv.append(floors.get(p))
+        lapsed = {q: self._lapsed[q] for q in wants if q not in sweeping and q in self._lapsed}
         return ClaimFloors(queues=queues, floor_queues=tuple(fq), floor_priorities=tuple(fp),
-                           floor_values=tuple(fv),
-                           lapsed={q: self._lapsed[q] for q in wants if q in self._lapsed})
+                           floor_values=tuple(fv), lapsed=lapsed)
 
     def claimed(self, wants: Mapping[str, int], batch: ClaimBatch) -> None:
-        """Move the floors to where this claim found its jobs (a sweep's answer too)."""
-        if not self.held or batch.now is None:
+        """Move the floors to where this claim's scans stopped (a sweep's too)."""
+        scans = batch.scans
+        if not self.held or batch.now is None or scans is None:
             return
         back = batch.now - MARGIN
         for q, n in wants.items():
-            known = self._known.setdefault(q, set(self._start))
-            found = [p for p in batch.positions if p.queue == q]
-            due = [p for p in found if not p.rescued]
-            known.update(p.priority for p in due)
-            if sum(p.rescued for p in found) < n:
+            if q not in scans.queues:  # paused: not scanned, nothing learnt
+                continue
+            if scans.lapsed.get(q, 0) < n:  # the rescue scan ran dry
                 self._lapsed[q] = batch.now - LAPSED_MARGIN
-            if batch.held or any(job.queue == q and job.concurrency_key for job in batch):
-                # A job held back or woken from `blocked` keeps its run_at: scan it whole.
+            else:  # it stopped at n: from the start until it runs dry
+                self._lapsed.pop(q, None)
+            found = [d for d in scans.due if d.queue == q]
+            known = self._known.setdefault(q, set(self._start))
+            known.update(d.priority for d in found)
+            if any(d.keyed for d in found):
+                # A job of this queue may be held back and woken later with its run_at: scan
+                # it whole.
                 self._unfloored.add(q)
+            share = max(n - scans.taken.get(q, 0), 0)
+            if q in self._fair or q in self._unfloored or share == 0:
                 continue
             floors = self._due.setdefault(q, {})
-            if len(found) < n:  # every priority ran dry
+            if sum(d.found for d in found) < share:  # every priority ran dry
                 for p in known:
                     floors[p] = back
-            elif due:  # the lowest priority found stopped at the share; those above ran dry
-                last = min(p.priority for p in due)
-                for p in known:
-                    if p > last:
-                        floors[p] = back
-                deepest = max(p.run_at for p in due if p.priority == last)
-                floors[last] = min(deepest - MARGIN, back)
+                continue
+            # The share filled up in the lowest priority found; those above it ran dry.
+            last = min(d.priority for d in found)
+            for p in known:
+                if p > last:
+                    floors[p] = back
+            deepest = max(d.last for d in found if d.priority == last)
+            floors[last] = min(deepest - MARGIN, back)

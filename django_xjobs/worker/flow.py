@@ -126,6 +126,8 @@ class Flow:
         sent_at = clock.monotonic()
         self._read_fleet(sent_at)
         floors = self.floors.for_claim(wants, sent_at) if self.floors is not None else None
+        if floors is not None and (floors.queues or floors.lapsed):
+            self.stats["floored"] += 1  # a claim that started from floors (floors.py)
         batch = self.engine.jobs_claim(wants=wants, worker_id=self.worker_id, lease_ms=lease_ms,
                                        flow=self.params, cursors=self.cursors, floors=floors)
         if self.floors is not None:
@@ -288,7 +290,8 @@ class Flow:
         return woken
 
     def sweep_soon(self) -> None:
-        """Blocked jobs were woken: they keep their run_at, so the next claim scans from the
-        start (floors.py)."""
+        """The safety net woke blocked jobs: they keep their run_at, so the next claim scans
+        every queue from the start (floors.py). A release's wake-ups need none: the queues of
+        keyed jobs are not floored."""
         if self.floors is not None:
             self.floors.sweep_soon()

@@ -286,7 +286,6 @@ class Worker:
             self.capacity.new_sweep(dry=False)
         if self.settler.settle(batch):
             self._more_likely = True  # the release woke the jobs of its keys: claim them
-            self.flow.sweep_soon()
 
     # ------------------------------------------------------- 3. claim and dispatch --
     def _claim(self) -> int:

@@ -84,6 +84,7 @@ class Watchdog:
         self._stopping = stopping  # whether the worker is stopping already
         self._heartbeat: Heartbeat | None = None
         self.heartbeat_generation = 0
+        self._horizon_unread = False  # warned once that HORIZON_AGE failed (floors.py)
 
     def start(self) -> None:
         """Start the heartbeat, then the watch thread."""
@@ -174,8 +175,20 @@ class Watchdog:
             self.worker_id, socket.gethostname(), os.getpid(), self.options.queues,
             version=conf.VERSION, concurrency=self.options.concurrency, running=running,
             finished=self.liveness.finished, claimed_age=claimed_age, loop_age=loop_age)
-        if self.flow.floors is not None:
-            self.flow.floors.horizon(self.engine.horizon_age())
+        floors = self.flow.floors
+        if floors is None:
+            return
+        try:
+            age = self.engine.horizon_age()
+        except Exception as exc:
+            if self.engine.is_connection_error(exc):
+                raise  # the lease renewal that follows says so
+            if not self._horizon_unread:
+                log.warning("the database's horizon could not be read (%s): claims scan from "
+                            "the start while it cannot", exc)
+            self._horizon_unread = True
+            age = 0
+        floors.horizon(age)
 
     def unsettled(self) -> list[Run]:
         # A run leaves the table as it settles (Runs.settled, Runs.all_settled).

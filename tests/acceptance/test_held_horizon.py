@@ -9,10 +9,12 @@ an offered load, beside the raw reference). Each wait is on the worker's log or 
 
 from __future__ import annotations
 
+import re
+
 from django_xjobs.worker.floors import HORIZON_XIDS, SWEEP
 from tests.conftest import burn_transaction_ids, raw_connection
 
-from .conftest import wait_log, wait_state
+from .conftest import wait_exit, wait_log, wait_state
 
 ON = "claims start from floors"
 OFF = "claims scan from the start again"
@@ -47,4 +49,10 @@ def test_a_held_snapshot_turns_floors_on_and_the_jobs_keep_flowing(start_worker)
     wait_log(worker, OFF)
     last = noop.enqueue(i="after")
     wait_state(last.id, "done")
-    assert "Traceback" not in worker.log()
+    worker.proc.terminate()
+    wait_exit(worker)
+    log = worker.log()
+    assert "Traceback" not in log
+    # Its claims did start from floors (the worker's counters, logged as it stops).
+    floored = re.search(r"'floored': (\d+)", log)
+    assert floored and int(floored.group(1)) > 0, log[-2000:]

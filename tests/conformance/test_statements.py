@@ -64,6 +64,7 @@ SCALARS.update({"unique_for_ms": 3_600_000,
                 "job_unique_for_ms": 3_600_000})  # ---- idempotency windows
 SCALARS.update({"park": True, "hold_ms": 1000, "compatible_with": "0.1",
                 "changed_by": "tests"})  # ---- mixed-version fleets
+SCALARS.update({"scans": True})  # ---- the claim's floors (worker/floors.py)
 LISTS = {
     "enqueued_by": "cron:nightly",  # ---- cron overlap
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
@@ -197,7 +198,7 @@ def claim_params(queues: list[str], *, fair: bool = False, cursor: str = "") -> 
             "cursors": [cursor] * len(queues), "worker_id": "worker-1", "lease_ms": 30_000,
             "slot_ttl_ms": 30_000, "park": True, "hold_ms": 1000,
             "floored": [False] * len(queues), "lapsed_from": [None] * len(queues),
-            "floor_queues": [], "floor_priorities": [], "floor_values": [],
+            "floor_queues": [], "floor_priorities": [], "floor_values": [], "scans": False,
             **{name: [] for name in empty}}
 
 

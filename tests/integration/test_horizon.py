@@ -119,18 +119,25 @@ def test_what_a_floor_cannot_see_a_claim_without_floors_finds(held_horizon):
     assert sorted(whole_ids) == sorted([urgent, due])
 
 
-def test_a_lapsed_lease_past_the_rescue_floor_is_taken_back(held_horizon):
+def test_a_lapsed_lease_past_the_rescue_floor_is_taken_back_one_before_it_by_a_sweep(
+        held_horizon):
     conn, queue, due = held_horizon
-    lapsed = conn.execute(
-        "insert into x_jobs (id, idempotency_key, name, queue, input, state, run_at, run_id,"
-        "                    max_attempts, attempt, visible_at, lease_token, claimed_by)"
-        " select u, u::text, 'testapp.noop', %s, '{}', 'running', now(), gen_random_uuid(), 3,"
-        "        1, now() - interval '1 second', gen_random_uuid(), 'gone'"
-        "   from gen_random_uuid() u returning id::text", (queue,)).fetchone()[0]
 
-    _, ids = _claim(conn, queue, **_floors(conn, queue, timedelta(seconds=5)))
+    def lapsed(ago: str) -> str:
+        return conn.execute(
+            "insert into x_jobs (id, idempotency_key, name, queue, input, state, run_at, run_id,"
+            "                    max_attempts, attempt, visible_at, lease_token, claimed_by)"
+            " select u, u::text, 'testapp.noop', %s, '{}', 'running', now(), gen_random_uuid(),"
+            "        3, 1, now() - %s::interval, gen_random_uuid(), 'gone'"
+            "   from gen_random_uuid() u returning id::text", (queue, ago)).fetchone()[0]
 
-    assert sorted(ids) == sorted([lapsed, due])
+    recent, old = lapsed("1 second"), lapsed("1 hour")
+
+    _, floored_ids = _claim(conn, queue, **_floors(conn, queue, timedelta(seconds=5)))
+    _, whole_ids = _claim(conn, queue)
+
+    assert sorted(floored_ids) == sorted([recent, due])
+    assert sorted(whole_ids) == sorted([old, recent, due])
 
 
 def test_the_health_panel_says_what_the_oldest_snapshot_costs_the_queue():
@@ -141,15 +148,49 @@ def test_the_health_panel_says_what_the_oldest_snapshot_costs_the_queue():
     try:
         holder.execute("set transaction isolation level repeatable read")
         holder.execute("select count(*) from x_jobs")
-        young = health().horizon_cost
         burn_transaction_ids(HORIZON_XIDS)
-        old = health().horizon_cost
+        told = health().horizon_cost
     finally:
         holder.rollback()
         holder.close()
 
-    assert young.startswith("x_jobs holds ") and "dead row versions" in young
-    assert "floors" not in young
-    assert old.startswith("x_jobs holds ")
-    assert "transaction ids back, so the workers' claims start from floors" in old
+    assert told.startswith("x_jobs has ") and "dead row versions VACUUM has not removed" in told
+    assert "transaction ids back, so the workers' claims start from floors" in told
     assert health().horizon_cost == ""  # nothing holds an old snapshot any more
+
+
+def test_the_claim_says_what_its_scans_found_before_a_burial_took_its_place():
+    """The floors follow the scans, not the answer: a lapsed lease on its last attempt is read
+    and taken (buried, so not answered), and a due job with a key counts as keyed."""
+    from django_xjobs.engines import get_engine
+    from django_xjobs.records import ClaimFloors
+
+    queue = f"scans-{uuid.uuid4().hex[:8]}"
+    conn = raw_connection(autocommit=True)
+    try:
+        conn.execute(
+            "insert into x_jobs (id, idempotency_key, name, queue, input, state, run_at, run_id,"
+            "                    max_attempts, attempt, visible_at, lease_token, claimed_by)"
+            " select u, u::text, 'testapp.noop', %s, '{}', 'running', now(), gen_random_uuid(),"
+            "        1, 1, now() - interval '1 second', gen_random_uuid(), 'gone'"
+            "   from gen_random_uuid() u", (queue,))
+        conn.execute(
+            "insert into x_jobs (id, idempotency_key, name, queue, input, state, run_at, run_id,"
+            "                    max_attempts, concurrency_key)"
+            " select u, u::text, 'testapp.noop', %s, '{}', 'ready', now() - g * interval '1 s',"
+            "        gen_random_uuid(), 3, case when g = 1 then 'scans:k' end"
+            "   from (select gen_random_uuid() as u, g from generate_series(1, 2) g) s",
+            (queue,))
+
+        batch = get_engine().jobs_claim(wants={queue: 10, f"{queue}-empty": 10},
+                                        worker_id="scans", lease_ms=30_000,
+                                        floors=ClaimFloors())
+    finally:
+        conn.execute("delete from x_jobs where queue = %s", (queue,))
+        conn.close()
+
+    assert len(batch) == 2  # the two due jobs; the burial is not answered
+    scans = batch.scans
+    assert scans.queues == {queue, f"{queue}-empty"}
+    assert scans.lapsed == {queue: 1} and scans.taken == {queue: 1}
+    assert [(d.queue, d.priority, d.found, d.keyed) for d in scans.due] == [(queue, 0, 2, True)]

@@ -1,5 +1,5 @@
-"""The claim's floors (django_xjobs/worker/floors.py): where they move after each claim, what
-is left to a sweep, and when they are off. The SQL side, under a real held snapshot, is
+"""The claim's floors (django_xjobs/worker/floors.py): where they move after each claim's scans,
+what is left to a sweep, and when they are off. The SQL side, under a real held snapshot, is
 tests/integration/test_horizon.py; a worker turning them on and off, in
 tests/acceptance/test_held_horizon.py."""
 
@@ -7,28 +7,29 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from django_xjobs.records import ClaimBatch, ClaimedJob, ClaimPosition
+from django_xjobs.records import ClaimBatch, ClaimScans, DueScan
 from django_xjobs.worker.floors import HORIZON_XIDS, LAPSED_MARGIN, MARGIN, SWEEP, Floors
 
 T = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 
 
-def batch(*found: tuple[str, int, datetime, bool], now: datetime = T, held: int = 0,
-          key: str | None = None) -> ClaimBatch:
-    b = ClaimBatch(ClaimedJob(id=str(i), lease_token="t", name="n", queue=q, input={},
-                              run_id="r", attempt=1, max_attempts=3, tenant_id=None,
-                              traceparent=None, concurrency_key=key, resumed=False)
-                   for i, (q, *_rest) in enumerate(found))
-    b.positions = [ClaimPosition(queue=q, priority=p, run_at=r, rescued=x)
-                   for q, p, r, x in found]
-    b.now, b.held = now, held
+def batch(*due: tuple[str, int, int, datetime], queues=("q",), lapsed=None, taken=None,
+          keyed=()) -> ClaimBatch:
+    """A claim's answer whose scans found ``due`` (queue, priority, rows, last run_at)."""
+    b = ClaimBatch()
+    b.now = T
+    b.scans = ClaimScans(
+        queues=frozenset(queues), lapsed=lapsed or {}, taken=taken or {},
+        due=tuple(DueScan(queue=q, priority=p, found=n, last=last, keyed=q in keyed)
+                  for q, p, n, last in due))
     return b
 
 
-def held(priorities=(0,), fair=()) -> Floors:
+def held(priorities=(0,), fair=(), wants=("q",)) -> Floors:
     floors = Floors(priorities=priorities, fair=fair)
     floors.horizon(HORIZON_XIDS)
-    assert floors.for_claim({"q": 10}, 0.0) is None  # the first claim sweeps
+    first = floors.for_claim(dict.fromkeys(wants, 10), 0.0)
+    assert first is not None and first.queues == frozenset() and first.lapsed == {}  # a sweep
     return floors
 
 
@@ -40,28 +41,26 @@ def as_dict(floors) -> dict:
 def test_no_floors_while_the_horizon_is_not_held():
     floors = Floors(priorities=[0])
     floors.horizon(HORIZON_XIDS - 1)
-    floors.claimed({"q": 10}, batch(("q", 0, T, False)))
+    floors.claimed({"q": 10}, batch(("q", 0, 1, T)))
 
     assert floors.for_claim({"q": 10}, 1.0) is None
 
 
-def test_a_claim_that_ran_dry_moves_every_floor_to_its_now_less_the_margin():
+def test_a_claim_whose_scans_ran_dry_moves_every_floor_to_its_now_less_the_margin():
     floors = held(priorities=(0, 5))
-    floors.claimed({"q": 10}, batch(("q", 0, T - timedelta(seconds=1), False),
-                                    ("q", 1, T, False)))
+    floors.claimed({"q": 10}, batch(("q", 0, 1, T - timedelta(seconds=1)), ("q", 1, 1, T)))
 
     sent = floors.for_claim({"q": 10}, 1.0)
-    assert sent is not None and sent.queues == {"q"}
+    assert sent.queues == {"q"}
     assert as_dict(sent) == {("q", p): T - MARGIN for p in (5, 1, 0)}
     assert sent.floor_priorities == (5, 1, 0)  # highest first, the one met included
     assert sent.lapsed == {"q": T - LAPSED_MARGIN}
 
 
-def test_a_full_claim_keeps_the_lowest_priority_it_reached_where_it_stopped():
+def test_a_full_scan_keeps_the_lowest_priority_it_reached_where_it_stopped():
     floors = held(priorities=(0, 5, 9))
-    floors.claimed({"q": 3}, batch(("q", 9, T - timedelta(minutes=9), False),
-                                   ("q", 5, T - timedelta(minutes=5), False),
-                                   ("q", 5, T - timedelta(minutes=4), False)))
+    floors.claimed({"q": 3}, batch(("q", 9, 1, T - timedelta(minutes=9)),
+                                   ("q", 5, 2, T - timedelta(minutes=4))))
 
     sent = as_dict(floors.for_claim({"q": 3}, 1.0))
     assert sent[("q", 9)] == T - MARGIN  # ran dry: the scan went on to a lower one
@@ -69,43 +68,56 @@ def test_a_full_claim_keeps_the_lowest_priority_it_reached_where_it_stopped():
     assert sent[("q", 0)] is None  # not reached: from the start
 
 
-def test_rescues_that_fill_the_claim_leave_the_rescue_floor_where_it_was():
+def test_rows_held_back_or_buried_count_as_found_not_as_missing():
+    """The scans' counts come before flow control and burials: two rescues read (one of them
+    buried, so not answered) fill n = 2, and the due scan, left no share, learns nothing."""
     floors = held()
-    floors.claimed({"q": 2}, batch(("q", 0, T, True), ("q", 0, T, True)))
+    floors.claimed({"q": 2}, batch(lapsed={"q": 2}, taken={"q": 2}))
 
     sent = floors.for_claim({"q": 2}, 1.0)
-    assert sent.lapsed == {}
+    assert sent.lapsed == {}  # the rescue scan stopped at n: from the start next time
     assert as_dict(sent) == {("q", 0): None}
 
 
-def test_a_queue_with_jobs_held_back_or_keyed_is_scanned_whole():
-    floors = held()
-    floors.claimed({"q": 10, "k": 10}, batch(("k", 0, T, False), key="slot:1"))
+def test_a_queue_not_scanned_keeps_its_floors():
+    floors = held(wants=("q", "paused"))
+    floors.claimed({"q": 10, "paused": 10}, batch(queues=("q",)))
+
+    sent = floors.for_claim({"q": 10, "paused": 10}, 1.0)
+    assert as_dict(sent) == {("paused", 0): None, ("q", 0): T - MARGIN}
+    assert sent.lapsed == {"q": T - LAPSED_MARGIN}
+
+
+def test_a_queue_whose_scan_met_a_keyed_job_is_scanned_whole_but_its_rescues_are_not():
+    floors = held(wants=("q", "k"))
+    floors.claimed({"q": 10, "k": 10}, batch(("k", 0, 1, T), queues=("q", "k"), keyed=("k",)))
+
     sent = floors.for_claim({"q": 10, "k": 10}, 1.0)
     assert sent.queues == {"q"}
     assert set(sent.floor_queues) == {"q"}
-
-    floors.claimed({"q": 10}, batch(held=1))
-    assert floors.for_claim({"q": 10}, 2.0).queues == frozenset()
+    assert set(sent.lapsed) == {"q", "k"}
 
 
-def test_a_fair_queue_is_never_floored():
-    floors = held(fair=("f",))
-    floors.claimed({"f": 10}, batch())
+def test_a_fair_queue_has_rescue_floors_only():
+    floors = held(fair=("f",), wants=("f",))
+    floors.claimed({"f": 10}, batch(queues=("f",)))
 
-    assert floors.for_claim({"f": 10}, 1.0).queues == frozenset()
+    sent = floors.for_claim({"f": 10}, 1.0)
+    assert sent.queues == frozenset()
+    assert sent.lapsed == {"f": T - LAPSED_MARGIN}
 
 
-def test_a_sweep_every_sweep_interval_and_after_a_wake():
-    floors = held()
+def test_each_queue_sweeps_on_its_own_clock_and_all_after_a_wake():
+    floors = held(wants=("q",))
     floors.claimed({"q": 10}, batch())
-    assert floors.for_claim({"q": 10}, SWEEP - 1) is not None
-    assert floors.for_claim({"q": 10}, SWEEP + 1) is None
-    assert floors.for_claim({"q": 10}, SWEEP + 2) is not None
+    assert floors.for_claim({"q": 10, "r": 10}, 1.0).queues == {"q"}  # r: its first, a sweep
+    assert floors.for_claim({"q": 10}, SWEEP - 1).queues == {"q"}
+    assert floors.for_claim({"q": 10}, SWEEP + 1).queues == frozenset()  # q's sweep
+    assert floors.for_claim({"q": 10}, SWEEP + 2).queues == {"q"}
 
     floors.sweep_soon()
-    assert floors.for_claim({"q": 10}, SWEEP + 3) is None
-    assert floors.sweeps == 3
+    assert floors.for_claim({"q": 10}, SWEEP + 3).queues == frozenset()
+    assert floors.sweeps == 4  # q at 0, r at 1, q at SWEEP + 1 and after the wake
 
 
 def test_floors_are_forgotten_when_the_horizon_moves_on():
@@ -115,5 +127,5 @@ def test_floors_are_forgotten_when_the_horizon_moves_on():
     assert floors.for_claim({"q": 10}, 1.0) is None
 
     floors.horizon(HORIZON_XIDS)
-    assert floors.for_claim({"q": 10}, 2.0) is None  # a sweep first, as at the start
+    assert floors.for_claim({"q": 10}, 2.0).queues == frozenset()  # a sweep first
     assert as_dict(floors.for_claim({"q": 10}, 3.0)) == {("q", 0): None}

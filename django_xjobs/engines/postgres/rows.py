@@ -12,7 +12,9 @@ from ...exceptions import UndecodableValue, fail_for_good
 from ...records import (
     BackfillRecord,
     ClaimedJob,
+    ClaimScans,
     Counters,
+    DueScan,
     JobRecord,
     PauseRecord,
     attempt_history,
@@ -87,6 +89,15 @@ def claimed_job(r: Sequence[Any]) -> ClaimedJob:
         slot=r[12] if len(r) > 12 else None, slot_limit=r[13] if len(r) > 13 else None,
         parent_id=r[17] if len(r) > 17 else None,
     )
+
+
+def claim_scans(text: str) -> ClaimScans:
+    """The summary row's account of what jobs_claim's scans found (its SCANS column)."""
+    raw = json.loads(text)
+    return ClaimScans(
+        queues=frozenset(raw["queues"]), lapsed=raw["lapsed"], taken=raw["taken"],
+        due=tuple(DueScan(queue=q, priority=p, found=n, last=datetime.fromisoformat(last),
+                          keyed=keyed) for q, p, n, last, keyed in raw["due"]))
 
 
 def counters(queue: str, name: str | None, at: datetime | None,

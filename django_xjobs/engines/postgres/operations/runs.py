@@ -15,7 +15,6 @@ from ....records import (
     ClaimBatch,
     ClaimFloors,
     ClaimFlow,
-    ClaimPosition,
     Completion,
     Failure,
     FenceReport,
@@ -28,7 +27,7 @@ from ....records import (
 )
 from ..core import PostgresCore
 from ..params import claims_params, fence_params, in_lock_order, tenants
-from ..rows import claimed_job
+from ..rows import claim_scans, claimed_job
 from ..statements.claim import JOBS_CLAIM
 from ..statements.jobs import (
     JOB_FAIL_IF_OWNED,
@@ -78,6 +77,7 @@ class Runs(PostgresCore):
             "floor_queues": list(floors.floor_queues) if floors else [],
             "floor_priorities": list(floors.floor_priorities) if floors else [],
             "floor_values": list(floors.floor_values) if floors else [],
+            "scans": floors is not None,
             "worker_id": worker_id,
             "lease_ms": lease_ms,
             "slot_ttl_ms": flow.slot_ttl_ms,
@@ -103,19 +103,17 @@ class Runs(PostgresCore):
             if decoded is not None and any(type(v) is str for v in decoded):
                 decoded = None
         k = 0
-        positions = []
         for r in rows:
             if r[0] is None:
                 batch.retry_at, batch.held, batch.now = r[14], int(r[15]), r[16]
+                if floors is not None:
+                    batch.scans = claim_scans(r[18])
                 continue
-            positions.append(ClaimPosition(queue=r[3], priority=r[18], run_at=r[19],
-                                           rescued=r[20]))
             if decoded is not None:
                 batch.append(claimed_job((*r[:4], decoded[k], *r[5:])))
                 k += 1
             else:
                 batch.append(claimed_job(r))
-        batch.positions = positions
         return batch
 
     def _fence_check(self, kind: str, claims: Sequence[Claim]) -> FenceReport:

@@ -177,7 +177,8 @@ DUE = """due as (
     select c.*, w.queue
       from shares w
       cross join lateral (
-          select d.id, d.prev_state, false as exhausted, d.name, d.concurrency_key, d.rate_key
+          select d.id, d.prev_state, false as exhausted, d.name, d.concurrency_key, d.rate_key,
+                 d.priority, d.run_at
             from (with recursive prio(p) as (
                       (select priority from only x_jobs
                         where not w.floored
@@ -198,7 +199,7 @@ DUE = """due as (
                    where w.floored and k.queue = w.queue
                   order by p desc) pr
             cross join lateral (
-                select id, state as prev_state, name, concurrency_key, rate_key
+                select id, state as prev_state, name, concurrency_key, rate_key, priority, run_at
                   from only x_jobs
                  where queue = w.queue and state in ('ready', 'delayed', 'suspended')
                    and priority = pr.p and run_at <= now()
@@ -429,7 +430,7 @@ CLAIMED = f"""admitted as (
        and j.id = any(array(select id from admitted))
  returning j.id, j.lease_token, j.name, j.queue, j.input, j.run_id, j.attempt, j.max_attempts,
            j.tenant_id, j.traceparent, j.concurrency_key, p.prev_state = 'suspended' as resumed,
-           j.state, p.slot, p.slot_limit, p.prev_state, j.run_at, j.parent_id, j.priority
+           j.state, p.slot, p.slot_limit, p.prev_state, j.run_at, j.parent_id
 )"""
 
 
@@ -442,21 +443,38 @@ TALLIED = f"""tallied as (
 )"""
 
 
-# The answer: one row per job that runs (with its priority, its run_at and whether it was a
-# rescue: where the claim's scans stopped, which a worker's floors follow), then one row
-# without a job: how many flow control held back, the earliest due time of those over budget,
-# and the database's now(), on which the worker measures its wait and sets its floors.
-ANSWER = """
+# What the scans found, per queue, before flow control or a burial took anything out: the
+# queues scanned (a paused one is not), the rows the rescue scan read and those it took (the
+# taken ones count against the share), and per priority of the due scan how many rows it took,
+# the last one's run_at and whether any carried a concurrency or rate key. A worker's floors
+# follow these (worker/floors.py); JSON, built only when the worker asks (`scans`: while its
+# floors are on).
+SCANS = """case when %(scans)s then json_build_object(
+    'queues', (select coalesce(json_agg(queue), '[]') from wants),
+    'lapsed', (select coalesce(json_object_agg(queue, n), '{}')
+                 from (select queue, count(*) as n from lapsed_rows group by queue) l),
+    'taken', (select coalesce(json_object_agg(queue, n), '{}')
+                from (select queue, count(*) as n from lapsed group by queue) t),
+    'due', (select coalesce(json_agg(json_build_array(queue, priority, n, last, keyed)), '[]')
+              from (select queue, priority, count(*) as n, max(run_at) as last,
+                           bool_or(concurrency_key is not null or rate_key is not null) as keyed
+                      from due group by queue, priority) d)
+)::text end"""
+
+
+# The answer: one row per job that runs, then one row without a job: how many jobs flow
+# control held back, the earliest due time of those over budget, the database's now() (on
+# which the worker measures its wait and sets its floors) and what the scans found (SCANS).
+ANSWER = f"""
 select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
        tenant_id, traceparent, concurrency_key, resumed, slot, slot_limit, null::timestamptz,
-       0::bigint, null::timestamptz, parent_id::text, priority, run_at,
-       prev_state = 'running'
+       0::bigint, null::timestamptz, parent_id::text, null::text
   from claimed
  where state = 'running' and (select count(*) from async_commit) = 1
 union all
 select null, null, null, null, null, null, null, null, null, null, null, null, null, null,
-       (select min(next_at) from rated where next_at is not null), h.n, now(), null, null,
-       null, null
+       (select min(next_at) from rated where next_at is not null), h.n, now(), null,
+       {SCANS}
   from (select count(*) as n from holding) h
 """
 
@@ -511,11 +529,12 @@ and at that time.
 Floors (docs/performance.md, "Under a held horizon"): while a backup, a report or a replica's
 feedback holds the database's horizon, no index entry of a job claimed since can be removed or
 marked dead, and a scan from the start of its range walks them all (a claim of an empty queue
-read every one). A worker then sends, per queue, where its last claims found the due jobs
-(`floors`, per priority, with the priorities it knows) and the lapsed leases (`lapsed_from`),
-each a few seconds back for transactions that commit late; the scans start there. What the
-floors cannot see (a job made due with an older run_at, a priority the worker does not know)
-is claimed by the next claim without floors, which a worker sends every half minute.
+read every one). A worker then sends, per queue, where its last claims' scans stopped
+(`floor_values`, per priority, with the priorities it knows; `lapsed_from`), a second or two
+back for transactions that commit late; the scans start there. The answer's last row says what
+the scans read (`scans`), which the floors follow. What the floors cannot see (a job made due
+with an older run_at, a priority the worker does not know) is claimed by the queue's next claim
+without floors, which a worker sends every half minute per queue.
 The limit of a key: the longest prefix of XJOBS["CONCURRENCY_LIMITS"], else its job's
 Concurrency(limit=...), else 1; a debounce key (`debounce:...`, slots.debounce_key) is always 1.
 
