@@ -203,21 +203,24 @@ def rescue_summary(tenants: TenantScope = None) -> RescueSummary:
 
 
 def horizon_cost(holders: list[HolderRow], tables: list[TableRow]) -> str:
-    """What the oldest of the holders costs the queue now: the dead row versions of x_jobs it
-    keeps, and whether the workers' claims step over them (docs/performance.md, "Under a held
-    horizon"). Empty when nothing holds an old snapshot."""
-    if not holders:
-        return ""
+    """What the holders of the horizon cost the queue now, once one of them is judged (a long
+    or idle transaction, a slot, a prepared transaction) or is far enough back for the
+    workers' claims to start from floors (docs/performance.md, "Under a held horizon"): the
+    dead row versions of x_jobs VACUUM has not removed (all of them, whoever keeps them), and
+    what the claims do about them. Empty otherwise."""
     oldest = max((h.holder.xmin_age or 0 for h in holders), default=0)
+    if oldest < floors.HORIZON_XIDS and all(h.verdict == OK for h in holders):
+        return ""
     dead = next((t.health.dead_tuples for t in tables if t.health.table == "x_jobs"), None)
-    pinned = (f"x_jobs holds {dead:,} dead row versions that VACUUM cannot remove while it is "
-              "open" if dead is not None else "")
-    if oldest < floors.HORIZON_XIDS:
-        return pinned
-    return (f"{pinned}; " if pinned else "") + (
-        f"the horizon is {oldest:,} transaction ids back, so the workers' claims start from "
-        f"floors past the jobs claimed since, and a sweep every {floors.SWEEP:.0f} s still "
-        'reads them all (docs/performance.md, "Under a held horizon")')
+    told = [] if dead is None else [
+        f"x_jobs has {dead:,} dead row versions VACUUM has not removed (none younger than the "
+        "oldest snapshot can be)"]
+    if oldest >= floors.HORIZON_XIDS:
+        told.append(
+            f"the horizon is {oldest:,} transaction ids back, so the workers' claims start "
+            f"from floors past the jobs claimed since, and a sweep every {floors.SWEEP:.0f} s "
+            'still reads them all (docs/performance.md, "Under a held horizon")')
+    return "; ".join(told)
 
 
 def judge_table(t: TableHealth) -> TableRow:
