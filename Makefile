@@ -125,7 +125,8 @@ bench-scale: install
 	$(PY) bench/scale.py $(BENCH_ARGS)
 
 bench-horizon: install
-	$(PY) bench/horizon.py $(BENCH_ARGS)
+	$(PY) bench/horizon.py --systems xjobs $(BENCH_ARGS)
+	$(PY) bench/horizon.py --systems raw $(BENCH_ARGS)
 
 bench-admin: install
 	$(PY) bench/admin_pages.py $(BENCH_ARGS)

@@ -12,20 +12,25 @@ Beside it, in the same database under the same snapshot, the raw reference: the 
 SKIP LOCKED loop in plain psycopg (a ``raw_jobs`` table, an INSERT + NOTIFY per job, workers
 that claim with ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)`` and delete what
 they ran), offered the same load by the same number of processes. ``--systems`` runs one of
-them alone.
+them alone: ``make bench-horizon`` runs django-xjobs, then the raw reference, each alone with
+the same schedule (600 jobs a second together saturate a 2-core machine, and each one's walk
+would slow the other).
 
 Printed per ``--bucket`` seconds (a minute by default) and per system: the pick-up latency
 (enqueue to the job's first line) p50 / p99 of the jobs enqueued in it, the claim's cost (a
 probe: EXPLAIN ANALYZE of one claim, rolled back, every ``--sample`` seconds; its time and
-the buffers it touched), the table's dead tuples and the backlog. The last line compares the
+the buffers it touched: for django-xjobs the claim a worker sends while the horizon is held,
+with floors, and once a line the sweep, without), the enqueue's own time, the table's dead
+tuples and the backlog. The last line compares the
 last five minutes of the hold with the minutes before it (docs/performance.md, "Under a held
 horizon").
 
-    python bench/horizon.py                          # 2 min, 30 min held, 2 min (about 35 min)
-    python bench/horizon.py --before 60 --hold 240 --after 60 --bucket 30
+    python bench/horizon.py --systems xjobs          # 2 min, 30 min held, 2 min (about 35 min)
+    python bench/horizon.py --systems raw --before 60 --hold 240 --after 60 --bucket 30
 
-Nothing here is a test and nothing asserts a time; tests/integration/test_horizon.py runs the
-mechanism at a CI size.
+Nothing here is a test and nothing asserts a time; tests/acceptance/test_held_horizon.py runs
+the mechanism at a CI size, tests/integration/test_horizon.py the claim under a real held
+snapshot.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from run import SOURCE, compile_sources, percentile, setup_database  # noqa: E402
+from run import SOURCE, Bench, compile_sources, percentile, setup_database  # noqa: E402
 
 RAW_SCHEMA = """
 create table if not exists raw_jobs (
@@ -202,7 +207,7 @@ class Horizon:
             "rate_names": [], "rate_limits": [], "rate_periods": [], "rate_costs": [],
             "weight_queues": [], "weight_tenants": [], "weight_values": [],
             "park": True, "hold_ms": 1000, "floored": [False], "lapsed_from": [None],
-            "floor_queues": [], "floor_priorities": [], "floor_values": [],
+            "floor_queues": [], "floor_priorities": [], "floor_values": [], "scans": True,
         }
         conn = psycopg.connect(self.url, autocommit=True)
         # The sweep is probed once a report line, as rarely as a worker sends one: at the end of
@@ -285,13 +290,7 @@ class Horizon:
             for t in threads:
                 t.join(timeout=30)
             time.sleep(2)  # the last jobs enqueued are picked up
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            Bench.stop_workers(procs)
         if self.errors:
             raise RuntimeError("; ".join(self.errors))
 
