@@ -322,8 +322,9 @@ class Horizon:
         start = 0.0
         while start < end - 1:
             stop = min(start + a.bucket, end)
-            phase = ("before" if start < self.marks["hold"]
-                     else "hold" if start < self.marks["after"] else "after")
+            middle = (start + stop) / 2  # a line's phase is its middle's
+            phase = ("before" if middle < self.marks["hold"]
+                     else "hold" if middle < self.marks["after"] else "after")
             row = [f"{start:.0f}", phase]
             for s in self.systems:
                 ms = [m for te, m in lat[s] if start <= te < stop]
