@@ -16,8 +16,9 @@ before the database's record does.
 States of one slot ``(key, n)``, ``0 <= n < limit``::
 
     free ──acquire──▶ held by H ──renew (H, live)──▶ held by H, later expiry
-     ▲  ◀──release (H)──┘  │
-     └────────expiry───────┘   (expires_at <= now(): H crashed, froze or hung)
+     ▲  ◀──release (H)──┘  │  │
+     └────────expiry───────┘  └─hand-over (H)──▶ held by H' (the key's next job)
+                               (expires_at <= now(): H crashed, froze or hung)
 
 * **free**: no row, or a row whose ``expires_at`` has passed (a lapsed row is free, whoever
   it names; maintenance deletes such rows later, this module never does).
@@ -32,8 +33,11 @@ States of one slot ``(key, n)``, ``0 <= n < limit``::
   (``X_JOB_SLOT_LOST``: :class:`~django_xjobs.exceptions.SlotLost`).
 * **release** (``slots_release_if_held``, with the settle of the run, batched): however the
   run ended (done, failed, snoozed, suspended by a step, timed out, handed back at shutdown,
-  lost). The same statement wakes the jobs blocked on each released key, as many as it has
-  free slots, and NOTIFYs their queues: any worker claims them at once. A crashed worker
+  lost). The same statement hands each freed slot to the next job blocked on its key that
+  the releasing worker can start itself (**hand-over**: the row is rewritten for the new run,
+  under the lock the release holds, and the job is leased to that worker; no claim sees the
+  slot free in between), and wakes the other jobs blocked on each released key, as many as it
+  has free slots, and NOTIFYs their queues: any worker claims them at once. A crashed worker
   releases nothing: its slots free themselves at expiry, and ``jobs_unblock`` (each worker,
   once per poll interval) wakes the jobs blocked on a key that has room again.
 

@@ -45,6 +45,7 @@ from ..records import (
     FenceReport,
     FleetRecord,
     FlowFacts,
+    HandOver,
     HistoryTable,
     InvokeStep,
     JobRecord,
@@ -66,6 +67,7 @@ from ..records import (
     SchedulerStateRecord,
     SlotHold,
     SlotRecord,
+    SlotRelease,
     SlotRequest,
     SlotUsage,
     StepRecord,
@@ -539,6 +541,14 @@ class Engine(abc.ABC):
         on each key as it has free slots under the hold's limit (a NOTIFY of their queues):
         how many slot rows went, and the holds whose row another transaction holds this moment
         (not waited for; release them again later)."""
+
+    @abc.abstractmethod
+    def slots_release_hand_over(self, holds: Sequence[SlotHold],
+                                offer: HandOver | None = None) -> SlotRelease:
+        """:meth:`slots_release_if_held`, and in the same statement hand each freed slot to the
+        next job blocked on its key that ``offer`` may start (up to ``offer.take``: of its
+        queues, no rate budget to spend, not a resume, under its own limit), leased to the
+        releasing worker as a claim leases it; the rest are woken as the release wakes them."""
 
     @abc.abstractmethod
     def slots_list(self, *, slot_key: str | None = None, limit: int = 1000) -> list[SlotRecord]:

@@ -68,7 +68,7 @@ from .outbox import OutboxRow, OutboxStatus
 from .pauses import KeyPauseRequeue, PauseRecord
 from .ratelimits import RateRequest
 from .scheduler import CronRun, LeaderFence, LeaderRecord, LockedStates, SchedulerStateRecord
-from .slots import SlotHold, SlotRecord, SlotRequest, SlotUsage
+from .slots import HandOver, SlotHold, SlotRecord, SlotRelease, SlotRequest, SlotUsage
 from .states import ALL_STATES, LIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobState, JobStateName
 from .steps import ChildState, EventRecord, InvokeStep, ParkedStep, RunOwner, StepRecord
 from .why import BLOCKED_KINDS, BlockedBy, BlockedKind, FlowFacts, RateWindow
@@ -109,6 +109,7 @@ __all__ = [
     "FenceReport",
     "FleetRecord",
     "FlowFacts",
+    "HandOver",
     "HistoryTable",
     "InvokeStep",
     "JobRecord",
@@ -134,6 +135,7 @@ __all__ = [
     "SchedulerStateRecord",
     "SlotHold",
     "SlotRecord",
+    "SlotRelease",
     "SlotRequest",
     "SlotUsage",
     "StepRecord",

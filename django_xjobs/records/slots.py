@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+
+from .claims import ClaimedJob, ClaimFlow
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +30,32 @@ class SlotHold:
     slot: int
     holder: str
     limit: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HandOver:
+    """What a worker that releases slots offers to start itself: up to ``take`` jobs blocked on
+    the released keys, of its ``queues`` (served, not fair), each leased for ``lease_ms`` to
+    ``worker_id``; ``flow`` gives their limits and the slots' TTL (slots_release_if_held)."""
+
+    worker_id: str
+    lease_ms: int
+    take: int
+    queues: tuple[str, ...]
+    flow: ClaimFlow
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotRelease:
+    """What a release did: how many slot rows it deleted, the holds whose row another
+    transaction held this moment (``busy``: release them again later), the jobs it handed the
+    other slots to (``started``: leased to the releasing worker, as a claim leases them), and
+    how many blocked jobs it woke for any worker to claim (``woken``)."""
+
+    released: int
+    woken: int = 0
+    busy: list[SlotHold] = field(default_factory=list)
+    started: list[ClaimedJob] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

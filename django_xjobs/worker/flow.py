@@ -12,8 +12,10 @@ already holding its slot. What is left for the worker:
   answers that time);
 * **renew** its runs' slots with the heartbeat (``slots_renew_if_held``, fenced on the holder
   and on expiry: a lapsed slot is never revived) and report the runs whose slot was lost;
-* **release** the slots of settled runs in one statement per settle, which also wakes the jobs
-  blocked on those keys, anywhere in the fleet;
+* **release** the slots of settled runs in one statement per settle, which hands each freed
+  slot to the next job blocked on its key that this worker can start itself (the hand-over:
+  the release leases it to the worker, as a claim would, and the loop starts it), and wakes
+  the others blocked on those keys, anywhere in the fleet;
 * once per poll interval, **wake** blocked jobs that no release woke (``jobs_unblock``: their
   holders crashed, or their key's pause ended).
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from .. import clock, registry, slots, versions
@@ -36,7 +38,7 @@ from ..context import busy_pause
 from ..engines import Engine
 from ..exceptions import SLOT_LOST
 from ..ratelimits import rate_limit_of
-from ..records import ClaimBatch, ClaimedJob, ClaimFlow, Renewal, SlotHold
+from ..records import ClaimBatch, ClaimedJob, ClaimFlow, HandOver, Renewal, SlotHold
 from .executor import GiveBack
 from .floors import Floors
 
@@ -101,6 +103,14 @@ class Flow:
             hold_ms=round(poll_interval * 1000))
         self.slot_ttl = settings.slot_ttl
         self._weights = settings.queue_weights
+        # The hand-over (release): how many runs the worker can start now (set by the loop;
+        # None or 0: none), the lease it gives them, the queues they may come from (served and
+        # not fair: a fair queue's turns are the claim's to decide), and the jobs the last
+        # releases started for the loop to run (take_started).
+        self.offer: Callable[[], int] | None = None
+        self.lease_ms = 0
+        self._hand_over_queues = tuple(q for q in queues if q not in self.params.fair_queues)
+        self._started: list[ClaimedJob] = []
         # Per fair queue, the tenant its last claim served last ('' = the NULL tenant).
         self.cursors: dict[str, str] = {}
         # When (monotonic) a job the claim held back for its rate budget is due again.
@@ -214,9 +224,10 @@ class Flow:
     def holding(self) -> bool:
         return bool(self._holding or self._releases)
 
-    def release(self, settled: Iterable[SlotRun]) -> None:
+    def release(self, settled: Iterable[SlotRun]) -> int:
         """Release the slots of settled runs (and any left from a failed release) in one
-        statement, which also wakes the jobs blocked on their keys. A failure raises, and the
+        statement, which hands what it can to this worker (:meth:`take_started`) and wakes the
+        other jobs blocked on their keys; how many it woke. A failure raises, and the
         release is retried with the next settle (at worst the slots free themselves at
         expiry); a slot row another transaction holds this moment is not waited for, and is
         released again a moment later (release_due)."""
@@ -227,13 +238,27 @@ class Flow:
                 self._holding -= 1
                 self._releases.append(hold)
         if not self._releases:
-            return
-        _released, self._releases = self.engine.slots_release_if_held(self._releases)
+            return 0
+        take = self.offer() if self.offer is not None else 0
+        offer = HandOver(worker_id=self.worker_id, lease_ms=self.lease_ms, take=take,
+                         queues=self._hand_over_queues, flow=self.params) if take > 0 else None
+        release = self.engine.slots_release_hand_over(self._releases, offer)
+        self._releases = release.busy
+        if release.started:
+            self._started.extend(release.started)
+            self.stats["handed_over"] += len(release.started)
         if self._releases:
             self._release_pause = busy_pause(self._release_pause)
             self.release_retry_at = clock.monotonic() + self._release_pause
         else:
             self._release_pause, self.release_retry_at = 0.0, None
+        return release.woken
+
+    def take_started(self) -> list[ClaimedJob]:
+        """The jobs the releases since the last call handed to this worker (each leased to
+        it, holding its slot), for the loop to start."""
+        started, self._started = self._started, []
+        return started
 
     def release_due(self, now: float) -> bool:
         """Whether slots a held row turned away are due to be released again."""

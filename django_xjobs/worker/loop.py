@@ -12,8 +12,10 @@ The loop, in the order one iteration runs it (``Worker._iterate``):
 
 1. **Settle** (settle.py): every ``Done`` of the iteration in ONE ``jobs_complete_if_owned``,
    other outcomes one fenced statement each, the slots of the settled runs released in ONE
-   ``slots_release_if_held``. A write that matches no row means the run lost the job: logged,
-   result discarded, never raised; a row another transaction holds is written again later.
+   ``slots_release_if_held``, which hands each freed slot to the next job blocked on its key
+   that this worker can start (the hand-over: leased to it in that statement, started here as
+   a claimed run). A write that matches no row means the run lost the job: logged, result
+   discarded, never raised; a row another transaction holds is written again later.
 2. **Watch** (watchdog.py, on its own thread, ``xjobs-watch``, which never touches the
    database: a loop stuck in a statement must not stop it): runs past their ``timeout``, or
    that can no longer prove their lease or slot (the self-fence), are stopped; whatever it
@@ -59,6 +61,7 @@ from django.db import connections
 from .. import clock, conf, faults, registry
 from ..engines import get_engine
 from ..exceptions import ConfigurationError, XJobsError
+from ..records import ClaimedJob
 from . import duties, executor, reachability
 from .capacity import Capacity
 from .executor import GiveBack
@@ -127,6 +130,7 @@ class Worker:
                 fair=self.flow.params.fair_queues)
         self.runs = Runs(flow=self.flow, liveness=self.liveness)
         self.capacity = Capacity(options, self.runs)
+        self.flow.offer, self.flow.lease_ms = self._hand_over_room, self.lease_ms
         self.executors = Executors(
             engine=self.engine, worker_id=self.worker_id, settings=self.settings,
             options=options, runs=self.runs, capacity=self.capacity, wake=self._wake,
@@ -284,8 +288,13 @@ class Worker:
             # the parent its ack wakes) in a queue the current sweep already asked: the sweep
             # that may end a burst starts again from here.
             self.capacity.new_sweep(dry=False)
+        sent_at = clock.monotonic()  # before the release, which may lease jobs to this worker
         if self.settler.settle(batch):
             self._more_likely = True  # the release woke the jobs of its keys: claim them
+        started = self.flow.take_started()
+        if started:  # the release handed this worker the slots it freed, with their jobs
+            self.liveness.claimed_at = sent_at
+            self._start(started, sent_at)
 
     # ------------------------------------------------------- 3. claim and dispatch --
     def _claim(self) -> int:
@@ -312,12 +321,7 @@ class Worker:
         if claimed:
             self.liveness.claimed_at = sent_at
         per_queue = Counter(job.queue for job in claimed)
-        runs = [Run(job, registry.lookup(job.name), sent_at, budget=self._lease_budget,
-                    on_unproven=self.executors.unproven) for job in claimed]
-        for run in runs:
-            if run.job.slot is not None:
-                self.flow.attach(run, sent_at)
-        self._dispatch(runs)
+        self._start(claimed, sent_at)
         # Jobs held back by flow control left the scan: what was behind them may be claimable.
         # A fair queue's claim caps each tenant's take, so a short answer there is not the
         # queue running dry: ask it again until it answers nothing.
@@ -334,6 +338,21 @@ class Worker:
         else:
             self.idle.clear()
         return len(claimed)
+
+    def _start(self, claimed: list[ClaimedJob], sent_at: float) -> None:
+        """Start the runs of jobs leased to this worker by a statement sent at ``sent_at`` (a
+        claim, or a release's hand-over), each holding its slot from then."""
+        runs = [Run(job, registry.lookup(job.name), sent_at, budget=self._lease_budget,
+                    on_unproven=self.executors.unproven) for job in claimed]
+        for run in runs:
+            if run.job.slot is not None:
+                self.flow.attach(run, sent_at)
+        self._dispatch(runs)
+
+    def _hand_over_room(self) -> int:
+        """How many jobs a release may hand this worker now: its free capacity, none once it
+        is stopping."""
+        return 0 if self._stopping else self.capacity.free()
 
     def _dispatch(self, runs: list[Run]) -> None:
         """Hand claimed runs to executors: sync ones to the thread queue, async ones to the

@@ -79,8 +79,8 @@ class Settler:
 
     def settle(self, batch: list[Run]) -> bool:
         """Write ``batch`` back and release the slots of the runs it settled (an empty batch:
-        only the slots a held row turned away before); whether a release went through (it woke
-        the jobs of its keys)."""
+        only the slots a held row turned away before); whether the release woke jobs blocked
+        on its keys (for the next claim)."""
         if not batch:
             return self._release(())
         done = [r for r in batch if isinstance(r.outcome, Done)]
@@ -113,13 +113,13 @@ class Settler:
         return False
 
     def _release(self, settled: Iterable[Run]) -> bool:
-        """Release the slots of settled runs (and those a held row turned away before)."""
+        """Release the slots of settled runs (and those a held row turned away before);
+        whether it woke blocked jobs for the claims (what it handed to this worker is not)."""
         try:
-            self.flow.release(settled)
+            return self.flow.release(settled) > 0
         except Exception as exc:
             self._db_error("slot release", exc)
             return False
-        return True
 
     def _set_aside(self, run: Run) -> None:
         """A settle that found the run's row held by another transaction: nothing was written

@@ -47,7 +47,7 @@ SCALARS.update({  # ---- child jobs
     "pending": 1, "timeout_ms": None,
 })
 SCALARS.update({"rate_key": None, "slot_ttl_ms": 30_000, "host": "h", "pid": 1,
-                "queues": '["default"]', "stale_ms": 1000})  # ---- flow control, workers
+                "queues": '["default"]', "stale_ms": 1000, "take": 1})  # ---- flow control, workers
 SCALARS.update({"period_ms": 60_000, "cost": 1})  # ---- why a job is not running
 SCALARS.update({"debounce_ms": 5_000, "max_wait_ms": 60_000})  # ---- debounce
 SCALARS.update({"state": "done"})  # ---- history tables

@@ -156,7 +156,8 @@ def test_a_slot_limited_job_runs_and_leaves_no_slot_held():
 
     assert {h.get().state for h in handles} == {"done"}
     assert {h.get().attempt for h in handles} == {1}  # held back, never refused after a claim
-    assert stats["claimed"] == 3
+    # Claimed, or handed a slot its key's previous run released (the hand-over)
+    assert stats["claimed"] + stats["handed_over"] == 3
     assert live() == []
     assert not JobLease.objects.exists()  # released, not left to expire
     assert not Job.objects.filter(state="blocked").exists()

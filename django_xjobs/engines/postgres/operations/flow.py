@@ -9,16 +9,18 @@ from typing import Any
 
 from ....records import (
     ClaimFlow,
+    HandOver,
     PauseRecord,
     RateRequest,
     Renewal,
     SlotHold,
     SlotRecord,
+    SlotRelease,
     SlotRequest,
     SlotUsage,
 )
 from ..core import PostgresCore
-from ..rows import pause_record
+from ..rows import claimed_job, pause_record
 from ..statements.flow import JOBS_UNBLOCK, RATE_TAKE
 from ..statements.pauses import PAUSE_RESUME_KEY, PAUSE_RESUME_QUEUE, PAUSE_UPSERT, PAUSES_LIST
 from ..statements.slots import (
@@ -60,14 +62,33 @@ class FlowControl(PostgresCore):
                        kept=frozenset(holder for holder, landed in rows if not landed))
 
     def slots_release_if_held(self, holds: Sequence[SlotHold]) -> tuple[int, list[SlotHold]]:
+        release = self.slots_release_hand_over(holds)
+        return release.released, release.busy
+
+    def slots_release_hand_over(self, holds: Sequence[SlotHold],
+                                offer: HandOver | None = None) -> SlotRelease:
         if not holds:
-            return 0, []
+            return SlotRelease(released=0)
         ordered = sorted(holds, key=lambda h: (h.slot_key, h.slot))
-        released, _woken, busy = self._run(SLOTS_RELEASE_IF_HELD, {
+        flow = offer.flow if offer is not None else ClaimFlow(slot_ttl_ms=0)
+        rows = self._run(SLOTS_RELEASE_IF_HELD, {
             **_holds(ordered), "limits": [h.limit for h in ordered], "notify": self.notify,
-        }, fetch="one")
-        held = set(busy or ())
-        return int(released), [h for h in ordered if h.holder in held]
+            "take": offer.take if offer is not None else 0,
+            "queues": list(offer.queues) if offer is not None else [],
+            "worker_id": offer.worker_id if offer is not None else "",
+            "lease_ms": offer.lease_ms if offer is not None else 0,
+            "slot_ttl_ms": flow.slot_ttl_ms,
+            "limit_names": list(flow.limit_names), "limit_values": list(flow.limit_values),
+            "prefixes": list(flow.prefixes), "prefix_limits": list(flow.prefix_limits),
+        })
+        released, woken, busy, started = 0, 0, set(), []
+        for r in rows:
+            if r[0] is None:
+                released, busy, woken = int(r[14]), set(r[16] or ()), int(r[18])
+            else:
+                started.append(claimed_job(r))
+        return SlotRelease(released=released, woken=woken, started=started,
+                           busy=[h for h in ordered if h.holder in busy])
 
     def slots_list(self, *, slot_key: str | None = None, limit: int = 1000) -> list[SlotRecord]:
         return [

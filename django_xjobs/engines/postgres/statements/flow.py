@@ -51,8 +51,11 @@ with recursive keys(k) as (
                                               and r.blocked_on = r.enqueued_by)))::int
                 when f.concurrency_key is distinct from ks.k or not %(park)s then %(batch)s
                 else {key_limit_sql("ks.k", "f.name")}
-                     - (select count(*) from x_job_leases l
-                         where l.lease_key = ks.k and l.expires_at > now())
+                     -- through the key's own index (`offset 0`), never the expiry's
+                     - (select count(*)
+                          from (select expires_at from x_job_leases
+                                 where lease_key = ks.k offset 0) l
+                         where l.expires_at > now())
            end as n
       from keys ks
       cross join lateral (

@@ -361,10 +361,18 @@ WAKE_SET = """set state          = case when blocked_resume then 'suspended' els
            updated_at     = now()"""
 
 
-def wake_blocked_sql(room: str, key: str, count: str) -> str:
+def wake_blocked_sql(room: str, key: str, count: str, *, started: str = "") -> str:
     """The update that wakes, for each row of the CTE ``room``, up to its ``count`` jobs
     blocked on its ``key``, in claim order (x_jobs_blocked_idx), skipping rows another
-    transaction holds; it returns their queues (for the NOTIFY)."""
+    transaction holds and those of the CTE ``started`` (job_id: the jobs this statement starts
+    itself, whose rows it holds); it returns their queues (for the NOTIFY). The rows are
+    reached through the primary key only (by_key says why): locked `blocked` by the scan (its
+    lock re-checks the state of a row changed since the snapshot), they cannot change before
+    the update, and a state test beside the ids would let the planner walk the whole
+    x_jobs_blocked_idx instead (its statistics, taken before a backlog was blocked, make it
+    look empty)."""
+    own = (f"\n                        and id not in (select job_id from {started})"
+           if started else "")
     return f"""update only x_jobs j
        {WAKE_SET}
      where j.id = any(array(
@@ -372,11 +380,10 @@ def wake_blocked_sql(room: str, key: str, count: str) -> str:
                  from {room} r
                  cross join lateral (
                      select id from only x_jobs
-                      where state = 'blocked' and blocked_on = r.{key}
+                      where state = 'blocked' and blocked_on = r.{key}{own}
                       order by priority desc, run_at
                       limit greatest(r.{count}, 0)
                         for update skip locked) b))
-       and j.state = 'blocked'
     returning j.queue"""
 
 

@@ -6,14 +6,23 @@ holder. Only slots_purge_expired, which maintenance runs, deletes lapsed rows of
 it is here, not in maintenance.py, because its grace is part of the renewal's fence.
 
 The claim takes slots itself (jobs_claim, in claim.py); slots_acquire is the same step on its
-own, for JobLease.objects.acquire. The release wakes the jobs the claim blocked on its key;
-jobs_unblock (flow.py) is the periodic safety net of those wake-ups.
+own, for JobLease.objects.acquire. The release hands its slots to the next jobs the claim
+blocked on their keys, or wakes them; jobs_unblock (flow.py) is the periodic safety net of
+those wake-ups.
 """
 
 from __future__ import annotations
 
 from ...base import Statement
-from .fragments import grant_slots_sql, notify_queues_sql, slot_holds_sql, wake_blocked_sql
+from .fragments import (
+    count_sql,
+    elapsed_ms_sql,
+    grant_slots_sql,
+    key_limit_sql,
+    notify_queues_sql,
+    slot_holds_sql,
+    wake_blocked_sql,
+)
 
 SLOTS_ACQUIRE = Statement(
     "slots_acquire",
@@ -83,52 +92,151 @@ select v.holder, false
 SLOTS_RELEASE_IF_HELD = Statement(
     "slots_release_if_held",
     why="""
-Hand slots back when their runs ended, however they ended, one statement per settle, and wake
-in the same statement the jobs of those keys that the claim held back (`blocked`): as many per
-key as the key has free slots now under the limit the run held it under, in claim order
-(x_jobs_blocked_idx), back to `ready` (or `suspended`, a durable run's resume), with a NOTIFY
-of their queues, so a worker anywhere in the fleet claims them at once, not at its next poll.
+Hand slots back when their runs ended, however they ended, one statement per settle, and pass
+each freed slot on in the same statement: to the next job blocked on its key that the releasing
+worker may start itself (the hand-over), else by waking the jobs of those keys that the claim
+held back (`blocked`) for any worker to claim.
+
+The hand-over (`take` > 0: the releasing worker has that many runs free; 0: none) takes, per
+key, as many of its blocked jobs as it released slots, in claim order (x_jobs_blocked_idx),
+SKIP LOCKED, and starts those that need nothing else the claim decides: a job of a queue the
+worker serves that is not fair and not paused (`queues`), on a key not paused, with no rate
+budget to spend, not a durable run's resume, under its own limit (key_limit_sql: the slot's
+index below it). Such a job goes `blocked` -> `running` as the claim writes it (a fresh lease
+token, attempt + 1, the worker in claimed_by and worker_ids, its start counted with its wait),
+and its slot row is rewritten for it in place (holder and expiry), never deleted and taken
+again: a claim elsewhere sees the slot held throughout. One statement per slot cycle instead
+of three (release, NOTIFY, claim; docs/performance.md, "Flow control").
+
+What is not handed over is woken as before: as many blocked jobs per key as the key has free
+slots now under the limit the run held it under, in claim order, back to `ready` (or
+`suspended`, a durable run's resume), with a NOTIFY of their queues, so a worker anywhere in
+the fleet claims them at once, not at its next poll.
 
 The delete is fenced on the holder only: a run may delete its own row even after it lapsed
 (nobody else's row carries its holder, which contains its never-reused lease token), and never
 touches a row another run took over. The free slots are counted without the rows this statement
-deletes (its own snapshot still sees them). A job the claim blocks while this runs can miss the
-wake-up (its block commits after this read); the next release of its key, or jobs_unblock at
-the next poll, wakes it (tests/acceptance/test_slots_fleet.py).
+releases (its own snapshot still sees them) and with those it handed over. A job the claim
+blocks while this runs can miss the wake-up (its block commits after this read); the next
+release of its key, or jobs_unblock at the next poll, wakes it
+(tests/acceptance/test_slots_fleet.py).
 
-The rows are locked first, in (lease_key, slot) order, SKIP LOCKED: a row another transaction
-holds this moment is not deleted (its holder is answered busy, and released again at the next
-settle), never waited for (docs/design.md, "Lock order").
+Locks, in this order (docs/design.md, "Lock order"): the slot rows, in (lease_key, slot) order,
+SKIP LOCKED: a row another transaction holds this moment is not released (its holder is
+answered busy, and released again at the next settle), never waited for; then the blocked job
+rows, SKIP LOCKED. The answer is one row without a job (slot rows deleted, NOTIFYs sent, busy
+holders, jobs woken), then one row per job handed over, in jobs_claim's columns.
 """,
     sql=f"""
-with {slot_holds_sql("for update", live=False)}, gone as (
+with {slot_holds_sql("for update", live=False)}, released as materialized (
+    -- The rows this release locked, numbered within their key for the hand-over.
+    select l.id, l.lease_key, l.slot,
+           row_number() over (partition by l.lease_key order by l.slot) as k
+      from x_job_leases l
+     where l.id in (select id from free)
+), waiting as materialized (
+    -- Per key, the next blocked jobs in claim order, one per slot released, locked SKIP
+    -- LOCKED, read only when the worker can start some (take > 0).
+    select w.lease_key, b.id, b.name, b.queue, b.priority, b.run_at,
+           b.concurrency_key = w.lease_key and b.rate_key is null and not b.blocked_resume
+           and b.queue = any(%(queues)s::text[])
+           and not exists (select 1 from x_flow_pauses p
+                            where ((p.kind = 'key' and p.key = w.lease_key)
+                                   or (p.kind = 'queue' and p.key = b.queue))
+                              and (p.until is null or p.until > now())) as startable,
+           {key_limit_sql("b.concurrency_key", "b.name")} as lim
+      from (select lease_key, count(*) as n from released
+             where %(take)s > 0 group by lease_key) w
+      cross join lateral (
+          select id, name, queue, priority, run_at, concurrency_key, rate_key, blocked_resume
+            from only x_jobs
+           where state = 'blocked' and blocked_on = w.lease_key
+           order by priority desc, run_at
+           limit w.n
+             for update skip locked) b
+), handover as materialized (
+    -- The startable ones paired with the key's released slots (under their own limit), at
+    -- most `take`, each with its run's fresh lease token.
+    select e.id as job_id, r.id as lease_id, r.slot, e.lim, gen_random_uuid() as token
+      from (select *, row_number() over (partition by lease_key order by priority desc, run_at)
+                        as k
+              from waiting where startable) e
+      join released r on r.lease_key = e.lease_key and r.k = e.k
+     where r.slot < e.lim
+     order by r.lease_key, r.slot
+     limit %(take)s
+), started as (
+    update only x_jobs j
+       set state          = 'running',
+           attempt        = j.attempt + 1,
+           visible_at     = now() + %(lease_ms)s * interval '1 millisecond',
+           lease_token    = h.token,
+           claimed_by     = %(worker_id)s,
+           worker_ids     = j.worker_ids || jsonb_build_array(%(worker_id)s::text),
+           started_at     = now(),
+           blocked_on     = null,
+           blocked_resume = false,
+           updated_at     = now()
+      from handover h
+     where j.id = h.job_id
+       and j.id = any(array(select job_id from handover))
+    returning j.id, j.lease_token, j.name, j.queue, j.input, j.run_id, j.attempt,
+              j.max_attempts, j.tenant_id, j.traceparent, j.concurrency_key, h.slot, h.lim,
+              j.parent_id, j.run_at, h.lease_id
+), passed as (
+    -- The slot row, rewritten for the run it was handed to.
+    update x_job_leases l
+       set holder     = s.id::text || '/' || s.lease_token::text || '/' || %(worker_id)s,
+           expires_at = now() + %(slot_ttl_ms)s::bigint * interval '1 millisecond'
+      from started s
+     where l.id = s.lease_id
+    returning l.lease_key
+), gone as (
     delete from x_job_leases l
      where l.id in (select id from free)
+       and l.id not in (select lease_id from started)
     returning l.lease_key, l.slot, l.holder
 ), room as (
     select k.lease_key,
-           k.lim - (select count(*) from x_job_leases l
-                     where l.lease_key = k.lease_key and l.expires_at > now()
-                       and not exists (select 1 from gone g
-                                        where g.lease_key = l.lease_key and g.slot = l.slot))
+           -- The key's rows through its unique index (`offset 0`: the expiry is tested on
+           -- them, never through x_job_leases_expiry_idx, whose dead entries a busy release
+           -- would walk for every key).
+           k.lim - (select count(*)
+                      from (select id, expires_at from x_job_leases
+                             where lease_key = k.lease_key offset 0) l
+                     where l.expires_at > now() and l.id not in (select id from free))
+                 - (select count(*) from passed p where p.lease_key = k.lease_key)
              as n
       from (select v.lease_key, max(v.lim) as lim
               from unnest(%(keys)s::text[], %(limits)s::int[]) as v(lease_key, lim)
-             where v.lease_key in (select lease_key from gone)
+             where v.lease_key in (select lease_key from released)
              group by v.lease_key) k
      -- A paused key's jobs stay blocked: they wait for the resume, not for a slot.
      where not exists (select 1 from x_flow_pauses p
                         where p.kind = 'key' and p.key = k.lease_key
                           and (p.until is null or p.until > now()))
 ), woken as (
-    {wake_blocked_sql("room", "lease_key", "n")}
+    {wake_blocked_sql("room", "lease_key", "n", started="handover")}
+), tallied as (
+    -- The starts of the hand-over with their waits, as jobs_claim counts its own.
+    {count_sql("started", started="count(*)",
+               wait_ms=f"array_agg({elapsed_ms_sql('run_at')})",
+               wait_ms_sum=f"sum({elapsed_ms_sql('run_at')})")}
 )
-select (select count(*) from gone),
+select null::text, null::text, null::text, null::text, null::jsonb, null::text, null::int,
+       null::int, null::text, null::text, null::text, false, null::int, null::int,
+       (select count(*) from gone),
        {notify_queues_sql("woken")},
        (select array_agg(v.holder) from v
           join x_job_leases l
             on l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
-         where l.id not in (select id from free))
+         where l.id not in (select id from free)),
+       null::text, (select count(*) from woken)
+union all
+select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
+       tenant_id, traceparent, concurrency_key, false, slot, lim, null, null, null,
+       parent_id::text, null
+  from started
 """,
 )
 

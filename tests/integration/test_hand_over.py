@@ -1,0 +1,150 @@
+"""The hand-over (docs/flow-control.md, "Slots"): the release of a slot passes it, in the same
+statement, to the next job blocked on its key that the releasing worker can start itself,
+leased to that worker as a claim leases it; what it cannot start is woken for any worker to
+claim, as before. These tests send the release as a worker does and read the rows it wrote."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+from django.db import connection
+
+from django_xjobs import conf, registry, slots
+from django_xjobs.engines import get_engine
+from django_xjobs.models import FlowPause, Job, JobLease
+from django_xjobs.records import HandOver, SlotHold, SlotRelease
+from django_xjobs.testing import drain
+from django_xjobs.worker.flow import claim_flow
+from tests.integration.test_blocked import KEY, blocked_job, claim, hold, state
+from tests.integration.test_lock_order import held, never_waits
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORKER = "w-hand"
+
+
+def offer(take: int = 10, queues: tuple[str, ...] = ("default",), **flow) -> HandOver:
+    params = claim_flow(conf.get(), registry.all_jobs().values(), list(queues))
+    return HandOver(worker_id=WORKER, lease_ms=30_000, take=take, queues=queues,
+                    flow=dataclasses.replace(params, **flow))
+
+
+def release(holds: list[SlotHold], take: int = 10, **kwargs) -> SlotRelease:
+    return get_engine().slots_release_hand_over(holds, offer(take, **kwargs))
+
+
+def started_counted(name: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("select coalesce(sum(started), 0) from x_stat_deltas where name = %s",
+                       [name])
+        return int(cursor.fetchone()[0])
+
+
+def test_a_freed_slot_goes_to_the_next_blocked_job_of_its_key_leased_to_the_releaser():
+    held_slots = hold()
+    first, second = blocked_job(), blocked_job()
+    urgent = jobs.slotted.using(priority=5).enqueue(group="b", seconds=0)
+    assert claim() == []  # blocked as well, ahead of the others in claim order
+    counted = started_counted(jobs.slotted.name)
+
+    done = release(held_slots[:1])
+
+    assert (done.released, done.woken, done.busy) == (0, 0, [])
+    [run] = done.started
+    assert (run.id, run.attempt, run.slot, run.slot_limit) == (str(urgent.id), 1,
+                                                               held_slots[0].slot, 2)
+    row = Job.objects.get(pk=urgent.id)
+    assert (row.state, row.claimed_by, str(row.lease_token), row.blocked_on) == (
+        "running", WORKER, run.lease_token, None)
+    assert row.worker_ids == [WORKER] and row.started_at is not None
+    # The slot row was rewritten for the new run, never deleted: no claim saw it free.
+    lease = JobLease.objects.get(lease_key=KEY, slot=held_slots[0].slot)
+    assert lease.holder == slots.holder(run, WORKER)
+    assert [state(h) for h in (first, second)] == ["blocked", "blocked"]
+    assert started_counted(jobs.slotted.name) == counted + 1
+    # The new holder renews and releases it like any slot a claim granted.
+    mine = SlotHold(slot_key=KEY, slot=run.slot, holder=lease.holder, limit=2)
+    assert get_engine().slots_renew_if_held([mine], 30_000).renewed == {lease.holder}
+
+
+def test_it_hands_over_no_more_than_the_worker_can_take_and_wakes_the_rest():
+    held_slots = hold()
+    waiting = [blocked_job() for _ in range(3)]
+
+    done = release(held_slots, take=1)
+
+    assert (len(done.started), done.released, done.woken) == (1, 1, 1)
+    assert sorted(state(h) for h in waiting) == ["blocked", "ready", "running"]
+    assert JobLease.objects.filter(lease_key=KEY).count() == 1
+
+
+def test_without_an_offer_it_releases_and_wakes_as_before():
+    held_slots = hold()
+    handle = blocked_job()
+
+    done = get_engine().slots_release_hand_over(held_slots[:1])
+
+    assert (done.released, done.woken, done.started) == (1, 1, [])
+    assert state(handle) == "ready"
+
+
+@pytest.mark.parametrize("why", ["another queue", "a rate budget", "a resume", "queue paused",
+                                 "over its own limit"])
+def test_a_job_the_claim_would_have_to_decide_is_woken_not_handed_over(why):
+    held_slots = hold()
+    handle = blocked_job()
+    kwargs: dict = {}
+    if why == "another queue":
+        kwargs["queues"] = ("other",)
+    elif why == "a rate budget":
+        Job.objects.filter(pk=handle.id).update(rate_key="partner")
+    elif why == "a resume":
+        Job.objects.filter(pk=handle.id).update(blocked_resume=True)
+    elif why == "queue paused":
+        FlowPause.objects.create(kind="queue", key="default", reason="tests")
+    else:  # the settings give the key one slot: slot #1 is not under the job's own limit
+        kwargs["prefixes"], kwargs["prefix_limits"] = ("slot:",), (1,)
+
+    done = release([h for h in held_slots if h.slot == 1], **kwargs)
+
+    assert done.started == []
+    assert (done.released, done.woken) == (1, 1)
+    assert state(handle) == ("suspended" if why == "a resume" else "ready")
+
+
+def test_a_paused_key_neither_hands_over_nor_wakes():
+    held_slots = hold()
+    handle = blocked_job()
+    FlowPause.objects.create(kind="key", key=KEY, reason="tests")
+
+    done = release(held_slots[:1])
+
+    assert (done.started, done.released, done.woken) == ([], 1, 0)
+    assert state(handle) == "blocked"
+
+
+def test_a_blocked_job_another_transaction_holds_is_passed_over_never_waited_for():
+    held_slots = hold()
+    first, second = blocked_job(), blocked_job()
+    with held("select id from x_jobs where id = %s for update", str(first.id)):
+        done = never_waits(lambda: release(held_slots[:1]))
+    assert [run.id for run in done.started] == [str(second.id)]
+    assert (state(first), state(second)) == ("blocked", "running")
+
+
+def test_a_worker_drains_a_one_slot_key_through_hand_overs_one_run_at_a_time():
+    handles = [jobs.fleet_handover.enqueue(group="g", seconds=0) for _ in range(12)]
+
+    stats = drain(["default"], concurrency=4, prefetch=4)
+
+    assert stats["done"] == 12
+    assert stats["handed_over"] >= 1
+    rows = sorted(Job.objects.filter(pk__in=[h.id for h in handles]).values_list(
+        "started_at", "finished_at", "state"))
+    assert {r[2] for r in rows} == {"done"}
+    for (_, finished, _), (started, _, _) in itertools.pairwise(rows):
+        assert started >= finished  # one slot: a run starts only after the previous one ended
+    assert not JobLease.objects.filter(expires_at__gt=get_engine().db_now()).exists()
