@@ -551,3 +551,26 @@ def test_a_worker_whose_database_stops_answering_stops_its_runs_after_a_lease():
     # Once the database answers again, the job is handed back without spending an attempt.
     row = handle.get()
     assert row.state in ("ready", "running", "done"), row.state
+
+
+def test_a_starting_worker_claims_before_it_writes_its_row():
+    # The first claim goes first (docs/performance.md, "Worker start-up"): the job it took
+    # started (its claim's now()) before the worker's x_workers row was written.
+    from django_xjobs.models import WorkerRow
+    from django_xjobs.worker.loop import Worker
+    from django_xjobs.worker.options import WorkerOptions
+
+    handle = testapp_jobs.record.enqueue(tag="first")
+    worker = Worker(WorkerOptions.from_settings(install_signals=False, notify=False,
+                                                worker_id="claims-first"))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: handle.get().state == "done", message="the first job")
+        wait_until(lambda: WorkerRow.objects.filter(id="claims-first").exists(),
+                   message="the worker's row")
+        row = WorkerRow.objects.get(id="claims-first")
+        assert handle.get().started_at < row.started_at
+    finally:
+        worker.stop()
+        thread.join(30)

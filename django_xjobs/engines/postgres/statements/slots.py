@@ -108,8 +108,10 @@ and its slot row is rewritten for it in place (holder and expiry), never deleted
 again: a claim elsewhere sees the slot held throughout. One statement per slot cycle instead
 of three (release, NOTIFY, claim; docs/performance.md, "Flow control").
 
-What is not handed over is woken as before: as many blocked jobs per key as the key has free
-slots now under the limit the run held it under, in claim order, back to `ready` (or
+What is not handed over is woken as before: for each key with a slot the release deleted, as
+many blocked jobs as the key has free slots now under the limit the run held it under (a key
+whose released slots were all handed over is not read again: its room, if any, is the safety
+net's, jobs_unblock), in claim order, back to `ready` (or
 `suspended`, a durable run's resume), with a NOTIFY of their queues, so a worker anywhere in
 the fleet claims them at once, not at its next poll.
 
@@ -209,7 +211,8 @@ with {slot_holds_sql("for update", live=False)}, released as materialized (
              as n
       from (select v.lease_key, max(v.lim) as lim
               from unnest(%(keys)s::text[], %(limits)s::int[]) as v(lease_key, lim)
-             where v.lease_key in (select lease_key from released)
+             -- Keys whose every released slot was handed over have no room to fill.
+             where v.lease_key in (select lease_key from gone)
              group by v.lease_key) k
      -- A paused key's jobs stay blocked: they wait for the resume, not for a slot.
      where not exists (select 1 from x_flow_pauses p
