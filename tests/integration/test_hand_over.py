@@ -148,3 +148,18 @@ def test_a_worker_drains_a_one_slot_key_through_hand_overs_one_run_at_a_time():
     for (_, finished, _), (started, _, _) in itertools.pairwise(rows):
         assert started >= finished  # one slot: a run starts only after the previous one ended
     assert not JobLease.objects.filter(expires_at__gt=get_engine().db_now()).exists()
+
+
+@pytest.mark.parametrize("take", [0, 1])
+def test_only_a_workers_release_commits_asynchronously(take):
+    # A release inside a caller's transaction (JobLease.objects.release) leaves its commit as
+    # it was; a worker's, with an offer, commits as its claims do (without waiting for the WAL).
+    from django.db import transaction
+
+    held_slots = hold()
+    blocked_job()
+    with transaction.atomic():
+        get_engine().slots_release_hand_over(held_slots[:1], offer(take) if take else None)
+        with connection.cursor() as cursor:
+            cursor.execute("show synchronous_commit")
+            assert cursor.fetchone()[0] == ("off" if take else "on")

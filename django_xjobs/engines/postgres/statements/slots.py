@@ -123,6 +123,10 @@ blocks while this runs can miss the wake-up (its block commits after this read);
 release of its key, or jobs_unblock at the next poll, wakes it
 (tests/acceptance/test_slots_fleet.py).
 
+A worker's release (`take` > 0) commits without waiting for its WAL to reach disk, as the
+claim does and for the same reason (async_commit); a release inside a caller's transaction
+(JobLease.objects.release) leaves that transaction's commit alone.
+
 Locks, in this order (docs/design.md, "Lock order"): the slot rows, in (lease_key, slot) order,
 SKIP LOCKED: a row another transaction holds this moment is not released (its holder is
 answered busy, and released again at the next settle), never waited for; then the blocked job
@@ -130,7 +134,14 @@ rows, SKIP LOCKED. The answer is one row without a job (slot rows deleted, NOTIF
 holders, jobs woken), then one row per job handed over, in jobs_claim's columns.
 """,
     sql=f"""
-with {slot_holds_sql("for update", live=False)}, released as materialized (
+with async_commit as (
+    -- A worker's release (take > 0, never inside a caller's transaction, whose commit this
+    -- would change) commits as its claim does. Lost in a crash, its slots lapse and its
+    -- hand-overs are claimed again (their runs fenced out by their tokens), the
+    -- acknowledgements before it were committed durably, and every later durable commit
+    -- flushes it too.
+    select set_config('synchronous_commit', 'off', true) where %(take)s > 0
+), {slot_holds_sql("for update", live=False)}, released as materialized (
     -- The rows this release locked, numbered within their key for the hand-over.
     select l.id, l.lease_key, l.slot,
            row_number() over (partition by l.lease_key order by l.slot) as k
@@ -234,7 +245,7 @@ select null::text, null::text, null::text, null::text, null::jsonb, null::text, 
           join x_job_leases l
             on l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
          where l.id not in (select id from free)),
-       null::text, (select count(*) from woken)
+       null::text, (select count(*) from woken) + 0 * (select count(*) from async_commit)
 union all
 select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
        tenant_id, traceparent, concurrency_key, false, slot, lim, null, null, null,
