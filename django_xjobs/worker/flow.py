@@ -104,12 +104,13 @@ class Flow:
         self.slot_ttl = settings.slot_ttl
         self._weights = settings.queue_weights
         # The hand-over (release): how many runs the worker can start now (set by the loop;
-        # None or 0: none), the lease it gives them, the queues they may come from (served and
-        # not fair: a fair queue's turns are the claim's to decide), and the jobs the last
-        # releases started for the loop to run (take_started).
+        # None or 0: none), the lease it gives them, the queues they may come from (served, not
+        # fair and not capped: a fair queue's turns and a queue's cap are the claim's to
+        # decide), and the jobs the last releases started for the loop to run (take_started).
         self.offer: Callable[[], int] | None = None
         self.lease_ms = 0
-        self._hand_over_queues = tuple(q for q in queues if q not in self.params.fair_queues)
+        self._hand_over_queues = tuple(q for q in queues if q not in self.params.fair_queues
+                                       and q not in settings.queue_concurrency)
         self._started: list[ClaimedJob] = []
         # Per fair queue, the tenant its last claim served last ('' = the NULL tenant).
         self.cursors: dict[str, str] = {}

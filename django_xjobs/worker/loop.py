@@ -111,6 +111,8 @@ class Worker:
         self._drain_deadline: float | None = None
         self._stop_reason = ""
         self._more_likely = True
+        self._claim_first = True  # this round claims: no hand-over (_hand_over_room)
+        self._leaving = False  # out of the loop: what a release hands over would never run
         self._last_claim = -1e9
         self._failed_claims = 0  # claims in a row that failed
         self._db_failures = 0  # database calls of the loop in a row that failed
@@ -232,6 +234,13 @@ class Worker:
         """One pass of the loop; False once the worker should leave it."""
         self._wake.clear()  # whatever sets it from here on ends the wait below
         notified, self._notified = self._notified, False
+        now = clock.monotonic()
+        # A round whose claim is due hands no slot over: the release wakes the keys' next jobs
+        # and the claim takes them in claim order with everything else (_hand_over_room).
+        retry_at = self.flow.retry_at
+        self._claim_first = (notified or self._more_likely
+                             or now - self._last_claim >= self.options.poll_interval
+                             or (retry_at is not None and now >= retry_at))
         self._settle()
         now = clock.monotonic()
         self.liveness.went_round(now)
@@ -356,9 +365,14 @@ class Worker:
         self._dispatch(runs)
 
     def _hand_over_room(self) -> int:
-        """How many jobs a release may hand this worker now: its free capacity, none once it
-        is stopping."""
-        return 0 if self._stopping else self.capacity.free()
+        """How many jobs a release may hand this worker now: its free capacity, unless a claim
+        is due this round (a NOTIFY, the poll interval, a rate-limited job due again, a claim
+        that may find more) or the worker is leaving. Handed over round after round, the keys'
+        backlogs would otherwise fill the capacity for good, and the claim, which takes jobs in
+        claim order across the queues and rescues lapsed leases, would never run."""
+        if self._stopping or self._leaving or self._claim_first:
+            return 0
+        return self.capacity.free()
 
     def _dispatch(self, runs: list[Run]) -> None:
         """Hand claimed runs to executors: sync ones to the thread queue, async ones to the
@@ -453,6 +467,7 @@ class Worker:
         return clock.monotonic() >= self._drain_deadline + self.options.lease
 
     def _shutdown(self) -> None:
+        self._leaving = True
         self._settle()
         self._stop_threads.set()
         try:

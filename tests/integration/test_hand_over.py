@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
+from collections import Counter
+from datetime import timedelta
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection
+from django.test import override_settings
 
 from django_xjobs import conf, registry, slots
 from django_xjobs.engines import get_engine
@@ -17,6 +22,7 @@ from django_xjobs.models import FlowPause, Job, JobLease
 from django_xjobs.records import HandOver, SlotHold, SlotRelease
 from django_xjobs.testing import drain
 from django_xjobs.worker.flow import claim_flow
+from tests.conftest import wait_until
 from tests.integration.test_blocked import KEY, blocked_job, claim, hold, state
 from tests.integration.test_lock_order import held, never_waits
 from tests.testapp import jobs
@@ -92,7 +98,7 @@ def test_without_an_offer_it_releases_and_wakes_as_before():
 
 
 @pytest.mark.parametrize("why", ["another queue", "a rate budget", "a resume", "queue paused",
-                                 "over its own limit"])
+                                 "over its own limit", "not due yet"])
 def test_a_job_the_claim_would_have_to_decide_is_woken_not_handed_over(why):
     held_slots = hold()
     handle = blocked_job()
@@ -105,6 +111,8 @@ def test_a_job_the_claim_would_have_to_decide_is_woken_not_handed_over(why):
         Job.objects.filter(pk=handle.id).update(blocked_resume=True)
     elif why == "queue paused":
         FlowPause.objects.create(kind="queue", key="default", reason="tests")
+    elif why == "not due yet":  # a debounce or a cron hold moved it on while it was blocked
+        Job.objects.filter(pk=handle.id).update(run_at=get_engine().db_now() + timedelta(hours=1))
     else:  # the settings give the key one slot: slot #1 is not under the job's own limit
         kwargs["prefixes"], kwargs["prefix_limits"] = ("slot:",), (1,)
 
@@ -163,3 +171,60 @@ def test_only_a_workers_release_commits_asynchronously(take):
         with connection.cursor() as cursor:
             cursor.execute("show synchronous_commit")
             assert cursor.fetchone()[0] == ("off" if take else "on")
+
+
+def test_a_keys_backlog_never_keeps_the_claim_from_its_turns():
+    # A worker whose whole capacity is the key's limit, behind a backlog other workers blocked:
+    # were every release to hand it the key's next job, it would never have room to claim, and
+    # the job of its other queue would wait for the whole backlog. A round whose claim is due
+    # (a NOTIFY, the poll interval, a claim that came back full) hands nothing over.
+    from django_xjobs.worker.loop import Worker
+    from django_xjobs.worker.options import WorkerOptions
+
+    hold(n=2, ttl_ms=300)  # the other workers' runs, which die: their slots lapse
+    backlog = [jobs.slotted.enqueue(group="b", seconds=0.1) for _ in range(40)]
+    assert claim(n=40) == []  # blocked by another worker's claim
+    worker = Worker(WorkerOptions.from_settings(
+        queues=("default", "other"), concurrency=2, prefetch=0, install_signals=False,
+        worker_id="w-starve"))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        ids = [h.id for h in backlog]
+        wait_until(lambda: Job.objects.filter(pk__in=ids, state="done").count() >= 2,
+                   message="the backlog under way")
+        other = jobs.on_other_queue.enqueue()
+        wait_until(lambda: other.get().state == "done", message="the other queue's job")
+        wait_until(lambda: Job.objects.filter(pk__in=ids, state="done").count() == 40,
+                   message="the backlog's end")
+        after = Job.objects.filter(pk__in=ids, started_at__gt=other.get().started_at).count()
+        assert after >= 20, f"the other queue's job started behind {40 - after} of 40"
+    finally:
+        worker.stop()
+        thread.join(30)
+
+
+def test_a_queue_with_a_cap_is_not_handed_over():
+    from django_xjobs.worker.flow import Flow
+
+    with override_settings(XJOBS={**django_settings.XJOBS, "QUEUES": {
+            "default": {}, "capped": {"concurrency": 1}}}):
+        flow = Flow(engine=get_engine(), settings=conf.get(), worker_id=WORKER,
+                    queues=["default", "capped"], poll_interval=0.2, stats=Counter())
+        assert flow._hand_over_queues == ("default",)
+
+
+def test_a_worker_offers_its_room_only_in_a_round_that_does_not_claim_and_never_leaving():
+    from django_xjobs.worker.loop import Worker
+    from django_xjobs.worker.options import WorkerOptions
+
+    worker = Worker(WorkerOptions.from_settings(concurrency=3, prefetch=0,
+                                                install_signals=False))
+    assert worker.flow.offer is not None
+    assert worker.flow.offer() == 0  # the first round claims
+    worker._claim_first = False
+    assert worker.flow.offer() == 3
+    worker._leaving = True  # out of the loop (a burst's end): nothing would run what it gets
+    assert worker.flow.offer() == 0
+    worker._leaving, worker._stopping = False, True
+    assert worker.flow.offer() == 0

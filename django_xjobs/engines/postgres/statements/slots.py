@@ -100,7 +100,8 @@ held back (`blocked`) for any worker to claim.
 The hand-over (`take` > 0: the releasing worker has that many runs free; 0: none) takes, per
 key, as many of its blocked jobs as it released slots, in claim order (x_jobs_blocked_idx),
 SKIP LOCKED, and starts those that need nothing else the claim decides: a job of a queue the
-worker serves that is not fair and not paused (`queues`), on a key not paused, with no rate
+worker serves that is not fair, not capped and not paused (`queues`), due (a debounce or a
+cron hold may have moved a blocked job's run_at ahead), on a key not paused, with no rate
 budget to spend, not a durable run's resume, under its own limit (key_limit_sql: the slot's
 index below it). Such a job goes `blocked` -> `running` as the claim writes it (a fresh lease
 token, attempt + 1, the worker in claimed_by and worker_ids, its start counted with its wait),
@@ -108,10 +109,8 @@ and its slot row is rewritten for it in place (holder and expiry), never deleted
 again: a claim elsewhere sees the slot held throughout. One statement per slot cycle instead
 of three (release, NOTIFY, claim; docs/performance.md, "Flow control").
 
-What is not handed over is woken as before: for each key with a slot the release deleted, as
-many blocked jobs as the key has free slots now under the limit the run held it under (a key
-whose released slots were all handed over is not read again: its room, if any, is the safety
-net's, jobs_unblock), in claim order, back to `ready` (or
+What is not handed over is woken as before: as many blocked jobs per key as the key has free
+slots now under the limit the run held it under, in claim order, back to `ready` (or
 `suspended`, a durable run's resume), with a NOTIFY of their queues, so a worker anywhere in
 the fleet claims them at once, not at its next poll.
 
@@ -122,6 +121,13 @@ releases (its own snapshot still sees them) and with those it handed over. A job
 blocks while this runs can miss the wake-up (its block commits after this read); the next
 release of its key, or jobs_unblock at the next poll, wakes it
 (tests/acceptance/test_slots_fleet.py).
+
+The worker offers a hand-over only while no claim is due (worker/loop.py): otherwise it would
+fill its capacity with the keys' backlogs round after round, and the claim, which takes jobs in
+priority order across its queues and rescues lapsed leases, would never run. A hand-over whose
+answer is lost (the connection dropped after the commit) is what a lost claim's answer is:
+its jobs are leased to the worker under tokens it never learned, and are rescued when their
+leases lapse.
 
 A worker's release (`take` > 0) commits without waiting for its WAL to reach disk, as the
 claim does and for the same reason (async_commit); a release inside a caller's transaction
@@ -152,7 +158,7 @@ with async_commit as (
     -- LOCKED, read only when the worker can start some (take > 0).
     select w.lease_key, b.id, b.name, b.queue, b.priority, b.run_at,
            b.concurrency_key = w.lease_key and b.rate_key is null and not b.blocked_resume
-           and b.queue = any(%(queues)s::text[])
+           and b.run_at <= now() and b.queue = any(%(queues)s::text[])
            and not exists (select 1 from x_flow_pauses p
                             where ((p.kind = 'key' and p.key = w.lease_key)
                                    or (p.kind = 'queue' and p.key = b.queue))
@@ -222,8 +228,7 @@ with async_commit as (
              as n
       from (select v.lease_key, max(v.lim) as lim
               from unnest(%(keys)s::text[], %(limits)s::int[]) as v(lease_key, lim)
-             -- Keys whose every released slot was handed over have no room to fill.
-             where v.lease_key in (select lease_key from gone)
+             where v.lease_key in (select lease_key from released)
              group by v.lease_key) k
      -- A paused key's jobs stay blocked: they wait for the resume, not for a slot.
      where not exists (select 1 from x_flow_pauses p
