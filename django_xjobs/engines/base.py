@@ -207,6 +207,15 @@ class Engine(abc.ABC):
     def jobs_complete_if_owned(self, batch: Sequence[Completion]) -> FenceReport: ...
 
     @abc.abstractmethod
+    def jobs_complete_release_if_owned(
+        self, batch: Sequence[Completion], holds: Sequence[SlotHold],
+        offer: HandOver | None = None,
+    ) -> tuple[FenceReport, SlotRelease]:
+        """:meth:`jobs_complete_if_owned` and :meth:`slots_release_hand_over` of ``holds`` (the
+        slots of those runs) in one statement; a hold whose run's row another transaction
+        holds (busy: not settled) is left out of the release, and stays its run's."""
+
+    @abc.abstractmethod
     def job_fail_if_owned(self, failure: Failure) -> tuple[FenceReport, str | None]:
         """Retry or bury; returns the report (keyed by lease token) and the state the job went
         to, also when an earlier try had already applied it (None if lost)."""

@@ -38,7 +38,15 @@ from ..context import busy_pause
 from ..engines import Engine
 from ..exceptions import SLOT_LOST
 from ..ratelimits import rate_limit_of
-from ..records import ClaimBatch, ClaimedJob, ClaimFlow, HandOver, Renewal, SlotHold
+from ..records import (
+    ClaimBatch,
+    ClaimedJob,
+    ClaimFlow,
+    HandOver,
+    Renewal,
+    SlotHold,
+    SlotRelease,
+)
 from .executor import GiveBack
 from .floors import Floors
 
@@ -103,11 +111,12 @@ class Flow:
             hold_ms=round(poll_interval * 1000))
         self.slot_ttl = settings.slot_ttl
         self._weights = settings.queue_weights
-        # The hand-over (release): how many runs the worker can start now (set by the loop;
-        # None or 0: none), the lease it gives them, the queues they may come from (served, not
-        # fair and not capped: a fair queue's turns and a queue's cap are the claim's to
-        # decide), and the jobs the last releases started for the loop to run (take_started).
-        self.offer: Callable[[], int] | None = None
+        # The hand-over (release): how many runs the worker can start now, given how many
+        # places the runs being settled free (set by the loop; None or 0: none), the lease it
+        # gives them, the queues they may come from (served, not fair and not capped: a fair
+        # queue's turns and a queue's cap are the claim's to decide), and the jobs the last
+        # releases started for the loop to run (take_started).
+        self.offer: Callable[[int], int] | None = None
         self.lease_ms = 0
         self._hand_over_queues = tuple(q for q in queues if q not in self.params.fair_queues
                                        and q not in settings.queue_concurrency)
@@ -240,11 +249,34 @@ class Flow:
                 self._releases.append(hold)
         if not self._releases:
             return 0
-        take = self.offer() if self.offer is not None else 0
-        offer = HandOver(worker_id=self.worker_id, lease_ms=self.lease_ms, take=take,
-                         queues=self._hand_over_queues, flow=self.params) if take > 0 else None
-        release = self.engine.slots_release_hand_over(self._releases, offer)
-        self._releases = release.busy
+        pending, self._releases = self._releases, []
+        return self._released(self.engine.slots_release_hand_over(pending, self.hand_over(0)))
+
+    def hand_over(self, freeing: int) -> HandOver | None:
+        """What the release about to be sent may hand this worker (None: nothing), when the
+        runs it settles free ``freeing`` places beyond the worker's free capacity."""
+        take = self.offer(freeing) if self.offer is not None else 0
+        if take <= 0:
+            return None
+        return HandOver(worker_id=self.worker_id, lease_ms=self.lease_ms, take=take,
+                        queues=self._hand_over_queues, flow=self.params)
+
+    def released_with(self, runs: Iterable[SlotRun], busy: Iterable[str],
+                      release: SlotRelease) -> int:
+        """The release sent with the acknowledgement of ``runs`` (jobs_complete_release_if_
+        owned): each run whose row was not held elsewhere (its lease token not in ``busy``)
+        let go of its slot; how many blocked jobs it woke."""
+        held = set(busy)
+        for run in runs:
+            if run.slot is not None and run.job.lease_token not in held:
+                run.slot = None
+                self._holding -= 1
+        return self._released(release)
+
+    def _released(self, release: SlotRelease) -> int:
+        """Note what a release did: the slots whose row another transaction held, released
+        again a moment later (release_due); the jobs it handed over (take_started)."""
+        self._releases.extend(release.busy)
         if release.started:
             self._started.extend(release.started)
             self.stats["handed_over"] += len(release.started)

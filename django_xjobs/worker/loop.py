@@ -10,11 +10,12 @@ threads that run the jobs (threads.py), the heartbeat (heartbeat.py), what stops
 
 The loop, in the order one iteration runs it (``Worker._iterate``):
 
-1. **Settle** (settle.py): every ``Done`` of the iteration in ONE ``jobs_complete_if_owned``,
-   other outcomes one fenced statement each, the slots of the settled runs released in ONE
-   ``slots_release_if_held``, which hands each freed slot to the next job blocked on its key
-   that this worker can start (the hand-over: leased to it in that statement, started here as
-   a claimed run). A write that matches no row means the run lost the job: logged, result
+1. **Settle** (settle.py): every ``Done`` of the iteration in ONE ``jobs_complete_if_owned``
+   (``jobs_complete_release_if_owned`` when some held slots: their release goes with it),
+   other outcomes one fenced statement each, the slots of the other settled runs released in
+   ONE ``slots_release_if_held``; a release hands each freed slot to the next job blocked on
+   its key that this worker can start (the hand-over: leased to it in that statement, started
+   here as a claimed run). A write that matches no row means the run lost the job: logged, result
    discarded, never raised; a row another transaction holds is written again later.
 2. **Watch** (watchdog.py, on its own thread, ``xjobs-watch``, which never touches the
    database: a loop stuck in a statement must not stop it): runs past their ``timeout``, or
@@ -364,15 +365,16 @@ class Worker:
                 self.flow.attach(run, sent_at)
         self._dispatch(runs)
 
-    def _hand_over_room(self) -> int:
-        """How many jobs a release may hand this worker now: its free capacity, unless a claim
+    def _hand_over_room(self, freeing: int) -> int:
+        """How many jobs a release may hand this worker now: its free capacity (and the
+        ``freeing`` places of the runs the release's statement settles), unless a claim
         is due this round (a NOTIFY, the poll interval, a rate-limited job due again, a claim
         that may find more) or the worker is leaving. Handed over round after round, the keys'
         backlogs would otherwise fill the capacity for good, and the claim, which takes jobs in
         claim order across the queues and rescues lapsed leases, would never run."""
         if self._stopping or self._leaving or self._claim_first:
             return 0
-        return self.capacity.free()
+        return self.capacity.free() + freeing
 
     def _dispatch(self, runs: list[Run]) -> None:
         """Hand claimed runs to executors: sync ones to the thread queue, async ones to the

@@ -14,8 +14,11 @@ ever wait on each other), other outcomes one statement each (:func:`write_outcom
   aside, and written again at a later settle (after BUSY_RETRY_FIRST, doubling up to
   BUSY_RETRY_MAX), while the heartbeat keeps its lease; the other runs of the batch settle at
   once (docs/design.md, "Lock order").
-* The slots of the settled runs are released in ONE ``slots_release_if_held`` per settle,
-  however the runs ended, which wakes the jobs blocked on their keys fleet-wide (worker/flow.py).
+* The slots of the settled runs are released in ONE statement per settle, however the runs
+  ended: with the acknowledgement of the ``Done`` runs that held them
+  (``jobs_complete_release_if_owned``), else ``slots_release_if_held``; the release hands each
+  freed slot to the next job blocked on its key that this worker can start, and wakes the
+  others fleet-wide (worker/flow.py).
 
 :func:`write_outcome` is shared with the inline test mode (django_xjobs/testing/inline.py), so a
 test sees the statements a worker sends.
@@ -63,6 +66,7 @@ class Settler:
         self.stats = stats
         self.unknown = unknown
         self._db_error = db_error
+        self.woke = False  # the release sent with this settle's acknowledgement woke jobs
 
     def due(self, now: float) -> list[Run]:
         """The runs to settle now: set-aside ones whose retry is due, then every finished run."""
@@ -83,6 +87,7 @@ class Settler:
         on its keys (for the next claim)."""
         if not batch:
             return self._release(())
+        self.woke = False
         done = [r for r in batch if isinstance(r.outcome, Done)]
         others = [r for r in batch if not isinstance(r.outcome, Done)]
         unsettled: list[Run] = []
@@ -109,8 +114,8 @@ class Settler:
             with self.runs.lock:
                 self.runs.finished.extendleft(reversed(unsettled))
         if self.flow.holding:
-            return self._release(r for r in batch if r.phase == SETTLED)
-        return False
+            return self._release(r for r in batch if r.phase == SETTLED) or self.woke
+        return self.woke
 
     def _release(self, settled: Iterable[Run]) -> bool:
         """Release the slots of settled runs (and those a held row turned away before);
@@ -139,14 +144,22 @@ class Settler:
         self.runs.busy.append(run)
 
     def _acknowledge(self, done: list[Run]) -> list[Run]:
-        """One ``jobs_complete_if_owned`` for these runs; returns them when it failed (a
-        database error: the next settle writes them again), else nothing."""
+        """One ``jobs_complete_if_owned`` for these runs, or, when some hold slots, one
+        ``jobs_complete_release_if_owned``, which releases those slots and hands them over in
+        the same statement; returns the runs when it failed (a database error: the next settle
+        writes them again), else nothing."""
+        completions = [Completion(claim=r.job.claim,
+                                  result_json=r.outcome.result_json)  # type: ignore[union-attr]
+                       for r in done]
+        holds = [r.slot for r in done if r.slot is not None]
         try:
-            report = self.engine.jobs_complete_if_owned([
-                Completion(claim=r.job.claim,
-                           result_json=r.outcome.result_json)  # type: ignore[union-attr]
-                for r in done
-            ])
+            if holds:
+                report, release = self.engine.jobs_complete_release_if_owned(
+                    completions, holds, self.flow.hand_over(len(done)))
+                if self.flow.released_with(done, report.busy, release):
+                    self.woke = True
+            else:
+                report = self.engine.jobs_complete_if_owned(completions)
         except Exception as exc:
             self._db_error("acknowledge", exc)
             return done

@@ -75,6 +75,7 @@ LISTS = {
     "job_ids": uuid.uuid4(),  # outbox_mark_published
     "parents": uuid.uuid4(),  # jobs_cancel_tree
     "holders": "job/token/worker", "slots": 0, "spent": True, "resumed": False,  # slots
+    "hold_tokens": uuid.uuid4(),
     "notes": None, "outcomes": "handed_back", "counts": 1,
     # ---- flow control
     "fair": False, "cursors": "", "limit_names": "testapp.noop", "limit_values": 2,

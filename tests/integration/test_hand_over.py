@@ -221,10 +221,10 @@ def test_a_worker_offers_its_room_only_in_a_round_that_does_not_claim_and_never_
     worker = Worker(WorkerOptions.from_settings(concurrency=3, prefetch=0,
                                                 install_signals=False))
     assert worker.flow.offer is not None
-    assert worker.flow.offer() == 0  # the first round claims
+    assert worker.flow.offer(0) == 0  # the first round claims
     worker._claim_first = False
-    assert worker.flow.offer() == 3
+    assert worker.flow.offer(2) == 5  # its free capacity and what the settle frees
     worker._leaving = True  # out of the loop (a burst's end): nothing would run what it gets
-    assert worker.flow.offer() == 0
+    assert worker.flow.offer(2) == 0
     worker._leaving, worker._stopping = False, True
-    assert worker.flow.offer() == 0
+    assert worker.flow.offer(2) == 0

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from uuid import UUID
 
-from ...records import Claim, EnqueueParams, RunOwner
+from ...records import Claim, ClaimFlow, EnqueueParams, HandOver, RunOwner, SlotHold
 
 
 def fence_params(claim: Claim) -> dict[str, str]:
@@ -82,3 +82,25 @@ def batch_args(batch: Sequence[EnqueueParams], *, notify: bool) -> dict[str, Any
     ])
     inputs = "[" + ",".join(p.input_json for p in batch) + "]"
     return {"meta": meta, "inputs": inputs, "notify": notify}
+
+
+def release_params(holds: Sequence[SlotHold], offer: HandOver | None,
+                   notify: bool) -> dict[str, Any]:
+    """The parameters of a slot release and its hand-over (slots_release_if_held,
+    jobs_complete_release_if_owned): the holds in the order their rows are locked, by (key,
+    slot) (docs/design.md, "Lock order"; the statement locks SKIP LOCKED, so this is for the
+    reader of a log), each with the limit its run held it under, and what ``offer`` lets the
+    release start (None: nothing)."""
+    flow = offer.flow if offer is not None else ClaimFlow(slot_ttl_ms=0)
+    return {
+        "keys": [h.slot_key for h in holds], "slots": [h.slot for h in holds],
+        "holders": [h.holder for h in holds], "limits": [h.limit for h in holds],
+        "notify": notify,
+        "take": offer.take if offer is not None else 0,
+        "queues": list(offer.queues) if offer is not None else [],
+        "worker_id": offer.worker_id if offer is not None else "",
+        "lease_ms": offer.lease_ms if offer is not None else 0,
+        "slot_ttl_ms": flow.slot_ttl_ms,
+        "limit_names": list(flow.limit_names), "limit_values": list(flow.limit_values),
+        "prefixes": list(flow.prefixes), "prefix_limits": list(flow.prefix_limits),
+    }

@@ -4,7 +4,7 @@ operations (operations/). A row's columns come in the order its statement lists 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -17,6 +17,8 @@ from ...records import (
     DueScan,
     JobRecord,
     PauseRecord,
+    SlotHold,
+    SlotRelease,
     attempt_history,
     decode_stored_json,
     progress_from_json,
@@ -89,6 +91,20 @@ def claimed_job(r: Sequence[Any]) -> ClaimedJob:
         slot=r[12] if len(r) > 12 else None, slot_limit=r[13] if len(r) > 13 else None,
         parent_id=r[17] if len(r) > 17 else None,
     )
+
+
+def slot_release(holds: Sequence[SlotHold], rows: Iterable[Sequence[Any]]) -> SlotRelease:
+    """What a release did, from its answer (slots_release_if_held's rows, in jobs_claim's
+    columns: one without a job, then one per job handed over) for ``holds``, the holds it
+    was sent."""
+    released, woken, busy, started = 0, 0, set(), []
+    for r in rows:
+        if r[0] is None:
+            released, busy, woken = int(r[14]), set(r[16] or ()), int(r[18])
+        else:
+            started.append(claimed_job(r))
+    return SlotRelease(released=released, woken=woken, started=started,
+                       busy=[h for h in holds if h.holder in busy])
 
 
 def claim_scans(text: str) -> ClaimScans:

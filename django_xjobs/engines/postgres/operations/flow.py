@@ -20,7 +20,8 @@ from ....records import (
     SlotUsage,
 )
 from ..core import PostgresCore
-from ..rows import claimed_job, pause_record
+from ..params import release_params
+from ..rows import pause_record, slot_release
 from ..statements.flow import JOBS_UNBLOCK, RATE_TAKE
 from ..statements.pauses import PAUSE_RESUME_KEY, PAUSE_RESUME_QUEUE, PAUSE_UPSERT, PAUSES_LIST
 from ..statements.slots import (
@@ -70,25 +71,8 @@ class FlowControl(PostgresCore):
         if not holds:
             return SlotRelease(released=0)
         ordered = sorted(holds, key=lambda h: (h.slot_key, h.slot))
-        flow = offer.flow if offer is not None else ClaimFlow(slot_ttl_ms=0)
-        rows = self._run(SLOTS_RELEASE_IF_HELD, {
-            **_holds(ordered), "limits": [h.limit for h in ordered], "notify": self.notify,
-            "take": offer.take if offer is not None else 0,
-            "queues": list(offer.queues) if offer is not None else [],
-            "worker_id": offer.worker_id if offer is not None else "",
-            "lease_ms": offer.lease_ms if offer is not None else 0,
-            "slot_ttl_ms": flow.slot_ttl_ms,
-            "limit_names": list(flow.limit_names), "limit_values": list(flow.limit_values),
-            "prefixes": list(flow.prefixes), "prefix_limits": list(flow.prefix_limits),
-        })
-        released, woken, busy, started = 0, 0, set(), []
-        for r in rows:
-            if r[0] is None:
-                released, busy, woken = int(r[14]), set(r[16] or ()), int(r[18])
-            else:
-                started.append(claimed_job(r))
-        return SlotRelease(released=released, woken=woken, started=started,
-                           busy=[h for h in ordered if h.holder in busy])
+        return slot_release(ordered, self._run(SLOTS_RELEASE_IF_HELD,
+                                               release_params(ordered, offer, self.notify)))
 
     def slots_list(self, *, slot_key: str | None = None, limit: int = 1000) -> list[SlotRecord]:
         return [

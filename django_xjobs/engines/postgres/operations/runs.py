@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from .... import slots
 from ....records import (
     Claim,
     ClaimBatch,
@@ -18,16 +19,19 @@ from ....records import (
     Completion,
     Failure,
     FenceReport,
+    HandOver,
     KeyPauseRequeue,
     Renewal,
     Requeue,
+    SlotHold,
+    SlotRelease,
     Suspension,
     UnknownGiveBack,
     UnknownWait,
 )
 from ..core import PostgresCore
-from ..params import claims_params, fence_params, in_lock_order, tenants
-from ..rows import claim_scans, claimed_job
+from ..params import claims_params, fence_params, in_lock_order, release_params, tenants, uuid_array
+from ..rows import claim_scans, claimed_job, slot_release
 from ..statements.claim import JOBS_CLAIM
 from ..statements.jobs import (
     JOB_FAIL_IF_OWNED,
@@ -36,6 +40,7 @@ from ..statements.jobs import (
     JOB_REQUEUE_IF_OWNED,
     JOB_SUSPEND_IF_OWNED,
     JOBS_COMPLETE_IF_OWNED,
+    JOBS_COMPLETE_RELEASE_IF_OWNED,
     JOBS_FENCE_CHECK,
     JOBS_RENEW_IF_OWNED,
     JOBS_REQUEUE_IF_OWNED,
@@ -161,6 +166,26 @@ class Runs(PostgresCore):
             "results": "[" + ",".join(c.result_json or "null" for c in batch) + "]",
         })
         return self._batch_report("complete", [c.claim for c in batch], rows)
+
+    def jobs_complete_release_if_owned(
+        self, batch: Sequence[Completion], holds: Sequence[SlotHold],
+        offer: HandOver | None = None,
+    ) -> tuple[FenceReport, SlotRelease]:
+        if not holds:
+            return self.jobs_complete_if_owned(batch), SlotRelease(released=0)
+        batch = in_lock_order(batch)
+        ordered = sorted(holds, key=lambda h: (h.slot_key, h.slot))
+        rows = self._run(JOBS_COMPLETE_RELEASE_IF_OWNED, {
+            **claims_params(c.claim for c in batch),
+            "results": "[" + ",".join(c.result_json or "null" for c in batch) + "]",
+            **release_params(ordered, offer, self.notify),
+            "hold_tokens": uuid_array(slots.parse_holder(h.holder)[1] for h in ordered),
+        })
+        report = self._batch_report("complete", [c.claim for c in batch],
+                                    [(r[1], r[0] == "landed") for r in rows
+                                     if r[0] in ("landed", "busy")])
+        return report, slot_release(ordered, [r[1:] for r in rows
+                                              if r[0] in ("release", "job")])
 
     def job_fail_if_owned(self, failure: Failure) -> tuple[FenceReport, str | None]:
         row = self._run(JOB_FAIL_IF_OWNED, {

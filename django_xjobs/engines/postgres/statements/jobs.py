@@ -28,8 +28,29 @@ from .fragments import (
     notify_queues_sql,
     settle_locks_sql,
 )
+from .slots import HANDED_OVER, release_ctes, release_summary
 
 # --------------------------------------------------------------------------- fenced writes --
+
+# jobs_complete_if_owned's CTEs (`v`, the runs' pairs and results; `free`, their rows locked;
+# the settle locks; `settled`, the rows written; `tallied`, the counters), shared with
+# jobs_complete_release_if_owned.
+COMPLETE_CTES = f"""v as (
+    select i.id, i.token, r.result
+      from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) with ordinality as i(id, token, n)
+      join jsonb_array_elements(%(results)s::jsonb) with ordinality as r(result, n) using (n)
+), free as materialized (
+    {free_runs_sql("v", SETTLE_COLUMNS)}
+), {settle_locks_sql("free")}, settled as (
+    update only x_jobs j
+       set state = 'done', result = nullif(v.result, 'null'::jsonb), visible_at = null,
+           finished_at = now(), updated_at = now()
+      from v
+     where j.id = v.id and {by_key("free", "id not in (select id from stuck)")}
+    returning j.id, j.lease_token, j.queue, j.name, {elapsed_ms_sql("j.started_at")} as run_ms
+), tallied as (
+    {count_sql("settled", done="count(*)", run_ms="array_agg(run_ms)", run_ms_sum="sum(run_ms)")}
+)"""
 
 JOBS_COMPLETE_IF_OWNED = Statement(
     "jobs_complete_if_owned",
@@ -60,25 +81,54 @@ entry: the row, with its attempt, claimed_by, started_at and finished_at, is the
 run that finished the job (docs/observability.md, "Attempt history").
 """,
     sql=f"""
-with v as (
-    select i.id, i.token, r.result
-      from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) with ordinality as i(id, token, n)
-      join jsonb_array_elements(%(results)s::jsonb) with ordinality as r(result, n) using (n)
-), free as materialized (
-    {free_runs_sql("v", SETTLE_COLUMNS)}
-), {settle_locks_sql("free")}, settled as (
-    update only x_jobs j
-       set state = 'done', result = nullif(v.result, 'null'::jsonb), visible_at = null,
-           finished_at = now(), updated_at = now()
-      from v
-     where j.id = v.id and {by_key("free", "id not in (select id from stuck)")}
-    returning j.id, j.lease_token, j.queue, j.name, {elapsed_ms_sql("j.started_at")} as run_ms
-), tallied as (
-    {count_sql("settled", done="count(*)", run_ms="array_agg(run_ms)", run_ms_sum="sum(run_ms)")}
-)
+with {COMPLETE_CTES}
 select lease_token::text, true from settled
 union all
 select token::text, false from ({held_runs_sql("v", "settled")}) busy
+""",
+)
+
+JOBS_COMPLETE_RELEASE_IF_OWNED = Statement(
+    "jobs_complete_release_if_owned",
+    why="""
+jobs_complete_if_owned and slots_release_if_held in one statement: the settle of runs that
+held concurrency slots, and the release of their slots with its hand-over, so a slot's cycle
+is one statement (run -> this -> the next run of the key; docs/performance.md, "Flow control").
+
+The acknowledgement is jobs_complete_if_owned's, word for word, and comes first in the lock
+order (its x_jobs rows by id, their parents' step rows, their windows' key rows); the release
+is slots_release_if_held's (the slot rows by (lease_key, slot), then the blocked job rows it
+hands over or wakes), all SKIP LOCKED. A run whose row another transaction holds (`busy`) is
+not settled, and keeps its slot: its hold is left out of the release (`hold_tokens`, the lease
+token of the run that holds each slot), and the worker releases it with that run's later
+settle. A run that lost its job (cancelled, re-claimed) releases its slot here, as after any
+settle. The commit is the acknowledgement's: synchronous.
+
+The answer: one row per run (`landed` or `busy`, its token), then the release's (`release`,
+as slots_release_if_held answers) and one row per job handed over (`job`), each after a first
+column that says which.
+""",
+    sql=f"""
+with {COMPLETE_CTES}, busy_runs as materialized (
+    {held_runs_sql("v", "settled")}
+), holds as (
+    select h.lease_key, h.slot, h.holder, h.lim
+      from unnest(%(keys)s::text[], %(slots)s::int[], %(holders)s::text[], %(limits)s::int[],
+                  %(hold_tokens)s::uuid[]) as h(lease_key, slot, holder, lim, token)
+     where h.token not in (select token from busy_runs)
+), {release_ctes("holds")}
+select 'release', {release_summary("holds")}
+union all
+select 'job', {HANDED_OVER}
+  from started
+union all
+select 'landed', lease_token::text, null, null, null, null, null, null, null, null, null, null,
+       null, null, null, null, null, null, null, null
+  from settled
+union all
+select 'busy', token::text, null, null, null, null, null, null, null, null, null, null, null,
+       null, null, null, null, null, null, null
+  from busy_runs
 """,
 )
 

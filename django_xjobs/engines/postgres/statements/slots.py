@@ -24,6 +24,142 @@ from .fragments import (
     wake_blocked_sql,
 )
 
+
+def release_ctes(holds: str) -> str:
+    """The CTEs of a slot release and its hand-over (SLOTS_RELEASE_IF_HELD says why each is
+    written as it is), for the slot holds of the CTE ``holds`` (lease_key, slot, holder, lim:
+    the limit the run held it under): ``slot_rows`` (their rows, locked), ``released``,
+    ``waiting``, ``handover``, ``started`` (the jobs handed over), ``passed``, ``gone``,
+    ``room``, ``woken`` and ``slot_tallied``; release_summary and HANDED_OVER read them."""
+    return f"""slot_rows as materialized (
+    -- The holds' rows, locked in (lease_key, slot) order, SKIP LOCKED.
+    select l.id from x_job_leases l
+      join {holds} h on l.lease_key = h.lease_key and l.slot = h.slot and l.holder = h.holder
+     order by l.lease_key, l.slot
+       for update of l skip locked
+), released as materialized (
+    -- The rows this release locked, numbered within their key for the hand-over.
+    select l.id, l.lease_key, l.slot,
+           row_number() over (partition by l.lease_key order by l.slot) as k
+      from x_job_leases l
+     where l.id in (select id from slot_rows)
+), waiting as materialized (
+    -- Per key, the next blocked jobs in claim order, one per slot released, locked SKIP
+    -- LOCKED, read only when the worker can start some (take > 0).
+    select w.lease_key, b.id, b.name, b.queue, b.priority, b.run_at,
+           b.concurrency_key = w.lease_key and b.rate_key is null and not b.blocked_resume
+           and b.run_at <= now() and b.queue = any(%(queues)s::text[])
+           and not exists (select 1 from x_flow_pauses p
+                            where ((p.kind = 'key' and p.key = w.lease_key)
+                                   or (p.kind = 'queue' and p.key = b.queue))
+                              and (p.until is null or p.until > now())) as startable,
+           {key_limit_sql("b.concurrency_key", "b.name")} as lim
+      from (select lease_key, count(*) as n from released
+             where %(take)s > 0 group by lease_key) w
+      cross join lateral (
+          select id, name, queue, priority, run_at, concurrency_key, rate_key, blocked_resume
+            from only x_jobs
+           where state = 'blocked' and blocked_on = w.lease_key
+           order by priority desc, run_at
+           limit w.n
+             for update skip locked) b
+), handover as materialized (
+    -- The startable ones paired with the key's released slots (under their own limit), at
+    -- most `take`, each with its run's fresh lease token.
+    select e.id as job_id, r.id as lease_id, r.slot, e.lim, gen_random_uuid() as token
+      from (select *, row_number() over (partition by lease_key order by priority desc, run_at)
+                        as k
+              from waiting where startable) e
+      join released r on r.lease_key = e.lease_key and r.k = e.k
+     where r.slot < e.lim
+     order by r.lease_key, r.slot
+     limit %(take)s
+), started as (
+    update only x_jobs j
+       set state          = 'running',
+           attempt        = j.attempt + 1,
+           visible_at     = now() + %(lease_ms)s * interval '1 millisecond',
+           lease_token    = h.token,
+           claimed_by     = %(worker_id)s,
+           worker_ids     = j.worker_ids || jsonb_build_array(%(worker_id)s::text),
+           started_at     = now(),
+           blocked_on     = null,
+           blocked_resume = false,
+           updated_at     = now()
+      from handover h
+     where j.id = h.job_id
+       and j.id = any(array(select job_id from handover))
+    returning j.id, j.lease_token, j.name, j.queue, j.input, j.run_id, j.attempt,
+              j.max_attempts, j.tenant_id, j.traceparent, j.concurrency_key, h.slot, h.lim,
+              j.parent_id, j.run_at, h.lease_id
+), passed as (
+    -- The slot row, rewritten for the run it was handed to.
+    update x_job_leases l
+       set holder     = s.id::text || '/' || s.lease_token::text || '/' || %(worker_id)s,
+           expires_at = now() + %(slot_ttl_ms)s::bigint * interval '1 millisecond'
+      from started s
+     where l.id = s.lease_id
+    returning l.lease_key
+), gone as (
+    delete from x_job_leases l
+     where l.id in (select id from slot_rows)
+       and l.id not in (select lease_id from started)
+    returning l.lease_key, l.slot, l.holder
+), room as (
+    select k.lease_key,
+           -- The key's rows through its unique index (`offset 0`: the expiry is tested on
+           -- them, never through x_job_leases_expiry_idx, whose dead entries a busy release
+           -- would walk for every key).
+           k.lim - (select count(*)
+                      from (select id, expires_at from x_job_leases
+                             where lease_key = k.lease_key offset 0) l
+                     where l.expires_at > now() and l.id not in (select id from slot_rows))
+                 - (select count(*) from passed p where p.lease_key = k.lease_key)
+             as n
+      from (select h.lease_key, max(h.lim) as lim
+              from {holds} h
+             where h.lease_key in (select lease_key from released)
+             group by h.lease_key) k
+     -- A paused key's jobs stay blocked: they wait for the resume, not for a slot.
+     where not exists (select 1 from x_flow_pauses p
+                        where p.kind = 'key' and p.key = k.lease_key
+                          and (p.until is null or p.until > now()))
+), woken as (
+    {wake_blocked_sql("room", "lease_key", "n", started="handover")}
+), slot_tallied as (
+    -- The starts of the hand-over with their waits, as jobs_claim counts its own.
+    {count_sql("started", started="count(*)",
+               wait_ms=f"array_agg({elapsed_ms_sql('run_at')})",
+               wait_ms_sum=f"sum({elapsed_ms_sql('run_at')})")}
+)"""
+
+
+def release_summary(holds: str) -> str:
+    """The release's answer row, in jobs_claim's answer columns: the slot rows deleted (the
+    15th), the NOTIFYs sent, the holders whose row another transaction held (busy), the jobs
+    woken (the 19th)."""
+    return f"""null::text, null::text, null::text, null::text, null::jsonb, null::text, null::int,
+       null::int, null::text, null::text, null::text, false, null::int, null::int,
+       (select count(*) from gone),
+       {notify_queues_sql("woken")},
+       (select array_agg(h.holder) from {holds} h
+          join x_job_leases l
+            on l.lease_key = h.lease_key and l.slot = h.slot and l.holder = h.holder
+         where l.id not in (select id from slot_rows)),
+       null::text, (select count(*) from woken)"""
+
+
+# One row per job a release handed over (from its CTE ``started``), in jobs_claim's answer
+# columns.
+HANDED_OVER = """id::text, lease_token::text, name, queue, input, run_id::text, attempt,
+       max_attempts, tenant_id, traceparent, concurrency_key, false, slot, lim, null, null,
+       null, parent_id::text, null"""
+
+# The slot holds of a release, from its parameters: (lease_key, slot, holder, lim).
+RELEASE_HOLDS = """select * from unnest(%(keys)s::text[], %(slots)s::int[], %(holders)s::text[],
+                         %(limits)s::int[]) as h(lease_key, slot, holder, lim)"""
+
+
 SLOTS_ACQUIRE = Statement(
     "slots_acquire",
     why="""
@@ -147,114 +283,12 @@ with async_commit as (
     -- acknowledgements before it were committed durably, and every later durable commit
     -- flushes it too.
     select set_config('synchronous_commit', 'off', true) where %(take)s > 0
-), {slot_holds_sql("for update", live=False)}, released as materialized (
-    -- The rows this release locked, numbered within their key for the hand-over.
-    select l.id, l.lease_key, l.slot,
-           row_number() over (partition by l.lease_key order by l.slot) as k
-      from x_job_leases l
-     where l.id in (select id from free)
-), waiting as materialized (
-    -- Per key, the next blocked jobs in claim order, one per slot released, locked SKIP
-    -- LOCKED, read only when the worker can start some (take > 0).
-    select w.lease_key, b.id, b.name, b.queue, b.priority, b.run_at,
-           b.concurrency_key = w.lease_key and b.rate_key is null and not b.blocked_resume
-           and b.run_at <= now() and b.queue = any(%(queues)s::text[])
-           and not exists (select 1 from x_flow_pauses p
-                            where ((p.kind = 'key' and p.key = w.lease_key)
-                                   or (p.kind = 'queue' and p.key = b.queue))
-                              and (p.until is null or p.until > now())) as startable,
-           {key_limit_sql("b.concurrency_key", "b.name")} as lim
-      from (select lease_key, count(*) as n from released
-             where %(take)s > 0 group by lease_key) w
-      cross join lateral (
-          select id, name, queue, priority, run_at, concurrency_key, rate_key, blocked_resume
-            from only x_jobs
-           where state = 'blocked' and blocked_on = w.lease_key
-           order by priority desc, run_at
-           limit w.n
-             for update skip locked) b
-), handover as materialized (
-    -- The startable ones paired with the key's released slots (under their own limit), at
-    -- most `take`, each with its run's fresh lease token.
-    select e.id as job_id, r.id as lease_id, r.slot, e.lim, gen_random_uuid() as token
-      from (select *, row_number() over (partition by lease_key order by priority desc, run_at)
-                        as k
-              from waiting where startable) e
-      join released r on r.lease_key = e.lease_key and r.k = e.k
-     where r.slot < e.lim
-     order by r.lease_key, r.slot
-     limit %(take)s
-), started as (
-    update only x_jobs j
-       set state          = 'running',
-           attempt        = j.attempt + 1,
-           visible_at     = now() + %(lease_ms)s * interval '1 millisecond',
-           lease_token    = h.token,
-           claimed_by     = %(worker_id)s,
-           worker_ids     = j.worker_ids || jsonb_build_array(%(worker_id)s::text),
-           started_at     = now(),
-           blocked_on     = null,
-           blocked_resume = false,
-           updated_at     = now()
-      from handover h
-     where j.id = h.job_id
-       and j.id = any(array(select job_id from handover))
-    returning j.id, j.lease_token, j.name, j.queue, j.input, j.run_id, j.attempt,
-              j.max_attempts, j.tenant_id, j.traceparent, j.concurrency_key, h.slot, h.lim,
-              j.parent_id, j.run_at, h.lease_id
-), passed as (
-    -- The slot row, rewritten for the run it was handed to.
-    update x_job_leases l
-       set holder     = s.id::text || '/' || s.lease_token::text || '/' || %(worker_id)s,
-           expires_at = now() + %(slot_ttl_ms)s::bigint * interval '1 millisecond'
-      from started s
-     where l.id = s.lease_id
-    returning l.lease_key
-), gone as (
-    delete from x_job_leases l
-     where l.id in (select id from free)
-       and l.id not in (select lease_id from started)
-    returning l.lease_key, l.slot, l.holder
-), room as (
-    select k.lease_key,
-           -- The key's rows through its unique index (`offset 0`: the expiry is tested on
-           -- them, never through x_job_leases_expiry_idx, whose dead entries a busy release
-           -- would walk for every key).
-           k.lim - (select count(*)
-                      from (select id, expires_at from x_job_leases
-                             where lease_key = k.lease_key offset 0) l
-                     where l.expires_at > now() and l.id not in (select id from free))
-                 - (select count(*) from passed p where p.lease_key = k.lease_key)
-             as n
-      from (select v.lease_key, max(v.lim) as lim
-              from unnest(%(keys)s::text[], %(limits)s::int[]) as v(lease_key, lim)
-             where v.lease_key in (select lease_key from released)
-             group by v.lease_key) k
-     -- A paused key's jobs stay blocked: they wait for the resume, not for a slot.
-     where not exists (select 1 from x_flow_pauses p
-                        where p.kind = 'key' and p.key = k.lease_key
-                          and (p.until is null or p.until > now()))
-), woken as (
-    {wake_blocked_sql("room", "lease_key", "n", started="handover")}
-), tallied as (
-    -- The starts of the hand-over with their waits, as jobs_claim counts its own.
-    {count_sql("started", started="count(*)",
-               wait_ms=f"array_agg({elapsed_ms_sql('run_at')})",
-               wait_ms_sum=f"sum({elapsed_ms_sql('run_at')})")}
-)
-select null::text, null::text, null::text, null::text, null::jsonb, null::text, null::int,
-       null::int, null::text, null::text, null::text, false, null::int, null::int,
-       (select count(*) from gone),
-       {notify_queues_sql("woken")},
-       (select array_agg(v.holder) from v
-          join x_job_leases l
-            on l.lease_key = v.lease_key and l.slot = v.slot and l.holder = v.holder
-         where l.id not in (select id from free)),
-       null::text, (select count(*) from woken) + 0 * (select count(*) from async_commit)
+), holds as (
+    {RELEASE_HOLDS}
+), {release_ctes("holds")}
+select {release_summary("holds")} + 0 * (select count(*) from async_commit)
 union all
-select id::text, lease_token::text, name, queue, input, run_id::text, attempt, max_attempts,
-       tenant_id, traceparent, concurrency_key, false, slot, lim, null, null, null,
-       parent_id::text, null
+select {HANDED_OVER}
   from started
 """,
 )
