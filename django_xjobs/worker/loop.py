@@ -165,6 +165,13 @@ class Worker:
             except Exception as exc:  # the database is not there yet: the first claim labels
                 log.debug("loop connection not set up: %s", exc)
             self.executors.start(self.options.concurrency)
+            log.info(
+                "worker %s started: queues=%s concurrency=%d prefetch=%s lease=%gs "
+                "heartbeat=%gs notify=%s",
+                self.worker_id, ",".join(self.options.queues), self.options.concurrency,
+                "auto" if self.options.prefetch is None else self.options.prefetch,
+                self.options.lease, self.options.heartbeat, self.options.notify,
+            )
             if self._labelled and not self.options.burst:
                 # The first claim goes before the rest of the start-up (the worker's row, the
                 # heartbeat's, the listener's and the duties' connections, the safety net): its
@@ -180,13 +187,6 @@ class Worker:
             # (testing.drain) keeps its usual collection.
             gc.freeze()
             frozen = True
-            log.info(
-                "worker %s started: queues=%s concurrency=%d prefetch=%s lease=%gs "
-                "heartbeat=%gs notify=%s",
-                self.worker_id, ",".join(self.options.queues), self.options.concurrency,
-                "auto" if self.options.prefetch is None else self.options.prefetch,
-                self.options.lease, self.options.heartbeat, self.options.notify,
-            )
             while self._iterate():
                 pass
             self._shutdown()

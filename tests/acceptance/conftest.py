@@ -94,7 +94,7 @@ def wait_effect(job_id: Any, kind: str, *, count: int = 1, timeout: float = SETT
 
 
 def wait_started(worker, timeout: float = STARTUP) -> None:
-    """Until the worker logged its start line (threads up, about to claim)."""
+    """Until the worker logged its start line (its executors up, about to claim)."""
     def up():
         if worker.proc.poll() is not None:
             pytest.fail(f"worker exited with {worker.proc.returncode} before starting:\n"
