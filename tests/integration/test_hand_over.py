@@ -19,7 +19,7 @@ from django.test import override_settings
 from django_xjobs import conf, registry, slots
 from django_xjobs.engines import get_engine
 from django_xjobs.models import FlowPause, Job, JobLease
-from django_xjobs.records import HandOver, SlotHold, SlotRelease
+from django_xjobs.records import Completion, HandOver, SlotHold, SlotRelease
 from django_xjobs.testing import drain
 from django_xjobs.worker.flow import claim_flow
 from tests.conftest import wait_until
@@ -228,3 +228,61 @@ def test_a_worker_offers_its_room_only_in_a_round_that_does_not_claim_and_never_
     assert worker.flow.offer(2) == 0
     worker._leaving, worker._stopping = False, True
     assert worker.flow.offer(2) == 0
+
+
+# ------------------------------------------- the acknowledgement that carries the release --
+
+
+def running_with_slots(group: str = "m", n: int = 2):
+    """``n`` runs of jobs.slotted holding their key's slots (limit 2), claimed as a worker's,
+    with their holds, and two more jobs of the key blocked behind them."""
+    handles = [jobs.slotted.enqueue(group=group, seconds=0) for _ in range(n)]
+    runs = sorted(claim(n=n), key=lambda r: r.id)
+    assert [r.id for r in runs] == sorted(str(h.id) for h in handles)
+    behind = [jobs.slotted.enqueue(group=group, seconds=0) for _ in range(2)]
+    assert claim() == []
+    holds = [SlotHold(slot_key=f"slot:{group}", slot=r.slot, holder=slots.holder(r, "w-blocked"),
+                      limit=2) for r in runs]
+    return runs, holds, behind
+
+
+def ack_and_release(runs, holds, take: int = 10):
+    return get_engine().jobs_complete_release_if_owned(
+        [Completion(claim=r.claim, result_json='{"ok": 1}') for r in runs], holds, offer(take))
+
+
+def test_the_ack_of_slot_holding_runs_hands_their_slots_over_in_the_same_statement():
+    runs, holds, behind = running_with_slots()
+
+    report, done = ack_and_release(runs, holds)
+
+    assert report.owned == {r.lease_token for r in runs}
+    assert {Job.objects.get(pk=r.id).state for r in runs} == {"done"}
+    assert sorted(r.id for r in done.started) == sorted(str(h.id) for h in behind)
+    assert (done.released, done.woken, done.busy) == (0, 0, [])
+    assert sorted(JobLease.objects.values_list("holder", flat=True)) == sorted(
+        slots.holder(r, WORKER) for r in done.started)
+
+
+def test_a_run_whose_row_is_held_elsewhere_is_not_settled_and_keeps_its_slot():
+    runs, holds, behind = running_with_slots()
+    with held("select id from x_jobs where id = %s for update", runs[0].id):
+        report, done = never_waits(lambda: ack_and_release(runs, holds))
+
+    assert (report.busy, report.owned) == ({runs[0].lease_token}, {runs[1].lease_token})
+    assert Job.objects.get(pk=runs[0].id).state == "running"
+    assert JobLease.objects.get(slot=runs[0].slot).holder == holds[0].holder  # still its own
+    [started] = done.started  # the other run's slot went to the first job behind
+    assert JobLease.objects.get(slot=runs[1].slot).holder == slots.holder(started, WORKER)
+    assert sorted(state(h) for h in behind) == ["blocked", "running"]
+
+
+def test_a_run_that_lost_its_job_lets_go_of_its_slot_with_the_others():
+    runs, holds, behind = running_with_slots()
+    assert get_engine().job_cancel(runs[0].id, reason="operator")  # the run lost it
+
+    report, done = ack_and_release(runs, holds)
+
+    assert report.lost == {runs[0].lease_token} and report.owned == {runs[1].lease_token}
+    assert len(done.started) == 2  # both slots handed over
+    assert sorted(state(h) for h in behind) == ["running", "running"]
