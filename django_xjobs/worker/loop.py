@@ -165,6 +165,9 @@ class Worker:
             except Exception as exc:  # the database is not there yet: the first claim labels
                 log.debug("loop connection not set up: %s", exc)
             self.executors.start(self.options.concurrency)
+            # The heartbeat and the watch before the first claim: a run it takes is renewed
+            # on the heartbeat's schedule from its claim on, however long the rest takes.
+            self.watchdog.start()
             log.info(
                 "worker %s started: queues=%s concurrency=%d prefetch=%s lease=%gs "
                 "heartbeat=%gs notify=%s",
@@ -174,9 +177,9 @@ class Worker:
             )
             if self._labelled and not self.options.burst:
                 # The first claim goes before the rest of the start-up (the worker's row, the
-                # heartbeat's, the listener's and the duties' connections, the safety net): its
-                # jobs start while those are set up, not after (docs/performance.md, "Worker
-                # start-up"). A burst run keeps its first round's order (the safety net first).
+                # listener's and the duties' connections, the safety net): its jobs start
+                # while those are set up, not after (docs/performance.md, "Worker start-up").
+                # A burst run keeps its first round's order (the safety net first).
                 self._claim()
             self._start_threads()
             # What exists now (Django, the app's modules, this worker's threads and connections)
@@ -220,7 +223,6 @@ class Worker:
             self.watchdog.seen()
         except Exception as exc:  # the first claim reports a database that is not there
             log.debug("worker row not written: %s", exc)
-        self.watchdog.start()  # the heartbeat, then the watch
         if self.options.notify and self.engine.features.listen_notify:
             self._listener = WakeListener(
                 engine=self.engine, label=f"xjobs:{self.worker_id}:listen",
