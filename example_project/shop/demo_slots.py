@@ -37,6 +37,6 @@ def run(stdout: Any, timeout: float = 60.0) -> None:
         running += step
         peak = max(peak, running)
     say(f"  all {len(spans)} done in {spans[-1][1] - spans[0][0]:.1f}s; at most {peak} ran at "
-        f"once (slots seen held at once: {seen_held}); the calls refused a slot went back to "
-        "the queue without spending an attempt (attempts: "
+        f"once (slots seen held at once: {seen_held}); the calls that found the key full "
+        "waited blocked, then got a slot as a run ended, without spending an attempt (attempts: "
         f"{sorted({j.attempt for j in Job.objects.filter(id__in=ids)})})")
