@@ -66,7 +66,7 @@ class Settler:
         self.stats = stats
         self.unknown = unknown
         self._db_error = db_error
-        self.woke = False  # the release sent with this settle's acknowledgement woke jobs
+        self._woke = False  # the release sent with this settle's acknowledgement woke jobs
 
     def due(self, now: float) -> list[Run]:
         """The runs to settle now: set-aside ones whose retry is due, then every finished run."""
@@ -87,7 +87,7 @@ class Settler:
         on its keys (for the next claim)."""
         if not batch:
             return self._release(())
-        self.woke = False
+        self._woke = False
         done = [r for r in batch if isinstance(r.outcome, Done)]
         others = [r for r in batch if not isinstance(r.outcome, Done)]
         unsettled: list[Run] = []
@@ -114,8 +114,8 @@ class Settler:
             with self.runs.lock:
                 self.runs.finished.extendleft(reversed(unsettled))
         if self.flow.holding:
-            return self._release(r for r in batch if r.phase == SETTLED) or self.woke
-        return self.woke
+            return self._release(r for r in batch if r.phase == SETTLED) or self._woke
+        return self._woke
 
     def _release(self, settled: Iterable[Run]) -> bool:
         """Release the slots of settled runs (and those a held row turned away before);
@@ -157,7 +157,7 @@ class Settler:
                 report, release = self.engine.jobs_complete_release_if_owned(
                     completions, holds, self.flow.hand_over(len(done)))
                 if self.flow.released_with(done, report.busy, release):
-                    self.woke = True
+                    self._woke = True
             else:
                 report = self.engine.jobs_complete_if_owned(completions)
         except Exception as exc:

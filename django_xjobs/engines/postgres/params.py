@@ -84,17 +84,27 @@ def batch_args(batch: Sequence[EnqueueParams], *, notify: bool) -> dict[str, Any
     return {"meta": meta, "inputs": inputs, "notify": notify}
 
 
+def in_slot_order(holds: Sequence[SlotHold]) -> list[SlotHold]:
+    """Slot holds in the order the slot statements lock their rows: by (key, slot)
+    (docs/design.md, "Lock order"; they lock SKIP LOCKED, so this is for the reader of a
+    log)."""
+    return sorted(holds, key=lambda h: (h.slot_key, h.slot))
+
+
+def holds_params(holds: Sequence[SlotHold]) -> dict[str, list[Any]]:
+    """The parameters that name slot holds: ``%(keys)s``, ``%(slots)s``, ``%(holders)s``."""
+    return {"keys": [h.slot_key for h in holds], "slots": [h.slot for h in holds],
+            "holders": [h.holder for h in holds]}
+
+
 def release_params(holds: Sequence[SlotHold], offer: HandOver | None,
                    notify: bool) -> dict[str, Any]:
     """The parameters of a slot release and its hand-over (slots_release_if_held,
-    jobs_complete_release_if_owned): the holds in the order their rows are locked, by (key,
-    slot) (docs/design.md, "Lock order"; the statement locks SKIP LOCKED, so this is for the
-    reader of a log), each with the limit its run held it under, and what ``offer`` lets the
-    release start (None: nothing)."""
+    jobs_complete_release_if_owned): the holds (in_slot_order), each with the limit its run
+    held it under, and what ``offer`` lets the release start (None: nothing)."""
     flow = offer.flow if offer is not None else ClaimFlow(slot_ttl_ms=0)
     return {
-        "keys": [h.slot_key for h in holds], "slots": [h.slot for h in holds],
-        "holders": [h.holder for h in holds], "limits": [h.limit for h in holds],
+        **holds_params(holds), "limits": [h.limit for h in holds],
         "notify": notify,
         "take": offer.take if offer is not None else 0,
         "queues": list(offer.queues) if offer is not None else [],

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from ....records import (
     ClaimFlow,
@@ -20,7 +19,7 @@ from ....records import (
     SlotUsage,
 )
 from ..core import PostgresCore
-from ..params import release_params
+from ..params import holds_params, in_slot_order, release_params
 from ..rows import pause_record, slot_release
 from ..statements.flow import JOBS_UNBLOCK, RATE_TAKE
 from ..statements.pauses import PAUSE_RESUME_KEY, PAUSE_RESUME_QUEUE, PAUSE_UPSERT, PAUSES_LIST
@@ -31,14 +30,6 @@ from ..statements.slots import (
     SLOTS_RENEW_IF_HELD,
     SLOTS_USAGE,
 )
-
-
-def _holds(holds: Sequence[SlotHold]) -> dict[str, Any]:
-    # Sorted by (key, slot), the order the statements lock them in (docs/design.md, "Lock
-    # order"); they lock SKIP LOCKED, so this is for the reader of a log.
-    ordered = sorted(holds, key=lambda h: (h.slot_key, h.slot))
-    return {"keys": [h.slot_key for h in ordered], "slots": [h.slot for h in ordered],
-            "holders": [h.holder for h in ordered]}
 
 
 class FlowControl(PostgresCore):
@@ -58,7 +49,8 @@ class FlowControl(PostgresCore):
     def slots_renew_if_held(self, holds: Sequence[SlotHold], ttl_ms: int) -> Renewal:
         if not holds:
             return Renewal()
-        rows = self._run(SLOTS_RENEW_IF_HELD, {**_holds(holds), "ttl_ms": ttl_ms})
+        rows = self._run(SLOTS_RENEW_IF_HELD, {**holds_params(in_slot_order(holds)),
+                                               "ttl_ms": ttl_ms})
         return Renewal(renewed=frozenset(holder for holder, landed in rows if landed),
                        kept=frozenset(holder for holder, landed in rows if not landed))
 
@@ -70,7 +62,7 @@ class FlowControl(PostgresCore):
                                 offer: HandOver | None = None) -> SlotRelease:
         if not holds:
             return SlotRelease(released=0)
-        ordered = sorted(holds, key=lambda h: (h.slot_key, h.slot))
+        ordered = in_slot_order(holds)
         return slot_release(ordered, self._run(SLOTS_RELEASE_IF_HELD,
                                                release_params(ordered, offer, self.notify)))
 

@@ -30,7 +30,15 @@ from ....records import (
     UnknownWait,
 )
 from ..core import PostgresCore
-from ..params import claims_params, fence_params, in_lock_order, release_params, tenants, uuid_array
+from ..params import (
+    claims_params,
+    fence_params,
+    in_lock_order,
+    in_slot_order,
+    release_params,
+    tenants,
+    uuid_array,
+)
 from ..rows import claim_scans, claimed_job, slot_release
 from ..statements.claim import JOBS_CLAIM
 from ..statements.jobs import (
@@ -174,7 +182,7 @@ class Runs(PostgresCore):
         if not holds:
             return self.jobs_complete_if_owned(batch), SlotRelease(released=0)
         batch = in_lock_order(batch)
-        ordered = sorted(holds, key=lambda h: (h.slot_key, h.slot))
+        ordered = in_slot_order(holds)
         rows = self._run(JOBS_COMPLETE_RELEASE_IF_OWNED, {
             **claims_params(c.claim for c in batch),
             "results": "[" + ",".join(c.result_json or "null" for c in batch) + "]",
