@@ -130,7 +130,8 @@ class Report:
             for text, n in errors.most_common():
                 found.append(f"{producer}: {n} failed enqueue(s): {text}")
         for name, lines in self.log_errors.items():
-            found.append(f"{name} log: {len(lines)} warning or error line(s), first: {lines[0]}")
+            found.append(f"{name} log: {len(lines)} warning or error line(s), first: "
+                         + "; ".join(lines[:3]))
         return found
 
     def text(self) -> str:
@@ -450,7 +451,7 @@ class Run:
                 if not report.failed_enqueues[p.name]:
                     del report.failed_enqueues[p.name]
                 report.stalls[p.name] = stalls(events, self.migrate_window, self.windows)
-            errors = [line for line in p.text().splitlines() if LOG_ERROR.search(line)]
+            errors = log_errors(p.text())
             if errors:
                 report.log_errors[p.name] = errors
         if self.db is None:
@@ -509,6 +510,22 @@ MIGRATED = re.compile(r"Applying (\S+)\.\.\. OK \(([\d.]+)s\)")
 APPLYING = re.compile(r"Applying (\S+)\.\.\.")
 # Every job here succeeds at its first attempt: a failed attempt (a WARNING) is a problem too.
 LOG_ERROR = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback")
+
+
+def log_errors(text: str) -> list[str]:
+    """A log's warning and error lines; a traceback is shown by its exception's line (the
+    first line after it that is not indented), so that the report names what was raised."""
+    lines = text.splitlines()
+    found = []
+    for n, line in enumerate(lines):
+        if not LOG_ERROR.search(line):
+            continue
+        if line.startswith("Traceback"):
+            raised = next((after for after in lines[n + 1:]
+                           if after and not after[0].isspace()), "(no exception line)")
+            line = f"{line} -> {raised}"
+        found.append(line)
+    return found
 
 
 def _first_line(text: str) -> str:
