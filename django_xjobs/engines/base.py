@@ -387,10 +387,12 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def jobs_archive(self, *, state: str, finished_before: datetime, batch_size: int = 1000,
+                     finished_from: datetime | None = None,
                      keep_going: Callable[[], bool] = lambda: True) -> int:
         """Move the jobs of a finished state that finished before the cutoff (and their runs'
         steps) out of the hot table into the history table of their day, in bounded batches
-        while ``keep_going()``; return how many moved."""
+        while ``keep_going()``; return how many moved. ``finished_from``: only those finished
+        at or after it (where an earlier complete pass ended; none when None)."""
 
     @abc.abstractmethod
     def history_drop(self, *, state: str, finished_before: datetime) -> list[str]:

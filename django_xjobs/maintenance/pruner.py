@@ -46,6 +46,10 @@ from ..records import TERMINAL_STATES
 # against 90,000 in batches of 1,000 (docs/performance.md, "History: what we measured and
 # chose").
 ARCHIVE_BATCH_FACTOR = 10
+# How far before the cutoff of its last complete pass the archive's next pass starts (a finish
+# time, see :func:`archive`): a job finished by a transaction that began before that cutoff and
+# committed after the pass is still moved by the next one, if it committed within this.
+ARCHIVE_FLOOR_SLACK = timedelta(seconds=2)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,27 +84,54 @@ class PruneReport:
 
 def archive(*, engine: Engine | None = None, settings: conf.XJobsSettings | None = None,
             batch_size: int | None = None, now: datetime | None = None,
-            keep_going: Callable[[], bool] = lambda: True) -> int:
+            keep_going: Callable[[], bool] = lambda: True,
+            floors: dict[str, datetime] | None = None) -> int:
     """Move the jobs finished more than ``XJOBS["ARCHIVE_AFTER"]`` ago (before ``now``, the
     database clock, read here unless given) out of ``x_jobs`` into the history tables (none
     when it is None); how many moved. Each batch is one transaction: call it outside a
-    transaction, for the reason :func:`run_once` gives."""
+    transaction, for the reason :func:`run_once` gives.
+
+    ``floors``, kept by the caller from one pass to the next, per state: where this state's
+    pass starts (a finish time), and, once a pass is complete, its cutoff less
+    ``ARCHIVE_FLOOR_SLACK``. Each job moved leaves a dead entry at the head of the index the
+    archive scans, which no vacuum removes while a long transaction holds the database's
+    horizon; a pass from the start reads them all (docs/performance.md, "Under a held
+    horizon"). What a floor cannot see (a job finished by a transaction that stayed open past
+    it) waits for a pass without floors: the maintenance runs one every interval.
+    """
     engine = engine or get_engine()
     settings = settings or conf.get()
     if settings.archive_after is None or not versions.writes("history", engine.fleet_get()):
         return 0  # none kept, or a fleet kept compatible with a release without them
     cutoff = (now or engine.db_now()) - timedelta(seconds=settings.archive_after)
     batch = batch_size or settings.maintenance_batch * ARCHIVE_BATCH_FACTOR
-    return sum(engine.jobs_archive(state=state, finished_before=cutoff, batch_size=batch,
-                                   keep_going=keep_going)
-               for state in TERMINAL_STATES)
+    stopped = False
+
+    def going() -> bool:  # keep_going, remembering whether it ever said stop
+        nonlocal stopped
+        stopped = stopped or not keep_going()
+        return not stopped
+
+    moved = 0
+    for state in TERMINAL_STATES:
+        start = floors.get(state) if floors is not None else None
+        moved += engine.jobs_archive(state=state, finished_before=cutoff, batch_size=batch,
+                                     finished_from=start, keep_going=going)
+        if stopped:
+            break
+        if floors is not None:
+            reached = cutoff - ARCHIVE_FLOOR_SLACK
+            floors[state] = reached if start is None else max(start, reached)
+    return moved
 
 
 def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | None = None,
              batch_size: int | None = None,
-             keep_going: Callable[[], bool] = lambda: True) -> PruneReport:
+             keep_going: Callable[[], bool] = lambda: True,
+             archive_floors: dict[str, datetime] | None = None) -> PruneReport:
     """Run every retention delete once; ``keep_going`` is asked before each kind of delete
-    (the scheduler passes "still the leader")."""
+    (the scheduler passes "still the leader"). Its archive starts from no floor, and sets
+    ``archive_floors`` (see :func:`archive`) once it is complete."""
     engine = engine or get_engine()
     settings = settings or conf.get()
     batch = batch_size or settings.maintenance_batch
@@ -108,8 +139,10 @@ def run_once(*, engine: Engine | None = None, settings: conf.XJobsSettings | Non
     jobs: dict[str, int] = {}
     days: list[str] = []
     counts = {"events": 0, "outbox": 0, "slots": 0, "stats": 0, "keys": 0}
+    if archive_floors is not None:
+        archive_floors.clear()
     archived = archive(engine=engine, settings=settings, batch_size=batch_size, now=now,
-                       keep_going=keep_going)
+                       keep_going=keep_going, floors=archive_floors)
 
     def stopped() -> PruneReport:
         return PruneReport(jobs=jobs, archived=archived, days=tuple(days), stopped=True,

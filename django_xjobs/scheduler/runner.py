@@ -412,6 +412,8 @@ class Maintenance(threading.Thread):
         self.interval = interval
         self.stop = stop
         self.runs = 0
+        # Where each finished state's archive pass starts, between two runs (pruner.archive).
+        self.archive_floors: dict[str, datetime] = {}
 
     def run(self) -> None:
 
@@ -440,9 +442,11 @@ class Maintenance(threading.Thread):
                     if full:
                         due = time.monotonic() + self.interval
                         report = pruner.run_once(engine=self.engine,
-                                                 keep_going=self.leadership.is_leader)
+                                                 keep_going=self.leadership.is_leader,
+                                                 archive_floors=self.archive_floors)
                     else:
-                        pruner.archive(engine=self.engine, keep_going=self.leadership.is_leader)
+                        pruner.archive(engine=self.engine, keep_going=self.leadership.is_leader,
+                                       floors=self.archive_floors)
                 except Exception as exc:
                     lost = self.engine.is_connection_error(exc)
                     if lost:

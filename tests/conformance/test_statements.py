@@ -50,7 +50,7 @@ SCALARS.update({"rate_key": None, "slot_ttl_ms": 30_000, "host": "h", "pid": 1,
                 "queues": '["default"]', "stale_ms": 1000, "take": 1})  # ---- flow control, workers
 SCALARS.update({"period_ms": 60_000, "cost": 1})  # ---- why a job is not running
 SCALARS.update({"debounce_ms": 5_000, "max_wait_ms": 60_000})  # ---- debounce
-SCALARS.update({"state": "done"})  # ---- history tables
+SCALARS.update({"state": "done", "floor": None})  # ---- history tables
 SCALARS.update({"after_job_id": None})  # ---- deploy check
 SCALARS.update({"max_ms": 60_000})  # ---- job names no worker knows
 SCALARS.update({"kind": "key", "until": None, "for_ms": 60_000})  # ---- pauses

@@ -113,6 +113,63 @@ def test_archive_goes_in_bounded_batches_and_archive_after_none_keeps_every_row(
     assert Job.objects.count() == 7
 
 
+def finished_index_entries_read() -> int:
+    """The entries of x_jobs_finished_idx this transaction's scans have read, dead or not."""
+    with connection.cursor() as cursor:
+        cursor.execute("select pg_stat_get_xact_tuples_returned('x_jobs_finished_idx'::regclass)")
+        return cursor.fetchone()[0]
+
+
+def test_an_archive_pass_starts_where_the_last_complete_one_ended():
+    """Each job moved leaves a dead entry at the head of the index the archive scans, which no
+    vacuum removes while a long transaction holds the horizon (here: this test's own, whose
+    deletes are not committed). A pass with floors starts past them; one without reads them."""
+    engine = get_engine()
+    now = engine.db_now()
+    settings = settings_with(ARCHIVE_AFTER="10s")
+    for i in range(300):
+        make_row(engine, state="done", finished_at=now - timedelta(minutes=5, seconds=i))
+    floors: dict = {}
+    assert pruner.archive(settings=settings, now=now, floors=floors) == 300
+    assert floors == {state: now - timedelta(seconds=10) - pruner.ARCHIVE_FLOOR_SLACK
+                      for state in ("done", "dead", "cancelled")}
+    later = [make_row(engine, state="done", finished_at=now - timedelta(seconds=i))
+             for i in range(1, 6)]
+
+    before = finished_index_entries_read()
+    assert pruner.archive(settings=settings, now=now + timedelta(seconds=10), floors=floors) == 5
+    floored = finished_index_entries_read() - before
+    assert all(table_of(row.id).startswith("x_jobs_done_") for row in later)
+    for i in range(1, 6):
+        make_row(engine, state="done", finished_at=now + timedelta(seconds=i))
+    before = finished_index_entries_read()
+    assert pruner.archive(settings=settings, now=now + timedelta(seconds=20)) == 5
+    unfloored = finished_index_entries_read() - before
+
+    assert floored < 50, floored
+    assert unfloored >= 305, unfloored  # the 300 moved first and the 5 moved second
+
+
+def test_a_job_finished_behind_the_floor_waits_for_the_pass_without_floors():
+    """A job finished by a transaction that stayed open past the floor (its finished_at is its
+    transaction's start) is below the floor when it commits: the floored passes leave it, the
+    maintenance's full run (every interval) moves it, and sets the floors again."""
+    engine = get_engine()
+    now = engine.db_now()
+    settings = settings_with(ARCHIVE_AFTER="10s")
+    floors = {state: now - timedelta(seconds=5) for state in ("done", "dead", "cancelled")}
+    late = make_row(engine, state="done", finished_at=now - timedelta(minutes=1))
+
+    assert pruner.archive(settings=settings, now=now, floors=floors) == 0
+    assert table_of(late.id) == "x_jobs"
+    report = pruner.run_once(settings=settings, archive_floors=floors)
+
+    assert report.archived == 1
+    assert table_of(late.id) == day_name("done", late.finished_at)
+    assert floors == {state: now - timedelta(seconds=10) - pruner.ARCHIVE_FLOOR_SLACK
+                      for state in ("done", "dead", "cancelled")}
+
+
 def test_a_run_id_another_job_still_has_keeps_its_steps_in_x_job_steps():
     """A resumed backfill pass is a new job with the old pass's run id: archiving the old one
     must not take the steps the new one reads."""

@@ -137,10 +137,19 @@ def test_a_definition_that_differs_from_the_database_is_told_apart(name, old, ne
 def test_each_definition_names_the_last_migration_that_wrote_it(routine):
     # `migration` is the one whose text the definition is: a later migration that replaces the
     # object (its CREATE OR REPLACE, a new CREATE TRIGGER) must come with the new text here.
+    # A function's forms (an overload) are told apart by how many arguments they take.
     create = {"function": "create or replace function", "aggregate": "create or replace aggregate",
               "trigger": "create trigger"}[routine.kind]
-    writes = re.compile(rf"{create} {re.escape(routine.name)}\b", re.IGNORECASE)
+    writes = re.compile(rf"{create} {re.escape(routine.name)}\b\s*(?:\(([^)]*)\))?",
+                        re.IGNORECASE)
+    arity = len(routine.of.split(",")) if routine.of.strip() else 0
+
+    def writes_it(text: str) -> bool:
+        return any(routine.kind != "function" or len(
+            [a for a in (m.group(1) or "").split(",") if a.strip()]) == arity
+            for m in writes.finditer(text))
+
     writers = [path.stem for path in sorted(MIGRATIONS.glob("0*.py"))
-               if writes.search(path.read_text(encoding="utf-8"))]
+               if writes_it(path.read_text(encoding="utf-8"))]
     assert writers and writers[-1] == routine.migration, writers
     assert routine.sql.strip() in (MIGRATIONS / f"{routine.migration}.py").read_text("utf-8")

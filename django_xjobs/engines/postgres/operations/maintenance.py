@@ -31,11 +31,13 @@ class Maintenance(PostgresCore):
                            {"states": list(states), "before": finished_before}, batch_size)
 
     def jobs_archive(self, *, state: str, finished_before: datetime, batch_size: int = 1000,
+                     finished_from: datetime | None = None,
                      keep_going: Callable[[], bool] = lambda: True) -> int:
         total = 0
         while keep_going():
             moved = self._run(JOBS_ARCHIVE, {
                 "state": state, "before": finished_before, "batch": batch_size,
+                "floor": finished_from,
             }, fetch="one")[0]
             total += moved
             if moved == 0:

@@ -19,7 +19,10 @@ JOBS_ARCHIVE = Statement(
     why="""
 Move one batch (at most `batch` rows) of a finished state's jobs, finished before `before`,
 from x_jobs into the history table of their UTC day, with their runs' steps; returns how many
-moved (the caller loops until a batch comes back short). One statement per batch and one
+moved (the caller loops until a batch comes back short). Its scans start at `floor`, a finish
+time, when it is not null: where the last complete pass ended, so that they do not read the
+dead entries the rows it moved left in the index (docs/performance.md, "Under a held
+horizon"). One statement per batch and one
 transaction: a job is in x_jobs or in its history table, never both nor neither, whatever
 kills the connection. The rows are chosen oldest first through x_jobs_finished_idx with FOR
 UPDATE SKIP LOCKED, so a row an operator's retry holds is left for the next batch, and their
@@ -27,7 +30,7 @@ deletion is a plain DELETE: a late write of a worker waiting on one of them find
 (0 rows, the fence's answer), never an error. A run's steps stay in x_job_steps while another
 job of x_jobs has the same run id (a resumed backfill pass reuses its run id).
 """,
-    sql="select xjobs_archive(%(state)s, %(before)s, %(batch)s)",
+    sql="select xjobs_archive(%(state)s, %(before)s, %(batch)s, %(floor)s::timestamptz)",
 )
 
 HISTORY_DROP = Statement(
