@@ -39,7 +39,7 @@ from typing import Any
 from django.db import models
 from django.db.models import F, Func, Q, Value
 from django.db.models.functions import Cast, Coalesce, Left, Now
-from django.db.models.lookups import Exact
+from django.db.models.lookups import Exact, IsNull
 
 from .managers import JobManager, LeaderManager, SlotManager
 from .records import ALL_STATES, LIVE_STATES, TERMINAL_STATES, JobState
@@ -176,11 +176,17 @@ class Job(models.Model):
                 name="x_jobs_lapsed_idx",
             ),
             # The fair claim's walk over a queue's tenants, and each tenant's jobs in claim
-            # order (docs/flow-control.md, "Fair share between tenants").
+            # order (docs/flow-control.md, "Fair share between tenants"). Its predicate's
+            # second half is always true: only a statement that names the tenant expression
+            # can use it, so the claim of a queue that is not fair never walks it, where its
+            # floors cannot bound the scan (docs/performance.md, "Under a held horizon").
             models.Index(
                 F("queue"), Coalesce(F("tenant_id"), Value("")), F("priority").desc(),
-                F("run_at"), condition=Q(state__in=("ready", "delayed", "suspended")),
-                name="x_jobs_fair_idx",
+                F("run_at"),
+                condition=Q(state__in=("ready", "delayed", "suspended")) & Q(IsNull(
+                    Coalesce(F("tenant_id"), Value(""), output_field=models.TextField()),
+                    False)),
+                name="x_jobs_fair_tenant_idx",
             ),
             # Blocked jobs per key in claim order: a freed slot or a resumed key wakes the
             # next ones (docs/flow-control.md).

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
-from django.contrib.postgres.operations import AddIndexConcurrently
+from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 from django.core.exceptions import ImproperlyConfigured
 from django.db import migrations, router, transaction
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
@@ -339,3 +339,26 @@ class AddIndexOnline(AddIndexConcurrently):
         for sql in sqls:
             run_ddl(schema_editor, re.sub(r"\bCONCURRENTLY IF EXISTS\b|\bCONCURRENTLY\b",
                                           "CONCURRENTLY IF EXISTS", sql, count=1))
+
+
+class RemoveIndexOnline(RemoveIndexConcurrently):
+    """``RemoveIndexConcurrently`` made resumable: ``IF EXISTS``, each statement under the lock
+    timeout; backwards, the index built as ``AddIndexOnline`` builds it."""
+
+    def database_forwards(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor,
+                          from_state: Any, to_state: Any) -> None:
+        sqls = _collect(schema_editor, lambda: super(RemoveIndexOnline, self).database_forwards(
+            app_label, schema_editor, from_state, to_state))
+        for sql in sqls:
+            run_ddl(schema_editor, re.sub(r"\bCONCURRENTLY IF EXISTS\b|\bCONCURRENTLY\b",
+                                          "CONCURRENTLY IF EXISTS", sql, count=1))
+
+    def database_backwards(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor,
+                           from_state: Any, to_state: Any) -> None:
+        sqls = _collect(schema_editor, lambda: super(RemoveIndexOnline, self).database_backwards(
+            app_label, schema_editor, from_state, to_state))
+        for sql in sqls:
+            sql = re.sub(r"\bINDEX CONCURRENTLY\b", "INDEX CONCURRENTLY IF NOT EXISTS", sql,
+                         count=1)
+            _drop_invalid_index(schema_editor, sql)
+            run_ddl(schema_editor, sql)

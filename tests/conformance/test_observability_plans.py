@@ -82,7 +82,7 @@ def test_the_live_depth_reads_the_live_rows_only(engine, history):
     used = indexes(plan)
     # the waiting rows through either index over exactly them (the claim's or the fair one)
     assert {"x_jobs_lapsed_idx", "x_jobs_blocked_idx"} <= used, used
-    assert used & {"x_jobs_claim_idx", "x_jobs_fair_idx"}, used
+    assert used & {"x_jobs_claim_idx", "x_jobs_fair_tenant_idx"}, used
     assert buffers(plan) < DEPTH_PAGES, f"{buffers(plan)} pages read for {LIVE} live rows"
     rows = engine.queue_depth()
     assert sum(r.ready + r.delayed + r.running + r.suspended + r.blocked for r in rows) == LIVE

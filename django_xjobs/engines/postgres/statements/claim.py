@@ -33,9 +33,12 @@ QUEUE_WAIT_SUM = f"coalesce(sum({elapsed_ms_sql('run_at')}) {_WAITED}, 0)"
 
 
 def _tenants_after(name: str, first: str, stop: str) -> str:
-    """A loose index scan (x_jobs_fair_idx) over the tenants of queue w.queue with claimable
-    jobs, ascending from the first one ``first`` admits, while ``stop`` holds."""
-    claimable = "queue = w.queue and state in ('ready', 'delayed', 'suspended')"
+    """A loose index scan (x_jobs_fair_tenant_idx) over the tenants of queue w.queue with
+    claimable jobs, ascending from the first one ``first`` admits, while ``stop`` holds. Each
+    scan names ``coalesce(tenant_id, '') is not null``, the index's predicate (migration 0015:
+    only a statement that names it can use the index)."""
+    claimable = ("queue = w.queue and state in ('ready', 'delayed', 'suspended')"
+                 " and coalesce(tenant_id, '') is not null")
     return f"""{name}(t) as (
                       (select coalesce(tenant_id, '') from only x_jobs
                         where {claimable}{first}
@@ -221,8 +224,9 @@ DUE = """due as (
 # rows, FOR UPDATE SKIP LOCKED.
 FAIR_DUE = f"""fair_tenants as materialized (
     -- The tenants of each fair queue after the cursor, then from the first one up to the
-    -- cursor (the wrap): at most `share` of them, each visited once (x_jobs_fair_idx: the walk
-    -- is lazy and stops there). `pos` is the order of the visit.
+    -- cursor (the wrap): at most `share` of them, each visited once
+    -- (x_jobs_fair_tenant_idx: the walk is lazy and stops there). `pos` is the order of the
+    -- visit.
     select w.queue, w.share, tn.t, tn.pos,
            count(*) over (partition by w.queue) as visited,
            coalesce((select x.weight
