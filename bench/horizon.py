@@ -18,7 +18,8 @@ would slow the other).
 
 Printed per ``--bucket`` seconds (a minute by default) and per system: the pick-up latency
 (enqueue to the job's first line) p50 / p99 of the jobs enqueued in it, the claim's cost (a
-probe: EXPLAIN ANALYZE of one claim, rolled back, every ``--sample`` seconds; its time and
+probe: EXPLAIN ANALYZE of one claim, rolled back, every ``--sample`` seconds, with the generic
+plan a worker's prepared statement runs (:func:`generic_plan`); its time and
 the buffers it touched: for django-xjobs the claim a worker sends while the horizon is held,
 with floors, and once a line the sweep, without), the enqueue's own time, the table's dead
 tuples and the backlog. The last line compares the
@@ -71,6 +72,34 @@ update raw_jobs set status = 1
 returning id, args
 """
 RAW_COMPLETE = "delete from raw_jobs where id = any(%s)"
+
+
+def generic_plan(conn, sql: str, params: dict) -> dict:
+    """EXPLAIN ANALYZE of ``sql`` as a worker runs it: prepared, with the generic plan its
+    connection keeps (statement session_label sets plan_cache_mode), not a plan made for these
+    values. A custom plan can pick another index than the workers' generic one, and did: the
+    probe read 150 pages while the workers' claims walked the fair claim's index
+    (docs/performance.md, "Under a held horizon")."""
+    import re
+
+    from psycopg import sql as pgsql
+
+    order: list[str] = []
+
+    def number(match: re.Match) -> str:
+        if match.group(1) not in order:
+            order.append(match.group(1))
+        return f"${order.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", number, sql.strip()).replace("%%", "%")
+    conn.execute("set local plan_cache_mode = force_generic_plan")
+    conn.execute(pgsql.SQL("prepare xjobs_probe as {}").format(pgsql.SQL(text)))
+    values = pgsql.SQL(", ").join(pgsql.Literal(params[name]) for name in order)
+    plan = conn.execute(pgsql.SQL(
+        "explain (analyze, buffers, format json) execute xjobs_probe ({})").format(values)
+    ).fetchone()[0][0]
+    conn.execute("deallocate xjobs_probe")
+    return plan
 
 
 # ------------------------------------------------------------------------ raw reference --
@@ -233,8 +262,11 @@ class Horizon:
                                                              and not sweep):
                     continue
                 with conn.transaction(force_rollback=True):
-                    plan = conn.execute("explain (analyze, buffers, format json) " + sql,
-                                        args).fetchone()[0][0]
+                    if key.startswith("xjobs"):
+                        plan = generic_plan(conn, sql, args)
+                    else:
+                        plan = conn.execute("explain (analyze, buffers, format json) " + sql,
+                                            args).fetchone()[0][0]
                 sample[f"{key}_claim_ms"] = plan["Execution Time"]
                 sample[f"{key}_claim_buffers"] = (plan["Plan"].get("Shared Hit Blocks", 0)
                                                   + plan["Plan"].get("Shared Read Blocks", 0))
