@@ -5,9 +5,11 @@ the finish time its scans of ``x_jobs_finished_idx`` start at. Every row it move
 entry at the head of that index, which nothing can remove while a long transaction holds the
 database's horizon; a scan from the start of the day read all of them at every batch. The
 maintenance passes where its last complete pass ended, and no floor once an interval
-(django_xjobs/maintenance/pruner.py). The three-argument form stays: it is what a worker of
-the previous release calls during a rolling deploy.
+(django_xjobs/maintenance/pruner.py). The three-argument form, what a worker of the previous
+release calls during a rolling deploy, becomes this one without a floor.
 """
+
+import importlib
 
 from django.db import migrations
 
@@ -76,8 +78,20 @@ begin
     get diagnostics v_moved = row_count;
     return v_moved;
 end
-$fn$;
+$fn$
 """
+
+WITHOUT_FLOOR = r"""
+create or replace function xjobs_archive(p_state text, p_before timestamptz, p_batch integer)
+returns integer
+language sql as $fn$
+    select xjobs_archive(p_state, p_before, p_batch, null::timestamptz)
+$fn$
+"""
+
+# The reverse: the four-argument form dropped, the three-argument one as 0006 made it.
+REVERSE = ["drop function if exists xjobs_archive(text, timestamptz, integer, timestamptz)",
+           importlib.import_module("django_xjobs.migrations.0006_history").ARCHIVE]
 
 
 class Migration(migrations.Migration):
@@ -89,8 +103,5 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        RunDDL(sql=ARCHIVE,
-               reverse_sql="drop function if exists xjobs_archive(text, timestamptz, integer, "
-                           "timestamptz);",
-               hints={"model_name": "job"}),
+        RunDDL(sql=[ARCHIVE, WITHOUT_FLOOR], reverse_sql=REVERSE, hints={"model_name": "job"}),
     ]

@@ -301,77 +301,16 @@ XJOBS_ARCHIVE = Routine(
     kind="function",
     name="xjobs_archive",
     of="text, timestamp with time zone, integer",
-    migration="0006_history",
+    migration="0014_archive_floor",
     why="""
-Moves one batch of a state's finished jobs, finished before p_before, from x_jobs into the
-history table of their day, with their runs' steps; returns how many moved. One day per call,
-the oldest, ordered by finished_at, so history tables fill in order. SKIP LOCKED: a row an
-operator or a late worker write holds is left for the next batch. A run's steps stay while
-another row of x_jobs has the same run id (a resumed backfill pass reuses it). The form a
-worker of the release before 0014 calls; jobs_archive calls the one with a floor, below.
+The archive without a floor (the form below with a null one): what a worker of the release
+before 0014 calls, during a rolling deploy.
 """,
     sql=r"""
 create or replace function xjobs_archive(p_state text, p_before timestamptz, p_batch integer)
 returns integer
-language plpgsql as $fn$
-declare
-    v_first timestamptz;
-    v_day   date;
-    v_from  timestamptz;
-    v_to    timestamptz;
-    v_jobs  text;
-    v_moved integer;
-begin
-    select finished_at into v_first
-      from only x_jobs
-     where state = p_state and state in ('done', 'dead', 'cancelled')
-       and finished_at < p_before
-     order by finished_at
-     limit 1;
-    if v_first is null then
-        return 0;
-    end if;
-    v_day := (v_first at time zone 'UTC')::date;
-    v_from := v_day::timestamp at time zone 'UTC';
-    v_to := least(p_before, (v_day + 1)::timestamp at time zone 'UTC');
-    v_jobs := xjobs_history_table(p_state, v_day);
-    execute format($move$
-        with victims as (
-            select id, run_id
-              from only x_jobs
-             where state = $1 and state in ('done', 'dead', 'cancelled')
-               and finished_at >= $2 and finished_at < $3
-             order by finished_at
-             limit $4
-               for update skip locked
-        ), steps_moved as (
-            delete from only x_job_steps s
-             where s.run_id = any(array(select v.run_id from victims v
-                                         where not exists (
-                                             select 1 from only x_jobs o
-                                              where o.run_id = v.run_id and o.id <> v.id
-                                                and (o.id between
-                                                       (left(v.run_id::text, 13)
-                                                        || '-0000-0000-000000000000')::uuid
-                                                   and (left(v.run_id::text, 13)
-                                                        || '-ffff-ffff-ffffffffffff')::uuid
-                                                     or left(o.run_id::text, 13)
-                                                        <> left(o.id::text, 13)))))
-            returning s.*
-        ), steps_kept as (
-            insert into %2$I select * from steps_moved
-        ), moved as (
-            delete from only x_jobs j
-             where j.id = any(array(select id from victims))
-            returning j.*
-        )
-        insert into %1$I select * from moved
-        $move$,
-        v_jobs, replace(v_jobs, 'x_jobs_', 'x_job_steps_'))
-    using p_state, v_from, v_to, p_batch;
-    get diagnostics v_moved = row_count;
-    return v_moved;
-end
+language sql as $fn$
+    select xjobs_archive(p_state, p_before, p_batch, null::timestamptz)
 $fn$
 """,
 )
@@ -383,11 +322,15 @@ XJOBS_ARCHIVE_FROM = Routine(
     of="text, timestamp with time zone, integer, timestamp with time zone",
     migration="0014_archive_floor",
     why="""
-The archive above with a floor (jobs_archive): its scans of x_jobs_finished_idx start at
-p_from, a finish time (none when it is null). Each row moved leaves a dead entry at the head of
-that index, which no vacuum removes while a long transaction holds the horizon back; a scan
-from the start of the day read them all at every batch. The maintenance passes where its last
-complete pass ended, and no floor once an interval, for the rows it could not see then
+Moves one batch of a state's finished jobs, finished before p_before (and at or after p_from
+when it is not null), from x_jobs into the history table of their day, with their runs' steps;
+returns how many moved (jobs_archive). One day per call, the oldest, ordered by finished_at, so
+history tables fill in order. SKIP LOCKED: a row an operator or a late worker write holds is
+left for the next batch. A run's steps stay while another row of x_jobs has the same run id (a
+resumed backfill pass reuses it). The floor: each row moved leaves a dead entry at the head of
+x_jobs_finished_idx, which no vacuum removes while a long transaction holds the horizon back,
+and a scan from the start of the day read them all at every batch; the maintenance passes where
+its last complete pass ended, and no floor once an interval, for the rows it could not see then
 (django_xjobs/maintenance/pruner.py).
 """,
     sql=r"""
