@@ -318,47 +318,51 @@ class AddFieldOnline(migrations.AddField):
                                           count=1))
 
 
+def _create_indexes(schema_editor: BaseDatabaseSchemaEditor, sqls: list[str]) -> None:
+    """CREATE INDEX CONCURRENTLY statements made resumable: ``IF NOT EXISTS``, an INVALID
+    leftover of an interrupted build dropped first, each under the lock timeout."""
+    for sql in sqls:
+        sql = re.sub(r"\bINDEX CONCURRENTLY\b", "INDEX CONCURRENTLY IF NOT EXISTS", sql, count=1)
+        _drop_invalid_index(schema_editor, sql)
+        run_ddl(schema_editor, sql)
+
+
+def _drop_indexes(schema_editor: BaseDatabaseSchemaEditor, sqls: list[str]) -> None:
+    """DROP INDEX CONCURRENTLY statements made resumable: ``IF EXISTS``, each under the lock
+    timeout."""
+    for sql in sqls:
+        run_ddl(schema_editor, re.sub(r"\bCONCURRENTLY IF EXISTS\b|\bCONCURRENTLY\b",
+                                      "CONCURRENTLY IF EXISTS", sql, count=1))
+
+
 class AddIndexOnline(AddIndexConcurrently):
-    """``AddIndexConcurrently`` made resumable: ``IF NOT EXISTS``, an INVALID leftover of an
-    interrupted build dropped first, each statement under the lock timeout."""
+    """``AddIndexConcurrently`` made resumable (:func:`_create_indexes`, :func:`_drop_indexes`)."""
 
     def database_forwards(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor,
                           from_state: Any, to_state: Any) -> None:
-        sqls = _collect(schema_editor, lambda: super(AddIndexOnline, self).database_forwards(
-            app_label, schema_editor, from_state, to_state))
-        for sql in sqls:
-            sql = re.sub(r"\bINDEX CONCURRENTLY\b", "INDEX CONCURRENTLY IF NOT EXISTS", sql,
-                         count=1)
-            _drop_invalid_index(schema_editor, sql)
-            run_ddl(schema_editor, sql)
+        _create_indexes(schema_editor, _collect(
+            schema_editor, lambda: super(AddIndexOnline, self).database_forwards(
+                app_label, schema_editor, from_state, to_state)))
 
     def database_backwards(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor,
                            from_state: Any, to_state: Any) -> None:
-        sqls = _collect(schema_editor, lambda: super(AddIndexOnline, self).database_backwards(
-            app_label, schema_editor, from_state, to_state))
-        for sql in sqls:
-            run_ddl(schema_editor, re.sub(r"\bCONCURRENTLY IF EXISTS\b|\bCONCURRENTLY\b",
-                                          "CONCURRENTLY IF EXISTS", sql, count=1))
+        _drop_indexes(schema_editor, _collect(
+            schema_editor, lambda: super(AddIndexOnline, self).database_backwards(
+                app_label, schema_editor, from_state, to_state)))
 
 
 class RemoveIndexOnline(RemoveIndexConcurrently):
-    """``RemoveIndexConcurrently`` made resumable: ``IF EXISTS``, each statement under the lock
-    timeout; backwards, the index built as ``AddIndexOnline`` builds it."""
+    """``RemoveIndexConcurrently`` made resumable; backwards, the index built as
+    ``AddIndexOnline`` builds it."""
 
     def database_forwards(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor,
                           from_state: Any, to_state: Any) -> None:
-        sqls = _collect(schema_editor, lambda: super(RemoveIndexOnline, self).database_forwards(
-            app_label, schema_editor, from_state, to_state))
-        for sql in sqls:
-            run_ddl(schema_editor, re.sub(r"\bCONCURRENTLY IF EXISTS\b|\bCONCURRENTLY\b",
-                                          "CONCURRENTLY IF EXISTS", sql, count=1))
+        _drop_indexes(schema_editor, _collect(
+            schema_editor, lambda: super(RemoveIndexOnline, self).database_forwards(
+                app_label, schema_editor, from_state, to_state)))
 
     def database_backwards(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor,
                            from_state: Any, to_state: Any) -> None:
-        sqls = _collect(schema_editor, lambda: super(RemoveIndexOnline, self).database_backwards(
-            app_label, schema_editor, from_state, to_state))
-        for sql in sqls:
-            sql = re.sub(r"\bINDEX CONCURRENTLY\b", "INDEX CONCURRENTLY IF NOT EXISTS", sql,
-                         count=1)
-            _drop_invalid_index(schema_editor, sql)
-            run_ddl(schema_editor, sql)
+        _create_indexes(schema_editor, _collect(
+            schema_editor, lambda: super(RemoveIndexOnline, self).database_backwards(
+                app_label, schema_editor, from_state, to_state)))
