@@ -383,12 +383,12 @@ class Horizon:
         for s in self.systems:
             before = [m for te, m in lat[s] if min(30.0, hold / 2) <= te < hold]
             last = [m for te, m in lat[s] if max(hold, after - 300) <= te < after]
-            offered = int(end * a.rate)
             if before and last:
                 print(f"{s}: p99 before the hold {percentile(before, 99):.1f} ms, last "
                       f"{min(300, after - hold):.0f} s of the hold {percentile(last, 99):.1f} ms "
                       f"({percentile(last, 99) / percentile(before, 99):.2f}x); "
-                      f"{len(lat[s]):,} of about {offered:,} offered jobs started")
+                      f"{len(lat[s]):,} of the {len(self.enqueues[s]):,} jobs enqueued "
+                      "started")
 
 
 def main() -> None:
