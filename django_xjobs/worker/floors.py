@@ -11,7 +11,9 @@ before it and commits late, and per queue, where they found the lapsed leases,
 horizon has been held.
 
 What a floor cannot see is claimed by a sweep, a claim of the queue without floors, every
-``SWEEP`` seconds per queue while they are on, and at once after the safety net woke blocked
+``SWEEP`` seconds per queue while they are on (longer once a sweep costs more than
+``SWEEP_SHARE`` of that: it reads every entry pinned since the horizon was held, so an hour's
+hold would otherwise spend the worker's loop on it), and at once after the safety net woke blocked
 jobs: a job made due with an older run_at (enqueued with a run_at in the past or by a
 transaction open longer than the margin, woken from ``blocked``, or a cron job woken by its
 predecessor's end), a job another transaction held locked when a claim passed it, a priority
@@ -46,8 +48,11 @@ MARGIN = timedelta(seconds=2)
 # The rescue floor's: a lease's expiry is written by the claim or the renewal that holds the
 # row, never behind the database's clock, so only a claim's own duration needs covering.
 LAPSED_MARGIN = timedelta(seconds=1)
-# Seconds between sweeps (claims without floors) while floors are on.
+# Seconds between sweeps (claims without floors) while floors are on, at the least.
 SWEEP = 30.0
+# The share of the loop's time a queue's sweeps may take: the next one waits the longer of
+# SWEEP and the last one's duration over this share.
+SWEEP_SHARE = 0.01
 
 
 class Floors:
@@ -62,6 +67,7 @@ class Floors:
         self._lapsed: dict[str, datetime] = {}
         self._unfloored: set[str] = set()
         self._next_sweep: dict[str, float] = {}  # per queue (monotonic); none yet: at once
+        self._sweeping: frozenset[str] = frozenset()  # the queues the last claim swept
         self.sweeps = 0  # claims of a queue without floors while they were on
 
     def horizon(self, age: int) -> None:
@@ -80,15 +86,17 @@ class Floors:
         """The floors of the next claim (none for a queue due a sweep); None while the horizon
         is not held."""
         if not self.held:
+            self._sweeping = frozenset()
             if self._due or self._lapsed or self._next_sweep:
                 self._due.clear()
                 self._lapsed.clear()
                 self._unfloored.clear()
                 self._next_sweep.clear()
             return None
-        sweeping = {q for q in wants if now >= self._next_sweep.get(q, 0.0)}
+        sweeping = frozenset(q for q in wants if now >= self._next_sweep.get(q, 0.0))
         for q in sweeping:
             self._next_sweep[q] = now + SWEEP
+        self._sweeping = sweeping
         self.sweeps += len(sweeping)
         queues = frozenset(q for q in wants if q not in sweeping and q not in self._fair
                            and q not in self._unfloored)
@@ -105,8 +113,15 @@ class Floors:
         return ClaimFloors(queues=queues, floor_queues=tuple(fq), floor_priorities=tuple(fp),
                            floor_values=tuple(fv), lapsed=lapsed)
 
-    def claimed(self, wants: Mapping[str, int], batch: ClaimBatch) -> None:
-        """Move the floors to where this claim's scans stopped (a sweep's too)."""
+    def claimed(self, wants: Mapping[str, int], batch: ClaimBatch, *, sent: float = 0.0,
+                done: float = 0.0) -> None:
+        """Move the floors to where this claim's scans stopped (a sweep's too); ``sent`` and
+        ``done``: when the claim was sent and answered (monotonic), a sweep's cost."""
+        if self._sweeping:
+            wait = max(SWEEP, (done - sent) / SWEEP_SHARE)
+            for q in self._sweeping:
+                self._next_sweep[q] = sent + wait
+            self._sweeping = frozenset()
         scans = batch.scans
         if not self.held or batch.now is None or scans is None:
             return

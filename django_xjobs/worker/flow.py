@@ -151,7 +151,7 @@ class Flow:
         batch = self.engine.jobs_claim(wants=wants, worker_id=self.worker_id, lease_ms=lease_ms,
                                        flow=self.params, cursors=self.cursors, floors=floors)
         if self.floors is not None:
-            self.floors.claimed(wants, batch)
+            self.floors.claimed(wants, batch, sent=sent_at, done=clock.monotonic())
         if self.params.fair_queues:
             self._advance_cursors(batch)
         if batch.retry_at is not None:

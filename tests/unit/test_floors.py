@@ -8,7 +8,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from django_xjobs.records import ClaimBatch, ClaimScans, DueScan
-from django_xjobs.worker.floors import HORIZON_XIDS, LAPSED_MARGIN, MARGIN, SWEEP, Floors
+from django_xjobs.worker.floors import (
+    HORIZON_XIDS,
+    LAPSED_MARGIN,
+    MARGIN,
+    SWEEP,
+    SWEEP_SHARE,
+    Floors,
+)
 
 T = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 
@@ -118,6 +125,28 @@ def test_each_queue_sweeps_on_its_own_clock_and_all_after_a_wake():
     floors.sweep_soon()
     assert floors.for_claim({"q": 10}, SWEEP + 3).queues == frozenset()
     assert floors.sweeps == 4  # q at 0, r at 1, q at SWEEP + 1 and after the wake
+
+
+def test_a_sweep_that_costs_more_than_its_share_of_the_loop_comes_less_often():
+    """A sweep reads every entry pinned since the horizon was held: once it takes longer than
+    SWEEP_SHARE of SWEEP, the next one waits its duration over that share."""
+    floors = Floors(priorities=[0])
+    floors.horizon(HORIZON_XIDS)
+    assert floors.for_claim({"q": 10}, 0.0).queues == frozenset()  # the first: a sweep
+    slow = 2.0  # seconds, so the next is due 200 s after this one was sent
+    floors.claimed({"q": 10}, batch(), sent=0.0, done=slow)
+    assert slow / SWEEP_SHARE > SWEEP
+    assert floors.for_claim({"q": 10}, SWEEP + 1).queues == {"q"}  # floored, not swept
+    assert floors.for_claim({"q": 10}, slow / SWEEP_SHARE - 1).queues == {"q"}
+    at = slow / SWEEP_SHARE + 1
+    assert floors.for_claim({"q": 10}, at).queues == frozenset()  # its sweep
+    floors.claimed({"q": 10}, batch(), sent=at, done=at + 0.01)  # cheap again: SWEEP apart
+    assert floors.for_claim({"q": 10}, at + SWEEP - 1).queues == {"q"}
+    assert floors.for_claim({"q": 10}, at + SWEEP + 1).queues == frozenset()
+    floors.claimed({"q": 10}, batch(), sent=at + SWEEP + 1, done=at + SWEEP + 1)
+    assert floors.for_claim({"q": 10}, at + SWEEP + 2).queues == {"q"}  # a floored claim's
+    floors.claimed({"q": 10}, batch(), sent=at + SWEEP + 2, done=at + 100)  # time is not a sweep's
+    assert floors.for_claim({"q": 10}, at + 2 * SWEEP + 2).queues == frozenset()
 
 
 def test_floors_are_forgotten_when_the_horizon_moves_on():

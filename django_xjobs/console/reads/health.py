@@ -219,7 +219,8 @@ def horizon_cost(holders: list[HolderRow], tables: list[TableRow]) -> str:
         told.append(
             f"the horizon is {oldest:,} transaction ids back, so the workers' claims start "
             f"from floors past the jobs claimed since, and a sweep every {floors.SWEEP:.0f} s "
-            'still reads them all (docs/performance.md, "Under a held horizon")')
+            f"or more (at most {floors.SWEEP_SHARE:.0%} of a worker's time) still reads them "
+            'all (docs/performance.md, "Under a held horizon")')
     return "; ".join(told)
 
 
