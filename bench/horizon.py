@@ -223,7 +223,10 @@ class Horizon:
         (its time and buffers), the tables' dead tuples, the backlog."""
         import psycopg
 
-        from django_xjobs.engines.postgres.statements.claim import JOBS_CLAIM
+        try:
+            from django_xjobs.engines.postgres.statements.claim import JOBS_CLAIM
+        except ImportError:  # --source: a checkout from before the claim had its own module
+            from django_xjobs.engines.postgres.statements.jobs import JOBS_CLAIM
         try:
             from django_xjobs.worker.floors import LAPSED_MARGIN, MARGIN
         except ImportError:  # --source: a checkout from before the floors; its claim, whole
