@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from . import clock
 from .engines import Engine, get_engine
 from .records import Counters
 
@@ -25,6 +26,9 @@ RETENTION = {"minute": 2 * 86_400.0, "hour": 40 * 86_400.0, "day": 730 * 86_400.
 # How often a worker folds the deltas (seconds), and the most it folds per statement.
 ROLLUP_INTERVAL = 5.0
 ROLLUP_BATCH = 10_000
+# Seconds between a worker's rollups that start from the first delta rather than past the
+# last one it folded (RollupFloor).
+ROLLUP_FULL = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +62,51 @@ class Chart:
         return sum_counters(queue, self.series.get(queue, ()))
 
 
-def rollup(engine: Engine | None = None, *, batch_size: int = ROLLUP_BATCH) -> int:
-    """Fold every pending delta (batch after batch); how many were folded."""
+class RollupFloor:
+    """Where one worker's rollups start: past the last delta it folded.
+
+    A folded delta is deleted, and while a long transaction holds the database's horizon its
+    dead entry stays at the head of the primary key the rollup walks (a rollup five minutes
+    into a held snapshot read every delta since, twice as slow as one minute in). The ids come
+    from a sequence, so a delta whose transaction commits after a later one was folded lands
+    behind the floor: it is folded by the next rollup from the first delta, every
+    ``ROLLUP_FULL`` seconds, and until then every read still adds it (docs/observability.md,
+    "Counters").
+    """
+
+    def __init__(self) -> None:
+        self.after_id = 0
+        self._full_at = 0.0  # monotonic; the first rollup starts from the first delta
+
+    def start(self, now: float) -> int:
+        """The id the rollup starting ``now`` (monotonic) folds past."""
+        if now >= self._full_at:
+            self._full_at = now + ROLLUP_FULL
+            return 0
+        return self.after_id
+
+    def full_soon(self) -> None:
+        """The next rollup starts from the first delta."""
+        self._full_at = 0.0
+
+
+def rollup(engine: Engine | None = None, *, batch_size: int = ROLLUP_BATCH,
+           floor: RollupFloor | None = None) -> int:
+    """Fold every pending delta (batch after batch), past ``floor`` when given; how many were
+    folded."""
     engine = engine or get_engine()
+    after = floor.start(clock.monotonic()) if floor is not None else 0
     folded = 0
     while True:
-        n = engine.stats_rollup(batch_size)
+        n, last = engine.stats_rollup(batch_size, after_id=after)
         folded += n
+        if last is not None:
+            after = last
         if n < batch_size:
-            return folded
+            break
+    if floor is not None:
+        floor.after_id = max(floor.after_id, after)
+    return folded
 
 
 def prune(engine: Engine, *, batch_size: int = 1000) -> int:

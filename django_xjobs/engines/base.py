@@ -426,9 +426,11 @@ class Engine(abc.ABC):
         """Record a run's progress, fenced; False when the run no longer owns its job."""
 
     @abc.abstractmethod
-    def stats_rollup(self, batch_size: int = 10_000) -> int:
-        """Fold up to ``batch_size`` counter deltas into their buckets; how many were folded
-        (0 also while another session's rollup runs)."""
+    def stats_rollup(self, batch_size: int = 10_000, *,
+                     after_id: int = 0) -> tuple[int, int | None]:
+        """Fold up to ``batch_size`` counter deltas past id ``after_id`` into their buckets;
+        how many were folded (0 also while another session's rollup runs) and the last one's
+        id (None when none was)."""
 
     @abc.abstractmethod
     def stats_prune(self, *, minute_keep: float, hour_keep: float, day_keep: float,

@@ -4,7 +4,8 @@
 Every worker runs it (``xjobs_worker --no-stats`` switches it off); one rollup runs at a time
 (the statement tries a transaction-scoped advisory lock and folds nothing without it), so more
 workers cost a tried lock each per round, not more work. A database error ends the round; the
-next one tries again.
+next one tries again. Each worker's rollups start past the last delta it folded, and one in
+``counters.ROLLUP_FULL`` seconds from the first (counters.RollupFloor).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ class StatsDuty(Duty):
     name = "stats"
 
     def run(self) -> None:
+        floor = counters.RollupFloor()
         try:
             while not self.stop.is_set():
                 try:
-                    counters.rollup(self.engine)
+                    counters.rollup(self.engine, floor=floor)
                 except Exception as exc:  # the contract: a database error never ends the duty
                     if self.stop.is_set():
                         break

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models import Max
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,7 @@ from django_xjobs.engines.postgres.statements.fragments import histogram_ctes
 from django_xjobs.models import Job, Stat, StatDelta
 from django_xjobs.records import HISTOGRAM_BOUNDS_MS
 from django_xjobs.testing import drain, travel
-from tests.conftest import wait_until
+from tests.conftest import raw_connection, wait_until
 from tests.testapp import jobs as testapp_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -208,3 +209,71 @@ def test_the_histogram_of_the_statements_has_a_bucket_per_bound_and_one_above():
     assert hist[1:-1] == [2] * (len(HISTOGRAM_BOUNDS_MS) - 1)
     assert hist[-1] == 1  # past the last bound
     assert lone == [0, 1] + [0] * (len(HISTOGRAM_BOUNDS_MS) - 1)
+
+
+# ---- the rollup's floor (counters.RollupFloor) ----
+
+def add_deltas(n: int, *, cursor=None) -> None:
+    sql = ("insert into x_stat_deltas (queue, name, enqueued)"
+           " select %s, 'testapp.record', 1 from generate_series(1, %s)")
+    if cursor is not None:
+        cursor.execute(sql, [QUEUE, n])
+        return
+    with connection.cursor() as c:
+        c.execute(sql, [QUEUE, n])
+
+
+def delta_entries_read() -> int:
+    """The entries of the deltas' primary key this transaction's scans have read, dead or
+    not."""
+    with connection.cursor() as cursor:
+        cursor.execute("select pg_stat_get_xact_tuples_returned('x_stat_deltas_pkey'::regclass)")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db  # one transaction: the deltas it deletes stay dead entries, as a held
+def test_a_rollup_starts_past_the_deltas_its_worker_folded_last():  # horizon keeps them
+    StatDelta.objects.all().delete()
+    with connection.cursor() as cursor:  # the walk of a big table's rollup, not a small one's
+        cursor.execute("set local enable_seqscan = off; set local enable_bitmapscan = off")
+    floor = counters.RollupFloor()
+    add_deltas(300)
+    last = StatDelta.objects.aggregate(m=Max("id"))["m"]
+    assert counters.rollup(floor=floor) == 300  # the first: from the first delta
+    assert floor.after_id == last
+    add_deltas(5)
+
+    before = delta_entries_read()
+    assert counters.rollup(floor=floor) == 5
+    floored = delta_entries_read() - before
+    add_deltas(5)
+    floor.full_soon()
+    before = delta_entries_read()
+    assert counters.rollup(floor=floor) == 5
+    full = delta_entries_read() - before
+
+    assert floored <= 10 and full >= 305, (floored, full)  # the dead ones, walked again
+    assert totals()["enqueued"] == 310
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_delta_that_commits_behind_the_floor_is_counted_and_folded_by_a_full_rollup():
+    """Ids are handed out at insert: a transaction that inserted first and commits last leaves
+    its delta behind a floor already past it. Reads still add it; the next rollup from the
+    first delta folds it."""
+    StatDelta.objects.all().delete()
+    floor = counters.RollupFloor()
+    counters.rollup(floor=floor)
+    with raw_connection() as late:
+        with late.cursor() as cursor:
+            add_deltas(1, cursor=cursor)  # its id, before the others'; not committed yet
+        add_deltas(3)
+        assert counters.rollup(floor=floor) == 3
+        late.commit()
+    assert totals()["enqueued"] == 4  # counted while unfolded
+    assert counters.rollup(floor=floor) == 0  # behind the floor
+    assert StatDelta.objects.count() == 1
+    floor.full_soon()
+    assert counters.rollup(floor=floor) == 1
+    assert StatDelta.objects.count() == 0
+    assert totals()["enqueued"] == 4

@@ -65,9 +65,11 @@ class Maintenance(PostgresCore):
     def lease_extensions_purge(self, *, batch_size: int = 1000) -> int:
         return self._purge(LEASE_EXTENSIONS_PURGE, {}, batch_size)
 
-    def stats_rollup(self, batch_size: int = 10_000) -> int:
-        folded, _stored = self._run(STATS_ROLLUP, {"batch": batch_size}, fetch="one")
-        return int(folded)
+    def stats_rollup(self, batch_size: int = 10_000, *,
+                     after_id: int = 0) -> tuple[int, int | None]:
+        folded, _stored, last = self._run(STATS_ROLLUP, {"batch": batch_size,
+                                                         "after_id": after_id}, fetch="one")
+        return int(folded), last
 
     def stats_prune(self, *, minute_keep: float, hour_keep: float, day_keep: float,
                     batch_size: int = 1000) -> int:

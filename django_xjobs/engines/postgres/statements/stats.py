@@ -27,15 +27,17 @@ _ADDED = ",\n           ".join(
 STATS_ROLLUP = Statement(
     "stats_rollup",
     why="""
-Fold up to `batch` deltas (oldest first) into the minute, hour, day and all-time rows of their
-queue and job name, and delete them, in one statement: a delta is counted once, in every grain,
+Fold up to `batch` deltas (oldest first, past id `after_id`: a worker's rollups start past the
+deltas it folded last, so a held horizon's dead deltas are not walked again and again,
+counters.RollupFloor) into the minute, hour, day and all-time rows of their queue and job name,
+and delete them, in one statement: a delta is counted once, in every grain,
 or not yet. One rollup at a time (a transaction-scoped advisory lock, tried, not waited for:
 every worker runs this duty, and two would only queue behind each other's row locks on the
 same buckets). A delta inserted while this runs is not in its snapshot and waits for the next
 round. Buckets are UTC (date_trunc at 'UTC'), whatever the session's time zone. The waits and
 run times become histograms here (fragments.histogram_ctes): one bucket number and one hashed
 count per value, never a function call per row. The answer is how many deltas were
-folded.
+folded, and the last id folded.
 """,
     sql=f"""
 with gate as (
@@ -43,7 +45,7 @@ with gate as (
 ), folded as (
     delete from x_stat_deltas d
      where d.id = any(array(select id from x_stat_deltas
-                             where (select ok from gate)
+                             where (select ok from gate) and id > %(after_id)s
                              order by id limit %(batch)s))
     returning d.*
 ), minute_rows as (
@@ -79,7 +81,7 @@ with gate as (
            run_hist    = xjobs_hist_add(s.run_hist, excluded.run_hist)
     returning 1
 )
-select (select count(*) from folded), (select count(*) from stored)
+select (select count(*) from folded), (select count(*) from stored), (select max(id) from folded)
 """,
 )
 
