@@ -77,9 +77,11 @@ RAW_COMPLETE = "delete from raw_jobs where id = any(%s)"
 def generic_plan(conn, sql: str, params: dict) -> dict:
     """EXPLAIN ANALYZE of ``sql`` as a worker runs it: prepared, with the generic plan its
     connection keeps (statement session_label sets plan_cache_mode), not a plan made for these
-    values. A custom plan can pick another index than the workers' generic one, and did: the
-    probe read 150 pages while the workers' claims walked the fair claim's index
-    (docs/performance.md, "Under a held horizon")."""
+    values, and without JIT, as the worker's session runs it. A custom plan can pick another
+    index than the workers' generic one, and did: the probe read 150 pages while the workers'
+    claims walked the fair claim's index. With JIT on, once autovacuum had analyzed `x_jobs`
+    after a long hold, every probe compiled the claim for 4 to 6 seconds, a core of the two the
+    workers had (docs/performance.md, "Under a held horizon")."""
     import re
 
     from psycopg import sql as pgsql
@@ -93,6 +95,7 @@ def generic_plan(conn, sql: str, params: dict) -> dict:
 
     text = re.sub(r"%\((\w+)\)s", number, sql.strip()).replace("%%", "%")
     conn.execute("set local plan_cache_mode = force_generic_plan")
+    conn.execute("set local jit = off")
     conn.execute(pgsql.SQL("prepare xjobs_probe as {}").format(pgsql.SQL(text)))
     values = pgsql.SQL(", ").join(pgsql.Literal(params[name]) for name in order)
     plan = conn.execute(pgsql.SQL(
