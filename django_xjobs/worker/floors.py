@@ -13,8 +13,8 @@ horizon has been held.
 What a floor cannot see is claimed by a sweep, a claim of the queue without floors, every
 ``SWEEP`` seconds per queue while they are on (longer once a sweep costs more than
 ``SWEEP_SHARE`` of that: it reads every entry pinned since the horizon was held, so an hour's
-hold would otherwise spend the worker's loop on it), and at once after the safety net woke blocked
-jobs: a job made due with an older run_at (enqueued with a run_at in the past or by a
+hold would otherwise spend the worker's loop on it), and at once after the safety net woke
+blocked jobs: a job made due with an older run_at (enqueued with a run_at in the past or by a
 transaction open longer than the margin, woken from ``blocked``, or a cron job woken by its
 predecessor's end), a job another transaction held locked when a claim passed it, a priority
 the worker has not met yet. A queue whose due scans meet a job with a concurrency or rate key
