@@ -12,13 +12,13 @@ from django.db import connections
 
 from .. import conf
 from ..exceptions import EngineUnavailable, ListenerLost, SessionLost
-from .base import AdvisorySession, Engine, Listener, Statement
+from .base import AdvisorySession, Engine, Listener, Statement, numbered
 from .features import Features
 from .routines import Routine
 
 __all__ = [
     "AdvisorySession", "Engine", "Features", "Listener", "ListenerLost", "Routine",
-    "SessionLost", "Statement", "get_engine",
+    "SessionLost", "Statement", "get_engine", "numbered",
 ]
 
 _engines: dict[tuple[str, bool, bool, str | None], Engine] = {}

@@ -19,6 +19,7 @@ it is its own (autocommit) transaction.
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -93,6 +94,31 @@ class Statement:
     name: str
     sql: LiteralString
     why: str
+
+
+# A statement's placeholder (``%(name)s``), an escaped percent sign (``%%``), or any other
+# use of ``%``, which no statement makes.
+_PLACEHOLDER = re.compile(r"%(?:\((\w+)\)s|(%)|.|$)", re.DOTALL)
+
+
+def numbered(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with PostgreSQL's numbered placeholders, as PREPARE and the protocol take them,
+    and the parameters' names in that order: ``%(name)s`` becomes ``$n``, one number per name
+    in order of first use however often it appears, and ``%%`` becomes ``%``. Any other ``%``
+    is refused (ValueError), as the driver would refuse it."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name, percent = match.group(1), match.group(2)
+        if percent:
+            return "%"
+        if name is None:
+            raise ValueError(f"{match.group(0)!r} is not a placeholder: write %(name)s or %%")
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+
+    return _PLACEHOLDER.sub(number, sql), tuple(names)
 
 
 class Listener(abc.ABC):

@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from django_xjobs.engines import Routine, Statement, get_engine
+from django_xjobs.engines import Routine, Statement, get_engine, numbered
 from django_xjobs.engines.postgres import engine as postgres_engine
 from django_xjobs.engines.postgres import instrumentation
 from django_xjobs.engines.postgres import statements as S
+from django_xjobs.engines.postgres.core import positional
 
 PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 # The engine's modules (engine.py, core.py, operations/, sessions.py, ...), the statements
@@ -124,6 +125,26 @@ def test_each_statement_uses_only_named_placeholders(key, stmt):
     assert "%" not in rest, f"{key}: a bare % (a positional %s, or an unescaped literal %)"
     assert not re.search(r"\{[A-Za-z_]+\}", stmt.sql), f"{key}: an unformatted {{NAME}}"
     assert stmt.sql.strip(), f"{key} has no SQL"
+
+
+def test_numbered_placeholders_keep_one_number_per_name_and_unescape_percent_signs():
+    assert numbered("select %(a)s, %(b)s::int, %(a)s, '100%%'") == (
+        "select $1, $2::int, $1, '100%'", ("a", "b"))
+    assert numbered("select 1") == ("select 1", ())
+
+
+@pytest.mark.parametrize("text", ["select %s", "select %(a)d", "select '5%'", "select %"])
+def test_numbered_refuses_a_percent_sign_that_is_no_placeholder(text):
+    with pytest.raises(ValueError, match="is not a placeholder"):
+        numbered(text)
+
+
+@pytest.mark.parametrize(("key", "stmt"), STATEMENTS, ids=IDS)
+def test_the_engine_sends_each_statement_once_numbered_with_its_parameters_in_order(key, stmt):
+    text, names = positional(stmt.sql)
+    assert names == tuple(placeholders(stmt))
+    assert text == numbered(stmt.sql)[0].encode()
+    assert positional(stmt.sql) is positional(stmt.sql), "converted once per process"
 
 
 @pytest.mark.parametrize(("key", "stmt"), STATEMENTS, ids=IDS)

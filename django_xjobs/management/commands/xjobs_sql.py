@@ -8,26 +8,16 @@ statement's or one of those objects' (an overloaded function prints every form).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...engines import Routine, Statement, get_engine
-
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+from ...engines import Routine, Statement, get_engine, numbered
 
 
 def as_prepare(stmt: Statement) -> str:
     """``%(name)s`` placeholders become ``$n`` in order of first use; ``%%`` becomes ``%``."""
-    order: list[str] = []
-
-    def number(m: re.Match[str]) -> str:
-        if m.group(1) not in order:
-            order.append(m.group(1))
-        return f"${order.index(m.group(1)) + 1}"
-
-    body = _PLACEHOLDER.sub(number, stmt.sql.strip()).replace("%%", "%")
+    body, order = numbered(stmt.sql.strip())
     params = ", ".join(f"${i + 1} = {name}" for i, name in enumerate(order))
     header = f"-- {stmt.name}" + (f"  ({params})" if params else "")
     if not order:
