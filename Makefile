@@ -9,7 +9,8 @@
 #   make bench-horizon        W15: an offered load while a snapshot is held 30 minutes, beside
 #                             the raw reference (BENCH_ARGS="--hold 300" for a shorter one)
 #   make bench-peers          the peers' harness and django-xjobs in one run
-#                             (PEERS_HARNESS=<its folder>; docs/performance.md)
+#                             (PEERS_HARNESS=<its folder>; BASELINE=<git rev> adds that
+#                             revision beside this checkout; docs/performance.md)
 #   make lint                 ruff + import-linter (the layer contract) + mypy (pyproject.toml)
 #   make bench-admin          the console's page render times at 10,000,000 jobs
 #   make bench-migrations     each migration's time, lock and enqueue stall at 10,000,000 jobs
@@ -148,12 +149,26 @@ BENCH_PYTHON ?= $(shell PYENV_VERSION=3.12.1 pyenv which python3.12 2>/dev/null 
 # folder holding its run.sh; docs/performance.md, "Beside the peers").
 PEERS_HARNESS ?=
 
+# BASELINE=<git rev> adds that revision as one more system, "django-xjobs-baseline" (exported
+# into PEERS_BASELINE_DIR by git archive; bench/xjobs_baseline_adapter.py), e.g.
+#   make bench-peers PEERS_HARNESS=DIR BASELINE=main PEERS_OUT=/tmp/peers.md \
+#     BENCH_ARGS="--systems raw,raw-update,django-xjobs,django-xjobs-baseline --no-variants"
+PEERS_OUT ?= bench/RESULTS.md
+PEERS_BASELINE_DIR ?= $(or $(TMPDIR),/tmp)/xjobs-bench-baseline
+PEERS_ADAPTERS := bench/xjobs_adapter.py$(if $(BASELINE),:bench/xjobs_baseline_adapter.py)
+
 bench-peers: install
 	@test -n "$(PEERS_HARNESS)" -a -x "$(PEERS_HARNESS)/run.sh" || { \
 		echo "make bench-peers needs PEERS_HARNESS=<folder of the peers' harness, holding run.sh>"; exit 2; }
 	$(BENCH_PYTHON) -m compileall -q django_xjobs bench/xbench_project tests/devdb.py tests/__init__.py
-	XBENCH_EXTRA_PIP="-e $(CURDIR)" XBENCH_EXTRA_ADAPTERS=bench/xjobs_adapter.py \
-		$(PEERS_HARNESS)/run.sh --out bench/RESULTS.md $(BENCH_ARGS)
+	$(if $(BASELINE),rm -rf $(PEERS_BASELINE_DIR) && mkdir -p $(PEERS_BASELINE_DIR) && \
+		git archive $(BASELINE) django_xjobs tests bench/xbench_project | tar -x -C $(PEERS_BASELINE_DIR) && \
+		cd $(PEERS_BASELINE_DIR) && $(BENCH_PYTHON) -m compileall -q django_xjobs bench/xbench_project \
+		tests/devdb.py tests/__init__.py)
+	XBENCH_EXTRA_PIP="-e $(CURDIR)" XBENCH_EXTRA_ADAPTERS=$(PEERS_ADAPTERS) \
+		XBENCH_XJOBS_BASELINE=$(PEERS_BASELINE_DIR) \
+		XBENCH_XJOBS_BASELINE_REV="$(if $(BASELINE),$(shell git rev-parse --short $(BASELINE) 2>/dev/null))" \
+		$(PEERS_HARNESS)/run.sh --out $(PEERS_OUT) $(BENCH_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

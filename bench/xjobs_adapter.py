@@ -28,6 +28,10 @@ class XJobsAdapter(Adapter):
     name = "django-xjobs"
     label = "django-xjobs"
     dbname = DB
+    # Where the workers and the client import the project (xbench_project) and the package
+    # (django_xjobs, tests/devdb.py) from: this checkout (xjobs_baseline_adapter.py: another).
+    project_dir = HERE
+    source_dir = ROOT
     defaults = {"concurrency": CONCURRENCY, "prefetch": PREFETCH}
     notes = [
         "`xjobs_worker`: claims up to concurrency + prefetch - in-flight jobs per statement "
@@ -51,11 +55,12 @@ class XJobsAdapter(Adapter):
     def env(self) -> dict[str, str]:
         return {
             "DJANGO_SETTINGS_MODULE": "xbench_project.settings",
-            "XJOBS_BENCH_DATABASE_URL": url(DB),
+            "XJOBS_BENCH_DATABASE_URL": url(self.dbname),
             "XJOBS_BENCH_CONCURRENCY": str(self.opts["concurrency"]),
             "XJOBS_BENCH_PREFETCH": str(self.opts["prefetch"]),
             "PYTHONPATH": os.pathsep.join(
-                [str(HERE), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+                [str(self.project_dir), str(self.source_dir),
+                 *filter(None, [os.environ.get("PYTHONPATH")])]
             ),
         }
 
@@ -95,7 +100,7 @@ class XJobsAdapter(Adapter):
         os.environ.update(self.env())
         import sys
 
-        sys.path[:0] = [str(HERE), str(ROOT)]
+        sys.path[:0] = [str(self.project_dir), str(self.source_dir)]
         return XJobsClient()
 
 
