@@ -106,7 +106,7 @@ def numbered(sql: str) -> tuple[str, tuple[str, ...]]:
     and the parameters' names in that order: ``%(name)s`` becomes ``$n``, one number per name
     in order of first use however often it appears, and ``%%`` becomes ``%``. Any other ``%``
     is refused (ValueError), as the driver would refuse it."""
-    names: list[str] = []
+    numbers: dict[str, int] = {}  # each name's number, in order of first use
 
     def number(match: re.Match[str]) -> str:
         name, percent = match.group(1), match.group(2)
@@ -114,11 +114,9 @@ def numbered(sql: str) -> tuple[str, tuple[str, ...]]:
             return "%"
         if name is None:
             raise ValueError(f"{match.group(0)!r} is not a placeholder: write %(name)s or %%")
-        if name not in names:
-            names.append(name)
-        return f"${names.index(name) + 1}"
+        return f"${numbers.setdefault(name, len(numbers) + 1)}"
 
-    return _PLACEHOLDER.sub(number, sql), tuple(names)
+    return _PLACEHOLDER.sub(number, sql), tuple(numbers)
 
 
 class Listener(abc.ABC):
