@@ -21,10 +21,18 @@ the worker has not met yet. A queue whose due scans meet a job with a concurrenc
 is not floored (a job woken from ``blocked`` keeps its run_at), nor is a fair queue's due scan
 (its walk is per tenant); their rescue scans are. Burst runs never use floors.
 
+When the horizon moves on, the entries pinned by the hold become removable, but the first scan
+from the start still walks them all (marking them dead as it goes, or finding them gone once
+VACUUM has run). Every worker reads the horizon within a heartbeat of the others, so if each
+turned its floors off at once they would all make that walk together, and nobody would pick up
+a job while they did (two seconds after a 30-minute hold). So a queue whose last sweep took
+longer than ``RELEASE_WALK`` keeps its floors until its next sweep, on the schedule the hold
+gave it, has made the walk; the others scan from the start at once.
+
 The floors follow what the claim's scans found (``ClaimBatch.scans``: rows taken before flow
 control held any back or a burial took its place), never the jobs it answered. The heartbeat
 thread reads the horizon (``engine.horizon_age``) with the worker's row and sets ``held``; the
-loop's thread does everything else.
+loop's thread does everything else, the floors' turning on and off included.
 """
 
 from __future__ import annotations
@@ -53,13 +61,20 @@ SWEEP = 30.0
 # The share of the loop's time a queue's sweeps may take: the next one waits the longer of
 # SWEEP and the last one's duration over this share.
 SWEEP_SHARE = 0.01
+# Seconds: a queue whose last sweep took longer keeps its floors after the horizon moves on, until
+# its next sweep has walked what the hold left (a claim's ordinary cost is a few milliseconds).
+RELEASE_WALK = 0.05
 
 
 class Floors:
     """One worker's floors (the loop's thread; ``held`` is set by the heartbeat's)."""
 
     def __init__(self, *, priorities: Iterable[int], fair: Iterable[str] = ()) -> None:
-        self.held = False
+        self.held = False  # the heartbeat's: the horizon is held
+        self.age = 0  # the heartbeat's: how far back (transaction ids)
+        self._on = False  # the claims start from floors
+        # The horizon moved on: the queues that keep their floors until their next sweep.
+        self._releasing: set[str] | None = None
         self._start = frozenset(priorities) | {0}
         self._fair = frozenset(fair)
         self._known: dict[str, set[int]] = {}
@@ -67,38 +82,65 @@ class Floors:
         self._lapsed: dict[str, datetime] = {}
         self._unfloored: set[str] = set()
         self._next_sweep: dict[str, float] = {}  # per queue (monotonic); none yet: at once
+        self._walk: dict[str, float] = {}  # per queue, its last sweep's duration (seconds)
         self._sweeping: frozenset[str] = frozenset()  # the queues the last claim swept
         self.sweeps = 0  # claims of a queue without floors while they were on
 
     def horizon(self, age: int) -> None:
         """The heartbeat's reading of the horizon (transaction ids)."""
-        held = age >= HORIZON_XIDS
-        if held != self.held:
-            log.info("the database's horizon is held %d transaction ids back: claims %s",
-                     age, "start from floors" if held else "scan from the start again")
-        self.held = held
+        self.age = age
+        self.held = age >= HORIZON_XIDS
 
     def sweep_soon(self) -> None:
         """Blocked jobs were woken (they keep their run_at): every queue's next claim sweeps."""
         self._next_sweep.clear()
 
+    def _turn(self) -> bool:
+        """Turn the floors on or off after the heartbeat's reading; whether they are on."""
+        if self.held:
+            self._releasing = None
+            if not self._on:
+                self._on = True
+                log.info("the database's horizon is held %d transaction ids back: claims start "
+                         "from floors", self.age)
+            return True
+        if not self._on:
+            return False
+        if self._releasing is None:
+            self._releasing = {q for q, took in self._walk.items() if took > RELEASE_WALK}
+            if self._releasing:
+                log.info("the database's horizon moved on (%d transaction ids back): claims "
+                         "keep their floors until the next sweep of %s (the last took up to "
+                         "%.1f s), so that the workers do not all walk what the hold left at "
+                         "once", self.age, ", ".join(sorted(self._releasing)),
+                         max(self._walk[q] for q in self._releasing))
+        if self._releasing:
+            return True
+        self._on = False
+        self._releasing = None
+        self._due.clear()
+        self._lapsed.clear()
+        self._unfloored.clear()
+        self._next_sweep.clear()
+        self._walk.clear()
+        log.info("the database's horizon moved on (%d transaction ids back): claims scan from "
+                 "the start again", self.age)
+        return False
+
     def for_claim(self, wants: Mapping[str, int], now: float) -> ClaimFloors | None:
-        """The floors of the next claim (none for a queue due a sweep); None while the horizon
-        is not held."""
-        if not self.held:
+        """The floors of the next claim (none for a queue due a sweep, or let go after the
+        horizon moved on); None while they are off."""
+        if not self._turn():
             self._sweeping = frozenset()
-            if self._due or self._lapsed or self._next_sweep:
-                self._due.clear()
-                self._lapsed.clear()
-                self._unfloored.clear()
-                self._next_sweep.clear()
             return None
-        sweeping = frozenset(q for q in wants if now >= self._next_sweep.get(q, 0.0))
+        kept = self._releasing
+        floored = frozenset(q for q in wants if kept is None or q in kept)
+        sweeping = frozenset(q for q in floored if now >= self._next_sweep.get(q, 0.0))
         for q in sweeping:
             self._next_sweep[q] = now + SWEEP
         self._sweeping = sweeping
         self.sweeps += len(sweeping)
-        queues = frozenset(q for q in wants if q not in sweeping and q not in self._fair
+        queues = frozenset(q for q in floored if q not in sweeping and q not in self._fair
                            and q not in self._unfloored)
         fq: list[str] = []
         fp: list[int] = []
@@ -109,7 +151,7 @@ class Floors:
                 fq.append(q)
                 fp.append(p)
                 fv.append(floors.get(p))
-        lapsed = {q: self._lapsed[q] for q in wants if q not in sweeping and q in self._lapsed}
+        lapsed = {q: self._lapsed[q] for q in floored if q not in sweeping and q in self._lapsed}
         return ClaimFloors(queues=queues, floor_queues=tuple(fq), floor_priorities=tuple(fp),
                            floor_values=tuple(fv), lapsed=lapsed)
 
@@ -121,9 +163,12 @@ class Floors:
             wait = max(SWEEP, (done - sent) / SWEEP_SHARE)
             for q in self._sweeping:
                 self._next_sweep[q] = sent + wait
+                self._walk[q] = done - sent
+            if self._releasing is not None:  # walked since the horizon moved on: let go
+                self._releasing -= self._sweeping
             self._sweeping = frozenset()
         scans = batch.scans
-        if not self.held or batch.now is None or scans is None:
+        if not self._on or batch.now is None or scans is None:
             return
         back = batch.now - MARGIN
         for q, n in wants.items():

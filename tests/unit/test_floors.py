@@ -12,6 +12,7 @@ from django_xjobs.worker.floors import (
     HORIZON_XIDS,
     LAPSED_MARGIN,
     MARGIN,
+    RELEASE_WALK,
     SWEEP,
     SWEEP_SHARE,
     Floors,
@@ -158,3 +159,55 @@ def test_floors_are_forgotten_when_the_horizon_moves_on():
     floors.horizon(HORIZON_XIDS)
     assert floors.for_claim({"q": 10}, 2.0).queues == frozenset()  # a sweep first
     assert as_dict(floors.for_claim({"q": 10}, 3.0)) == {("q", 0): None}
+
+
+def test_a_queue_whose_last_sweep_was_long_keeps_its_floors_until_its_next_sweep():
+    """The horizon moved on, but what the hold left is still to walk: a queue whose last sweep
+    took longer than RELEASE_WALK keeps its floors (the other workers' claims, which read the
+    horizon at the same moment, keep picking up) until its next sweep, on the hold's schedule,
+    has walked it; a queue whose sweep was cheap scans from the start at once."""
+    floors = Floors(priorities=[0])
+    floors.horizon(HORIZON_XIDS)
+    wants = {"slow": 10, "fast": 10}
+    assert floors.for_claim({"fast": 10}, 0.0).queues == frozenset()  # fast's first: a sweep
+    floors.claimed({"fast": 10}, batch(queues=("fast",)), sent=0.0, done=RELEASE_WALK / 2)
+    slow = RELEASE_WALK * 40
+    assert floors.for_claim(wants, 1.0).queues == {"fast"}  # slow's first: a sweep
+    floors.claimed(wants, batch(queues=("slow", "fast")), sent=1.0, done=1.0 + slow)
+    floors.horizon(0)
+    next_slow = 1.0 + slow / SWEEP_SHARE
+    kept = floors.for_claim(wants, 2.0)
+    assert kept is not None
+    assert kept.queues == {"slow"} and set(kept.floor_queues) == {"slow"}
+    assert set(kept.lapsed) == {"slow"}  # fast: from the start, and not counted as a sweep
+    floors.claimed(wants, batch(queues=("slow", "fast")), sent=2.0, done=2.0)
+    assert floors.for_claim(wants, next_slow - 1).queues == {"slow"}
+    sweeps = floors.sweeps
+
+    swept = floors.for_claim(wants, next_slow + 1)  # slow's sweep, on its schedule
+    assert swept is not None and swept.queues == frozenset() and swept.lapsed == {}
+    assert floors.sweeps == sweeps + 1
+    floors.claimed(wants, batch(queues=("slow", "fast")), sent=next_slow + 1,
+                   done=next_slow + 1 + slow)
+    assert floors.for_claim(wants, next_slow + 2 + slow) is None  # off
+
+    floors.horizon(HORIZON_XIDS)  # held again: every queue sweeps first, as at the start
+    again = floors.for_claim(wants, next_slow + 3 + slow)
+    assert again.queues == frozenset() and as_dict(again) == {}
+
+
+def test_a_hold_taken_again_before_the_release_sweep_floors_every_queue_again():
+    floors = Floors(priorities=[0])
+    floors.horizon(HORIZON_XIDS)
+    wants = {"slow": 10, "fast": 10}
+    floors.for_claim(wants, 0.0)
+    floors.claimed(wants, batch(queues=("slow", "fast")), sent=0.0, done=1.0)
+    floors.horizon(0)
+    assert floors.for_claim(wants, 1.0).queues == {"slow", "fast"}  # both walked long
+
+    floors.horizon(HORIZON_XIDS)
+    floors.for_claim(wants, 2.0)
+    floors.claimed(wants, batch(queues=("slow", "fast")), sent=2.0, done=2.0)
+    floors.horizon(0)
+    # The sweep at 0.0 set both schedules; a sweep under the hold never lets a queue go.
+    assert floors.for_claim(wants, 3.0).queues == {"slow", "fast"}
