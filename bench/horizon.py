@@ -74,6 +74,10 @@ returning id, args
 RAW_COMPLETE = "delete from raw_jobs where id = any(%s)"
 
 
+# A probe's plan is kept (--logs) when it took longer than this.
+SLOW_PLAN_MS = 50
+
+
 def generic_plan(conn, sql: str, params: dict) -> dict:
     """EXPLAIN ANALYZE of ``sql`` as a worker runs it: prepared, with the generic plan its
     connection keeps (statement session_label sets plan_cache_mode), not a plan made for these
@@ -160,6 +164,10 @@ class Horizon:
             c.execute(RAW_SCHEMA)
         self.systems = [s for s in args.systems.split(",") if s]
         self.dirs = {s: tempfile.mkdtemp(prefix=f"horizon-{s}-") for s in self.systems}
+        # The workers' logs (a file, never a pipe nobody reads while they run: a full pipe
+        # would stop a worker at its next log line) and the probe's slow plans.
+        self.logs = Path(args.logs or tempfile.mkdtemp(prefix="horizon-logs-"))
+        self.logs.mkdir(parents=True, exist_ok=True)
         self.samples: list[dict] = []
         # (when, ms) of each enqueue: the offered load's own cost, per system.
         self.enqueues: dict[str, list[tuple[float, float]]] = {s: [] for s in self.systems}
@@ -172,17 +180,21 @@ class Horizon:
         procs = []
         for i in range(self.args.workers):
             if "xjobs" in self.systems:
-                env = dict(self.env, XJOBS_BENCH_LAT_DIR=self.dirs["xjobs"])
+                env = dict(self.env, XJOBS_BENCH_LAT_DIR=self.dirs["xjobs"],
+                           XJOBS_BENCH_LOG_LEVEL="INFO")
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "django", "xjobs_worker", "--worker-id",
                      f"horizon-w{i}"], env=env, cwd=HERE, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE))
+                    stderr=self._log(f"xjobs-w{i}")))
             if "raw" in self.systems:
                 procs.append(subprocess.Popen(
                     [sys.executable, __file__, "raw-worker", "--url", self.url,
                      "--lat-dir", self.dirs["raw"], "--batch", str(self.args.raw_batch)],
-                    env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+                    env=self.env, stdout=subprocess.DEVNULL, stderr=self._log(f"raw-w{i}")))
         return procs
+
+    def _log(self, name: str):
+        return open(self.logs / f"{name}.log", "ab")
 
     # ---- the offered load ----
     def offer(self, system: str) -> None:
@@ -274,6 +286,9 @@ class Horizon:
                         plan = conn.execute("explain (analyze, buffers, format json) " + sql,
                                             args).fetchone()[0][0]
                 sample[f"{key}_claim_ms"] = plan["Execution Time"]
+                if plan["Execution Time"] > SLOW_PLAN_MS:
+                    path = self.logs / f"{key}-{sample['t']:07.1f}s.json"
+                    path.write_text(json.dumps(plan, indent=1))
                 sample[f"{key}_claim_buffers"] = (plan["Plan"].get("Shared Hit Blocks", 0)
                                                   + plan["Plan"].get("Shared Read Blocks", 0))
             for system, table, backlog in (
@@ -318,8 +333,8 @@ class Horizon:
                 while time.time() < end and not self.stop.is_set():
                     for p in procs:
                         if p.poll() is not None:
-                            err = p.stderr.read().decode(errors="replace")[-2000:]
-                            raise RuntimeError(f"a worker exited with {p.returncode}:\n{err}")
+                            raise RuntimeError(f"a worker exited with {p.returncode}: its log "
+                                               f"is in {self.logs}")
                     time.sleep(1)  # the phase's length, checked once a second
             self.marks["end"] = time.time() - self.t0
         finally:
@@ -422,6 +437,8 @@ def main() -> None:
     p.add_argument("--raw-batch", type=int, default=1000)
     p.add_argument("--systems", default="xjobs,raw", help="xjobs, raw, or both")
     p.add_argument("--source", help="measure the django_xjobs of another checkout (a folder)")
+    p.add_argument("--logs", help="a folder for the workers' logs and the plans of the probes "
+                                  f"slower than {SLOW_PLAN_MS} ms (default: a new temporary one)")
     args = p.parse_args()
     bad = set(args.systems.split(",")) - {"xjobs", "raw"}
     if bad:
@@ -429,6 +446,7 @@ def main() -> None:
     h = Horizon(args)
     h.run()
     h.report()
+    print(f"the workers' logs and the slow probes' plans: {h.logs}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,10 @@ if os.environ.get("XJOBS_BENCH_FAIR") == "1":
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_xjobs": {"handlers": ["stderr"], "level": "WARNING"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler",
+                            "formatter": "timed"}},
+    "formatters": {"timed": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    # bench/horizon.py's workers log at INFO (the floors turned on and off, with the time).
+    "loggers": {"django_xjobs": {"handlers": ["stderr"],
+                                 "level": os.environ.get("XJOBS_BENCH_LOG_LEVEL", "WARNING")}},
 }
