@@ -89,7 +89,11 @@ class Connections(PostgresCore):
 
     def session_label(self, label: str) -> str:
         named = self.name_session(label)
-        row = self._run(SESSION_LABEL, {"label": None if named else label[:63]}, fetch="one")
+        # Behind a transaction pooler (a direct LISTEN_DATABASE, or NOTIFY off) the session's
+        # settings outlive this client's transaction: the scans stay as the server has them.
+        pin = self.notify and self.listen_alias == self.alias
+        row = self._run(SESSION_LABEL, {"label": None if named else label[:63], "pin": pin},
+                        fetch="one")
         return str(row[-1])
 
     def listener(self, channel_label: str) -> Listener:

@@ -24,8 +24,16 @@ and PostgreSQL's default (auto) kept planning the claim afresh for most executio
 custom plans cost less on paper than the generic one: 3.3 ms of planning for 1 ms of work. The
 generic plan walks the same indexes (tests/conformance/test_flow_plans.py checks both plans at a
 million jobs) and a claim of one job takes a quarter of the time (docs/performance.md, "Where a
-job's time goes"). Both stay on a pooler's server connection, where they change no plan of a
-Django client (Django prepares no statement on the server). The answer is the isolation level
+job's time goes"). `enable_seqscan` and `enable_bitmapscan` off: every statement of a worker
+is written for its index walks, and the planner, which costs a walk by its index's size, chose
+a sequential scan of x_jobs or a bitmap scan of the console's BRIN index instead on a table a
+long hold had left (its indexes grown, the heap cut back, a few live rows), reading every page
+of the range at every claim (docs/performance.md, "Under a held horizon";
+tests/conformance/test_plans_after_a_hold.py). A table no index serves is still read whole.
+`jit` and `plan_cache_mode` stay on a pooler's server connection, where they change no plan of
+a Django client (Django prepares no statement on the server); the two scans would change the
+plans of the next client's queries, so they are set only where the worker's sessions are its
+own (`pin`: no pooler named by `LISTEN_DATABASE`, NOTIFY on). The answer is the isolation level
 the session's statements run at: the worker's must be READ COMMITTED (docs/guarantees.md,
 "Isolation levels").
 """,
@@ -33,6 +41,8 @@ the session's statements run at: the worker's must be READ COMMITTED (docs/guara
                    then set_config('application_name', %(label)s, false) end,
        set_config('jit', 'off', false),
        set_config('plan_cache_mode', 'force_generic_plan', false),
+       case when %(pin)s then set_config('enable_seqscan', 'off', false) end,
+       case when %(pin)s then set_config('enable_bitmapscan', 'off', false) end,
        current_setting('transaction_isolation')""",
 )
 
