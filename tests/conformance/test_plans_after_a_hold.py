@@ -30,47 +30,55 @@ LIVE = 2_000
 CLAIM_PAGES = 200
 
 
+# The table is built in a schema of its own, whose x_jobs the claim reaches by the search path:
+# the statistics of its ANALYZE must not outlive the module on the x_jobs other tests plan on.
+SCHEMA = "xjobs_after_a_hold"
+
+
 @pytest.fixture(scope="module")
 def after_a_hold(django_db_setup, django_db_blocker) -> Iterator[None]:
     with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute("select count(*) from x_jobs")
-        assert cursor.fetchone()[0] == 0, "x_jobs must start empty: the teardown deletes it all"
-        cursor.execute("alter table x_jobs set (autovacuum_enabled = false)")
-        cursor.execute("""
-            insert into x_jobs (id, idempotency_key, name, queue, state, tenant_id, run_at)
+        cursor.execute(f"drop schema if exists {SCHEMA} cascade")
+        cursor.execute(f"create schema {SCHEMA}")
+        cursor.execute(f"create table {SCHEMA}.x_jobs (like public.x_jobs including all)"
+                       " with (autovacuum_enabled = false)")
+        cursor.execute(f"""
+            insert into {SCHEMA}.x_jobs (id, idempotency_key, name, queue, state, tenant_id,
+                                         run_at)
             select u, u::text, 'testapp.noop', q, 'ready', 't' || (g %% 50)::text,
                    now() - interval '1 hour' + g * interval '1 millisecond'
               from (select gen_random_uuid() as u, g,
                            case when g %% 2 = 0 then 'plain' else 'fair' end as q
                       from generate_series(1, %(n)s) g) s
         """, {"n": LEFT})
-        cursor.execute("delete from x_jobs")
-        cursor.execute("vacuum x_jobs")
-        cursor.execute("""
-            insert into x_jobs (id, idempotency_key, name, queue, state, tenant_id, run_at,
-                                finished_at)
+        cursor.execute(f"delete from {SCHEMA}.x_jobs")
+        cursor.execute(f"vacuum {SCHEMA}.x_jobs")
+        cursor.execute(f"""
+            insert into {SCHEMA}.x_jobs (id, idempotency_key, name, queue, state, tenant_id,
+                                         run_at, finished_at)
             select u, u::text, 'testapp.noop', 'plain', 'done', 't1', now(), now()
               from (select gen_random_uuid() as u from generate_series(1, %(n)s) g) s
         """, {"n": LIVE})
-        cursor.execute("""
-            insert into x_jobs (id, idempotency_key, name, queue, state, tenant_id, run_at)
+        cursor.execute(f"""
+            insert into {SCHEMA}.x_jobs (id, idempotency_key, name, queue, state, tenant_id,
+                                         run_at)
             select u, u::text, 'testapp.noop', q, 'ready', 't' || (g %% 3)::text, now()
               from (select gen_random_uuid() as u, g, q from generate_series(1, 5) g,
                            unnest(array['plain', 'fair']) q) s
         """, {})
-        cursor.execute("analyze x_jobs")
+        cursor.execute(f"analyze {SCHEMA}.x_jobs")
     yield
     with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute("truncate x_jobs")
-        cursor.execute("alter table x_jobs reset (autovacuum_enabled)")
+        cursor.execute(f"drop schema {SCHEMA} cascade")
     connection.close()
 
 
 def claim_plan(engine, queue: str, *, worker_session: bool) -> dict:
-    """The generic plan of a claim of ``queue``, on a session set up as a worker's
-    (session_label, undone with the transaction) or left at the server's defaults."""
+    """The generic plan of a claim of ``queue`` on that table, on a session set up as a
+    worker's (session_label, undone with the transaction) or left at the server's defaults."""
     claim = engine.statements()["jobs_claim"]
     with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"set local search_path = {SCHEMA}, public")
         if worker_session:
             cursor.execute(engine.statements()["session_label"].sql,
                            {"label": None, "pin": True})

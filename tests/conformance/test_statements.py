@@ -26,7 +26,7 @@ SCALARS = {
     "name": "testapp.noop", "queue": "default", "input": "{}", "key": "k", "error": "boom",
     "tenant_id": "acme", "traceparent": None, "enqueued_by": "tests", "concurrency_key": None,
     "reason": "because", "note": "note", "worker_id": "worker-1", "label": "xjobs-tests",
-    "max_attempts": 3, "priority": 0, "delay_ms": 0, "lease_ms": 30_000, "batch": 100,
+    "pin": True, "max_attempts": 3, "priority": 0, "delay_ms": 0, "lease_ms": 30_000, "batch": 100,
     "notify": False, "permanent": False, "spent": True, "resumed": False, "results": "[{}]",
     "job_id": uuid.uuid4(), "output": "{}", "event": "evt", "correlation_key": None,
     "event_id": 1, "event_published_at": None, "status": "sleeping", "duration_ms": 1000,
