@@ -225,6 +225,8 @@ class Observer(threading.Thread):
         self.lease = lease
         self.stop = stop
         self.seen = Observations()
+        # (name, pid) of the sessions idle with an advisory lock at the last sample.
+        self._idle_with_advisory: set[tuple[str, int]] = set()
 
     def run(self) -> None:
         tables.name_session(self.soak, "observer")
@@ -280,8 +282,13 @@ class Observer(threading.Thread):
                 " join pg_stat_activity a on a.pid = l.pid"
                 " where l.locktype = 'advisory' and l.granted and a.state = 'idle'"
                 " and a.application_name like %s", [label])
-            for name, pid in cur.fetchall():
+            # pg_locks and pg_stat_activity are read at two moments: a claim that took a slot's
+            # transaction-level lock and committed between them reads as idle with the lock.
+            # A lock held outside a transaction is still there at the next sample.
+            idle = {(name, pid) for name, pid in cur.fetchall()}
+            for name, pid in sorted(idle & self._idle_with_advisory):
                 self.seen.advisory_outside.append(f"{name} (pid {pid})")
+            self._idle_with_advisory = idle
 
 
 def session_sample(rows: Sequence[Sequence[Any]]) -> SessionSample:

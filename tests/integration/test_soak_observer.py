@@ -120,3 +120,20 @@ def test_a_backend_is_one_finding_whatever_names_it_bears():
     assert '(last statement "set application_name = ' in finding
     assert "; seen in 2 samples; the same backend also named 'xjobs:soak1-w0.1:loop'" in finding
     assert finding.endswith(f"; its name also on pid {namesake_pid}")
+
+
+def test_an_advisory_lock_held_outside_a_transaction_is_found_at_its_second_sample():
+    """One sample cannot tell a lock held outside a transaction from a claim's transaction-level
+    lock whose commit fell between the reads of pg_locks and pg_stat_activity: a session idle
+    with an advisory lock is a finding once two samples in a row have seen it."""
+    leaked = raw_connection(application_name="xjobs:soak1-w0.1:loop", autocommit=True)
+    try:
+        leaked.execute("select pg_advisory_lock(4242)")
+        watch = observer()
+        watch._sessions("default")
+        assert watch.seen.advisory_outside == []
+        watch._sessions("default")
+        pid = leaked.info.backend_pid
+        assert watch.seen.advisory_outside == [f"xjobs:soak1-w0.1:loop (pid {pid})"]
+    finally:
+        leaked.close()
