@@ -10,7 +10,6 @@ rolled back, so every test sees the same rows.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 
@@ -98,14 +97,9 @@ def explain_generic(sql: str, params: dict) -> dict:
     (in order of first appearance, as psycopg numbers them) and executed with these values."""
     from psycopg import sql as pgsql
 
-    order: list[str] = []
+    from django_xjobs.engines import numbered
 
-    def number(match: re.Match) -> str:
-        if match.group(1) not in order:
-            order.append(match.group(1))
-        return f"${order.index(match.group(1)) + 1}"
-
-    text = re.sub(r"%\((\w+)\)s", number, sql.strip()).replace("%%", "%")
+    text, order = numbered(sql.strip())
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("set local jit = off")
         cursor.execute("set local plan_cache_mode = force_generic_plan")
