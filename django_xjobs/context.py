@@ -28,9 +28,14 @@ MAX_PROGRESS_MESSAGE = 200
 # lock, an operator's change not committed yet) is written again after BUSY_RETRY_FIRST seconds,
 # then at doubling intervals up to BUSY_RETRY_MAX: the run never waits in PostgreSQL's lock
 # queue, and is settled within BUSY_RETRY_MAX of the row's release (docs/design.md, "Lock
-# order"). The worker's acknowledgements follow the same schedule (worker/settle.py).
-BUSY_RETRY_FIRST = 0.05
+# order"). The worker's acknowledgements follow the same schedule (worker/settle.py). The first
+# pause is short because the usual holder is a sibling worker's claim, which can lock a row it
+# then passes over until its own statement commits, a millisecond or two.
+BUSY_RETRY_FIRST = 0.005
 BUSY_RETRY_MAX = 1.0
+# A settle whose row is still held this long after its first try is logged at INFO (before
+# that, at DEBUG): a moment's hold is routine, a request's or an operator's is worth a line.
+BUSY_NOTICE = 0.1
 
 T = TypeVar("T")
 

@@ -62,8 +62,9 @@ class Run:
     """One claim of one job, from the claim until its fenced write settles it."""
 
     __slots__ = ("_ctx", "_ctx_ref", "abandoned", "budget", "busy_pause", "deadline",
-                 "definition", "future", "held_since", "job", "on_unproven", "outcome", "parking",
-                 "phase", "renewed_at", "retry_at", "slot", "slot_renewed_at", "slot_ttl")
+                 "definition", "future", "held_since", "held_told", "job", "on_unproven",
+                 "outcome", "parking", "phase", "renewed_at", "retry_at", "slot",
+                 "slot_renewed_at", "slot_ttl")
 
     def __init__(self, job: ClaimedJob, definition: registry.JobDefinition | None, now: float, *,
                  budget: float, on_unproven: Callable[[Run, str], None]) -> None:
@@ -94,6 +95,7 @@ class Run:
         # settle set aside), None while the row is free; and, for a settle set aside, when to
         # write it again and the pause before that (docs/design.md, "Lock order").
         self.held_since: float | None = None
+        self.held_told = False  # the hold was logged at INFO (worker/settle.py, watchdog.py)
         self.retry_at = 0.0
         self.busy_pause = 0.0
         self._ctx: JobContext | None = JobContext(

@@ -12,8 +12,9 @@ ever wait on each other), other outcomes one statement each (:func:`write_outcom
   committed, the fence check recognises it as already applied (the ambiguous commit).
 * No write waits on a row lock: a run whose row another transaction holds is answered busy, set
   aside, and written again at a later settle (after BUSY_RETRY_FIRST, doubling up to
-  BUSY_RETRY_MAX), while the heartbeat keeps its lease; the other runs of the batch settle at
-  once (docs/design.md, "Lock order").
+  BUSY_RETRY_MAX; logged at INFO only once the row stays held past BUSY_NOTICE), while the
+  heartbeat keeps its lease; the other runs of the batch settle at once (docs/design.md, "Lock
+  order").
 * The slots of the settled runs are released in ONE statement per settle, however the runs
   ended: with the acknowledgement of the ``Done`` runs that held them
   (``jobs_complete_release_if_owned``), else ``slots_release_if_held``; the release hands each
@@ -33,7 +34,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import clock, signals
-from ..context import BUSY_RETRY_FIRST, BUSY_RETRY_MAX, busy_pause
+from ..context import BUSY_NOTICE, BUSY_RETRY_FIRST, BUSY_RETRY_MAX, busy_pause
 from ..engines import Engine
 from ..pauses import MAX_REASON
 from ..records import (
@@ -137,10 +138,13 @@ class Settler:
             run.held_since = now
         if run.busy_pause == BUSY_RETRY_FIRST:
             self.stats["settles_set_aside"] += 1
+            log.debug("job %s (%s) attempt %d: its row is held; its outcome is written again "
+                      "in %gs", run.job.id, run.job.name, run.job.attempt, run.busy_pause)
+        elif not run.held_told and now - run.held_since >= BUSY_NOTICE:
+            run.held_told = True
             log.info("job %s (%s) attempt %d: its row is held by another transaction; its "
-                     "outcome is written once the row is free (tried again in %gs, then at most "
-                     "every %gs)", run.job.id, run.job.name, run.job.attempt, run.busy_pause,
-                     BUSY_RETRY_MAX)
+                     "outcome is written once the row is free (tried again at most every %gs)",
+                     run.job.id, run.job.name, run.job.attempt, BUSY_RETRY_MAX)
         self.runs.busy.append(run)
 
     def _acknowledge(self, done: list[Run]) -> list[Run]:
@@ -184,8 +188,9 @@ class Settler:
         self.runs.settled(run)
         job = run.job
         if run.held_since is not None:
-            log.info("job %s (%s): settled %.1fs after another transaction first held its row",
-                     job.id, job.name, clock.monotonic() - run.held_since)
+            log.log(logging.INFO if run.held_told else logging.DEBUG,
+                    "job %s (%s): settled %.3fs after another transaction first held its row",
+                    job.id, job.name, clock.monotonic() - run.held_since)
         if announcing():
             assert run.outcome is not None
             announce(self.engine, job, run.definition or job.name, run.outcome, fence, state)

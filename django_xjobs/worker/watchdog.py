@@ -210,6 +210,7 @@ class Watchdog:
                 run.renewed_at = sent_at
                 if run.held_since is None:
                     run.held_since = sent_at
+                    run.held_told = True
                     self.stats["leases_kept"] += 1
                     log.info("job %s (%s) attempt %d: its row is held by another transaction; "
                              "the run goes on, its lease kept beside the row until it is free",

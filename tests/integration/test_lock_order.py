@@ -370,3 +370,62 @@ def test_a_claim_never_waits_on_a_rate_key_a_users_transaction_is_spending(engin
             wants={"rated": 1}, worker_id="w", lease_ms=LEASE_MS, flow=flow))
         assert (len(batch), batch.held) == (0, 1)  # due again a moment later
         assert batch.retry_at is not None and batch.retry_at <= batch.now + timedelta(seconds=1)
+
+
+# ----------------------------------------------------------- a worker's settle of a held row --
+
+
+def a_finished_run(engine, worker):
+    """A run of a job claimed in queue locks, finished with Done, waiting for ``worker``'s
+    settle."""
+    from django_xjobs import clock
+    from django_xjobs.worker.executor import Done
+    from django_xjobs.worker.runs import RUNNING, Run
+
+    [job] = a_running(engine, n=1)
+    run = Run(job, None, clock.monotonic(), budget=60.0, on_unproven=lambda r, why: None)
+    worker.runs.add([run], queued=0)
+    run.phase = RUNNING
+    assert worker.runs.finish(run, Done(result_json=None), from_phase=RUNNING)
+    return run
+
+
+@pytest.mark.parametrize("held_for", [0.0, 0.3])
+def test_a_settle_of_a_held_row_is_written_again_within_milliseconds_and_told_only_if_long(
+        engine, caplog, held_for):
+    # The usual holder is a sibling worker's claim, for a millisecond or two: the first retry
+    # is due 10 ms later at most, and nothing reaches INFO. A hold that lasts (a request's, an
+    # operator's) is logged once at INFO, and its settle too.
+    import logging
+
+    from django_xjobs import clock
+    from django_xjobs.worker.loop import Worker
+    from django_xjobs.worker.options import WorkerOptions
+
+    worker = Worker(WorkerOptions.from_settings(queues=("locks",), concurrency=1, prefetch=0,
+                                                install_signals=False))
+    run = a_finished_run(engine, worker)
+    settler, now = worker.settler, [1000.0]
+    with (clock.override(monotonic=lambda: now[0]),
+          caplog.at_level(logging.DEBUG, logger="django_xjobs.worker")):
+        with held("select id from x_jobs where id = %s for update", run.job.id):
+            never_waits(lambda: settler.settle(settler.due(now[0])))
+            assert worker.runs.busy == [run]
+            assert 0 < run.retry_at - now[0] <= 0.01
+            while now[0] < 1000.0 + held_for:
+                assert settler.due(now[0]) == []
+                now[0] = run.retry_at
+                never_waits(lambda: settler.settle(settler.due(now[0])))
+                assert worker.runs.busy == [run]
+        now[0] = run.retry_at
+        settler.settle(settler.due(now[0]))
+    assert worker.runs.busy == [] and len(worker.runs) == 0
+    assert Job.objects.get(id=run.job.id).state == "done"
+    assert worker.stats["settles_set_aside"] == 1
+    told = [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.INFO and "held" in r.getMessage()]
+    if held_for:
+        assert len(told) == 2 and "its row is held by another transaction" in told[0]
+        assert "settled" in told[1]
+    else:
+        assert told == []
