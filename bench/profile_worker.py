@@ -1,7 +1,8 @@
 """Where a worker's time per job goes (docs/performance.md, "Where a job's time goes").
 
     python bench/profile_worker.py [--jobs 20000] [--concurrency 10] [--repeat 3]
-                                   [--latency 300] [--profile OUT.pstats] [--source DIR]
+                                   [--latency 300] [--shape] [--profile OUT.pstats]
+                                   [--source DIR]
 
 On a fresh database (``xjobs_profile``; ``XJOBS_BENCH_DB`` names another) of the server the
 tests use, with the bench project's settings (bench/xbench_project: prefetch auto, LISTEN on):
@@ -22,6 +23,13 @@ tests use, with the bench project's settings (bench/xbench_project: prefetch aut
    one idle worker through NOTIFY (W4 of bench/run.py, one worker), cut at the worker's
    steps: the wake-up, the claim sent and answered, the executor's call, the job's first line
    (p50 / p90 of each step, in ms).
+
+4. **The table's shape** (``--shape``). The raw reference's claim and acknowledgement (the
+   shared harness's raw psycopg adapter, update variant) on a table of its shape, the same two
+   statements written for ``x_jobs``, and this package's own claim and acknowledgement, each
+   draining ``--jobs`` jobs in batches of 500 on one connection, three rounds alternated: the
+   round trips and the WAL per job of each, so that the gap to the raw reference splits into
+   what the table costs and what the statements add.
 
 ``--profile OUT`` also writes a cProfile of one drain (on Python 3.12+ it sees every thread,
 their stacks interleaved: read its call counts and own times, not its cumulative ones).
@@ -276,6 +284,129 @@ def _parts(n: int) -> dict[str, float]:
     }
 
 
+# The table shape (--shape): the raw reference's two statements (the shared harness's raw
+# psycopg adapter, update variant) on a table of its shape, the same two statements written
+# for x_jobs (its rows, indexes and triggers), and this package's claim and acknowledgement;
+# all in batches of 500 on one connection, alternated.
+RAW_TABLE = """
+drop table if exists raw_shape;
+create table raw_shape (
+    id          bigserial primary key,
+    task        text        not null,
+    args        jsonb       not null,
+    status      smallint    not null default 0,
+    enqueued_at timestamptz not null default now(),
+    started_at  timestamptz,
+    finished_at timestamptz
+);
+create index raw_shape_todo_idx on raw_shape (id) where status = 0;
+"""
+RAW_LOAD = ("insert into raw_shape (task, args) select 'bench.noop', jsonb_build_object('i', i)"
+            " from generate_series(1, %s) i")
+RAW_CLAIM = """
+update raw_shape set status = 1, started_at = clock_timestamp()
+ where id in (select id from raw_shape where status = 0
+               order by id limit %s for update skip locked)
+returning id, task, args
+"""
+RAW_ACK = ("update raw_shape set status = 2, finished_at = clock_timestamp()"
+           " where id = any(%s)")
+X_CLAIM = """
+update only x_jobs set state = 'running', attempt = attempt + 1,
+       lease_token = gen_random_uuid(), visible_at = now() + interval '60 seconds',
+       claimed_by = 'profile', started_at = now(), updated_at = now()
+ where id in (select id from only x_jobs
+               where queue = 'default' and state in ('ready', 'delayed', 'suspended')
+                 and run_at <= now()
+               order by priority desc, run_at limit %s for update skip locked)
+returning id, lease_token, name, input
+"""
+X_ACK = ("update only x_jobs set state = 'done', finished_at = now(), lease_token = null,"
+         " updated_at = now() where id = any(%s)")
+
+
+def _shape(n: int, rounds: int = 3) -> dict[str, tuple[float, float, float, float]]:
+    """Per lane, µs per job of the claims' and the acknowledgements' round trips, and WAL
+    bytes per job of each (medians of ``rounds`` alternated drains of ``n`` jobs)."""
+    from django.db import connection
+
+    from django_xjobs.engines import get_engine
+    from django_xjobs.records import Completion
+
+    engine = get_engine()
+    engine.session_label("xjobs:profile")
+    raw = connection.connection  # the same session, for the lanes' plain statements
+
+    def wal() -> int:
+        return raw.execute("select pg_current_wal_insert_lsn() - '0/0'").fetchone()[0]
+
+    def drain(claim, ack) -> tuple[float, float, float, float]:
+        times, wals, done = [0.0, 0.0], [0, 0], 0
+        while True:
+            t0, w0 = time.perf_counter(), wal()
+            claimed = claim()
+            t1, w1 = time.perf_counter(), wal()
+            if not claimed:
+                break
+            ack(claimed)
+            t2, w2 = time.perf_counter(), wal()
+            times[0], times[1] = times[0] + t1 - t0, times[1] + t2 - t1
+            wals[0], wals[1] = wals[0] + w1 - w0, wals[1] + w2 - w1
+            done += len(claimed)
+        if done != n:
+            raise SystemExit(f"a shape lane finished {done} of {n} jobs")
+        return (times[0] / n * 1e6, times[1] / n * 1e6, wals[0] / n, wals[1] / n)
+
+    def raw_lane(claim_sql: str, ack_sql: str):
+        def claim():
+            rows = raw.execute(claim_sql, [500]).fetchall()
+            raw.commit()
+            return rows
+
+        def ack(rows):
+            raw.execute(ack_sql, [[r[0] for r in rows]])
+            raw.commit()
+        return claim, ack
+
+    def load_raw() -> None:
+        raw.execute(RAW_TABLE)
+        raw.execute(RAW_LOAD, [n])
+        raw.execute("analyze raw_shape")
+        raw.commit()
+
+    def engine_lane():
+        def claim():
+            return engine.jobs_claim(wants={"default": 500}, worker_id="profile",
+                                     lease_ms=60_000)
+
+        def ack(claimed):
+            engine.jobs_complete_if_owned([Completion(claim=j.claim, result_json=None)
+                                           for j in claimed])
+        return claim, ack
+
+    lanes = {
+        "the raw reference's statements on its own table": (load_raw, raw_lane(RAW_CLAIM,
+                                                                               RAW_ACK)),
+        "the same statements written for x_jobs": (lambda: _load(n), raw_lane(X_CLAIM, X_ACK)),
+        "this package's claim and acknowledgement": (lambda: _load(n), engine_lane()),
+    }
+    results: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in lanes}
+    for _ in range(rounds):
+        for label, (load, (claim, ack)) in lanes.items():
+            load()
+            results[label].append(drain(claim, ack))
+    raw.execute("drop table raw_shape")
+    raw.commit()
+
+    def median(runs: list[tuple[float, float, float, float]]
+               ) -> tuple[float, float, float, float]:
+        claim_us, ack_us, claim_wal, ack_wal = (statistics.median(column)
+                                                for column in zip(*runs, strict=True))
+        return claim_us, ack_us, claim_wal, ack_wal
+
+    return {label: median(runs) for label, runs in results.items()}
+
+
 ENQUEUER = """
 import sys, time
 import django
@@ -383,6 +514,8 @@ def main() -> None:
     p.add_argument("--profile", metavar="OUT", help="write a cProfile of one drain here")
     p.add_argument("--latency", type=int, default=300, metavar="N",
                    help="jobs of the enqueue -> first line breakdown (0: skip it)")
+    p.add_argument("--shape", action="store_true",
+                   help="also time the raw reference's statements on its table and on x_jobs")
     p.add_argument("--source", metavar="DIR",
                    help="measure the django_xjobs package of another checkout (as bench/run.py)")
     args = p.parse_args()
@@ -406,6 +539,14 @@ def main() -> None:
     client = sum(v for k, v in parts.items()
                  if "round trip" not in k and not k.startswith(" "))
     print(f"    {client:6.2f}  the worker's CPU of the parts above (all but the round trips)")
+    if args.shape:
+        shape = _shape(args.jobs)
+        print(f"  the table's shape, {args.jobs:,} jobs claimed and acknowledged in batches of "
+              "500 on one connection (µs per job: claim / ack round trip; WAL bytes per job: "
+              "claim / ack; medians of 3 alternated):")
+        for label, (claim_us, ack_us, claim_wal, ack_wal) in shape.items():
+            print(f"    {claim_us:6.2f} / {ack_us:6.2f} µs   {claim_wal:5.0f} / {ack_wal:5.0f} B"
+                  f"   {label}")
     if args.latency:
         from run import percentile  # imported by _setup, after its --source is on sys.path
 
