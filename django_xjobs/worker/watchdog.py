@@ -204,7 +204,7 @@ class Watchdog:
                 if run.held_since is not None and run.phase in (QUEUED, RUNNING):
                     log.info("job %s (%s): its row is free again after %.1fs", run.job.id,
                              run.job.name, sent_at - run.held_since)
-                    run.held_since = None
+                    run.held_since, run.held_told = None, False
                 continue
             if token in renewal.kept:
                 run.renewed_at = sent_at
