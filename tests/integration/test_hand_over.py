@@ -286,3 +286,34 @@ def test_a_run_that_lost_its_job_lets_go_of_its_slot_with_the_others():
     assert report.lost == {runs[0].lease_token} and report.owned == {runs[1].lease_token}
     assert len(done.started) == 2  # both slots handed over
     assert sorted(state(h) for h in behind) == ["running", "running"]
+
+
+def test_a_release_reaches_each_job_it_hands_over_through_one_key_probe():
+    # 20 keys, their 2 slots each held, 2 jobs of each blocked: the release of the 40 holds
+    # hands over the 40 jobs. The update that starts them reaches their rows through the
+    # primary key alone. Joined to the hand-over's CTE, as it was, the planner (which cannot
+    # estimate a CTE) could nest a scan of all the ids inside a loop over them: with the
+    # bench's statistics it read 300 rows to start 24 (docs/performance.md, "Flow control").
+    from django_xjobs.engines.postgres.params import in_slot_order, release_params
+    from django_xjobs.engines.postgres.statements.slots import SLOTS_RELEASE_IF_HELD
+    from tests.conformance.test_flow_plans import explain_generic, nodes
+
+    keys = [f"slot:g{i:02d}" for i in range(20)]
+    holds = [h for key in keys for h in hold(key)]
+    for key in keys:
+        blocked_job(key), blocked_job(key)
+    params = release_params(in_slot_order(holds), offer(take=40), get_engine().notify)
+    with connection.cursor() as cursor:  # the scans a worker's session leaves out
+        cursor.execute("set enable_seqscan = off; set enable_bitmapscan = off")
+    try:
+        plan = explain_generic(SLOTS_RELEASE_IF_HELD.sql, params)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("reset enable_seqscan; reset enable_bitmapscan")
+
+    [start] = [n for n in nodes(plan) if n["Node Type"] == "ModifyTable"
+               and n.get("Relation Name") == "x_jobs" and n["Actual Rows"] > 0]
+    assert start["Actual Rows"] == 40  # the hand-over; nothing else was woken
+    [scan] = [n for n in start["Plans"] if n["Parent Relationship"] == "Outer"]
+    assert (scan["Node Type"], scan.get("Index Name")) == ("Index Scan", "x_jobs_pkey")
+    assert scan["Actual Rows"] * scan["Actual Loops"] == 40

@@ -120,7 +120,7 @@ with {COMPLETE_CTES}, busy_runs as materialized (
 select 'release', {release_summary("holds")}
 union all
 select 'job', {HANDED_OVER}
-  from started
+  from handed
 union all
 select 'landed', lease_token::text, null, null, null, null, null, null, null, null, null, null,
        null, null, null, null, null, null, null, null

@@ -29,8 +29,9 @@ def release_ctes(holds: str) -> str:
     """The CTEs of a slot release and its hand-over (SLOTS_RELEASE_IF_HELD says why each is
     written as it is), for the slot holds of the CTE ``holds`` (lease_key, slot, holder, lim:
     the limit the run held it under): ``slot_rows`` (their rows, locked), ``released``,
-    ``waiting``, ``handover``, ``started`` (the jobs handed over), ``passed``, ``gone``,
-    ``room``, ``woken`` and ``slot_tallied``; release_summary and HANDED_OVER read them."""
+    ``waiting``, ``handover``, ``started`` (the jobs handed over), ``handed`` (each with its
+    slot), ``passed``, ``gone``, ``room``, ``woken`` and ``slot_tallied``; release_summary and
+    HANDED_OVER read them."""
     return f"""slot_rows as materialized (
     -- The holds' rows, locked in (lease_key, slot) order, SKIP LOCKED.
     select l.id from x_job_leases l
@@ -65,8 +66,8 @@ def release_ctes(holds: str) -> str:
              for update skip locked) b
 ), handover as materialized (
     -- The startable ones paired with the key's released slots (under their own limit), at
-    -- most `take`, each with its run's fresh lease token.
-    select e.id as job_id, r.id as lease_id, r.slot, e.lim, gen_random_uuid() as token
+    -- most `take`.
+    select e.id as job_id, r.id as lease_id, r.slot, e.lim
       from (select *, row_number() over (partition by lease_key order by priority desc, run_at)
                         as k
               from waiting where startable) e
@@ -75,35 +76,39 @@ def release_ctes(holds: str) -> str:
      order by r.lease_key, r.slot
      limit %(take)s
 ), started as (
+    -- Each run's fresh lease token. The rows are reached through the primary key alone, not
+    -- joined to `handover`: the planner cannot estimate a CTE, and with the join it probed the
+    -- key with the whole array once per job handed over (docs/performance.md, "Flow control").
     update only x_jobs j
        set state          = 'running',
            attempt        = j.attempt + 1,
            visible_at     = now() + %(lease_ms)s * interval '1 millisecond',
-           lease_token    = h.token,
+           lease_token    = gen_random_uuid(),
            claimed_by     = %(worker_id)s,
            worker_ids     = j.worker_ids || jsonb_build_array(%(worker_id)s::text),
            started_at     = now(),
            blocked_on     = null,
            blocked_resume = false,
            updated_at     = now()
-      from handover h
-     where j.id = h.job_id
-       and j.id = any(array(select job_id from handover))
+     where j.id = any(array(select job_id from handover))
     returning j.id, j.lease_token, j.name, j.queue, j.input, j.run_id, j.attempt,
-              j.max_attempts, j.tenant_id, j.traceparent, j.concurrency_key, h.slot, h.lim,
-              j.parent_id, j.run_at, h.lease_id
+              j.max_attempts, j.tenant_id, j.traceparent, j.concurrency_key, j.parent_id,
+              j.run_at
+), handed as (
+    -- The jobs started, each with the slot it was handed.
+    select s.*, h.slot, h.lim, h.lease_id from started s join handover h on h.job_id = s.id
 ), passed as (
     -- The slot row, rewritten for the run it was handed to.
     update x_job_leases l
        set holder     = s.id::text || '/' || s.lease_token::text || '/' || %(worker_id)s,
            expires_at = now() + %(slot_ttl_ms)s::bigint * interval '1 millisecond'
-      from started s
+      from handed s
      where l.id = s.lease_id
     returning l.lease_key
 ), gone as (
     delete from x_job_leases l
      where l.id in (select id from slot_rows)
-       and l.id not in (select lease_id from started)
+       and l.id not in (select lease_id from handed)
     returning l.lease_key, l.slot, l.holder
 ), room as (
     select k.lease_key,
@@ -149,7 +154,7 @@ def release_summary(holds: str) -> str:
        null::text, (select count(*) from woken)"""
 
 
-# One row per job a release handed over (from its CTE ``started``), in jobs_claim's answer
+# One row per job a release handed over (from its CTE ``handed``), in jobs_claim's answer
 # columns.
 HANDED_OVER = """id::text, lease_token::text, name, queue, input, run_id::text, attempt,
        max_attempts, tenant_id, traceparent, concurrency_key, false, slot, lim, null, null,
@@ -289,7 +294,7 @@ with async_commit as (
 select {release_summary("holds")} + 0 * (select count(*) from async_commit)
 union all
 select {HANDED_OVER}
-  from started
+  from handed
 """,
 )
 
