@@ -1,8 +1,8 @@
 """Where a worker's time per job goes (docs/performance.md, "Where a job's time goes").
 
     python bench/profile_worker.py [--jobs 20000] [--concurrency 10] [--repeat 3]
-                                   [--latency 300] [--shape] [--profile OUT.pstats]
-                                   [--source DIR]
+                                   [--latency 300] [--shape | --shape-indexes]
+                                   [--profile OUT.pstats] [--source DIR]
 
 On a fresh database (``xjobs_profile``; ``XJOBS_BENCH_DB`` names another) of the server the
 tests use, with the bench project's settings (bench/xbench_project: prefetch auto, LISTEN on):
@@ -27,9 +27,11 @@ tests use, with the bench project's settings (bench/xbench_project: prefetch aut
 4. **The table's shape** (``--shape``). The raw reference's claim and acknowledgement (the
    shared harness's raw psycopg adapter, update variant) on a table of its shape, the same two
    statements written for ``x_jobs``, and this package's own claim and acknowledgement, each
-   draining ``--jobs`` jobs in batches of 500 on one connection, three rounds alternated: the
+   draining ``--jobs`` jobs in batches of 500 on one connection, ``--repeat`` rounds alternated: the
    round trips and the WAL per job of each, so that the gap to the raw reference splits into
-   what the table costs and what the statements add.
+   what the table costs and what the statements add. ``--shape-indexes`` adds the x_jobs
+   statements on copies of x_jobs (its columns, checks and indexes; not its triggers): one with
+   every index, then one without each index but the primary key and the claim's.
 
 ``--profile OUT`` also writes a cProfile of one drain (on Python 3.12+ it sees every thread,
 their stacks interleaved: read its call counts and own times, not its cumulative ones).
@@ -325,9 +327,13 @@ X_ACK = ("update only x_jobs set state = 'done', finished_at = now(), lease_toke
          " updated_at = now() where id = any(%s)")
 
 
-def _shape(n: int, rounds: int = 3) -> dict[str, tuple[float, float, float, float]]:
+def _shape(n: int, *, indexes: bool, rounds: int = 3
+           ) -> dict[str, tuple[float, float, float, float]]:
     """Per lane, µs per job of the claims' and the acknowledgements' round trips, and WAL
-    bytes per job of each (medians of ``rounds`` alternated drains of ``n`` jobs)."""
+    bytes per job of each (medians of ``rounds`` alternated drains of ``n`` jobs). With
+    ``indexes``, the x_jobs statements also run on copies of x_jobs (its columns, defaults,
+    checks and indexes, not its triggers) that each lack one index, beside a copy with all."""
+    import psycopg
     from django.db import connection
 
     from django_xjobs.engines import get_engine
@@ -335,10 +341,17 @@ def _shape(n: int, rounds: int = 3) -> dict[str, tuple[float, float, float, floa
 
     engine = get_engine()
     engine.session_label("xjobs:profile")
-    raw = connection.connection  # the same session, for the lanes' plain statements
+    db = connection.settings_dict
+    # The lanes' plain statements on a connection of their own, as the raw reference's worker
+    # has (psycopg's defaults: a statement is prepared from its fifth execution).
+    raw = psycopg.connect(dbname=db["NAME"], user=db["USER"] or None,
+                          host=db["HOST"] or None, port=db["PORT"] or None,
+                          password=db["PASSWORD"] or None, autocommit=True)
 
     def wal() -> int:
-        return raw.execute("select pg_current_wal_insert_lsn() - '0/0'").fetchone()[0]
+        row = raw.execute("select pg_current_wal_insert_lsn() - '0/0'").fetchone()
+        assert row is not None
+        return int(row[0])
 
     def drain(claim, ack) -> tuple[float, float, float, float]:
         times, wals, done = [0.0, 0.0], [0, 0], 0
@@ -360,19 +373,16 @@ def _shape(n: int, rounds: int = 3) -> dict[str, tuple[float, float, float, floa
     def raw_lane(claim_sql: str, ack_sql: str):
         def claim():
             rows = raw.execute(claim_sql, [500]).fetchall()
-            raw.commit()
             return rows
 
         def ack(rows):
             raw.execute(ack_sql, [[r[0] for r in rows]])
-            raw.commit()
         return claim, ack
 
     def load_raw() -> None:
         raw.execute(RAW_TABLE)
         raw.execute(RAW_LOAD, [n])
         raw.execute("analyze raw_shape")
-        raw.commit()
 
     def engine_lane():
         def claim():
@@ -384,19 +394,50 @@ def _shape(n: int, rounds: int = 3) -> dict[str, tuple[float, float, float, floa
                                            for j in claimed])
         return claim, ack
 
+    definitions: dict[str, str] = dict(raw.execute(
+        "select indexname, indexdef from pg_indexes where tablename = 'x_jobs'").fetchall())
+    copies: list[str] = []
+
+    def copy_lane(*skip: str):
+        """The x_jobs statements on a copy of x_jobs without the indexes ``skip``."""
+        table = f"x_shape_{len(copies)}"
+        copies.append(table)
+
+        def load() -> None:
+            _load(n)
+            raw.execute(f"drop table if exists {table}")
+            raw.execute(f"create table {table} (like x_jobs including defaults"
+                        " including constraints)")
+            raw.execute(f"insert into {table} select * from only x_jobs")
+            for name, definition in definitions.items():
+                if name not in skip:
+                    raw.execute(definition.replace(" ON public.x_jobs ", f" ON {table} ")
+                                .replace(f"INDEX {name} ", f"INDEX {table}_{name} "))
+            raw.execute(f"analyze {table}")
+            raw.execute("truncate x_jobs")
+        return load, raw_lane(X_CLAIM.replace("x_jobs", table), X_ACK.replace("x_jobs", table))
+
     lanes = {
         "the raw reference's statements on its own table": (load_raw, raw_lane(RAW_CLAIM,
                                                                                RAW_ACK)),
         "the same statements written for x_jobs": (lambda: _load(n), raw_lane(X_CLAIM, X_ACK)),
         "this package's claim and acknowledgement": (lambda: _load(n), engine_lane()),
     }
+    if indexes:
+        kept = ("x_jobs_pkey", "x_jobs_claim_idx")
+        others = sorted(name for name in definitions if name not in kept)
+        lanes["the x_jobs statements, a copy of x_jobs with all its indexes"] = copy_lane()
+        lanes["  ... with only the primary key and the claim's index"] = copy_lane(*others)
+        for name in others:
+            lanes[f"  ... without {name}"] = copy_lane(name)
     results: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in lanes}
     for _ in range(rounds):
         for label, (load, (claim, ack)) in lanes.items():
             load()
             results[label].append(drain(claim, ack))
-    raw.execute("drop table raw_shape")
-    raw.commit()
+    for table in ("raw_shape", *copies):
+        raw.execute(f"drop table {table}")
+    raw.close()
 
     def median(runs: list[tuple[float, float, float, float]]
                ) -> tuple[float, float, float, float]:
@@ -516,6 +557,8 @@ def main() -> None:
                    help="jobs of the enqueue -> first line breakdown (0: skip it)")
     p.add_argument("--shape", action="store_true",
                    help="also time the raw reference's statements on its table and on x_jobs")
+    p.add_argument("--shape-indexes", action="store_true",
+                   help="--shape, and on copies of x_jobs each without one of its indexes")
     p.add_argument("--source", metavar="DIR",
                    help="measure the django_xjobs package of another checkout (as bench/run.py)")
     args = p.parse_args()
@@ -539,11 +582,11 @@ def main() -> None:
     client = sum(v for k, v in parts.items()
                  if "round trip" not in k and not k.startswith(" "))
     print(f"    {client:6.2f}  the worker's CPU of the parts above (all but the round trips)")
-    if args.shape:
-        shape = _shape(args.jobs)
+    if args.shape or args.shape_indexes:
+        shape = _shape(args.jobs, indexes=args.shape_indexes, rounds=args.repeat)
         print(f"  the table's shape, {args.jobs:,} jobs claimed and acknowledged in batches of "
               "500 on one connection (µs per job: claim / ack round trip; WAL bytes per job: "
-              "claim / ack; medians of 3 alternated):")
+              f"claim / ack; medians of {args.repeat} alternated):")
         for label, (claim_us, ack_us, claim_wal, ack_wal) in shape.items():
             print(f"    {claim_us:6.2f} / {ack_us:6.2f} µs   {claim_wal:5.0f} / {ack_wal:5.0f} B"
                   f"   {label}")
