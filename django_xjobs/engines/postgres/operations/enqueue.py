@@ -30,6 +30,10 @@ from ..statements.enqueue import (
 )
 from ..statements.windows import JOB_ENQUEUE_WINDOWED, JOB_KEY_HELD, JOB_KEY_HOLDER
 
+# Django 6.1 renamed transaction.savepoint() to savepoint_create() and warns on the old name;
+# Django 5.2 has only the old one.
+_savepoint_create = getattr(db_transaction, "savepoint_create", None) or db_transaction.savepoint
+
 
 class _LostAttempt(Exception):
     """A windowed enqueue's attempt at its key inserted no job: roll its transaction back."""
@@ -242,7 +246,7 @@ class Enqueue(PostgresCore):
             return EnqueueResult(id=held[0], run_id=held[1], created=False, state=held[2])
         if held is not None:  # held by a job no longer in x_jobs itself: read with the history
             return self._after_lost_attempt(params, where, taken=False)
-        point = db_transaction.savepoint(using=self.alias) if in_caller else None
+        point = _savepoint_create(using=self.alias) if in_caller else None
         taken, id_, run_id, state, _notified = self._run(JOB_ENQUEUE_WINDOWED, args,
                                                          fetch="one")
         if id_ is not None:
