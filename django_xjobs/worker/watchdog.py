@@ -210,11 +210,18 @@ class Watchdog:
                 run.renewed_at = sent_at
                 if run.held_since is None:
                     run.held_since = sent_at
-                    run.held_told = True
                     self.stats["leases_kept"] += 1
-                    log.info("job %s (%s) attempt %d: its row is held by another transaction; "
-                             "the run goes on, its lease kept beside the row until it is free",
-                             run.job.id, run.job.name, run.job.attempt)
+                    if run.phase in (QUEUED, RUNNING):
+                        run.held_told = True
+                        log.info("job %s (%s) attempt %d: its row is held by another "
+                                 "transaction; the run goes on, its lease kept beside the row "
+                                 "until it is free", run.job.id, run.job.name, run.job.attempt)
+                    else:
+                        # Its code has returned: the holder is most likely this worker's own
+                        # settle of it, under way. A hold that outlasts it, the settle logs
+                        # (worker/settle.py, BUSY_NOTICE).
+                        log.debug("job %s (%s) attempt %d: its row is held while its outcome "
+                                  "is written", run.job.id, run.job.name, run.job.attempt)
                 continue
             if run.phase in (QUEUED, RUNNING) and not run.parking:
                 self.stats["lost_on_heartbeat"] += 1

@@ -429,3 +429,35 @@ def test_a_settle_of_a_held_row_is_written_again_within_milliseconds_and_told_on
         assert "settled" in told[1]
     else:
         assert told == []
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_a_lease_kept_beside_a_held_row_is_told_at_info_only_while_its_run_goes_on(
+        engine, caplog, finished):
+    # A run whose code has returned is most likely held by the worker's own settle of it, in
+    # flight on the loop's connection while the heartbeat renews: a routine race, at DEBUG.
+    # While the run goes on, the holder is someone else's transaction: a line at INFO.
+    import logging
+
+    from django_xjobs import clock
+    from django_xjobs.records import Renewal
+    from django_xjobs.worker.executor import Done
+    from django_xjobs.worker.loop import Worker
+    from django_xjobs.worker.options import WorkerOptions
+    from django_xjobs.worker.runs import RUNNING, Run
+
+    worker = Worker(WorkerOptions.from_settings(queues=("locks",), concurrency=1, prefetch=0,
+                                                install_signals=False))
+    [job] = a_running(engine, n=1)
+    run = Run(job, None, clock.monotonic(), budget=60.0, on_unproven=lambda r, why: None)
+    worker.runs.add([run], queued=0)
+    run.phase = RUNNING
+    if finished:
+        assert worker.runs.finish(run, Done(result_json=None), from_phase=RUNNING)
+    with caplog.at_level(logging.DEBUG, logger="django_xjobs.worker"):
+        worker.watchdog.on_renewed([run], Renewal(kept=frozenset({job.lease_token})),
+                                   clock.monotonic())
+    told = [r.levelno for r in caplog.records if "held" in r.getMessage()]
+    assert told == [logging.DEBUG if finished else logging.INFO]
+    assert worker.stats["leases_kept"] == 1 and run.held_since is not None
+    assert run.held_told is not finished
