@@ -33,8 +33,9 @@ MAX_PROGRESS_MESSAGE = 200
 # then passes over until its own statement commits, a millisecond or two.
 BUSY_RETRY_FIRST = 0.005
 BUSY_RETRY_MAX = 1.0
-# A settle whose row is still held this long after its first try is logged at INFO (before
-# that, at DEBUG): a moment's hold is routine, a request's or an operator's is worth a line.
+# A settle whose row is still held at a retry this long after its first try is logged at INFO
+# (before that, at DEBUG): a moment's hold is routine, a request's or an operator's is worth a
+# line.
 BUSY_NOTICE = 0.1
 
 T = TypeVar("T")

@@ -169,8 +169,9 @@ class Settler:
             return done
         else:
             if (len(report.owned) == len(done) and not log.isEnabledFor(logging.DEBUG)
-                    and not announcing()):
-                # The usual case: every run still owned its job. Settle them in one go.
+                    and not announcing() and not any(r.held_told for r in done)):
+                # The usual case: every run still owned its job (and none has a hold to close
+                # in the log). Settle them in one go.
                 self.runs.all_settled(done)
                 for r in done:
                     r.let_go_of_ctx()  # a Done run's code has returned

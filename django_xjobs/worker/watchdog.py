@@ -201,9 +201,12 @@ class Watchdog:
             token = run.job.lease_token
             if token in renewal.renewed:
                 run.renewed_at = sent_at
-                if run.held_since is not None and run.phase in (QUEUED, RUNNING):
-                    log.info("job %s (%s): its row is free again after %.1fs", run.job.id,
-                             run.job.name, sent_at - run.held_since)
+                if run.held_since is not None:
+                    # Free again, whatever the run's phase: a later hold is timed, and told,
+                    # on its own.
+                    if run.held_told:
+                        log.info("job %s (%s): its row is free again after %.1fs", run.job.id,
+                                 run.job.name, sent_at - run.held_since)
                     run.held_since, run.held_told = None, False
                 continue
             if token in renewal.kept:

@@ -390,15 +390,17 @@ def a_finished_run(engine, worker):
     return run
 
 
-@pytest.mark.parametrize("held_for", [0.0, 0.3])
+@pytest.mark.parametrize("held_for", [0.0, 0.05, 0.3])
 def test_a_settle_of_a_held_row_is_written_again_within_milliseconds_and_told_only_if_long(
         engine, caplog, held_for):
     # The usual holder is a sibling worker's claim, for a millisecond or two: the first retry
-    # is due 10 ms later at most, and nothing reaches INFO. A hold that lasts (a request's, an
-    # operator's) is logged once at INFO, and its settle too.
+    # is due 10 ms later at most, and nothing reaches INFO, nor for a hold shorter than
+    # BUSY_NOTICE. A hold that lasts (a request's, an operator's) is logged once at INFO, and
+    # its settle too. At INFO, as in production: DEBUG would take the settle's slow path.
     import logging
 
     from django_xjobs import clock
+    from django_xjobs.context import BUSY_NOTICE
     from django_xjobs.worker.loop import Worker
     from django_xjobs.worker.options import WorkerOptions
 
@@ -407,7 +409,7 @@ def test_a_settle_of_a_held_row_is_written_again_within_milliseconds_and_told_on
     run = a_finished_run(engine, worker)
     settler, now = worker.settler, [1000.0]
     with (clock.override(monotonic=lambda: now[0]),
-          caplog.at_level(logging.DEBUG, logger="django_xjobs.worker")):
+          caplog.at_level(logging.INFO, logger="django_xjobs.worker")):
         with held("select id from x_jobs where id = %s for update", run.job.id):
             never_waits(lambda: settler.settle(settler.due(now[0])))
             assert worker.runs.busy == [run]
@@ -424,7 +426,7 @@ def test_a_settle_of_a_held_row_is_written_again_within_milliseconds_and_told_on
     assert worker.stats["settles_set_aside"] == 1
     told = [r.getMessage() for r in caplog.records
             if r.levelno >= logging.INFO and "held" in r.getMessage()]
-    if held_for:
+    if held_for >= BUSY_NOTICE:
         assert len(told) == 2 and "its row is held by another transaction" in told[0]
         assert "settled" in told[1]
     else:
@@ -461,3 +463,12 @@ def test_a_lease_kept_beside_a_held_row_is_told_at_info_only_while_its_run_goes_
     assert told == [logging.DEBUG if finished else logging.INFO]
     assert worker.stats["leases_kept"] == 1 and run.held_since is not None
     assert run.held_told is not finished
+    # Free again: the hold ends whatever the phase (a later one is timed on its own), and the
+    # end is told where the start was.
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="django_xjobs.worker"):
+        worker.watchdog.on_renewed([run], Renewal(renewed=frozenset({job.lease_token})),
+                                   clock.monotonic())
+    assert (run.held_since, run.held_told) == (None, False)
+    freed = [r for r in caplog.records if "its row is free again" in r.getMessage()]
+    assert len(freed) == (0 if finished else 1)
