@@ -24,8 +24,8 @@ tests use, with the bench project's settings (bench/xbench_project: prefetch aut
    steps: the wake-up, the claim sent and answered, the executor's call, the job's first line
    (p50 / p90 of each step, in ms).
 
-4. **The table's shape** (``--shape``). The raw reference's claim and acknowledgement (the
-   shared harness's raw psycopg adapter, update variant) on a table of its shape, the same two
+4. **The table's shape** (``--shape``). The raw reference's claim and acknowledgement (its
+   update variant: docs/performance.md, "Beside the peers") on a table of its shape, the same two
    statements written for ``x_jobs``, and this package's own claim and acknowledgement, each
    draining ``--jobs`` jobs in batches of 500 on one connection, ``--repeat`` rounds alternated: the
    round trips and the WAL per job of each, so that the gap to the raw reference splits into
@@ -286,10 +286,10 @@ def _parts(n: int) -> dict[str, float]:
     }
 
 
-# The table shape (--shape): the raw reference's two statements (the shared harness's raw
-# psycopg adapter, update variant) on a table of its shape, the same two statements written
-# for x_jobs (its rows, indexes and triggers), and this package's claim and acknowledgement;
-# all in batches of 500 on one connection, alternated.
+# The table shape (--shape): the raw reference's two statements (its update variant:
+# docs/performance.md, "Beside the peers") on a table of its shape, the same two statements
+# written for x_jobs (its rows, indexes and triggers), and this package's claim and
+# acknowledgement; all in batches of 500 on one connection, alternated.
 RAW_TABLE = """
 drop table if exists raw_shape;
 create table raw_shape (
@@ -355,15 +355,19 @@ def _shape(n: int, *, indexes: bool, rounds: int = 3
 
     def drain(claim, ack) -> tuple[float, float, float, float]:
         times, wals, done = [0.0, 0.0], [0, 0], 0
-        while True:
-            t0, w0 = time.perf_counter(), wal()
+        while True:  # the WAL position is read outside the timed intervals
+            w0 = wal()
+            t0 = time.perf_counter()
             claimed = claim()
-            t1, w1 = time.perf_counter(), wal()
+            t1 = time.perf_counter()
+            w1 = wal()
             if not claimed:
                 break
+            t2 = time.perf_counter()
             ack(claimed)
-            t2, w2 = time.perf_counter(), wal()
-            times[0], times[1] = times[0] + t1 - t0, times[1] + t2 - t1
+            t3 = time.perf_counter()
+            w2 = wal()
+            times[0], times[1] = times[0] + t1 - t0, times[1] + t3 - t2
             wals[0], wals[1] = wals[0] + w1 - w0, wals[1] + w2 - w1
             done += len(claimed)
         if done != n:
@@ -431,13 +435,15 @@ def _shape(n: int, *, indexes: bool, rounds: int = 3
         for name in others:
             lanes[f"  ... without {name}"] = copy_lane(name)
     results: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in lanes}
-    for _ in range(rounds):
-        for label, (load, (claim, ack)) in lanes.items():
-            load()
-            results[label].append(drain(claim, ack))
-    for table in ("raw_shape", *copies):
-        raw.execute(f"drop table {table}")
-    raw.close()
+    try:
+        for _ in range(rounds):
+            for label, (load, (claim, ack)) in lanes.items():
+                load()
+                results[label].append(drain(claim, ack))
+    finally:
+        for table in ("raw_shape", *copies):
+            raw.execute(f"drop table if exists {table}")
+        raw.close()
 
     def median(runs: list[tuple[float, float, float, float]]
                ) -> tuple[float, float, float, float]:
