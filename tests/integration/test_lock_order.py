@@ -375,9 +375,18 @@ def test_a_claim_never_waits_on_a_rate_key_a_users_transaction_is_spending(engin
 # ----------------------------------------------------------- a worker's settle of a held row --
 
 
-def a_finished_run(engine, worker):
-    """A run of a job claimed in queue locks, finished with Done, waiting for ``worker``'s
-    settle."""
+def a_locks_worker():
+    """A worker of queue locks, built but not started: the tests drive its parts."""
+    from django_xjobs.worker.loop import Worker
+    from django_xjobs.worker.options import WorkerOptions
+
+    return Worker(WorkerOptions.from_settings(queues=("locks",), concurrency=1, prefetch=0,
+                                              install_signals=False))
+
+
+def a_run(engine, worker, *, finished: bool = True):
+    """A run of a job claimed in queue locks, in ``worker``'s table: running, or finished with
+    Done and waiting for the worker's settle."""
     from django_xjobs import clock
     from django_xjobs.worker.executor import Done
     from django_xjobs.worker.runs import RUNNING, Run
@@ -386,7 +395,8 @@ def a_finished_run(engine, worker):
     run = Run(job, None, clock.monotonic(), budget=60.0, on_unproven=lambda r, why: None)
     worker.runs.add([run], queued=0)
     run.phase = RUNNING
-    assert worker.runs.finish(run, Done(result_json=None), from_phase=RUNNING)
+    if finished:
+        assert worker.runs.finish(run, Done(result_json=None), from_phase=RUNNING)
     return run
 
 
@@ -401,12 +411,9 @@ def test_a_settle_of_a_held_row_is_written_again_within_milliseconds_and_told_on
 
     from django_xjobs import clock
     from django_xjobs.context import BUSY_NOTICE
-    from django_xjobs.worker.loop import Worker
-    from django_xjobs.worker.options import WorkerOptions
 
-    worker = Worker(WorkerOptions.from_settings(queues=("locks",), concurrency=1, prefetch=0,
-                                                install_signals=False))
-    run = a_finished_run(engine, worker)
+    worker = a_locks_worker()
+    run = a_run(engine, worker)
     settler, now = worker.settler, [1000.0]
     with (clock.override(monotonic=lambda: now[0]),
           caplog.at_level(logging.INFO, logger="django_xjobs.worker")):
@@ -443,19 +450,10 @@ def test_a_lease_kept_beside_a_held_row_is_told_at_info_only_while_its_run_goes_
 
     from django_xjobs import clock
     from django_xjobs.records import Renewal
-    from django_xjobs.worker.executor import Done
-    from django_xjobs.worker.loop import Worker
-    from django_xjobs.worker.options import WorkerOptions
-    from django_xjobs.worker.runs import RUNNING, Run
 
-    worker = Worker(WorkerOptions.from_settings(queues=("locks",), concurrency=1, prefetch=0,
-                                                install_signals=False))
-    [job] = a_running(engine, n=1)
-    run = Run(job, None, clock.monotonic(), budget=60.0, on_unproven=lambda r, why: None)
-    worker.runs.add([run], queued=0)
-    run.phase = RUNNING
-    if finished:
-        assert worker.runs.finish(run, Done(result_json=None), from_phase=RUNNING)
+    worker = a_locks_worker()
+    run = a_run(engine, worker, finished=finished)
+    job = run.job
     with caplog.at_level(logging.DEBUG, logger="django_xjobs.worker"):
         worker.watchdog.on_renewed([run], Renewal(kept=frozenset({job.lease_token})),
                                    clock.monotonic())
