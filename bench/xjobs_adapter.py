@@ -38,7 +38,8 @@ class XJobsAdapter(Adapter):
         "(lateral scan per queue, FOR UPDATE SKIP LOCKED, fresh lease token per claim), runs "
         "sync jobs in `concurrency` threads, acknowledges finished jobs in one fenced statement "
         "per batch, renews all leases in one statement per heartbeat; LISTEN/NOTIFY wake-ups "
-        "with a 1 s poll fallback; finished jobs kept (state done).",
+        "with a 1 s poll fallback; finished jobs stay in x_jobs (state done) until the "
+        "maintenance moves them to the history tables, 10 s after they finish.",
     ]
 
     def unavailable_reason(self):
