@@ -2,7 +2,7 @@
 
 The public API (everything else is internal)::
 
-    from django_xjobs import job, enqueue, enqueue_many, JobHandle, PermanentError, Snooze
+    from django_xjobs import job, enqueue, enqueue_many, JobHandle, PermanentError, Retry, Snooze
     from django_xjobs import backfill, Batch     # resumable data backfills (docs/backfills.md)
     from django_xjobs import pause_queue, pause_key, PauseKey   # docs/flow-control.md
 
@@ -27,6 +27,7 @@ __all__ = [
     "PauseKey",
     "PermanentError",
     "RateLimit",
+    "Retry",
     "Snooze",
     "StagedJob",
     "__version__",
@@ -62,7 +63,7 @@ from .backfills import Batch, backfill
 from .conf import VERSION as __version__
 from .context import JobContext
 from .decorator import job
-from .exceptions import ChildFailed, PauseKey, PermanentError, Snooze
+from .exceptions import ChildFailed, PauseKey, PermanentError, Retry, Snooze
 from .outbox import StagedJob
 from .pauses import pause_key, pause_queue, pauses, resume_key, resume_queue
 from .ratelimits import RateLimit

@@ -70,7 +70,7 @@ _process_identity = f"{socket.gethostname()}:{os.getpid()}"
 
 class EnqueueOptions(TypedDict, total=False):
     """The options of one enqueue (``.using(...)``, ``enqueue(name, input, ...)``): their
-    types for a type checker; their values are checked by :func:`_template` at every call."""
+    types for a type checker; their values are checked by ``_template()`` at every call."""
 
     idempotency_key: str | None
     delay: timedelta | float | None  # seconds, or a timedelta; not with run_at
@@ -102,7 +102,7 @@ def acting_as(who: str) -> Iterator[None]:
     """Attribute the jobs enqueued inside this block to ``who`` (``enqueued_by``).
 
     The console uses ``admin:<username>``, the scheduler ``cron:<task>``; the middleware
-    :class:`django_xjobs.middleware.EnqueuedByMiddleware` sets the request's user.
+    :class:`~django_xjobs.middleware.EnqueuedByMiddleware` sets the request's user.
     """
     token = _enqueued_by.set(who)
     try:
@@ -406,6 +406,7 @@ class JobHandle:
 
     @property
     def state(self) -> str:
+        """The job's state now (one read of its row)."""
         return self.get().state
 
     def wait(self, timeout: float = 30.0, poll: float = 0.05) -> JobRecord:
@@ -420,6 +421,7 @@ class JobHandle:
             time.sleep(poll)
 
     def cancel(self, reason: str | None = None) -> bool:
+        """:func:`~django_xjobs.cancel` this job; whether it changed anything."""
         return cancel(self.id, reason=reason).changed
 
 
@@ -551,6 +553,9 @@ def stage_job(definition: registry.JobDefinition[..., Any], input: Any,
 
 
 def get_job(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> JobRecord:
+    """The job's row now, wherever it is (``x_jobs`` or the history tables); raises
+    :class:`~django_xjobs.exceptions.JobNotFound` for an id that is not there (or not in
+    ``tenant_ids``, when given)."""
     record = get_engine().job_get(str(job_id), tenant_ids=tenant_ids)
     if record is None:
         raise JobNotFound(f"no job with id {job_id}")
@@ -574,7 +579,8 @@ def cancel(job_id: UUID | str, *, reason: str | None = None,
 def retry(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
     """Give a dead or cancelled job a fresh set of attempts, due now (same run_id: completed
     steps are kept). Raises LiveJobExists when another live job holds its key. Inside
-    :func:`acting_as` (the console) the job's ``enqueued_by`` becomes that identity."""
+    :func:`~django_xjobs.api.acting_as` (the console) the job's ``enqueued_by`` becomes that
+    identity."""
     result = get_engine().job_retry(str(job_id), tenant_ids=tenant_ids,
                                     enqueued_by=_enqueued_by.get())
     if result.job is None:

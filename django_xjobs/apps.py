@@ -1,14 +1,17 @@
-"""The Django app: autodiscovers each installed app's ``jobs.py`` and registers the checks."""
+"""The Django app: autodiscovers each installed app's ``jobs.py`` and ``tasks.py`` and
+registers the checks."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Mapping
+from importlib import import_module
 from importlib.util import find_spec
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.conf import settings
-from django.utils.module_loading import autodiscover_modules
+from django.utils.module_loading import autodiscover_modules, module_has_submodule
 
 from . import checks, conf
 from .testing import inline
@@ -35,6 +38,38 @@ class XJobsConfig(AppConfig):
             from . import tasks  # imports django.tasks, which Django 5.2 does not have
 
             tasks.ready()
+        # And its tasks.py, where Celery's tasks live (django_xjobs.celery,
+        # docs/from-celery.md); after the django.tasks backend's own, which imports them first
+        # when it may declare some.
+        _discover_tasks_modules()
+
+
+logger = logging.getLogger("django_xjobs")
+
+# The task queues a project may be leaving (docs/from-celery.md): an app's tasks.py that needs
+# one of them, not installed in this environment, is skipped with a warning instead of stopping
+# every process of the project at start-up. So is one of django.tasks' under Django 5.2.
+_OTHER_QUEUES = frozenset({"celery", "kombu", "dramatiq", "rq", "huey"})
+
+
+def _discover_tasks_modules() -> None:
+    """Import every installed app's ``tasks.py``, as ``jobs.py``: the tasks of
+    ``django_xjobs.celery`` (and ``django.tasks``') live there. An error raised by the module
+    stops start-up, as one in ``jobs.py`` does, but for the import of another queue's package
+    that is not installed (a module not ported yet, or a third-party app's Celery tasks)."""
+    for config in apps.get_app_configs():
+        if not module_has_submodule(config.module, "tasks"):
+            continue
+        try:
+            import_module(f"{config.name}.tasks")  # an installed app's module, not the package's
+        except ModuleNotFoundError as exc:
+            missing = exc.name or ""
+            if missing == "django.tasks":
+                continue  # django.tasks' tasks, under a Django before 6
+            if missing.partition(".")[0] not in _OTHER_QUEUES:
+                raise
+            logger.warning("django-xjobs: skipped %s.tasks: it imports %s, which is not "
+                           "installed (docs/from-celery.md)", config.name, missing)
 
 
 # The backends django.tasks ships: none of them is ours, or a subclass of ours.

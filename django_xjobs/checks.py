@@ -191,9 +191,11 @@ def check_concurrency(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
 
 
 def check_schedule(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Cron tasks: every XJOBS["SCHEDULE"] entry parses in its timezone, names a registered
-    job (the registry is complete by now: AppConfig.ready imported every jobs.py) and has a
-    JSON input; no name is taken twice. ``@job(cron=...)`` is judged when decorated."""
+    """Scheduled tasks: every XJOBS["SCHEDULE"] entry parses (a cron expression in its
+    timezone, or an interval), names a registered job (the registry is complete by now:
+    AppConfig.ready imported every jobs.py) and has a JSON input that fits it, positional
+    ``args`` included; no name is taken twice. ``@job(cron=...)`` and ``@job(every=...)`` are
+    judged when decorated."""
     try:
         conf.build(_raw())
     except ConfigurationError:
@@ -215,8 +217,10 @@ SCHEDULE_HINTS = {
                   f"{DOCS_URL}guide.md#jobs",
     "xjobs.E013": 'Give "input" as a dict of the job\'s keyword arguments that JSON can encode, '
                   f'within XJOBS["MAX_PAYLOAD_BYTES"]. See {DOCS_URL}scheduling.md',
-    "xjobs.E014": 'Give the XJOBS["SCHEDULE"] entry another name, or remove cron= from the @job. '
-                  f"See {DOCS_URL}scheduling.md",
+    "xjobs.E014": 'Give the XJOBS["SCHEDULE"] entry another name, or remove cron= (or every=) '
+                  f"from the @job. See {DOCS_URL}scheduling.md",
+    "xjobs.E015": 'Give "every" as a timedelta, seconds or a string such as "45s", from 1 second '
+                  f"to 366 days. See {DOCS_URL}scheduling.md#intervals",
 }
 
 

@@ -10,6 +10,8 @@ Durations accept seconds (int/float), a ``timedelta``, or a string such as ``"25
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -18,7 +20,7 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
 from .exceptions import ConfigurationError
-from .values import NAME_RE, keyword_input, parse_duration
+from .values import NAME_RE, check_name, keyword_input, parse_duration, parse_mebibytes
 
 # Where the documentation is published, with a trailing slash: a page is DOCS_URL + "guide.md".
 # The system checks' hints link it (a project that installed the package has no docs/ to read);
@@ -151,6 +153,12 @@ class XJobsSettings:
     unknown_job_retry_max: float = 60.0
     unknown_job_report_after: float = 600.0
     shutdown_grace: float = 30.0
+    # Worker recycling, None for no limit: a worker process is replaced after settling this
+    # many runs, or once its resident memory passes this many MiB (xjobs_worker
+    # --max-jobs-per-process, --max-memory; docs/deployment.md, "Recycling worker processes").
+    # Read by the command only: an in-process worker (testing.drain) never recycles.
+    max_jobs_per_process: int | None = None
+    max_memory: int | None = None
     # Completed runs are acknowledged in batches: at most this many, at most this old.
     ack_batch: int = 500
     ack_interval: float = 0.005
@@ -183,20 +191,35 @@ class XJobsSettings:
     archive_after: float | None = 10.0
     outbox_retention: float = 86400.0
     slot_purge_grace: float = 30.0
+    # XJOBS["ROUTES"]: (pattern, queue) in the order given, the pattern compiled from a
+    # shell-style glob ("emails.*"); the first that matches a job's name gives its queue when
+    # @job named none (registry.JobDefinition.queue; docs/guide.md, "Routing by name").
+    routes: tuple[tuple[re.Pattern[str], str], ...] = ()
     # ---- tests: "inline" runs each job at enqueue, when its transaction commits (testing/).
     test_mode: str | None = None
+
+
+    def route(self, name: str) -> str:
+        """The queue of a job named ``name`` that named none: the first matching route's,
+        else ``"default"``."""
+        for pattern, queue in self.routes:
+            if pattern.match(name):
+                return queue
+        return "default"
 
 
 _KNOWN_KEYS = {
     "DATABASE", "QUEUES", "CONCURRENCY", "PREFETCH", "LEASE", "HEARTBEAT", "POLL_INTERVAL",
     "NOTIFY", "MAX_PAYLOAD_BYTES", "MAX_ATTEMPTS", "RETRY_BASE", "RETRY_CAP", "SHUTDOWN_GRACE",
     "UNKNOWN_JOB_RETRY_MAX", "UNKNOWN_JOB_REPORT_AFTER",
+    "MAX_JOBS_PER_PROCESS", "MAX_MEMORY",  # worker recycling
     "ACK_BATCH", "ACK_INTERVAL", "RETENTION", "SCHEDULE", "APP_VERSION", "ADMIN_TENANT_SCOPE",
     "PREPARED_STATEMENTS", "WORKER_SEEN_INTERVAL", "LISTEN_DATABASE",
     "BACKFILL_THROTTLE",  # ---- backfills
     "OUTBOX",
     "CONCURRENCY_LIMITS", "SLOT_TTL",  # concurrency slots
     "TEST_MODE",  # django_xjobs.testing (docs/testing.md)
+    "ROUTES",
 }
 TEST_MODES = ("inline",)
 
@@ -353,6 +376,21 @@ def _retention(
     return retention
 
 
+def _recycle_after(raw: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    """``XJOBS["MAX_JOBS_PER_PROCESS"]``: None (never), or a positive integer."""
+    if raw.get(key, default) is None:
+        return None
+    return _positive_int(raw, key, 1)
+
+
+def _max_memory(raw: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    """``XJOBS["MAX_MEMORY"]``: None (no bound), or MiB: ``512``, ``"512MiB"``, ``"1GiB"``."""
+    value = raw.get(key, default)
+    if value is None:
+        return None
+    return parse_mebibytes(value, what=f'XJOBS["{key}"]')
+
+
 def _prefetch(raw: Mapping[str, Any], key: str, default: int | None) -> int | None:
     """``"auto"`` is None: sized to the observed run time (worker/capacity.py)."""
     prefetch = raw.get(key, "auto")
@@ -460,6 +498,8 @@ def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[st
         unknown_job_retry_max=take(_duration, raw, "UNKNOWN_JOB_RETRY_MAX", 60.0),
         unknown_job_report_after=take(_duration, raw, "UNKNOWN_JOB_REPORT_AFTER", 600.0),
         shutdown_grace=take(_duration, raw, "SHUTDOWN_GRACE", 30.0, positive=False),
+        max_jobs_per_process=take(_recycle_after, raw, "MAX_JOBS_PER_PROCESS", None),
+        max_memory=take(_max_memory, raw, "MAX_MEMORY", None),
         ack_batch=take(_positive_int, raw, "ACK_BATCH", 500),
         ack_interval=take(_duration, raw, "ACK_INTERVAL", 0.005, positive=False),
         retention=take(_retention, raw, "RETENTION", DEFAULT_RETENTION),
@@ -467,6 +507,7 @@ def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[st
         admin_tenant_scope=take(_tenant_scope, raw, "ADMIN_TENANT_SCOPE", None),
         backfill_throttle=take(_duration, raw, "BACKFILL_THROTTLE", 0.0,  # ---- backfills
                                positive=False),
+        routes=take(_routes, raw, "ROUTES", ()),
         raw=raw,
         outbox=take(_outbox_settings, raw, "OUTBOX", OutboxSettings(poll_interval=poll_interval)),
         test_mode=take(_test_mode, raw, "TEST_MODE", None),
@@ -544,7 +585,8 @@ _SCHEDULER_KEYS = {
 }
 _KNOWN_KEYS.update(_SCHEDULER_KEYS)
 LEADER_MODES = ("lease", "advisory")
-SCHEDULE_ENTRY_KEYS = {"job", "cron", "timezone", "input", "misfire", "overlap"}
+SCHEDULE_ENTRY_KEYS = {"job", "cron", "every", "timezone", "input", "args", "misfire", "overlap",
+                       "queue", "priority"}
 # What an occurrence does while an earlier run of its task is still live (docs/scheduling.md,
 # "Overlap"), for @job(overlap=...) and a SCHEDULE entry's "overlap"; the first is the default.
 OVERLAP_POLICIES = ("allow", "skip", "buffer_one", "cancel_previous")
@@ -562,8 +604,8 @@ def parse_overlap(value: object, *, what: str) -> str:
 
 
 def _schedule(raw: Mapping[str, Any], problems: _Problems) -> dict[str, dict[str, Any]]:
-    """``XJOBS["SCHEDULE"]``: task name -> {"job", "cron", "timezone", "input", "misfire",
-    "overlap"}.
+    """``XJOBS["SCHEDULE"]``: task name -> {"job", "cron" or "every", "timezone", "input",
+    "args", "misfire", "overlap", "queue", "priority"}, every key present (None: not given).
 
     Each entry is a task of its own: every bad one is reported, and the good ones are kept."""
     schedule = raw.get("SCHEDULE", {})
@@ -591,18 +633,63 @@ def _schedule_entry(task: Any, entry: Any) -> dict[str, Any]:
             "from [A-Za-z0-9_.:-]"
         )
     if not isinstance(entry, Mapping):
-        raise ConfigurationError(f'{where} must be a dict with "job" and "cron"')
+        raise ConfigurationError(f'{where} must be a dict with "job" and "cron" (or "every")')
     unknown = sorted(set(entry) - SCHEDULE_ENTRY_KEYS, key=str)
     if unknown:
         raise ConfigurationError(
             f"{where} has unknown key(s) {unknown}; known: {sorted(SCHEDULE_ENTRY_KEYS)}"
         )
-    for required in ("job", "cron"):
-        if required not in entry:
-            raise ConfigurationError(f'{where} needs a "{required}"')
+    if "job" not in entry:
+        raise ConfigurationError(f'{where} needs a "job"')
     job = entry["job"]
     if not isinstance(job, str) or not NAME_RE.match(job):
         raise ConfigurationError(f'{where}["job"] must be a registered job name, got {job!r}')
+    cron, every, timezone = _schedule_when(where, entry)
+    input_ = keyword_input(entry.get("input", {}), f'{where}["input"]', error=ConfigurationError)
+    # Positional arguments: mapped onto the job's parameters by scheduler/schedule.py, once the
+    # registry knows the job (a settings module is read before any jobs.py is imported).
+    args = entry.get("args", ())
+    if not isinstance(args, list | tuple):
+        raise ConfigurationError(
+            f'{where}["args"] must be a list of positional arguments, got {args!r:.80}'
+        )
+    queue = entry.get("queue")
+    if queue is not None:
+        check_name(f'{where}["queue"]: queue name', queue, error=ConfigurationError)
+    priority = entry.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                 or abs(priority) > 2**31 - 1):
+        raise ConfigurationError(
+            f'{where}["priority"] must be a 32-bit integer (higher runs first), got {priority!r}'
+        )
+    misfire = entry.get("misfire", "latest")
+    if misfire not in ("latest", "all", "skip"):
+        raise ConfigurationError(
+            f'{where}["misfire"] must be "latest", "all" or "skip", got {misfire!r}'
+        )
+    overlap = parse_overlap(entry.get("overlap", "allow"), what=f'{where}["overlap"]')
+    return {"job": job, "cron": cron, "every": every, "timezone": timezone,
+            "input": dict(input_), "args": list(args), "misfire": misfire, "overlap": overlap,
+            "queue": queue, "priority": priority}
+
+
+def _schedule_when(where: str, entry: Mapping[str, Any]
+                   ) -> tuple[str | None, float | None, str | None]:
+    """A schedule entry's ``cron`` (with its ``timezone``, default UTC) or ``every`` (seconds;
+    no timezone): exactly one of them. The expression and the interval's range are judged by
+    the system checks (scheduler/schedule.py), the shapes here."""
+    if ("cron" in entry) == ("every" in entry):
+        raise ConfigurationError(
+            f'{where} needs a "cron" or an "every" (a cron expression, or an interval such as '
+            '"45s"), one of them' + (", not both" if "cron" in entry else "")
+        )
+    if "every" in entry:
+        if "timezone" in entry:
+            raise ConfigurationError(
+                f'{where}["timezone"] goes with "cron" only: an interval ("every") counts real '
+                "seconds from the Unix epoch, which no timezone moves"
+            )
+        return None, parse_duration(entry["every"], what=f'{where}["every"]'), None
     cron = entry["cron"]
     if not isinstance(cron, str) or not cron.strip():
         raise ConfigurationError(
@@ -613,15 +700,38 @@ def _schedule_entry(task: Any, entry: Any) -> dict[str, Any]:
         raise ConfigurationError(
             f'{where}["timezone"] must be an IANA timezone name, got {timezone!r}'
         )
-    input_ = keyword_input(entry.get("input", {}), f'{where}["input"]', error=ConfigurationError)
-    misfire = entry.get("misfire", "latest")
-    if misfire not in ("latest", "all", "skip"):
+    return cron, None, timezone
+
+
+def _routes(raw: Mapping[str, Any], key: str,
+            default: tuple[tuple[re.Pattern[str], str], ...]
+            ) -> tuple[tuple[re.Pattern[str], str], ...]:
+    """``XJOBS["ROUTES"]``: job-name pattern -> queue, a shell-style glob (``*``, ``?``,
+    ``[...]``, as Celery's ``task_routes`` takes them) to a queue name, or to ``{"queue":
+    name}`` (Celery's form of a route)."""
+    routes = raw.get(key)
+    if routes is None:
+        return default
+    if not isinstance(routes, Mapping):
         raise ConfigurationError(
-            f'{where}["misfire"] must be "latest", "all" or "skip", got {misfire!r}'
-        )
-    overlap = parse_overlap(entry.get("overlap", "allow"), what=f'{where}["overlap"]')
-    return {"job": job, "cron": cron, "timezone": timezone, "input": dict(input_),
-            "misfire": misfire, "overlap": overlap}
+            f'XJOBS["ROUTES"] must be a dict of job-name pattern -> queue, like '
+            f'{{"emails.*": "mail"}}, got {type(routes).__name__}')
+    compiled = []
+    for pattern, target in routes.items():
+        where = f'XJOBS["ROUTES"][{pattern!r}]'
+        if not isinstance(pattern, str) or not pattern:
+            raise ConfigurationError(f"{where}: a pattern must be a non-empty string")
+        if isinstance(target, Mapping):
+            extra = set(target) - {"queue"}
+            if "queue" not in target or extra:
+                raise ConfigurationError(
+                    f'{where} must be a queue name or {{"queue": name}}, got {target!r:.80}'
+                    + (f" (only the queue is routed here; {sorted(extra)} are not)"
+                       if extra else ""))
+            target = target["queue"]
+        check_name(f"{where}: queue", target, error=ConfigurationError)
+        compiled.append((re.compile(fnmatch.translate(pattern)), target))
+    return tuple(compiled)
 
 
 def _leader(raw: Mapping[str, Any], key: str, default: str) -> str:

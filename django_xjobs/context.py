@@ -126,7 +126,8 @@ class JobContext:
     @property
     def step(self) -> Any:
         """The durable steps of this run: ``run``, ``sleep``, ``sleep_until``,
-        ``wait_for_event``, ``wait_for_any`` (awaitable in an ``async def`` job)."""
+        ``wait_for_event``, ``wait_for_any``, ``invoke``, ``gather`` (awaitable in an
+        ``async def`` job)."""
         if self._step is None:
             if self.step_factory is None:
                 raise RuntimeError("steps are only available to a job run by a worker")
@@ -146,6 +147,7 @@ class JobContext:
 
     @property
     def is_last_attempt(self) -> bool:
+        """Whether a failure of this attempt ends the job ``dead`` (no attempt left)."""
         return self.attempt >= self.max_attempts
 
     def stop(self, reason: str, error: type[JobCancelled] = JobCancelled) -> None:
@@ -156,23 +158,24 @@ class JobContext:
             self.cancelled.set()
 
     def check_cancelled(self) -> None:
-        """Raise :class:`JobCancelled` (or the subclass the worker named, e.g. ``SlotLost``) if
-        the run was asked to stop."""
+        """Raise :class:`~django_xjobs.exceptions.JobCancelled` (or the subclass the worker
+        named, e.g. ``SlotLost``) if the run was asked to stop."""
         if self.cancelled.is_set():
             raise self.stop_error(self.stop_reason or "cancelled")
 
     def progress(self, done: float, total: float | None = None,
                  message: str | None = None) -> None:
         """Report how far the run has got: ``done`` of ``total`` (units of your choosing),
-        ``message`` a short line (cut at :data:`MAX_PROGRESS_MESSAGE` characters). Cheap enough
-        for every item of a loop: at most one write per :data:`PROGRESS_INTERVAL` reaches the
+        ``message`` a short line (cut at ``MAX_PROGRESS_MESSAGE`` characters). Cheap enough
+        for every item of a loop: at most one write per ``PROGRESS_INTERVAL`` (1 s) reaches the
         database (the first call writes at once, later calls within the interval only keep the
         newest values, which the next call after it writes), and the newest values are written
         when the job's code returns or raises, before the run's outcome. The write is fenced
         like the run's others: once it finds that the run no longer owns its job, progress stops
         being written (the run itself is stopped by its worker). In an ``async def`` job the
         write runs in a thread (``in_thread``) and is not waited for; the event loop never
-        blocks on it. Raises :class:`InvalidJobInput` for values it cannot record."""
+        blocks on it. Raises :class:`~django_xjobs.exceptions.InvalidJobInput` for values it
+        cannot record."""
         reported = progress_values(done, total, message)
         state = self._progress
         if state is None:
@@ -239,7 +242,7 @@ class JobContext:
                         self.name, exc)
 
     def prove_lease(self) -> None:
-        """Before a body starts (the job's, a step's): raise :class:`JobCancelled` if the run was
+        """Before a body starts (the job's, a step's): raise ``JobCancelled`` if the run was
         asked to stop or can no longer prove that its lease is still valid; in the latter case
         the worker hands the job back."""
         if self.lease_proof is not None:

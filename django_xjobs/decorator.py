@@ -7,9 +7,9 @@ methods, which call :mod:`django_xjobs.api`: ``send_welcome.enqueue(user_id=42)`
 ``send_welcome.enqueue_on_commit(...)``, ``send_welcome.bulk_enqueue([...])``.
 
 The options ``@job`` takes are its core options (``registry.CORE_OPTIONS``) and those other parts
-register (``registry.register_option``): ``concurrency=`` and ``cron=`` / ``timezone=`` /
-``misfire=`` (the package's ``__init__`` registers them, so they are known wherever ``@job`` is
-importable, before Django's app registry is ready too).
+register (``registry.register_option``): ``concurrency=`` and ``cron=`` / ``every=`` /
+``timezone=`` / ``misfire=`` (the package's ``__init__`` registers them, so they are known
+wherever ``@job`` is importable, before Django's app registry is ready too).
 """
 
 from __future__ import annotations
@@ -42,9 +42,13 @@ class Job(JobDefinition[P, R]):
     calls the function directly (tests)."""
 
     def using(self, **options: Unpack[EnqueueOptions]) -> BoundJob[P, R]:
+        """This job with enqueue options (:class:`~django_xjobs.api.EnqueueOptions`):
+        ``send_welcome.using(delay=60, idempotency_key="welcome:42").enqueue(user_id=42)``."""
         return BoundJob(self, options)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+        """Enqueue one run of this job with this input, in the caller's transaction; the input
+        is checked against the function's parameters first."""
         return BoundJob(self, _NO_OPTIONS).enqueue(*args, **kwargs)
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
@@ -54,6 +58,8 @@ class Job(JobDefinition[P, R]):
 
     def bulk_enqueue(self, inputs: Iterable[Mapping[str, Any]],
                      **options: Unpack[EnqueueOptions]) -> list[JobHandle]:
+        """Enqueue many inputs of this job, with the same options, in one statement per 1,000;
+        see :func:`~django_xjobs.enqueue_many`."""
         return BoundJob(self, options).bulk_enqueue(inputs)
 
     def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> StagedJob:
@@ -76,6 +82,7 @@ class BoundJob(Generic[P, R]):
         self.options = dict(options)
 
     def using(self, **options: Unpack[EnqueueOptions]) -> BoundJob[P, R]:
+        """These options with more (a later value of an option wins)."""
         return BoundJob(self.definition, {**self.options, **options})
 
     def _input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -84,21 +91,22 @@ class BoundJob(Generic[P, R]):
         return kwargs
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+        """Enqueue one run of this job with these options and this input."""
         return api.enqueue_job(self.definition, self._input(args, kwargs), self.options)
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
         """:meth:`enqueue` from async code, on Django's thread for the async ORM
-        (:mod:`django_xjobs.api` says why)."""
+        (the docstring of ``django_xjobs.api`` says why)."""
         return await sync_to_async(self.enqueue, thread_sensitive=True)(*args, **kwargs)
 
     def bulk_enqueue(self, inputs: Iterable[Mapping[str, Any]]) -> list[JobHandle]:
         """Enqueue many inputs of this job in one statement per 1,000; see
-        :func:`~django_xjobs.api.enqueue_many`."""
+        :func:`~django_xjobs.enqueue_many`."""
         return api.enqueue_many((self.definition.name, inp, self.options) for inp in inputs)
 
     def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> StagedJob:
         """Stage this job in the current transaction; see
-        :func:`~django_xjobs.api.enqueue_on_commit`."""
+        :func:`~django_xjobs.enqueue_on_commit`."""
         return api.stage_job(self.definition, self._input(args, kwargs), self.options,
                              using="default")
 
@@ -121,9 +129,13 @@ def job(
     priority: int = ...,
     retry_base: timedelta | float | str | None = ...,
     retry_cap: timedelta | float | str | None = ...,
+    retry_jitter: bool = ...,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = ...,
     concurrency: Concurrency | None = ...,  # slots.py (docs/concurrency.md)
     rate_limit: RateLimit | None = ...,  # ratelimits.py (docs/flow-control.md)
     cron: str | None = ...,  # scheduler/options.py (docs/scheduling.md)
+    # or an interval, not both (docs/scheduling.md, "Intervals")
+    every: timedelta | float | str | None = ...,
     timezone: str = ...,
     misfire: Literal["latest", "all", "skip"] = ...,
     # scheduler/options.py (docs/scheduling.md, "Overlap")

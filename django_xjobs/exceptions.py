@@ -42,7 +42,7 @@ class UndecodableValue(XJobsError, ValueError):
     """A stored JSON value that a run needs (a step's output, an event's payload) is valid
     ``jsonb`` that Python's ``json`` module cannot decode: an integer of more digits than
     ``sys.get_int_max_str_digits()``, nesting deeper than its recursion limit. Raised inside the
-    job, marked to fail it for good (:func:`fail_for_good`): no attempt can read the value."""
+    job, marked to fail it for good (``fail_for_good()``): no attempt can read the value."""
 
 
 class UnknownJob(XJobsError, LookupError):
@@ -145,6 +145,38 @@ class Snooze(Exception):
             raise ValueError(f"Snooze delay must not be negative, got {seconds}s")
         super().__init__(f"snoozed for {seconds:g}s")
         self.seconds = seconds
+
+
+class Retry(Exception):
+    """Raise from a job to run it again after ``delay``, spending an attempt.
+
+    ``raise Retry(timedelta(seconds=30))``, ``raise Retry(30) from exc``: unlike
+    :class:`Snooze`, the attempt counts, so a partner that answers 429 forever ends the job
+    ``dead`` once its attempts are spent instead of looping for ever. ``max_attempts`` lowers
+    the bound for this retry (the job is dead if this attempt is number ``max_attempts`` or
+    later); the job's own ``max_attempts`` bounds it in any case. The error the attempt records
+    is the cause's (``raise Retry(...) from exc``) when there is one. A job's ``retry_on=`` does
+    not filter it: raising it is the decision to retry (docs/guide.md, "Retries").
+    """
+
+    def __init__(self, delay: timedelta | float | int = 0, *,
+                 max_attempts: int | None = None) -> None:
+        if isinstance(delay, timedelta):
+            seconds = delay.total_seconds()
+        elif isinstance(delay, int | float) and not isinstance(delay, bool):
+            seconds = float(delay)
+        else:
+            raise TypeError(f"Retry delay must be a timedelta or seconds, got {delay!r}")
+        if not 0 <= seconds < float("inf"):
+            raise ValueError(f"Retry delay must be a finite duration, not negative, got {delay!r}")
+        if max_attempts is not None and (isinstance(max_attempts, bool)
+                                         or not isinstance(max_attempts, int)
+                                         or max_attempts < 1):
+            raise TypeError(f"Retry max_attempts must be a positive integer, got "
+                            f"{max_attempts!r}")
+        super().__init__(f"retry in {seconds:g}s")
+        self.seconds = seconds
+        self.max_attempts = max_attempts
 
 
 class PauseKey(Exception):
@@ -258,7 +290,8 @@ SLOT_LOST = "X_JOB_SLOT_LOST"
 
 class InvalidConcurrencyKey(InvalidJobInput):
     """A job's concurrency key cannot be built or has no limit: a field of the key template is
-    missing from the input, a value is not a string or an integer, the key is empty or too long,
+    missing from the input, a value is not a string, an integer or a typed value (a datetime,
+    date, time, UUID or Decimal), the key is empty or too long,
     or no limit applies to it (neither ``Concurrency(limit=...)`` nor
     ``XJOBS["CONCURRENCY_LIMITS"]``). Raised at enqueue, before anything is written."""
 
@@ -350,5 +383,6 @@ class SessionLost(Exception):
 
 class InvalidRateKey(InvalidJobInput):
     """A job's rate-limit key cannot be built: a field of the ``RateLimit`` key template is
-    missing from the input or not a string or an integer, or the key is empty or too long.
+    missing from the input or not a string, an integer or a typed value (a datetime, date,
+    time, UUID or Decimal), or the key is empty or too long.
     Raised at enqueue, before anything is written."""

@@ -4,8 +4,10 @@ the key its limit counts on (docs/concurrency.md, docs/flow-control.md).
 A template is formatted at enqueue from the job's input and its ``tenant_id``:
 ``"tenant:{tenant_id}"``, ``"export:{account_id}"``, or a constant (``"smtp"``). Fields are plain
 names (``{name}``; no attributes, indexes, conversions or format specs); a field's value must be
-a string or an integer. A key is a non-empty string of at most 500 characters, valid UTF-8,
-without NUL.
+a string, an integer, or one of the typed values a job's input may hold (a datetime, date, time,
+UUID or Decimal), written as ``str()`` writes it (``"{when}"`` gives ``2024-05-01 12:00:00+00:00``,
+``"{id}"`` the hyphenated UUID, ``"{amount}"`` the Decimal's own digits). A key is a non-empty
+string of at most 500 characters, valid UTF-8, without NUL.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from typing import Any
 
 from .conf import MAX_SLOT_KEY
 from .exceptions import ConfigurationError, InvalidJobInput
-from .values import is_utf8
+from .values import TYPED_TYPES, is_utf8, safe_repr
 
 TENANT_FIELD = "tenant_id"
+# What a field may hold: text, an integer, or a typed value of the input (values.TYPED_TYPES).
+_FIELD_TYPES = (str, int, *TYPED_TYPES)
 
 
 class KeyTemplate:
@@ -93,10 +97,11 @@ class KeyTemplate:
                     f"{job}: the {self.what} {self.template!r} needs {{{name}}}, which this "
                     f"enqueue does not give{hint}"
                 )
-            if isinstance(value, bool) or not isinstance(value, str | int):
+            if isinstance(value, bool) or not isinstance(value, _FIELD_TYPES):
                 raise self.error(
-                    f"{job}: the {self.what} {self.template!r} needs {{{name}}} to be a string "
-                    f"or an integer, got {type(value).__name__} {value!r:.60}"
+                    f"{job}: the {self.what} {self.template!r} needs {{{name}}} to be a string, "
+                    "an integer, a datetime, date, time, UUID or Decimal, got "
+                    f"{type(value).__name__} {safe_repr(value):.60}"
                 )
             if value == "":
                 raise self.error(f"{job}: the {self.what} {self.template!r} got an empty "

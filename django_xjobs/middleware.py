@@ -13,6 +13,10 @@ from .api import acting_as
 
 
 class EnqueuedByMiddleware:
+    """Jobs enqueued while serving a request of an authenticated user record
+    ``enqueued_by = "user:<username>"``. Add ``"django_xjobs.middleware.EnqueuedByMiddleware"``
+    to ``MIDDLEWARE`` after ``AuthenticationMiddleware``."""
+
     def __init__(self, get_response: Callable[[Any], Any]) -> None:
         self.get_response = get_response
 

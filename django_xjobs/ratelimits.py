@@ -83,7 +83,8 @@ class RateLimit:
 
     def format(self, values: Mapping[str, Any], *, tenant_id: str | None = None,
                job: str = "job") -> str:
-        """The key for one input; :class:`InvalidRateKey` naming the field otherwise."""
+        """The key for one input; :class:`~django_xjobs.exceptions.InvalidRateKey` naming the
+        field otherwise."""
         return self._template.format(values, tenant_id=tenant_id, job=job)
 
     # ------------------------------------------------------------------ ordinary code --

@@ -50,10 +50,15 @@ _jobs: dict[str, JobDefinition[..., Any]] = {}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter: ``uniform(0, min(cap, base * 2**(attempt-1)))``."""
+    """Exponential backoff with full jitter: ``uniform(0, min(cap, base * 2**(attempt-1)))``;
+    without jitter the whole window, ``min(cap, base * 2**(attempt-1))`` (``base == cap``: a
+    fixed delay). ``on``: the exceptions that retry; any other ends the job ``dead`` at once
+    (None: every exception retries)."""
 
     base: float | None = None  # seconds; None = XJOBS["RETRY_BASE"]
     cap: float | None = None  # seconds; None = XJOBS["RETRY_CAP"]
+    jitter: bool = True
+    on: tuple[type[BaseException], ...] | None = None
 
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -194,7 +199,8 @@ class JobDefinition(Generic[P, R]):
 
     func: Callable[Concatenate[JobContext, P], R]
     name: str
-    queue: str = "default"
+    # The queue @job(queue=...) named; None: XJOBS["ROUTES"] chooses (``queue``).
+    declared_queue: str | None = None
     max_attempts: int | None = None  # None = XJOBS["MAX_ATTEMPTS"]
     timeout: float | None = None  # seconds; None = no timeout
     priority: int = 0
@@ -212,18 +218,29 @@ class JobDefinition(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<Job {self.name} queue={self.queue}>"
 
+    @property
+    def queue(self) -> str:
+        """The queue a job of this definition goes to unless its enqueue names one: the one
+        ``@job(queue=...)`` named, else the first pattern of ``XJOBS["ROUTES"]`` that matches
+        the job's name, else ``"default"`` (docs/guide.md, "Routing by name")."""
+        if self.declared_queue is not None:
+            return self.declared_queue
+        return conf.get().route(self.name)
+
     @classmethod
     def build(
         cls,
         func: Callable[..., Any],
         *,
         name: str | None = None,
-        queue: str = "default",
+        queue: str | None = None,
         max_attempts: int | None = None,
         timeout: timedelta | float | str | None = None,
         priority: int = 0,
         retry_base: timedelta | float | str | None = None,
         retry_cap: timedelta | float | str | None = None,
+        retry_jitter: bool = True,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         **options: Any,
     ) -> Self:
         """A definition of ``func`` with its core options checked (:data:`CORE_OPTIONS`);
@@ -232,7 +249,8 @@ class JobDefinition(Generic[P, R]):
             raise ConfigurationError(f"@job must decorate a function, got {func!r}")
         job_name = check_name("Job name", name if name is not None else default_name(func),
                               error=ConfigurationError)
-        check_name("Queue name", queue, error=ConfigurationError)
+        if queue is not None:
+            check_name("Queue name", queue, error=ConfigurationError)
         if max_attempts is not None and (
             isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
             or not 1 <= max_attempts <= INT32
@@ -250,17 +268,32 @@ class JobDefinition(Generic[P, R]):
         cap = parse_duration(retry_cap, what=f"{job_name}: retry_cap") if retry_cap else None
         if base is not None and cap is not None and cap < base:
             raise ConfigurationError(f"{job_name}: retry_cap must not be smaller than retry_base")
+        if not isinstance(retry_jitter, bool):
+            raise ConfigurationError(f"{job_name}: retry_jitter must be True or False")
         return cls(
             func=func,
             name=job_name,
-            queue=queue,
+            declared_queue=queue,
             max_attempts=max_attempts,
             timeout=timeout_s,
             priority=priority,
-            retry=RetryPolicy(base=base, cap=cap),
+            retry=RetryPolicy(base=base, cap=cap, jitter=retry_jitter,
+                              on=_exception_classes(job_name, retry_on)),
             is_async=inspect.iscoroutinefunction(func),
             options=options,
         )
+
+
+def _exception_classes(job: str, value: Any) -> tuple[type[BaseException], ...] | None:
+    """``retry_on=``: None, an exception class or a tuple (a list) of them."""
+    if value is None:
+        return None
+    classes = tuple(value) if isinstance(value, tuple | list) else (value,)
+    for kind in classes:
+        if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+            raise ConfigurationError(
+                f"{job}: retry_on must be an exception class or a tuple of them, got {kind!r}")
+    return classes
 
 
 def default_name(func: Callable[..., Any]) -> str:
@@ -298,7 +331,7 @@ def qualname(func: Callable[..., Any]) -> str:
 # it (django_xjobs/__init__.py adds concurrency=, cron=, timezone= and misfire=).
 OptionCheck = Callable[[JobDefinition[..., Any]], None]
 CORE_OPTIONS = frozenset({"name", "queue", "max_attempts", "timeout", "priority", "retry_base",
-                          "retry_cap"})
+                          "retry_cap", "retry_jitter", "retry_on"})
 _options: dict[str, OptionCheck] = {}
 
 

@@ -111,7 +111,8 @@ class Concurrency:
     ``key`` is a template formatted at enqueue from the job's input and its ``tenant_id``:
     ``"tenant:{tenant_id}"``, ``"export:{account_id}"``, or a constant (``"smtp"``: at most
     ``limit`` runs of this job at all). Fields are plain names (``{name}``; no attributes,
-    indexes, conversions or format specs); a field's value must be a string or an integer.
+    indexes, conversions or format specs); a field's value must be a string, an integer, or a
+    datetime, date, time, UUID or Decimal (written as ``str()`` writes it).
 
     ``limit`` may be left out when ``XJOBS["CONCURRENCY_LIMITS"]`` gives one for the key's
     prefix; a settings limit always wins over this one.

@@ -57,7 +57,6 @@ before each step write: a run that can no longer prove it holds its slot records
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -88,7 +87,14 @@ from .records import (
     StepRecord,
     Suspension,
 )
-from .values import check_name, check_text, encode_json, format_error, milliseconds_of
+from .values import (
+    check_name,
+    check_text,
+    decode_json,
+    encode_json,
+    format_error,
+    milliseconds_of,
+)
 
 DEFAULT_EVENT_TTL = timedelta(days=7)
 
@@ -250,9 +256,9 @@ class Steps:
         except InvalidJobInput as exc:
             raise StepOutputError(str(exc)) from None
         self._complete(name, text)
-        # Return what a replay returns (tuples become lists, ...): the same code sees the same
-        # value on every run.
-        return json.loads(text)
+        # Return what a replay returns (tuples become lists, typed values their base class,
+        # ...): the same code sees the same value on every run.
+        return decode_json(text)
 
     # ----------------------------------------------------------------------- sleep --
     def sleep(self, name: str, duration: timedelta | float | int) -> None:
@@ -291,9 +297,9 @@ class Steps:
     def invoke(self, name: str, job: Any, input: Mapping[str, Any] | None = None, *,
                timeout: timedelta | float | int | None = None, **options: Any) -> Any:
         """Enqueue ``job`` as a child of this run (once: the step is memoised), suspend until
-        it finishes, and return its result; :class:`ChildFailed` when it ended dead or
-        cancelled, or ``timeout`` passed first. ``options`` are enqueue options (``queue``,
-        ``tenant_id``, ``priority``, ...); tenant and trace default to this job's."""
+        it finishes, and return its result; :class:`~django_xjobs.exceptions.ChildFailed` when it
+        ended dead or cancelled, or ``timeout`` passed first. ``options`` are enqueue options
+        (``queue``, ``tenant_id``, ``priority``, ...); tenant and trace default to this job's."""
         return self._children(name, [(job, input, options)], timeout,
                               what=f"ctx.step.invoke({name!r})")[0]
 
@@ -301,7 +307,8 @@ class Steps:
                timeout: timedelta | float | int | None = None) -> list[Any]:
         """Fan out: enqueue every ``(job, input)`` or ``(job, input, options)`` of ``calls`` as
         children, suspend until all finished, return their results in the order of ``calls``
-        (fan-in). :class:`ChildFailed` names the first child, in that order, that failed."""
+        (fan-in). :class:`~django_xjobs.exceptions.ChildFailed` names the first child, in that
+        order, that failed."""
         return self._children(name, calls, timeout, what=f"ctx.step.gather({name!r})")
 
     def _children(self, name: str, calls: Iterable[Sequence[Any]],
@@ -556,7 +563,7 @@ def _children_outcome(name: str, output: Any) -> list[Any]:
 class AsyncSteps:
     """``ctx.step`` of an ``async def`` job: the same steps, awaitable.
 
-    Database work runs in a worker thread (:func:`in_thread`); a step's ``fn`` may be a
+    Database work runs in a worker thread (``in_thread``); a step's ``fn`` may be a
     plain function or a coroutine function.
     """
 

@@ -2,9 +2,11 @@
 
 * names (jobs, queues, events, cron tasks) and bounded text (keys, tenants, reasons);
 * durations: settings strings such as ``"30s"``, and the timedelta-or-seconds arguments of the
-  API;
+  API; memory sizes in MiB (``"512MiB"``, ``"1GiB"``);
 * JSON as the database stores it (``encode_json``): compact, ``jsonb``-safe, readable back by
-  Python, under the payload limit;
+  Python, under the payload limit; a datetime, date, time, UUID or Decimal in it is stored as
+  a tagged object and read back as itself (``decode_json``; docs/guide.md, "Values: a job's
+  input and result");
 * errors as a job's row records them (``format_error``, ``record_error``).
 
 Each check raises the error its caller's contract names: :class:`InvalidJobInput` for what is
@@ -21,8 +23,11 @@ import re
 import sys
 import traceback
 from collections.abc import Iterable, Mapping
-from datetime import timedelta
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal, InvalidOperation
 from typing import Any
+from uuid import UUID
+from zoneinfo import ZoneInfo
 
 from .exceptions import ConfigurationError, InvalidJobInput, PayloadTooLarge, error_class_line
 
@@ -126,6 +131,30 @@ def milliseconds_of(value: Any, what: str) -> int:
     return round(seconds_of(value, what) * 1000)
 
 
+# ---------------------------------------------------------------------------- memory sizes --
+
+
+# A memory bound in mebibytes (xjobs_worker --max-memory, XJOBS["MAX_MEMORY"]): a bare number
+# of MiB, or a number and a binary unit. "MB"/"GB" are refused rather than guessed at: their
+# meaning differs between tools (Celery's max_memory_per_child counts KiB).
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MiB|GiB)?\s*$", re.IGNORECASE)
+
+
+def parse_mebibytes(value: Any, *, what: str = "memory size") -> int:
+    """Whole MiB, at least 1, from an int (MiB) or a string like ``"512"``, ``"512MiB"`` or
+    ``"1.5GiB"`` (rounded to the nearest MiB)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        mib = float(value)
+    elif isinstance(value, str) and (m := _MEMORY_RE.match(value)):
+        mib = float(m.group(1)) * (1024 if (m.group(2) or "").lower() == "gib" else 1)
+    else:
+        raise ConfigurationError(
+            f"{what}: {value!r} is not a memory size (MiB: e.g. 512, 512MiB or 1GiB)")
+    if not math.isfinite(mib) or round(mib) < 1 or round(mib) > INT32:
+        raise ConfigurationError(f"{what}: must be at least 1 MiB, got {value!r}")
+    return round(mib)
+
+
 # ------------------------------------------------------------------------------------ JSON --
 
 
@@ -140,15 +169,18 @@ _TOO_MANY_DIGITS = 10**READABLE_INT_DIGITS
 
 
 def encode_json(value: Any, *, what: str, limit: int | None) -> str:
-    """Compact JSON text that PostgreSQL ``jsonb`` accepts and Python reads back, or a clear
-    :class:`InvalidJobInput` (:class:`PayloadTooLarge` over ``limit`` bytes)."""
-    bad = _first_bad_value(value, what)
+    """Compact JSON text that PostgreSQL ``jsonb`` accepts and :func:`decode_json` reads back,
+    typed values as tagged objects (:func:`tagged`), or a clear :class:`InvalidJobInput`
+    (:class:`PayloadTooLarge` over ``limit`` bytes)."""
+    typed: list[bool] = []
+    bad = _first_bad_value(value, typed, what)
     if bad is None and _digit_limit_lifted():
         bad = _first_unreadable_int(value, what)
     if bad:
         raise InvalidJobInput(f"{what} is not JSON-serialisable: {bad}")
     try:
-        text = _ENCODER.encode(value)
+        # The walk found every typed value: a value without one never meets the `default` hook.
+        text = (_TYPED_ENCODER if typed else _ENCODER).encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         # An integer past this process's own digit limit (the walks found nothing else).
         bad = _first_unreadable_int(value, what)
@@ -171,9 +203,11 @@ def encode_json(value: Any, *, what: str, limit: int | None) -> str:
 
 
 def _first_bad_value(
-    value: Any, path: str = "input", depth: int = 0, seen: set[int] | None = None
+    value: Any, typed: list[bool], path: str = "input", depth: int = 0,
+    seen: set[int] | None = None,
 ) -> str | None:
-    """Where in ``value`` JSON encoding would fail or change the data, naming the field.
+    """Where in ``value`` JSON encoding would fail or change the data, naming the field; a
+    typed value found on the way is noted in ``typed``.
 
     ``json.dumps`` alone is not enough: it turns dict keys 1 and "1" into the same string (and
     jsonb then keeps one of them), and a circular structure must be reported, not recursed into.
@@ -191,21 +225,28 @@ def _first_bad_value(
         seen.add(id(value))
         try:
             if isinstance(value, dict):
+                if TYPED_KEY in value:
+                    return (f"{path} has the key {TYPED_KEY!r}, which django-xjobs reserves to "
+                            "mark the typed values it stores; rename that key")
                 for k, item in value.items():
                     if not isinstance(k, str):
                         return f"{path} has a non-string key {k!r} (JSON object keys are strings)"
-                    bad = _first_bad_value(item, f"{path}[{k!r}]", depth + 1, seen)
+                    bad = _first_bad_value(item, typed, f"{path}[{k!r}]", depth + 1, seen)
                     if bad:
                         return bad
             else:
                 for i, item in enumerate(value):
-                    bad = _first_bad_value(item, f"{path}[{i}]", depth + 1, seen)
+                    bad = _first_bad_value(item, typed, f"{path}[{i}]", depth + 1, seen)
                     if bad:
                         return bad
         finally:
             seen.discard(id(value))
         return None
-    return f"{path} is a {type(value).__name__} ({safe_repr(value):.60})"
+    if isinstance(value, TYPED_TYPES):
+        if not typed:
+            typed.append(True)
+        return None
+    return f"{path} is a {type(value).__name__} ({safe_repr(value):.60}); {ACCEPTED}"
 
 
 def _digit_limit_lifted() -> bool:
@@ -235,6 +276,101 @@ def _first_unreadable_int(value: Any, path: str) -> str | None:
         if bad:
             return bad
     return None
+
+
+# ------------------------------------------------------------------------------ typed JSON --
+
+
+# A typed value is stored as an object marked by this key (docs/guide.md, "Values: a job's input
+# and result"): {"$xjobs": "decimal", "value": "1.10"}. encode_json refuses a dict of the
+# caller's with this key, so every object that has it in stored JSON is one of ours
+# (tests/unit/test_typed_values.py pins the forms and the refusal).
+TYPED_KEY = "$xjobs"
+# The key as JSON text: how decode_json tells, with one scan of the text, whether the object hook
+# is needed (jsonb writes the key back exactly so: it escapes none of its characters).
+_TYPED_MARK = f'"{TYPED_KEY}"'
+TYPED_TYPES = (datetime, date, time, UUID, Decimal)  # datetime first: it is a date
+ACCEPTED = ("a value may be a dict (string keys), list, tuple, str, int, float, bool, None, "
+            "datetime, date, time, uuid.UUID or decimal.Decimal")
+_TAG_FIELDS = frozenset({TYPED_KEY, "value", "zone", "fold"})
+
+
+def tagged(value: Any) -> dict[str, Any]:
+    """The stored form of a typed value (the encoder's ``default``). Subclasses are stored as
+    their base class: the methods called are the base class's own.
+
+    * ``datetime`` / ``time``: ``isoformat()``, with the UTC offset when aware; a
+      ``zoneinfo.ZoneInfo`` zone is kept by its key (``"zone"``), and ``fold=1`` as ``"fold"``.
+    * ``date``: ``isoformat()``; ``UUID``: its hyphenated form; ``Decimal``: ``str()``, which
+      keeps every digit and the exponent (``Decimal("1.10")`` stays ``"1.10"``).
+    """
+    if isinstance(value, datetime):
+        return _clock_tag("datetime", datetime.isoformat(value), value.tzinfo, value.fold)
+    if isinstance(value, date):
+        return {TYPED_KEY: "date", "value": date.isoformat(value)}
+    if isinstance(value, time):
+        return _clock_tag("time", time.isoformat(value), value.tzinfo, value.fold)
+    if isinstance(value, UUID):
+        return {TYPED_KEY: "uuid", "value": UUID.__str__(value)}
+    if isinstance(value, Decimal):
+        return {TYPED_KEY: "decimal", "value": Decimal.__str__(value)}
+    raise TypeError(f"{type(value).__name__} is not a typed value; {ACCEPTED}")
+
+
+def _clock_tag(kind: str, text: str, tz: Any, fold: int) -> dict[str, Any]:
+    tag: dict[str, Any] = {TYPED_KEY: kind, "value": text}
+    if isinstance(tz, ZoneInfo) and tz.key is not None:
+        tag["zone"] = tz.key
+    if fold:
+        tag["fold"] = 1
+    return tag
+
+
+def decode_json(text: str) -> Any:
+    """JSON text as :func:`encode_json` wrote it or ``jsonb`` gives it back, its typed values as
+    Python's. Raises as ``json.loads`` does (ValueError, RecursionError), and ValueError for a
+    marked object that is not a typed value this release knows. Text without the mark is plain
+    ``json.loads``: no object hook on the hot path of a plain input."""
+    if _TYPED_MARK in text:
+        return _TYPED_DECODER.decode(text)
+    return json.loads(text)
+
+
+def _untag(obj: dict[str, Any]) -> Any:
+    """The object hook of :func:`decode_json`: a marked object as the value it stores."""
+    if TYPED_KEY not in obj:
+        return obj
+    kind, text = obj[TYPED_KEY], obj.get("value")
+    zone, fold = obj.get("zone"), obj.get("fold", 0)
+    clock = kind == "datetime" or kind == "time"
+    if not (isinstance(text, str) and obj.keys() <= _TAG_FIELDS
+            and (zone is None or (clock and isinstance(zone, str)))
+            and (fold == 0 or (clock and fold == 1)) and type(fold) is int):
+        raise ValueError(f"malformed typed value {safe_repr(obj):.120}")
+    try:
+        if clock:
+            value = datetime.fromisoformat(text) if kind == "datetime" else time.fromisoformat(text)
+            if zone is not None:  # the wall time in its zone, as pickle brings one back
+                return value.replace(tzinfo=ZoneInfo(zone), fold=fold)
+            return value.replace(fold=1) if fold else value
+        if kind == "date":
+            return date.fromisoformat(text)
+        if kind == "uuid":
+            return UUID(text)
+        if kind == "decimal":
+            return Decimal(text)
+    # ZoneInfo raises ZoneInfoNotFoundError (a KeyError), or an OSError for a key that names no
+    # file of the tz database (a directory, a name too long).
+    except (ValueError, InvalidOperation, KeyError, OSError) as exc:
+        why = "not a number" if isinstance(exc, InvalidOperation) else exc
+        raise ValueError(f"typed value {safe_repr(obj):.120} cannot be read: {why}") from None
+    raise ValueError(f"typed value {safe_repr(obj):.120} is of a type this release does not "
+                     "know (written by a newer django-xjobs?)")
+
+
+_TYPED_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"),
+                                  default=tagged)
+_TYPED_DECODER = json.JSONDecoder(object_hook=_untag)
 
 
 def safe_repr(value: Any) -> str:

@@ -94,7 +94,8 @@ def backfill(name_or_func: Any = None, /, **options: Any) -> Any:
     default 1000), ``queue`` (default ``"backfills"``: run a worker on it), ``throttle`` (pause
     between batches), ``max_attempts`` (of the pass's job), ``using`` (the database alias the
     backfill writes to; it must be ``XJOBS["DATABASE"]``), ``total`` (see
-    :meth:`BackfillDefinition.total`). Bare ``@backfill`` names it like a job.
+    :meth:`~django_xjobs.backfills.definition.BackfillDefinition.total`). Bare ``@backfill``
+    names it like a job.
     """
     known = {"batch_size", "queue", "throttle", "max_attempts", "using", "total"}
     unknown = set(options) - known

@@ -10,7 +10,8 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import date, time
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -20,11 +21,12 @@ from ..exceptions import LiveJobExists, XJobsError
 
 
 def jsonable(value: Any) -> Any:
-    """A datetime or UUID as JSON text, a record (a dataclass: an attempt, the progress) as
-    the dict of its fields; any other value as it is."""
-    if isinstance(value, datetime):
+    """A datetime, date, time, UUID or Decimal (a job's input and result may hold them) as JSON
+    text, a record (a dataclass: an attempt, the progress) as the dict of its fields; any other
+    value as it is."""
+    if isinstance(value, date | time):  # datetime is a date
         return value.isoformat()
-    if isinstance(value, UUID):
+    if isinstance(value, UUID | Decimal):
         return str(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return record_dict(value)

@@ -328,8 +328,9 @@ def _print_scheduler(out: _Out, leaders: Sequence[LeaderRow],
                  f"{ago(leader.expires_at, now)} ({state})")
     if not leaders:
         out.line("scheduler leader: none yet")
-    out.table(("task", "last fired (watermark)", "next fire", "paused"),
-              [(t.task, t.last_fired_at, t.next_fire_at, "yes" if t.paused else "no")
+    out.table(("task", "schedule", "last fired (watermark)", "next fire", "paused"),
+              [(t.task, t.schedule or "-", t.last_fired_at, t.next_fire_at,
+                "yes" if t.paused else "no")
                for t in tasks], empty="(no cron tasks)")
 
 

@@ -15,8 +15,9 @@ ACTIONS = ("schedule", "maintenance")
 
 def add_arguments(sub: Any) -> list[Any]:
     """Add the subcommands; return the parsers that take ``--json``."""
-    schedule = sub.add_parser("schedule", help="cron tasks: next fire time, watermark, leader; "
-                                               "pause / resume / trigger one")
+    schedule = sub.add_parser("schedule", help="scheduled tasks (cron and every): next fire "
+                                               "time, watermark, leader; pause / resume / "
+                                               "trigger one")
     actions = schedule.add_subparsers(dest="schedule_action", metavar="ACTION")
     parsers = [schedule]
     for name, text in (("pause", "stop firing a task (its watermark keeps moving)"),
@@ -85,10 +86,11 @@ def _list(command: Any, overview: Any, as_json: bool) -> None:
             "tasks": [_task_dict(t) for t in overview.tasks],
         })
         return
-    columns = ("task", "job", "cron", "timezone", "misfire", "overlap", "state", "watermark",
+    # "schedule": a cron task's expression (in its timezone), an interval task's "every 45s".
+    columns = ("task", "job", "schedule", "timezone", "misfire", "overlap", "state", "watermark",
                "next fire", "skipped (last)")
     rows = [columns] + [
-        (t.name, t.job or "-", t.cron or "-", t.timezone or "-", t.misfire or "-",
+        (t.name, t.job or "-", t.schedule or "-", t.timezone or "-", t.misfire or "-",
          t.overlap or "-",
          "paused" if t.paused else ("active" if t.configured else "not configured"),
          _when(t.watermark), _when(t.next_fire_at), _skipped(t))

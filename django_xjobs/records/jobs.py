@@ -14,14 +14,17 @@ from .states import LIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobStateName
 from .why import BlockedBy
 
 
-def decode_stored_json(text: str) -> tuple[Any, str | None]:
+def decode_stored_json(text: str, loads: Callable[[str], Any] = json.loads
+                       ) -> tuple[Any, str | None]:
     """(value, None) for JSON text as the database stores it, or (None, why) for valid JSON
     that Python's json module refuses: it raises ValueError past
     ``sys.get_int_max_str_digits()`` digits in an integer and RecursionError on deep nesting
     (docs/console.md, "Big and undecodable JSON"). Every reader of stored JSON that must
-    survive such a row (the engine's records, the console) decodes through here."""
+    survive such a row (the engine's records, the console) decodes through here: the console
+    with ``json.loads`` (it shows typed values as stored), the engine with
+    ``values.decode_json``, whose ValueError also names a malformed typed value."""
     try:
-        return json.loads(text), None
+        return loads(text), None
     except RecursionError:
         return None, "nested too deeply for Python's json module"
     except ValueError as exc:

@@ -74,6 +74,9 @@ class ParkedStep:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EventRecord:
+    """A published event (``x_job_events``), as :func:`~django_xjobs.publish_event` returns it
+    and ``manage.py xjobs events`` lists it."""
+
     id: int
     name: str
     payload: Any

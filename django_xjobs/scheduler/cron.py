@@ -37,7 +37,7 @@ import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..exceptions import ConfigurationError
@@ -84,6 +84,11 @@ class CronSchedule:
 
     def next_after(self, start: datetime) -> datetime:
         return next(self.after(start))
+
+    @property
+    def text(self) -> str:
+        """The expression, as ``manage.py xjobs schedule`` and the console show it."""
+        return self.expression
 
     def between(self, start: datetime, end: datetime, *, limit: int | None = None
                 ) -> list[datetime]:
@@ -161,6 +166,16 @@ def parse_misfire(value: object, *, what: str = "cron") -> str:
     return str(value)
 
 
+class Occurrences(Protocol):
+    """What :func:`due` walks: a :class:`CronSchedule`, or an interval's
+    (``interval.IntervalSchedule``): the same misfire rules for both."""
+
+    def between(self, start: datetime, end: datetime, *, limit: int | None = None
+                ) -> list[datetime]: ...
+
+    def next_after(self, start: datetime) -> datetime: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Due:
     """What a round fires for one task: ``fire`` ascending; how many of them were missed
@@ -172,7 +187,7 @@ class Due:
 
 
 def due(
-    schedule: CronSchedule,
+    schedule: Occurrences,
     *,
     watermark: datetime,
     now: datetime,
@@ -204,7 +219,7 @@ def due(
     return Due(tuple(late) + on_time, late=len(late), dropped=dropped)
 
 
-def _latest(schedule: CronSchedule, watermark: datetime, end: datetime, n: int
+def _latest(schedule: Occurrences, watermark: datetime, end: datetime, n: int
             ) -> list[datetime]:
     """The ``n`` latest occurrences in ``(watermark, end]``, ascending, found walking forward
     through a window that widens back from ``end``: a year of downtime on a seconds schedule

@@ -10,7 +10,7 @@ from .. import api, clock, conf
 from ..engines import get_engine
 from ..exceptions import UnknownTask
 from ..records import LeaderRecord, SchedulerStateRecord
-from . import cron, leadership
+from . import cron, interval, leadership
 from .schedule import Task, configured
 
 
@@ -21,8 +21,8 @@ class TaskInfo:
 
     name: str
     job: str | None
-    cron: str | None
-    timezone: str | None
+    cron: str | None  # None: an interval task (every), or not configured
+    timezone: str | None  # a cron task's
     misfire: str | None
     source: str | None  # "job" | "settings"
     configured: bool
@@ -35,6 +35,10 @@ class TaskInfo:
     overlap: str | None = None
     overlap_skipped: int = 0
     overlap_skipped_at: datetime | None = None
+    # An interval task's period in seconds (docs/scheduling.md, "Intervals"), and either kind
+    # as an operator reads it: the cron expression, or "every 45s".
+    every: float | None = None
+    schedule: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,10 +56,16 @@ def _info(task: Task | None, name: str, state: SchedulerStateRecord | None,
     next_fire = None
     if task is not None and not paused:
         next_fire = task.schedule.next_after(max(now, watermark) if watermark else now)
+    cron_schedule = task.schedule if task and isinstance(task.schedule, cron.CronSchedule) \
+        else None
+    every = task.schedule if task and isinstance(task.schedule, interval.IntervalSchedule) \
+        else None
     return TaskInfo(
         name=name, job=task.job if task else None,
-        cron=task.schedule.expression if task else None,
-        timezone=task.schedule.timezone if task else None,
+        cron=cron_schedule.expression if cron_schedule else None,
+        timezone=cron_schedule.timezone if cron_schedule else None,
+        every=every.every.total_seconds() if every else None,
+        schedule=task.schedule.text if task else None,
         misfire=task.misfire if task else None, source=task.source if task else None,
         configured=task is not None, paused=paused, watermark=watermark,
         next_fire_at=next_fire, updated_at=state.updated_at if state else None,
@@ -118,4 +128,4 @@ def trigger(name: str, *, enqueued_by: str | None = None) -> api.JobHandle:
     at = clock.now()
     key = cron.occurrence_key(f"{name}:trigger", at)
     return api.enqueue(found.job, dict(found.input), idempotency_key=key,
-                       enqueued_by=enqueued_by or found.enqueued_by)
+                       enqueued_by=enqueued_by or found.enqueued_by, **found.enqueue_options)

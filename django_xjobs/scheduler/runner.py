@@ -182,6 +182,7 @@ class Scheduler:
                 try:
                     definition = registry.get(task.job)
                     built[name] = [(occurrence, api.build_params(definition, task.input, {
+                        **task.enqueue_options,
                         "idempotency_key": cron.occurrence_key(name, occurrence),
                         "enqueued_by": task.enqueued_by,
                     })) for occurrence in fire]

@@ -53,14 +53,20 @@ from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
-from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules, import_string
 
 from .. import api, conf, outbox, registry, values
 from ..decorator import BoundJob
 from ..exceptions import ConfigurationError, JobNotFound
 from .declarations import XJobsTask, declare, declared, finish_deferred
-from .mapping import as_enqueued, status_of, task_error_of, to_task_result
+from .mapping import (
+    as_enqueued,
+    normalize,
+    status_of,
+    task_error_of,
+    task_result,
+    to_task_result,
+)
 
 __all__ = [
     "XJobsBackend",
@@ -124,7 +130,9 @@ class XJobsBackend(BaseTaskBackend):
         definition = registry.lookup(task.module_path)
         if definition is None:  # declared before the app registry was ready, not finished yet
             raise InvalidTask(f"{task.module_path} is not declared yet (apps not ready?)")
-        call_args, call_kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        # JSON values and the typed ones a row keeps (mapping.normalize), as stored and as the
+        # function receives them.
+        call_args, call_kwargs = normalize(list(args)), normalize(dict(kwargs))
         options: dict[str, Any] = {"queue": task.queue_name, "priority": task.priority}
         stored: dict[str, Any] = {"args": call_args, "kwargs": call_kwargs, "backend": self.alias}
         if task.run_after is not None:
@@ -156,7 +164,7 @@ class XJobsBackend(BaseTaskBackend):
         # enqueued_at is the row's created_at (the database's clock, at the insert), read back
         # by primary key in the caller's transaction: get_result() reports that one, so the
         # result returned here equals it (tests/integration/test_django_tasks_contract.py).
-        result = TaskResult(
+        result = task_result(
             task=task, id=str(handle.id), status=TaskResultStatus.READY,
             enqueued_at=handle.get().created_at, started_at=None, last_attempted_at=None,
             finished_at=None, args=stored["args"], kwargs=stored["kwargs"], backend=self.alias,
@@ -174,7 +182,7 @@ class XJobsBackend(BaseTaskBackend):
         staged = bound.enqueue_on_commit(**stored)
         status = staged.status()  # the caller's connection sees its own uncommitted staging
         assert status is not None
-        result = TaskResult(
+        result = task_result(
             task=task, id=str(staged.id), status=TaskResultStatus.READY,
             enqueued_at=status.staged_at, started_at=None, last_attempted_at=None,
             finished_at=None, args=stored["args"], kwargs=stored["kwargs"], backend=self.alias,
@@ -220,7 +228,7 @@ class XJobsBackend(BaseTaskBackend):
             stored = status.input if isinstance(status.input, dict) else {}
             backend = stored.get("backend")
             backend = backend if isinstance(backend, str) else self.alias
-            return TaskResult(
+            return task_result(
                 task=as_enqueued(task, backend, stored.get("run_after")), id=result_id,
                 status=TaskResultStatus.READY, enqueued_at=status.staged_at, started_at=None,
                 last_attempted_at=None, finished_at=None, args=list(stored.get("args", [])),

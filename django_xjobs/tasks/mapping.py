@@ -17,12 +17,21 @@ done                                   SUCCESSFUL    an earlier attempt's error,
 dead                                   FAILED        the last attempt's error
 cancelled                              FAILED        ``django_xjobs.exceptions.JobCancelled``
 =====================================  ============  ==========================================
+
+Typed values (docs/django-tasks.md, "Arguments and return values")
+-----------------------------------------------------------------
+A task's arguments and return value may hold what a job's input may: JSON values and the typed
+values a row keeps exactly (``values.TYPED_TYPES``: datetime, date, time, UUID, Decimal).
+:func:`normalize` is Django's ``normalize_json`` that keeps those; ``TaskResult.__post_init__``
+runs ``normalize_json`` itself on ``args`` and ``kwargs``, which refuses them, so a result is
+built (:func:`task_result`) and copied (:func:`replace_result`) with them set after it.
 """
 
 from __future__ import annotations
 
 import builtins
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -31,8 +40,9 @@ from django.conf import settings
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, InvalidTaskBackend
+from django.utils.json import normalize_json
 
-from .. import exceptions
+from .. import exceptions, values
 from ..records import JobRecord
 
 _STATUS = {
@@ -54,6 +64,45 @@ _EXCEPTION_LINE = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?::|$)")
 # Requeue notes (worker/loop.py: shutdown; worker/watchdog.py: self-fence) share last_error
 # with failures; a run handed back did not fail.
 _NOT_A_FAILURE = ("handed back:",)
+
+
+# What normalize() keeps as it is.
+_KEPT = (str, int, float, *values.TYPED_TYPES)  # bool is an int
+
+
+def normalize(value: Any) -> Any:
+    """``django.utils.json.normalize_json`` (mappings to dicts, other sequences to lists, bytes
+    to UTF-8 text), keeping the typed values a row stores exactly; its ``TypeError`` for the
+    rest, naming what is accepted."""
+    if value is None or isinstance(value, _KEPT):
+        return value
+    if isinstance(value, Mapping):
+        return {normalize_json(k): normalize(v) for k, v in value.items()}
+    if isinstance(value, bytes):
+        return normalize_json(value)
+    if isinstance(value, Sequence):
+        return [normalize(v) for v in value]
+    raise TypeError(f"Unsupported type: {type(value)} (arguments and return values of a task "
+                    f"may hold JSON values and datetime, date, time, uuid.UUID, "
+                    f"decimal.Decimal)")
+
+
+def task_result(**fields: Any) -> TaskResult:
+    """``TaskResult(**fields)`` whose ``args`` and ``kwargs`` may hold typed values."""
+    args, kwargs = fields.pop("args"), fields.pop("kwargs")
+    result = TaskResult(args=[], kwargs={}, **fields)
+    object.__setattr__(result, "args", args)
+    object.__setattr__(result, "kwargs", kwargs)
+    return result
+
+
+def replace_result(result: TaskResult, **changes: Any) -> TaskResult:
+    """``dataclasses.replace(result, **changes)`` for a result whose arguments may hold typed
+    values (the return value, not an init field, is not copied, as ``replace`` does)."""
+    copy = replace(result, args=[], kwargs={}, **changes)
+    object.__setattr__(copy, "args", result.args)
+    object.__setattr__(copy, "kwargs", result.kwargs)
+    return copy
 
 
 def status_of(state: str) -> TaskResultStatus:
@@ -107,7 +156,7 @@ def task_error_of(record: JobRecord) -> TaskError | None:
     (``exceptions.error_class_line``, written by the worker from the exception object): that is
     the class, and the rest is the traceback, as Django's backends keep it. Any other text (the
     worker's own messages, rows recorded before that line existed) is read by
-    :func:`exception_class_path` and kept whole.
+    ``exception_class_path()`` and kept whole.
     """
     if record.state == "cancelled":
         return TaskError(exception_class_path=CANCELLED_ERROR,
@@ -135,7 +184,7 @@ def to_task_result(record: JobRecord, task: Task, *, default_backend: str) -> Ta
     kwargs = stored.get("kwargs")
     status = status_of(record.state)
     error = task_error_of(record)
-    result = TaskResult(
+    result = task_result(
         task=as_enqueued(task, backend, stored.get("run_after"), queue=record.queue,
                           priority=record.priority),
         id=str(record.id),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from inspect import iscoroutinefunction
 from typing import Any
@@ -26,13 +26,12 @@ from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
-from django.utils.json import normalize_json
 
 from .. import api, conf, exceptions, values
 from ..context import JobContext, in_thread
 from ..exceptions import PermanentError
 from ..records import JobRecord
-from .mapping import to_task_result
+from .mapping import normalize, replace_result, to_task_result
 
 # The keys of a task's stored input (XJobsBackend.prepare writes them): a row with others is
 # not a django.tasks call.
@@ -139,17 +138,19 @@ def _succeeded(ctx: JobContext, started: TaskResult, value: Any) -> Any:
     if ctx.cancelled.is_set():
         return value  # stopped meanwhile (timeout, cancel, lost lease): the worker discards it
     try:
-        normalised = normalize_json(value)
+        normalised = normalize(value)
         values.encode_json(normalised, what=f"return value of {started.task.module_path}",
                         limit=conf.get().max_payload_bytes)
     except (TypeError, ValueError) as exc:
-        # The encoder's own error, as Django's backends report it (normalize_json's TypeError),
+        # The encoder's own error, as Django's backends report it (normalize's TypeError, as
+        # Django's normalize_json raises it),
         # or PayloadTooLarge, but for good: the task ran, and running it again cannot change
         # what it returns.
         exceptions.fail_for_good(exc)
         _send(task_finished, _failed(started, exc))  # in the except: exc_info
         raise
-    finished = replace(started, status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now())
+    finished = replace_result(started, status=TaskResultStatus.SUCCESSFUL,
+                              finished_at=timezone.now())
     object.__setattr__(finished, "_return_value", normalised)
     _send(task_finished, finished)
     return normalised
@@ -158,8 +159,8 @@ def _succeeded(ctx: JobContext, started: TaskResult, value: Any) -> Any:
 def _failed(started: TaskResult, exc: BaseException) -> TaskResult:
     error = TaskError(exception_class_path=exceptions.class_path(type(exc)),
                       traceback="".join(traceback.format_exception(exc)))
-    return replace(started, status=TaskResultStatus.FAILED, finished_at=timezone.now(),
-                   errors=[error])
+    return replace_result(started, status=TaskResultStatus.FAILED, finished_at=timezone.now(),
+                          errors=[error])
 
 
 def _send_failure(started: TaskResult, exc: BaseException) -> None:

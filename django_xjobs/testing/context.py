@@ -22,7 +22,6 @@ trip of outputs and replay of completed steps) over a step store kept in memory
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -76,7 +75,7 @@ class MemoryStepStore:
             self.ran.append(name)
         self.records[name] = StepRecord(
             name=name, status="completed",
-            output=json.loads(output_json) if output_json is not None else None,
+            output=values.decode_json(output_json) if output_json is not None else None,
             attempts=1, error=None, started_at=self._published, completed_at=self._published,
             wake_at=None, event=event, correlation_key=correlation_key, event_id=event_id,
             event_published_at=event_published_at, kind=kind,
@@ -130,7 +129,7 @@ class MemoryStepStore:
 
 class MemorySteps(Steps):
     """``ctx.step`` of :func:`make_context` (sync jobs): the real steps over a
-    :class:`MemoryStepStore`, with what they did to read back."""
+    ``MemoryStepStore``, with what they did to read back."""
 
     def __init__(self, ctx: JobContext, store: MemoryStepStore) -> None:
         super().__init__(store, RunOwner(claim=Claim(job_id=ctx.job_id, lease_token=""),
@@ -206,8 +205,8 @@ def make_context(job: Any = None, *, job_id: str | None = None, run_id: str | No
     for name, payload in (events or {}).items():
         _event_name(name)
         # What a real wait returns: the payload as stored (JSON), so tuples become lists.
-        payloads[name] = json.loads(values.encode_json(payload, what=f"payload of event {name!r}",
-                                                    limit=None))
+        payloads[name] = values.decode_json(values.encode_json(
+            payload, what=f"payload of event {name!r}", limit=None))
     if asynchronous is None:
         asynchronous = definition.is_async if definition is not None else False
     ctx = JobContext(

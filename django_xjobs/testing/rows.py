@@ -20,6 +20,8 @@ from ..records import ALL_STATES, JobRecord
 
 # Jobs listed by a failing assert_enqueued: enough to see what happened, not a wall of text.
 REPORT_ROWS = 20
+# Values equal to another only of their own type (_same).
+_SAME_TYPE_ONLY = (bool, *values.TYPED_TYPES)
 
 
 def enqueued_jobs(job: Any = None, *, queue: str | None = None,
@@ -48,7 +50,8 @@ def assert_enqueued(job: Any, /, **input: Any) -> JobRecord:
     name = job_name(job)
     # Compared as stored: a tuple is a list in JSON, and a value JSON cannot hold is an error
     # in the test, not a mismatch.
-    expected = json.loads(values.encode_json(input, what=f"expected input of {name}", limit=None))
+    expected = values.decode_json(values.encode_json(input, what=f"expected input of {name}",
+                                                     limit=None))
     engine = get_engine()
     same_name = engine.jobs_list(name=name)
     for record in same_name:
@@ -113,8 +116,9 @@ def _includes(actual: dict[str, Any], expected: dict[str, Any]) -> bool:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """JSON equality: unlike ``==``, ``True`` is not ``1``."""
-    if isinstance(a, bool) or isinstance(b, bool):
+    """JSON equality: unlike ``==``, ``True`` is not ``1``, nor ``Decimal(1)``, nor a
+    datetime a date."""
+    if isinstance(a, _SAME_TYPE_ONLY) or isinstance(b, _SAME_TYPE_ONLY):
         return type(a) is type(b) and a == b
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
@@ -124,4 +128,5 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    # A typed value (a datetime, a Decimal, ...) as its repr: what the test would write.
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=repr)

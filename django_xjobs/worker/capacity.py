@@ -4,7 +4,8 @@ these questions before each claim (worker/loop.py, step 3).
 * **Free capacity**: concurrency + prefetch - runs not yet settled (worker/runs.py). Prefetch
   is fixed (``XJOBS["PREFETCH"]``) or adaptive (``"auto"``): about PREFETCH_WINDOW seconds of
   work claimed ahead of the threads, judged by the average run time the executor threads
-  report (:meth:`Capacity.ran`), never more than PREFETCH_MAX jobs.
+  report (:meth:`Capacity.ran`), never more than PREFETCH_MAX jobs. A process that recycles
+  after N jobs holds no more runs than it may still count (worker/recycling.py).
 * **The split**: the free slots are split over the queues that have room
   (``XJOBS["QUEUE_CONCURRENCY"]`` caps a queue's runs, prefetch included), starting at the queue
   after the last one that got a share the time before (a rotation), so every queue makes
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .options import WorkerOptions
+from .recycling import Recycling
 from .runs import Runs
 
 # Adaptive prefetch (XJOBS["PREFETCH"] = "auto"): keep about this many seconds of work claimed
@@ -38,12 +40,14 @@ class Capacity:
     """One worker's claim sizes and queue rotation (the loop thread's; executor threads write
     :attr:`avg_run` and read :attr:`low_water`, plain attribute accesses)."""
 
-    def __init__(self, options: WorkerOptions, runs: Runs) -> None:
+    def __init__(self, options: WorkerOptions, runs: Runs,
+                 recycling: Recycling | None = None) -> None:
         self.queues = options.queues
         self.concurrency = options.concurrency
         self.fixed_prefetch = options.prefetch  # None: adaptive
         self.caps = options.queue_concurrency
         self._runs = runs
+        self._budget = recycling  # what it may still count bounds what it claims
         self.avg_run: float | None = None  # EWMA of sync run durations (s), for auto prefetch
         self.low_water = 1  # wake the loop when no more than this many runs wait to start
         self._next_queue = 0  # where the next split of free slots over the queues starts
@@ -61,7 +65,18 @@ class Capacity:
         return min(PREFETCH_MAX, int(self.concurrency * PREFETCH_WINDOW / max(avg, 1e-6)))
 
     def free(self) -> int:
-        return self.concurrency + self.prefetch() - len(self._runs)
+        free = self.concurrency + self.prefetch() - len(self._runs)
+        if self._budget is None:
+            return free
+        room = self.budget_room()
+        return free if room is None else min(free, room)
+
+    def budget_room(self) -> int | None:
+        """With --max-jobs-per-process, how many more runs this process may take: it leaves
+        once it has counted that many, and claims none it would hand back (each run it holds
+        may count: worker/recycling.py). None: no bound."""
+        left = None if self._budget is None else self._budget.jobs_left
+        return None if left is None else left - len(self._runs)
 
     def refill_at(self) -> int:
         # Claim again once a quarter of the capacity is free: batches stay big, and threads

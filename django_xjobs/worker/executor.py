@@ -14,9 +14,12 @@ or more than ``MAX_PAYLOAD_BYTES``
 raises ``PermanentError``              ``Retry(permanent=True)``: straight to ``dead`` (also an
                                        exception marked by ``exceptions.fail_for_good``)
 raises ``Snooze(delay)``               ``GiveBack``: later, without spending an attempt
+raises ``Retry(delay)``                ``Retry`` after ``delay``, spending an attempt (dead
+                                       when they are spent, or past its ``max_attempts``)
 raises ``PauseKey(key, for_=...)``     ``KeyPaused``: due now without spending an attempt,
                                        and the key paused (docs/flow-control.md)
-raises anything else                   ``Retry`` with a full-jitter backoff delay
+raises anything else                   ``Retry`` with the job's backoff delay; ``dead`` at
+                                       once when the job's ``retry_on=`` does not list it
 its name is not registered here        ``UnknownName``: given back without spending an
                                        attempt until a worker that knows it claims it
                                        (docs/deployment.md)
@@ -54,6 +57,7 @@ from ..exceptions import (
     Snooze,
     is_permanent,
 )
+from ..exceptions import Retry as RetryRequested
 from ..records import ClaimedJob
 from ..registry import JobDefinition, expected_home
 from ..steps import StepSuspended
@@ -129,7 +133,14 @@ def backoff_for(definition: JobDefinition | None, attempt: int, settings: XJobsS
     policy = definition.retry if definition is not None else None
     base = policy.base if policy and policy.base is not None else settings.retry_base
     cap = policy.cap if policy and policy.cap is not None else settings.retry_cap
+    if policy is not None and not policy.jitter:
+        return retry_delay(attempt, base=base, cap=cap, rand=_whole)
     return retry_delay(attempt, base=base, cap=cap)
+
+
+def _whole() -> float:
+    """The backoff of a job declared ``retry_jitter=False``: the whole window, every time."""
+    return 1.0
 
 
 def unknown_job(claimed: ClaimedJob, settings: XJobsSettings) -> UnknownName:
@@ -194,6 +205,14 @@ def _outcome_of_exception(
         return GiveBack(delay=exc.seconds, note=None, outcome="snoozed", exception=exc)
     if isinstance(exc, PauseKey):
         return KeyPaused(key=exc.key, seconds=exc.seconds, reason=exc.reason, exception=exc)
+    if isinstance(exc, RetryRequested):
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        spent = exc.max_attempts is not None and claimed.attempt >= exc.max_attempts
+        return Retry(error=record_error(cause), delay=exc.seconds, permanent=spent,
+                     exception=cause)
+    retry_on = definition.retry.on
+    if retry_on is not None and not isinstance(exc, retry_on):
+        return Retry(error=record_error(exc), delay=0, permanent=True, exception=exc)
     return Retry(error=record_error(exc), delay=backoff_for(definition, claimed.attempt, settings),
                  exception=exc)
 

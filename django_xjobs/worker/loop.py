@@ -48,12 +48,17 @@ occurrences). A burst that cannot claim (the database unreachable) stops with
 Shutdown (first SIGTERM/SIGINT): stop claiming, hand queued runs back at once, let running ones
 finish within ``shutdown_grace``, then stop them and hand their jobs back without spending an
 attempt.
+
+Recycling (``--max-jobs-per-process``, ``--max-memory``; worker/recycling.py): judged after each
+settle; the worker then drains as on a shutdown, except that its running runs finish however
+long they take (no grace period), and says why in :attr:`Worker.recycled`.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import math
 import threading
 from collections import Counter
 
@@ -71,6 +76,7 @@ from .flow import Flow
 from .listener import WakeListener
 from .liveness import Liveness
 from .options import WorkerOptions, new_worker_id
+from .recycling import Recycling
 from .runs import LEASE_MARGIN, QUEUED, RUNNING, Run, Runs
 from .settle import Settler
 from .shutdown import ShutdownSignals
@@ -119,6 +125,14 @@ class Worker:
         self._db_failures = 0  # database calls of the loop in a row that failed
         # Why a burst run stopped before it could finish (the command then exits non-zero).
         self.error: str | None = None
+        # Why it left for a fresh process to take its place (worker/recycling.py), None if it
+        # did not: xjobs_worker then exits with EXIT_RECYCLED.
+        self.recycled: str | None = None
+        self._recycling = False  # draining for a recycle: no grace period
+        self._stop_lock = threading.Lock()  # a stop and a recycle: one decides
+        self.recycling = (Recycling(max_jobs=options.max_jobs_per_process,
+                                    max_memory=options.max_memory)
+                          if options.max_jobs_per_process or options.max_memory else None)
         self._listener: WakeListener | None = None
         self._duties: list[tuple[duties.Duty, threading.Thread]] = []
         self.liveness = Liveness(options.health_file)  # reported in x_workers
@@ -132,7 +146,7 @@ class Worker:
                 priorities={d.priority for d in registry.all_jobs().values()},
                 fair=self.flow.params.fair_queues)
         self.runs = Runs(flow=self.flow, liveness=self.liveness)
-        self.capacity = Capacity(options, self.runs)
+        self.capacity = Capacity(options, self.runs, self.recycling)
         self.flow.offer, self.flow.lease_ms = self._hand_over_room, self.lease_ms
         self.executors = Executors(
             engine=self.engine, worker_id=self.worker_id, settings=self.settings,
@@ -175,6 +189,8 @@ class Worker:
                 "auto" if self.options.prefetch is None else self.options.prefetch,
                 self.options.lease, self.options.heartbeat, self.options.notify,
             )
+            if self.recycling is not None:
+                self.recycling.starting(self.worker_id)
             if self._labelled and not self.options.burst:
                 # The first claim goes before the rest of the start-up (the worker's row, the
                 # listener's and the duties' connections, the safety net): its jobs start
@@ -205,12 +221,30 @@ class Worker:
                  dict(self.stats))
 
     def stop(self, reason: str = "stop requested") -> None:
-        """Ask for a graceful stop (thread-safe; the first signal calls this)."""
-        if not self._stopping:
-            self._stop_reason = reason
-            log.info("worker %s stopping (%s): no new claims; %d runs in flight get %gs",
-                     self.worker_id, reason, len(self.runs), self.options.shutdown_grace)
-        self._stopping = True
+        """Ask for a graceful stop (thread-safe; the first signal calls this). During a
+        recycle's drain it becomes that stop: the runs still running get the grace period from
+        now, and the worker no longer counts as recycled."""
+        with self._stop_lock:
+            if not self._stopping or self._recycling:
+                self._recycling = False
+                self.recycled = None
+                self._stop_reason = reason
+                log.info("worker %s stopping (%s): no new claims; %d runs in flight get %gs",
+                         self.worker_id, reason, len(self.runs), self.options.shutdown_grace)
+            self._stopping = True
+        self._wake.set()
+
+    def _recycle(self, reason: str) -> None:
+        """Leave for a fresh process (the loop thread, after a settle): drain as on a stop,
+        without a grace period (worker/recycling.py)."""
+        with self._stop_lock:
+            if self._stopping:  # a stop came first
+                return
+            self._recycling = True
+            self.recycled = self._stop_reason = reason
+            self._stopping = True
+            log.info("worker %s stopping (%s): no new claims; %d runs in flight finish first",
+                     self.worker_id, reason, len(self.runs))
         self._wake.set()
 
     def notify(self) -> None:
@@ -313,6 +347,10 @@ class Worker:
         if started:  # the release handed this worker the slots it freed, with their jobs
             self.liveness.claimed_at = sent_at
             self._start(started, sent_at)
+        if self.recycling is not None and batch and not self._stopping:
+            reason = self.recycling.settled(batch)
+            if reason is not None:
+                self._recycle(reason)
 
     # ------------------------------------------------------- 3. claim and dispatch --
     def _claim(self) -> int:
@@ -376,7 +414,10 @@ class Worker:
         claim order across the queues and rescues lapsed leases, would never run."""
         if self._stopping or self._leaving or self._claim_first:
             return 0
-        return self.capacity.free() + freeing
+        room = self.capacity.free() + freeing
+        # The runs it settles count towards --max-jobs-per-process: they free no budget.
+        budget = self.capacity.budget_room()
+        return room if budget is None else min(room, budget)
 
     def _dispatch(self, runs: list[Run]) -> None:
         """Hand claimed runs to executors: sync ones to the thread queue, async ones to the
@@ -443,11 +484,16 @@ class Worker:
     def _drain_step(self) -> bool:
         """One iteration while stopping; False when it is time to leave the loop."""
         if self._drain_deadline is None:
-            self._drain_deadline = clock.monotonic() + self.options.shutdown_grace
+            # A recycle lets its running runs finish however long they take; a stop that
+            # comes during it sets the grace period from then (below).
+            grace = math.inf if self._recycling else self.options.shutdown_grace
+            self._drain_deadline = clock.monotonic() + grace
             for run in self.runs.snapshot():
                 if run.phase == QUEUED:
                     self.executors.stop_run(run, "worker shutting down",
                                             GiveBack(delay=0, note=None))
+        elif self._drain_deadline == math.inf and not self._recycling:
+            self._drain_deadline = clock.monotonic() + self.options.shutdown_grace
         if not self.runs:
             return False
         if clock.monotonic() >= self._drain_deadline:

@@ -38,6 +38,13 @@ class WorkerOptions:
     supervisor: int | None = None
     # Touched while the loop goes round (--health-file; worker/liveness.py).
     health_file: str | None = None
+    # Recycling (worker/recycling.py): stop claiming and leave, for a fresh process to take
+    # over, after settling this many runs or once the resident memory passes this many MiB;
+    # None: never. Not read from the settings here: XJOBS["MAX_JOBS_PER_PROCESS"] and
+    # ["MAX_MEMORY"] are a worker process's policy, which xjobs_worker hands in, and an
+    # in-process worker (testing.drain) does not follow.
+    max_jobs_per_process: int | None = None
+    max_memory: int | None = None
 
     @classmethod
     def from_settings(cls, **overrides: object) -> WorkerOptions:

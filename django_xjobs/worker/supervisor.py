@@ -6,6 +6,10 @@ The supervisor starts N ordinary worker processes (the same command, one process
 * restarts a child that exits on its own (a job that called ``os._exit``, a segfault, an OOM
   kill), with a backoff that grows while children keep dying young, so a poison job cannot
   turn into a fork loop (the job itself ends ``dead`` after ``max_attempts`` lapsed leases);
+* replaces a child that recycled itself (``--max-jobs-per-process``, ``--max-memory``: it exits
+  with ``EXIT_RECYCLED`` once it drained, worker/recycling.py) at once: not a crash, so the
+  backoff neither grows nor resets. ``xjobs_worker`` runs a recycling worker under a supervisor
+  even with one process, so the command keeps running across recycles;
 * forwards the first SIGTERM/SIGINT to every child (each finishes its in-flight jobs within its
   grace period) and waits for them; a second signal kills the children at once (SIGKILL: their
   jobs are re-claimed once their leases lapse). A child ignores a repeated SIGTERM/SIGINT
@@ -33,6 +37,8 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
+from .recycling import EXIT_RECYCLED
+
 log = logging.getLogger("django_xjobs.worker")
 
 MIN_UPTIME = 10.0  # a child that lived less than this "died young": back off before restarting
@@ -49,6 +55,7 @@ class Supervisor:
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.started_at: dict[int, float] = {}
         self.restarts = 0
+        self.recycles = 0
         self.failed = 0  # burst children that exited with an error (not restarted)
         self._signals = 0
         self._first_signal: int | None = None
@@ -97,6 +104,14 @@ class Supervisor:
                     # Gone from the children at once: a stop that comes while this slot waits
                     # out its restart backoff neither signals nor counts the dead process.
                     del self.children[slot]
+                    if code == EXIT_RECYCLED:  # it said why; a fresh one goes on, burst or not
+                        self.recycles += 1
+                        log.info("supervisor: worker process %d (pid %d) recycled itself; "
+                                 "starting a fresh one", slot, proc.pid)
+                        if self._signals:
+                            break
+                        self._spawn(slot)
+                        continue
                     if self.burst and code == 0:  # its burst is over: nothing left to do
                         log.info("supervisor: worker process %d (pid %d) finished its burst",
                                  slot, proc.pid)
@@ -135,5 +150,6 @@ class Supervisor:
         log.info("supervisor: all worker processes stopped (exit codes %s)", codes)
         # A child still starting up when the signal came had no handler yet and died of it:
         # it had claimed nothing, so that is a clean stop too.
-        clean = {0, -signal.SIGTERM, -signal.SIGINT}
+        # One that recycled itself meanwhile had drained: a clean stop as well.
+        clean = {0, -signal.SIGTERM, -signal.SIGINT, EXIT_RECYCLED}
         return 0 if all(c in clean for c in codes) else 1

@@ -1,5 +1,6 @@
-"""The scheduler in real processes: two leaders-to-be on a seconds cron, a leader frozen past its
-lease, a leader SIGKILLed mid-round, the dedicated ``xjobs_scheduler`` and the advisory mode.
+"""The scheduler in real processes: two leaders-to-be on a seconds cron (and an interval beside
+it), a leader frozen past its lease, a leader SIGKILLed mid-round, the dedicated
+``xjobs_scheduler`` and the advisory mode.
 
 The fired jobs are RUN by the workers as they come, so they finish and free their keys: a
 second enqueue of an occurrence would make a second row, not be absorbed by the live-key index.
@@ -24,7 +25,7 @@ from django.db.models.functions import Now
 
 from django_xjobs.engines import get_engine
 from django_xjobs.models import Job, SchedulerLeader, SchedulerState
-from django_xjobs.scheduler import cron
+from django_xjobs.scheduler import cron, interval
 from tests.conftest import wait_until
 from tests.leases import lapse_leader, lapse_worker
 
@@ -38,6 +39,10 @@ TICK = {"tick": {"job": "testapp.noop", "cron": "* * * * * *", "misfire": "all"}
 # fire.
 SCHEDULED = {**FAST, **LEADER, "SCHEDULE": TICK, "MAINTENANCE_INTERVAL": None}
 EVERY_SECOND = cron.parse("* * * * * *")
+# An interval beside the cron task (docs/scheduling.md, "Intervals"): its grid, counted from
+# the epoch, is the same for both leaders.
+TOCK = {"tock": {"job": "testapp.noop", "every": 2, "misfire": "all"}}
+EVERY_TWO_SECONDS = interval.parse(2)
 
 
 def start_row(task: str = "tick") -> datetime:
@@ -123,12 +128,13 @@ class Sampler(threading.Thread):
         return self.values
 
 
-def assert_exactly_once(start: datetime, task: str = "tick") -> list[str]:
+def assert_exactly_once(start: datetime, task: str = "tick",
+                        schedule: cron.Occurrences = EVERY_SECOND) -> list[str]:
     keys = fired(task)
     doubled = {k: n for k, n in Counter(keys).items() if n > 1}
     assert doubled == {}, f"occurrences fired twice: {doubled}"
     expected = [cron.occurrence_key(task, o)
-                for o in EVERY_SECOND.between(start, watermark(task))]
+                for o in schedule.between(start, watermark(task))]
     missing = sorted(set(expected) - set(keys))
     extra = sorted(set(keys) - set(expected))
     assert (missing, extra) == ([], []), "every second fires once, inside the watermark"
@@ -146,10 +152,11 @@ def assert_never_decreased(values: list[datetime]) -> None:
 
 def test_two_workers_fire_every_second_exactly_once_while_the_leader_is_frozen_and_replaced(
         start_worker):
-    start = start_row()
+    start, tock_start = start_row(), start_row("tock")
     sampler = Sampler()
     sampler.start()
-    a, b = (start_worker(role, settings=SCHEDULED, wait=False) for role in ("a", "b"))
+    both = {**SCHEDULED, "SCHEDULE": {**TICK, **TOCK}}
+    a, b = (start_worker(role, settings=both, wait=False) for role in ("a", "b"))
     for worker in (a, b):  # started side by side
         wait_started(worker)
     workers = {a.id: a, b.id: b}
@@ -175,6 +182,7 @@ def test_two_workers_fire_every_second_exactly_once_while_the_leader_is_frozen_a
 
     keys = assert_exactly_once(start)
     assert len(keys) >= 7  # what the waits above guarantee: the run was not trivially short
+    assert len(assert_exactly_once(tock_start, "tock", EVERY_TWO_SECONDS)) >= 2
     assert_never_decreased(values)
     assert not SchedulerLeader.objects.exists(), "a worker stopping cleanly resigns its lease"
     assert Job.objects.filter(enqueued_by="cron:tick").exclude(state="done").count() <= 2

@@ -451,12 +451,42 @@ def test_xjobs_worker_lease_alone_derives_a_heartbeat_that_fits_it(lease, heartb
         (["--lease", "1s", "--heartbeat", "1s"], "--lease"),
         (["--lease", "soon"], "soon"),
         (["--heartbeat=-1s"], "-1s"),
+        (["--max-jobs-per-process", "0"], "--max-jobs-per-process"),
+        (["--max-jobs-per-process", "-3"], "--max-jobs-per-process"),
+        (["--max-jobs-per-process", "many"], "'many'"),
+        (["--max-memory", "0"], "--max-memory"),
+        (["--max-memory", "-512"], "--max-memory"),
+        (["--max-memory", "512MB"], "'512MB'"),
+        (["--max-memory", "lots"], "at least 1 MiB"),
     ],
 )
 def test_xjobs_worker_refuses_bad_options(args, fragment):
     with pytest.raises(CommandError) as info:
         call_command("xjobs_worker", "--burst", *args, stdout=StringIO(), stderr=StringIO())
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--prefetch", "-1"], "argument --prefetch: must be 'auto' or an integer >= 0, got '-1'"),
+    (["--max-jobs-per-process", "0"], "argument --max-jobs-per-process: must be a whole number "
+                                      "of jobs >= 1, got '0'"),
+    (["--max-memory", "512MB"], "argument --max-memory: must be a memory size of at least 1 "
+                                "MiB: a number of MiB (512), or 512MiB, 1GiB; got '512MB'"),
+])
+def test_xjobs_worker_bounds_are_refused_from_the_command_line_as_prefetch_is(args, says,
+                                                                              capsys):
+    """From a shell, a bad recycling bound exits 2 with argparse's message, as --prefetch does
+    (what `manage.py xjobs_worker` runs: the parser of a command called from its command
+    line)."""
+    from django_xjobs.management.commands.xjobs_worker import Command
+
+    command = Command()
+    command._called_from_command_line = True  # as run_from_argv sets it
+    parser = command.create_parser("manage.py", "xjobs_worker")
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(args)
+    assert exit_.value.code == 2
+    assert says in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------ xjobs_sql --

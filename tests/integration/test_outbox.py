@@ -357,7 +357,7 @@ def test_enqueue_on_commit_by_name_and_on_a_bound_job():
 NAIVE = datetime(2030, 1, 1, 12, 0)
 
 BAD_CALLS = {
-    "non-JSON input": lambda: record.enqueue_on_commit(when=datetime.now(UTC)),
+    "non-JSON input": lambda: record.enqueue_on_commit(when={1, 2}),  # a datetime is stored
     "NaN": lambda: record.enqueue_on_commit(x=float("nan")),
     "naive run_at": lambda: record.using(run_at=NAIVE).enqueue_on_commit(),
     "negative delay": lambda: record.using(delay=-5).enqueue_on_commit(),

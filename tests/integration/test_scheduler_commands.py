@@ -94,7 +94,7 @@ def test_xjobs_schedule_prints_a_table_and_the_leader():
     out = xjobs("schedule")
 
     lines = out.splitlines()
-    assert lines[0].split() == ["task", "job", "cron", "timezone", "misfire", "overlap",
+    assert lines[0].split() == ["task", "job", "schedule", "timezone", "misfire", "overlap",
                                 "state", "watermark", "next", "fire", "skipped", "(last)"]
     nightly = next(line for line in lines if line.startswith("nightly"))
     assert "testapp.record" in nightly and "Europe/Paris" in nightly and "active" in nightly

@@ -696,3 +696,17 @@ def slotted_nap(ctx, group, ms=10):
 def nap_parent(ctx, count=10, ms=10):
     """Gathers ``count`` naps as children."""
     return sum(ctx.step.gather("naps", [(nap, {"ms": ms}) for _ in range(count)]))
+
+
+# ------------------------------------------------------------------------- worker recycling --
+# tests/acceptance/test_worker_recycling.py: a job whose process keeps what it allocated.
+
+_HOARD = []  # lives as long as the worker process, as a leak would
+
+
+@job
+def hoard(ctx, mib=0):
+    """Keeps ``mib`` MiB more in this process (written, so resident), then records its run."""
+    _HOARD.append(b"x" * (mib * 1024 * 1024))
+    _effect(ctx, "start", mib)
+    return {"pid": os.getpid()}

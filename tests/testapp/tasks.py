@@ -158,6 +158,19 @@ def immediate_touch(marker):
     Path(marker).touch()
 
 
+@task
+def echo_call(*args, **kwargs):
+    """Returns its call as it received it: typed arguments come back as the return value
+    (tests/integration/test_typed_values.py)."""
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task
+def echo_value(value):
+    """Returns its one argument (a Decimal, a datetime, ...) as the whole return value."""
+    return value
+
+
 # ------------------------------------------------------------------------------- signals --
 
 

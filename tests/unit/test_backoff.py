@@ -94,3 +94,13 @@ def test_without_a_definition_the_settings_policy_applies():
               for attempt, _ in itertools.product(range(1, 10), range(50))]
     assert all(0 <= d <= 3.0 for d in delays)
     assert max(delays) > 1.0  # attempts past the first widen the window up to the cap
+
+
+def test_without_jitter_the_delay_is_the_whole_window_and_base_equal_to_cap_is_fixed():
+    settings = conf.build({})
+    doubling = JobDefinition.build(lambda ctx: None, name="t.no_jitter", retry_base="1s",
+                                   retry_cap="5s", retry_jitter=False)
+    assert [backoff_for(doubling, a, settings) for a in range(1, 6)] == [1, 2, 4, 5, 5]
+    fixed = JobDefinition.build(lambda ctx: None, name="t.fixed", retry_base="3s",
+                                retry_cap="3s", retry_jitter=False)
+    assert {backoff_for(fixed, a, settings) for a in range(1, 20)} == {3}

@@ -267,6 +267,10 @@ def test_notify_refuses_anything_but_a_bool(notify):
         ({"SCHEDULE": []}, "SCHEDULE"),
         ({"APP_VERSION": 3}, "APP_VERSION"),
         ({"ADMIN_TENANT_SCOPE": 3}, "ADMIN_TENANT_SCOPE"),
+        ({"MAX_JOBS_PER_PROCESS": 0}, "MAX_JOBS_PER_PROCESS"),
+        ({"MAX_JOBS_PER_PROCESS": "100"}, "MAX_JOBS_PER_PROCESS"),
+        ({"MAX_MEMORY": 0}, "MAX_MEMORY"),
+        ({"MAX_MEMORY": "512MB"}, "MAX_MEMORY"),
     ],
 )
 def test_other_bad_values_are_refused_by_key(raw, key):

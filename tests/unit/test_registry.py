@@ -120,7 +120,7 @@ def test_a_trailing_newline_does_not_slip_past_the_name_pattern(option, value):
             return None
 
 
-@pytest.mark.parametrize("queue", ["", "bad queue", "q" * 201, "q/1", None, 5])
+@pytest.mark.parametrize("queue", ["", "bad queue", "q" * 201, "q/1", 5])
 def test_an_invalid_queue_is_refused_at_decoration(queue):
     with pytest.raises(ConfigurationError, match="Queue name"):
         @job(name="t.bad_queue", queue=queue)

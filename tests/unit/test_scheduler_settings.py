@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from django_xjobs import conf, job, registry
@@ -89,8 +91,21 @@ def test_a_schedule_entry_gets_its_defaults():
     s = conf.build({"SCHEDULE": {"nightly": GOOD}})
 
     assert s.schedule == {"nightly": {"job": "testapp.noop", "cron": "0 3 * * *",
-                                      "timezone": "UTC", "input": {}, "misfire": "latest",
-                                      "overlap": "allow"}}
+                                      "every": None, "timezone": "UTC", "input": {}, "args": [],
+                                      "misfire": "latest", "overlap": "allow", "queue": None,
+                                      "priority": None}}
+
+
+@pytest.mark.parametrize("every", [timedelta(seconds=45), "45s", 45, 45.0])
+def test_an_interval_entry_takes_a_timedelta_a_string_or_seconds_and_has_no_timezone(every):
+    s = conf.build({"SCHEDULE": {"poll": {"job": "testapp.record", "every": every,
+                                          "input": {"tag": "p"}, "args": ["x"],
+                                          "queue": "polls", "priority": 5}}})
+
+    assert s.schedule["poll"] == {"job": "testapp.record", "cron": None, "every": 45.0,
+                                  "timezone": None, "input": {"tag": "p"}, "args": ["x"],
+                                  "misfire": "latest", "overlap": "allow", "queue": "polls",
+                                  "priority": 5}
 
 
 @pytest.mark.parametrize(
@@ -116,6 +131,19 @@ def test_a_schedule_entry_gets_its_defaults():
         ({"t": {**GOOD, "overlap": None}}, "got NoneType None"),
         ({"t": {**GOOD, "overlap": ["skip"]}}, "got list ['skip']"),
         ({"t": {**GOOD, "overlap": True}}, "got bool True"),
+        ({"t": {**GOOD, "every": "45s"}}, 'needs a "cron" or an "every" (a cron expression, '
+                                          'or an interval such as "45s"), one of them, not both'),
+        ({"t": {"job": "testapp.noop", "every": "45s", "timezone": "UTC"}},
+         '["timezone"] goes with "cron" only'),
+        ({"t": {"job": "testapp.noop", "every": "soon"}}, '["every"]: \'soon\' is not a duration'),
+        ({"t": {"job": "testapp.noop", "every": -1}}, '["every"]: must not be negative'),
+        ({"t": {"job": "testapp.noop", "every": None}}, '["every"]: expected a duration'),
+        ({"t": {**GOOD, "args": "abc"}}, '["args"] must be a list of positional arguments'),
+        ({"t": {**GOOD, "args": {"a": 1}}}, '["args"] must be a list'),
+        ({"t": {**GOOD, "queue": "no spaces"}}, 'queue name \'no spaces\' is not valid'),
+        ({"t": {**GOOD, "priority": "high"}}, '["priority"] must be a 32-bit integer'),
+        ({"t": {**GOOD, "priority": True}}, '["priority"] must be a 32-bit integer'),
+        ({"t": {**GOOD, "priority": 2**31}}, '["priority"] must be a 32-bit integer'),
     ],
 )
 def test_a_malformed_schedule_entry_is_refused_naming_the_entry(schedule, fragment):
@@ -184,3 +212,62 @@ def test_job_refuses_bad_cron_options_when_decorated(options, fragment):
             return None
 
     assert registry.lookup("tests.bad_cron") is None
+
+
+# ------------------------------------------------------------------------ @job(every=) --
+
+
+@pytest.mark.parametrize(("every", "stored"), [
+    (timedelta(seconds=45), timedelta(seconds=45)), ("45s", timedelta(seconds=45)),
+    (90, timedelta(seconds=90)), ("1.5s", timedelta(seconds=1.5)), ("2h", timedelta(hours=2)),
+])
+def test_job_takes_every_as_a_timedelta_seconds_or_a_string_and_stores_a_timedelta(every, stored):
+    @job(name="tests.every_job", every=every, misfire="all", overlap="skip")
+    def every_job(ctx):
+        return None
+
+    assert every_job.options == {"every": stored, "misfire": "all", "overlap": "skip"}
+
+
+def test_job_every_defaults_to_latest_and_allow_and_takes_no_timezone():
+    @job(name="tests.every_defaults", every="10s")
+    def every_defaults(ctx):
+        return None
+
+    assert every_defaults.options == {"every": timedelta(seconds=10), "misfire": "latest",
+                                      "overlap": "allow"}
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"cron": "0 3 * * *", "every": "1h"},
+         "cron= and every= are two ways to give a schedule; give one"),
+        ({"every": "1h", "timezone": "Europe/Paris"}, "timezone= goes with cron= only"),
+        ({"every": "999ms"}, "shorter than the shortest interval, 1s"),
+        ({"every": 0}, "shorter than the shortest interval"),
+        ({"every": timedelta(days=367)}, "longer than the longest interval, 366d"),
+        ({"every": "soon"}, "'soon' is not a duration"),
+        ({"every": -5}, "must not be negative"),
+        ({"every": [45]}, "expected a duration"),
+        ({"misfire": "all"}, "misfire= needs cron= or every="),
+        ({"every": "1m", "misfire": "twice"}, "misfire must be one of"),
+        ({"every": "1m", "overlap": "queue"}, "overlap must be one of"),
+    ],
+)
+def test_job_refuses_bad_every_options_when_decorated(options, fragment):
+    with pytest.raises(ConfigurationError, match=r"tests\.bad_every") as info:
+        @job(name="tests.bad_every", **options)
+        def bad_every(ctx):
+            return None
+
+    assert fragment in str(info.value)
+    assert registry.lookup("tests.bad_every") is None
+
+
+def test_job_every_refuses_a_function_with_required_arguments():
+    with pytest.raises(ConfigurationError, match=r"every= runs needs_input\(ctx, account\) with no "
+                                                 r"input, but it requires account"):
+        @job(name="tests.every_needs_input", every="1m")
+        def needs_input(ctx, account):
+            return account

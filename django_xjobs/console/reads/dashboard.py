@@ -72,6 +72,9 @@ class ScheduleRow:
     overlap: str | None = None
     overlap_skipped: int = 0
     overlap_skipped_at: datetime | None = None
+    # When it fires, as an operator reads it: the cron expression, or "every 45s"
+    # (docs/scheduling.md, "Intervals"); None: a task no longer declared.
+    schedule: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,7 +164,8 @@ def schedule_rows() -> list[ScheduleRow]:
                         updated_at=orm_time(t.updated_at), next_fire_at=orm_time(t.next_fire_at),
                         configured=t.configured, overlap=t.overlap,
                         overlap_skipped=t.overlap_skipped,
-                        overlap_skipped_at=orm_time(t.overlap_skipped_at))
+                        overlap_skipped_at=orm_time(t.overlap_skipped_at),
+                        schedule=t.schedule)
             for t in scheduler.describe(now=get_engine().db_now()).tasks]
 
 

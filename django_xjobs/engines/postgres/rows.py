@@ -23,21 +23,24 @@ from ...records import (
     decode_stored_json,
     progress_from_json,
 )
+from ...values import decode_json as decode_typed_json
 
 
 def decode_json(value: Any) -> Any:
     # Django registers a jsonb loader that returns the text (JSONField decodes it itself), so
-    # jsonb arrives here as str on Django's connections.
+    # jsonb arrives here as str on Django's connections; its typed values come back as Python's
+    # (values.decode_json).
     if isinstance(value, str):
-        return json.loads(value)
+        return decode_typed_json(value)
     return value
 
 
 def try_decode_json(value: Any) -> tuple[Any, str | None]:
-    """:func:`records.decode_stored_json` for a column psycopg may already have decoded."""
+    """:func:`records.decode_stored_json` for a column psycopg may already have decoded, typed
+    values as Python's."""
     if not isinstance(value, str):
         return value, None
-    return decode_stored_json(value)
+    return decode_stored_json(value, decode_typed_json)
 
 
 def decode_json_for_run(value: Any, what: str) -> Any:

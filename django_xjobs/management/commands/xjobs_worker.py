@@ -13,10 +13,11 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import worker_process
+from ... import conf, worker_process
 from ...exceptions import ConfigurationError
-from ...values import NAME_RE, parse_duration
+from ...values import NAME_RE, parse_duration, parse_mebibytes
 from ...worker.loop import Worker
+from ...worker.recycling import EXIT_RECYCLED, resident_bytes
 from .. import cli
 
 
@@ -40,6 +41,25 @@ def _port(value: str) -> int:
     if not 1 <= number <= 65535:
         raise argparse.ArgumentTypeError(f"must be a TCP port number, 1 to 65535, got {value!r}")
     return number
+
+
+def _job_count(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of jobs >= 1, got {value!r}")
+    return number
+
+
+def _mebibytes(value: str) -> int:
+    try:
+        return parse_mebibytes(value, what="memory size")
+    except ConfigurationError:
+        raise argparse.ArgumentTypeError(
+            f"must be a memory size of at least 1 MiB: a number of MiB (512), or 512MiB, 1GiB; "
+            f"got {value!r}") from None
 
 
 def _duration(value: str) -> float:
@@ -97,7 +117,18 @@ class Command(BaseCommand):
         parser.add_argument("--supervised", type=int, metavar="PID", help=argparse.SUPPRESS)
         parser.add_argument("--processes", type=int, default=1,
                             help="run N worker processes under a supervisor that restarts any "
-                                 "that dies (default 1: this process is the worker)")
+                                 "that dies (default 1: this process is the worker, or with "
+                                 "recycling the supervisor of one)")
+        parser.add_argument("--max-jobs-per-process", type=_job_count, metavar="N",
+                            help="recycle a worker process after it settled N jobs: it stops "
+                                 "claiming, finishes its runs and exits, and a fresh one takes "
+                                 "its place (Celery's --max-tasks-per-child); default "
+                                 "XJOBS['MAX_JOBS_PER_PROCESS'] (docs/deployment.md)")
+        parser.add_argument("--max-memory", type=_mebibytes, metavar="MiB",
+                            help="recycle a worker process once its resident memory, checked "
+                                 "after each job, exceeds this many MiB (512, or 512MiB, 1GiB; "
+                                 "Celery's --max-memory-per-child, which counts KiB); default "
+                                 "XJOBS['MAX_MEMORY']")
         parser.add_argument("--health-file", metavar="PATH",
                             help="touch PATH (creating it) at most once a second while the "
                                  "worker's loop goes round: a probe that watches its age sees "
@@ -115,6 +146,12 @@ class Command(BaseCommand):
         health_file = options["health_file"]
         if health_file is not None:
             _check_health_file(health_file, options["processes"])
+        settings = conf.get()
+        max_jobs = options["max_jobs_per_process"] or settings.max_jobs_per_process
+        max_memory = options["max_memory"] or settings.max_memory
+        if max_memory is not None and resident_bytes() is None:
+            raise CommandError("--max-memory (XJOBS['MAX_MEMORY']) reads the resident memory "
+                               "from /proc/self/statm, which this system does not have")
         overrides: dict[str, Any] = {
             "queues": tuple(queues) if queues else None,
             "concurrency": options["concurrency"],
@@ -123,6 +160,8 @@ class Command(BaseCommand):
             "worker_id": options["worker_id"],
             "supervisor": options["supervised"],
             "health_file": health_file,
+            "max_jobs_per_process": max_jobs,
+            "max_memory": max_memory,
         }
         for key in ("lease", "heartbeat", "poll_interval", "shutdown_grace"):
             if options[key] is not None:
@@ -139,10 +178,14 @@ class Command(BaseCommand):
         cli.log_to_stderr(options["verbosity"])
         if options["processes"] < 1:
             raise CommandError("--processes must be >= 1")
+        # A worker that recycles itself needs someone to start the next one: the supervisor,
+        # which runs it even as the only process (docs/deployment.md, "Recycling worker
+        # processes"). The processes it starts are supervised, and run the worker themselves.
+        recycles = bool(max_jobs or max_memory) and options["supervised"] is None
         stop_serving = _serve_metrics(options["metrics_port"])
         try:
-            if options["processes"] > 1:
-                from ...worker.supervisor import Supervisor  # --processes only, after checks
+            if options["processes"] > 1 or recycles:
+                from ...worker.supervisor import Supervisor  # only then, after the checks
 
                 code = Supervisor(_child_args(options), options["processes"], _child_env(),
                                   burst=options["burst"]).run()
@@ -157,6 +200,8 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from None
             if worker.error:
                 raise CommandError(worker.error)
+            if worker.recycled:  # drained: its supervisor starts a fresh process
+                sys.exit(EXIT_RECYCLED)
         finally:
             stop_serving()
 
@@ -195,12 +240,18 @@ def _check_health_file(path: str, processes: int) -> None:
 
 
 def _child_args(options: dict[str, Any]) -> list[str]:
-    """This command's options for one child process (everything but --processes)."""
+    """This command's options for one child process (everything but --processes and
+    --metrics-port; with one process, its --worker-id and --health-file too: one such child
+    lives at a time)."""
     args: list[str] = []
     for queue in options["queues"] or ():
         args += ["--queue", queue]
+    if options["processes"] == 1:
+        for key in ("worker_id", "health_file"):
+            if options[key] is not None:
+                args += [f"--{key.replace('_', '-')}", options[key]]
     for key in ("concurrency", "prefetch", "lease", "heartbeat", "poll_interval",
-                "shutdown_grace"):
+                "shutdown_grace", "max_jobs_per_process", "max_memory"):
         if options[key] is not None:
             args += [f"--{key.replace('_', '-')}", str(options[key])]
     if options["burst"]:
