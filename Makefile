@@ -25,6 +25,9 @@
 #   make release              the sdist and wheel in dist/, checked, and the wheel installed in a
 #                             fresh virtualenv running the quickstart; uploads nothing
 #                             (docs/development.md, "Cutting a release")
+#   make docs                 the documentation site in docs/_build/html (Sphinx: every warning
+#                             an error, every reference and anchor checked; docs/development.md,
+#                             "The documentation site")
 #
 # PYTHON picks the interpreter, DJANGO the Django series (e.g. DJANGO=5.2 or DJANGO=6.1; empty =
 # the newest this Python supports), VENV the virtualenv (default .venv). The database is
@@ -195,3 +198,19 @@ release: install $(RELEASE_STAMP)
 	$(PY) -m build --outdir dist .
 	$(PY) -m twine check --strict dist/*
 	$(PY) -m tests.release_check dist $(if $(DJANGO),--django $(DJANGO),)
+
+# The documentation site (docs/conf.py): the pages of docs/ and the API reference from the
+# docstrings, into docs/_build/html. -W --keep-going: every warning fails the build, after all
+# are listed; -n: every reference, link between pages and #anchor must resolve; -E: read every
+# page and docstring again, so a warning of an unchanged page is never skipped. sphinx,
+# myst-parser and furo come from the `docs` extra, installed here only, after the package and
+# its Django series.
+.PHONY: docs
+DOCS_STAMP := $(VENV)/.installed-docs
+
+$(DOCS_STAMP): pyproject.toml | $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]' $(DJANGO_REQ)
+	@touch $@
+
+docs: $(STAMP) $(DOCS_STAMP)
+	$(VENV)/bin/sphinx-build -W --keep-going -n -E -b html docs docs/_build/html
