@@ -52,7 +52,7 @@ def test_retry_spends_an_attempt_and_records_its_cause():
     assert (done.attempt, done.result) == (3, 3)
     assert dead.attempt == 3  # the job's max_attempts: a 429 for ever ends, unlike Snooze
     assert "Busy: 429 on attempt 3" in dead.last_error
-    assert dead.last_error.startswith("exception-class: tests.integration.test_retry_semantics.Busy")
+    assert dead.last_error.startswith(f"exception-class: {__name__}.Busy")
 
 
 def test_retry_with_its_own_bound_ends_the_job_at_that_attempt():
