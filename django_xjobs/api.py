@@ -280,7 +280,10 @@ def _template(definition: registry.JobDefinition[..., Any],
             raise InvalidJobInput(
                 f"unknown enqueue option(s) {sorted(unknown)}; known: {sorted(ENQUEUE_OPTIONS)}"
             )
-    queue = check_name("queue", options.get("queue", definition.queue))
+    # definition.queue reads XJOBS["ROUTES"]: only when the enqueue names no queue (get()
+    # would read it on every enqueue).
+    named = options["queue"] if "queue" in options else definition.queue  # noqa: SIM401
+    queue = check_name("queue", named)
 
     run_at = options.get("run_at")
     delay_ms = 0

@@ -128,6 +128,15 @@ class PermanentError(Exception):
     """
 
 
+def _seconds(value: timedelta | float | int, what: str) -> float:
+    """Seconds from the timedelta or the number a control signal was given."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise TypeError(f"{what} must be a timedelta or seconds, got {value!r}")
+
+
 class Snooze(Exception):
     """Raise from a job to run it again later without spending an attempt.
 
@@ -135,12 +144,7 @@ class Snooze(Exception):
     """
 
     def __init__(self, delay: timedelta | float | int = 0) -> None:
-        if isinstance(delay, timedelta):
-            seconds = delay.total_seconds()
-        elif isinstance(delay, int | float) and not isinstance(delay, bool):
-            seconds = float(delay)
-        else:
-            raise TypeError(f"Snooze delay must be a timedelta or seconds, got {delay!r}")
+        seconds = _seconds(delay, "Snooze delay")
         if seconds < 0:
             raise ValueError(f"Snooze delay must not be negative, got {seconds}s")
         super().__init__(f"snoozed for {seconds:g}s")
@@ -152,21 +156,17 @@ class Retry(Exception):
 
     ``raise Retry(timedelta(seconds=30))``, ``raise Retry(30) from exc``: unlike
     :class:`Snooze`, the attempt counts, so a partner that answers 429 forever ends the job
-    ``dead`` once its attempts are spent instead of looping for ever. ``max_attempts`` lowers
-    the bound for this retry (the job is dead if this attempt is number ``max_attempts`` or
-    later); the job's own ``max_attempts`` bounds it in any case. The error the attempt records
-    is the cause's (``raise Retry(...) from exc``) when there is one. A job's ``retry_on=`` does
+    ``dead`` once its attempts are spent instead of looping for ever. ``max_attempts`` is the
+    bound this retry is judged by, lower or higher than the job's (the job is dead if this
+    attempt is number ``max_attempts`` or later); a higher one stays the job's bound from then
+    on. The error the attempt records is the cause's (``raise Retry(...) from exc``) when there
+    is one. A job's ``retry_on=`` does
     not filter it: raising it is the decision to retry (docs/guide.md, "Retries").
     """
 
     def __init__(self, delay: timedelta | float | int = 0, *,
                  max_attempts: int | None = None) -> None:
-        if isinstance(delay, timedelta):
-            seconds = delay.total_seconds()
-        elif isinstance(delay, int | float) and not isinstance(delay, bool):
-            seconds = float(delay)
-        else:
-            raise TypeError(f"Retry delay must be a timedelta or seconds, got {delay!r}")
+        seconds = _seconds(delay, "Retry delay")
         if not 0 <= seconds < float("inf"):
             raise ValueError(f"Retry delay must be a finite duration, not negative, got {delay!r}")
         if max_attempts is not None and (isinstance(max_attempts, bool)
@@ -195,12 +195,7 @@ class PauseKey(Exception):
         if not isinstance(key, str) or not key or len(key) > MAX_PAUSE_KEY or "\x00" in key:
             raise TypeError(f"PauseKey key must be a non-empty string of at most "
                             f"{MAX_PAUSE_KEY} characters without NUL, got {key!r:.100}")
-        if isinstance(for_, timedelta):
-            seconds = for_.total_seconds()
-        elif isinstance(for_, int | float) and not isinstance(for_, bool):
-            seconds = float(for_)
-        else:
-            raise TypeError(f"PauseKey for_ must be a timedelta or seconds, got {for_!r}")
+        seconds = _seconds(for_, "PauseKey for_")
         if not seconds > 0 or seconds == float("inf"):
             raise ValueError(f"PauseKey for_ must be a positive, finite duration, got {for_!r}")
         if reason is not None and (not isinstance(reason, str) or "\x00" in reason):

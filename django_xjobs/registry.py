@@ -264,8 +264,10 @@ class JobDefinition(Generic[P, R]):
             timeout_s = parse_duration(timeout, what=f"{job_name}: timeout")
             if timeout_s <= 0:
                 raise ConfigurationError(f"{job_name}: timeout must be greater than zero")
-        base = parse_duration(retry_base, what=f"{job_name}: retry_base") if retry_base else None
-        cap = parse_duration(retry_cap, what=f"{job_name}: retry_cap") if retry_cap else None
+        base = (parse_duration(retry_base, what=f"{job_name}: retry_base")
+                if retry_base is not None else None)  # 0 is a retry at once
+        cap = parse_duration(retry_cap, what=f"{job_name}: retry_cap") if retry_cap is not None \
+            else None
         if base is not None and cap is not None and cap < base:
             raise ConfigurationError(f"{job_name}: retry_cap must not be smaller than retry_base")
         if not isinstance(retry_jitter, bool):
@@ -278,21 +280,22 @@ class JobDefinition(Generic[P, R]):
             timeout=timeout_s,
             priority=priority,
             retry=RetryPolicy(base=base, cap=cap, jitter=retry_jitter,
-                              on=_exception_classes(job_name, retry_on)),
+                              on=exception_classes(job_name, retry_on)),
             is_async=inspect.iscoroutinefunction(func),
             options=options,
         )
 
 
-def _exception_classes(job: str, value: Any) -> tuple[type[BaseException], ...] | None:
-    """``retry_on=``: None, an exception class or a tuple (a list) of them."""
+def exception_classes(job: str, value: Any, *, what: str = "retry_on"
+                      ) -> tuple[type[BaseException], ...] | None:
+    """``retry_on=`` (and the like): None, an exception class or a tuple (a list) of them."""
     if value is None:
         return None
     classes = tuple(value) if isinstance(value, tuple | list) else (value,)
     for kind in classes:
         if not (isinstance(kind, type) and issubclass(kind, BaseException)):
             raise ConfigurationError(
-                f"{job}: retry_on must be an exception class or a tuple of them, got {kind!r}")
+                f"{job}: {what} must be an exception class or a tuple of them, got {kind!r}")
     return classes
 
 

@@ -170,6 +170,9 @@ class Failure:
     retry_delay_ms: int
     permanent: bool = False
     outcome: str = "failed"  # the attempt history's: `failed` or `timeout`
+    # Retry(max_attempts=n): the job's bound from this retry on (dead at attempt n), raised on
+    # the row when it is higher; None keeps the row's.
+    max_attempts: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

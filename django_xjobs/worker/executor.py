@@ -79,6 +79,8 @@ class Retry:
     outcome: str = "failed"
     # What the job's code raised, for job_finished's receivers (docs/observability.md).
     exception: BaseException | None = field(default=None, compare=False, repr=False)
+    # Retry(max_attempts=n): the bound this retry is judged by (records.Failure).
+    max_attempts: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,13 @@ def backoff_for(definition: JobDefinition | None, attempt: int, settings: XJobsS
     if policy is not None and not policy.jitter:
         return retry_delay(attempt, base=base, cap=cap, rand=_whole)
     return retry_delay(attempt, base=base, cap=cap)
+
+
+def timeout_is_final(definition: JobDefinition | None) -> bool:
+    """Whether a run stopped at its timeout ends the job ``dead``: its ``retry_on=`` does not
+    list ``TimeoutError`` (a job without ``retry_on`` retries a timeout like any failure)."""
+    on = definition.retry.on if definition is not None else None
+    return on is not None and not issubclass(TimeoutError, on)
 
 
 def _whole() -> float:
@@ -207,9 +216,8 @@ def _outcome_of_exception(
         return KeyPaused(key=exc.key, seconds=exc.seconds, reason=exc.reason, exception=exc)
     if isinstance(exc, RetryRequested):
         cause = exc.__cause__ if exc.__cause__ is not None else exc
-        spent = exc.max_attempts is not None and claimed.attempt >= exc.max_attempts
-        return Retry(error=record_error(cause), delay=exc.seconds, permanent=spent,
-                     exception=cause)
+        return Retry(error=record_error(cause), delay=exc.seconds, exception=cause,
+                     max_attempts=exc.max_attempts)
     retry_on = definition.retry.on
     if retry_on is not None and not isinstance(exc, retry_on):
         return Retry(error=record_error(exc), delay=0, permanent=True, exception=exc)
@@ -303,6 +311,7 @@ async def _execute_async(
             error=f"TimeoutError: {definition.name} ran longer than its timeout "
                   f"({definition.timeout:g}s)\n{format_error(exc)}",
             delay=backoff_for(definition, claimed.attempt, settings), outcome="timeout",
+            permanent=timeout_is_final(definition),
         )
     except asyncio.CancelledError:
         return Discard(ctx.stop_reason or "cancelled")

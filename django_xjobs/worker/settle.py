@@ -236,7 +236,7 @@ def write_outcome(engine: Engine, job: ClaimedJob, outcome: Outcome) -> tuple[Fe
             # Rounded up: a backoff drawn under half a millisecond still makes the retry wait
             # (`delayed`), instead of reading as no backoff at all.
             retry_delay_ms=math.ceil(outcome.delay * 1000), permanent=outcome.permanent,
-            outcome=outcome.outcome,
+            outcome=outcome.outcome, max_attempts=outcome.max_attempts,
         ))
         return report.outcome(job.lease_token), state or "lost"
     if isinstance(outcome, GiveBack):

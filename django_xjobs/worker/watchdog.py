@@ -136,7 +136,7 @@ class Watchdog:
                     error=f"TimeoutError: {run.job.name} ran longer than its timeout "
                           f"({timeout:g}s); the run was stopped and its result will be discarded",
                     delay=executor.backoff_for(run.definition, run.job.attempt, self.settings),
-                    outcome="timeout",
+                    outcome="timeout", permanent=executor.timeout_is_final(run.definition),
                 ))
             elif self.flow.slot_lapsed(run, now):
                 # The self-fence of a slot: a hung heartbeat cannot renew it, and past its TTL

@@ -299,7 +299,8 @@ def fenced(pairs: list[tuple[str, str]]) -> dict:
 FENCED_WRITES = {
     "jobs_complete_if_owned": {"results": "[" + ",".join(["null"] * RUNNING) + "]"},
     "jobs_renew_if_owned": {"lease_ms": 60_000},
-    "job_fail_if_owned": {"error": "E", "delay_ms": 0, "permanent": False, "outcome": "failed"},
+    "job_fail_if_owned": {"error": "E", "delay_ms": 0, "permanent": False, "outcome": "failed",
+                          "max_attempts": None},
     "job_requeue_if_owned": {"delay_ms": 0, "spent": True, "resumed": False, "note": None,
                              "outcome": "handed_back"},
     "job_suspend_if_owned": {"wake_at": "2100-01-01T00:00:00Z"},

@@ -32,9 +32,21 @@ def partner(ctx, answers_429_until: int):
     return ctx.attempt
 
 
+@job(name="retrysem.raised_bound", max_attempts=2)
+def raised_bound(ctx):
+    if ctx.attempt < 4:
+        raise Retry(0, max_attempts=5)
+    return ctx.attempt
+
+
 @job(name="retrysem.bounded", max_attempts=10)
 def bounded(ctx):
     raise Retry(0, max_attempts=2)
+
+
+@job(name="retrysem.slow", timeout=0.2, retry_on=(KeyError,))
+def slow(ctx):
+    ctx.cancelled.wait(30)  # stopped at its timeout
 
 
 @job(name="retrysem.listed", max_attempts=5, retry_on=(Busy,), retry_base=0.01,
@@ -70,6 +82,20 @@ def test_retry_on_retries_only_the_listed_exceptions():
         other_row = wait_state(other, "dead")
     assert busy_row.attempt == 5
     assert other_row.attempt == 1 and "KeyError" in other_row.last_error
+
+
+def test_a_timeout_is_final_unless_retry_on_lists_timeout_error():
+    handle = slow.enqueue()
+    with running_worker():
+        dead = wait_state(handle, "dead")
+    assert dead.attempt == 1 and "TimeoutError" in dead.last_error
+
+
+def test_retry_with_a_higher_bound_raises_the_jobs_own():
+    handle = raised_bound.enqueue()
+    with running_worker():
+        done = wait_state(handle, "done")
+    assert (done.attempt, done.max_attempts, done.result) == (4, 5, 4)
 
 
 def test_retry_refuses_bad_arguments():

@@ -200,7 +200,7 @@ class Runs(PostgresCore):
         row = self._run(JOB_FAIL_IF_OWNED, {
             **fence_params(failure.claim), "error": failure.error,
             "delay_ms": failure.retry_delay_ms, "permanent": failure.permanent,
-            "outcome": failure.outcome,
+            "outcome": failure.outcome, "max_attempts": failure.max_attempts,
         }, fetch="one")
         report = self._one_report("fail", failure.claim, row)
         if report.owned:

@@ -143,17 +143,26 @@ attempts are used up or the error is permanent. The choice is made here from the
 same fence as the ack, so a run that lost the job cannot bury or revive it. last_error always
 records this run's error. Locked as the ack locks (a child's burial counts its parent's step
 row down): a row another transaction holds answers `busy`, and the worker writes it again later.
+A run that raised Retry(max_attempts=n) gives the bound itself (`bound`: dead at attempt n,
+lower or higher than the row's), and a higher one is kept as the row's max_attempts.
 """,
     sql=f"""
 with {_ONE_RUN}, free as materialized (
     {free_runs_sql("one", SETTLE_COLUMNS)}
 ), {settle_locks_sql("free")}, settled as (
     update only x_jobs
-       set state       = case when %(permanent)s or attempt >= max_attempts then 'dead'
+       set state       = case when %(permanent)s
+                                   or attempt >= coalesce(%(max_attempts)s::int, max_attempts)
+                              then 'dead'
                               when %(delay_ms)s > 0 then 'delayed' else 'ready' end,
-           run_at      = case when %(permanent)s or attempt >= max_attempts then run_at
+           run_at      = case when %(permanent)s
+                                   or attempt >= coalesce(%(max_attempts)s::int, max_attempts)
+                              then run_at
                               else now() + %(delay_ms)s * interval '1 millisecond' end,
-           finished_at = case when %(permanent)s or attempt >= max_attempts then now() end,
+           finished_at = case when %(permanent)s
+                                   or attempt >= coalesce(%(max_attempts)s::int, max_attempts)
+                              then now() end,
+           max_attempts = greatest(max_attempts, coalesce(%(max_attempts)s::int, 0)),
            visible_at  = null,
            last_error  = %(error)s,
            attempts    = {attempt_entry_sql("%(outcome)s::text", error="%(error)s::text")},
