@@ -118,6 +118,9 @@ def enqueue_options(task: str, options: Mapping[str, Any]) -> dict[str, Any]:
         elif option == "eta":
             if value is not None:
                 result["run_at"] = value
+        elif option == "expires":
+            raise NotSupported(f"{task}: expires= is taken by a Celery-style task's "
+                               "apply_async and its signatures only")
         elif option in ("queue", "priority"):
             if value is not None:
                 result[option] = value

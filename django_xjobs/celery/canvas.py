@@ -22,14 +22,17 @@ from typing import Any
 from .. import api, registry
 from ..context import JobContext
 from ..decorator import job
-from ..exceptions import InvalidJobInput
-from .base import enqueue_options, lookup
+from ..exceptions import InvalidJobInput, UnknownJob, fail_for_good
+from .base import META_KEY, enqueue_options, lookup
+from .errors import NotSupported
 from .result import AsyncResult
 
 CHAIN, GROUP, CHORD = ("django_xjobs.celery.chain", "django_xjobs.celery.group",
                        "django_xjobs.celery.chord")
-# The enqueue options a signature may carry (.set(...), .apply_async(...)) onto its child job.
-_CHILD_OPTIONS = frozenset({"countdown", "eta", "queue", "priority"}) | api.ENQUEUE_OPTIONS
+# The enqueue options a signature may carry (.set(...), .apply_async(...)) onto its child job:
+# Celery's, and the native ones a child job takes.
+_CHILD_OPTIONS = (frozenset({"countdown", "eta", "expires", "queue", "priority"})
+                  | api.ENQUEUE_OPTIONS) - api.CHILD_REFUSED_OPTIONS
 
 
 class Signature:
@@ -94,20 +97,13 @@ class Signature:
     def data(self) -> dict[str, Any]:
         """The signature as the orchestrator's input stores it."""
         return {"kind": "task", "task": self.task, "args": list(self.args),
-                "kwargs": self.kwargs, "options": _portable(self.options),
-                "immutable": self.immutable}
+                "kwargs": self.kwargs, "options": self.options, "immutable": self.immutable}
 
 
 def signature(task: Any, args: Iterable[Any] = (), kwargs: Mapping[str, Any] | None = None,
               **options: Any) -> Signature:
     immutable = bool(options.pop("immutable", False))
     return Signature(task, args, kwargs, options=options, immutable=immutable)
-
-
-def _portable(options: Mapping[str, Any]) -> dict[str, Any]:
-    """A signature's options as JSON: ``eta`` as text (the child's enqueue reads it back)."""
-    return {k: (v.isoformat() if k == "eta" and v is not None else v)
-            for k, v in options.items()}
 
 
 def _task(name: str) -> Any:
@@ -119,19 +115,21 @@ def _task(name: str) -> Any:
     return task
 
 
-class _Canvas:
+class Canvas:
+    """What ``chain``, ``group`` and ``chord`` share: enqueued as one orchestrator job."""
+
     kind: str
     orchestrator: str
 
     def __init__(self, *tasks: Any, **options: Any) -> None:
-        if len(tasks) == 1 and not isinstance(tasks[0], Signature | _Canvas):
+        if len(tasks) == 1 and not isinstance(tasks[0], Signature | Canvas):
             tasks = tuple(tasks[0])  # group(add.s(i, i) for i in range(10))
         for t in tasks:
-            if not isinstance(t, Signature | _Canvas):
+            if not isinstance(t, Signature | Canvas):
                 raise InvalidJobInput(
                     f"{self.kind}() takes signatures (task.s(...), task.si(...)) and canvases,"
                     f" got {t!r:.80}")
-        self.tasks: tuple[Signature | _Canvas, ...] = tasks
+        self.tasks: tuple[Signature | Canvas, ...] = tasks
         self.options = options
 
     def __or__(self, other: Any) -> chain:
@@ -147,11 +145,14 @@ class _Canvas:
                     **options: Any) -> AsyncResult:
         """Enqueue the orchestrator; ``args`` / ``kwargs`` go to the first task (a chain's) or
         to every task (a group's), as in Celery."""
-        if not self.tasks:
-            raise InvalidJobInput(f"an empty {self.kind}() has nothing to run")
         options = {**self.options, **options}
-        queue = options.pop("queue", None) or _first_queue(self)
-        handle = api.enqueue(self.orchestrator, {"canvas": self.data(), "args": list(args),
+        if "expires" in options:
+            raise NotSupported(f"{self.kind}(...).apply_async(expires=...): give each task's "
+                               "signature its expires (task.s(...).set(expires=...))")
+        data = self.data()
+        check(data, list(args), dict(kwargs or {}))
+        queue = options.pop("queue", None) or _data_queue(data)
+        handle = api.enqueue(self.orchestrator, {"canvas": data, "args": list(args),
                                                  "kwargs": dict(kwargs or {})},
                              **enqueue_options(self.kind, {**options, "queue": queue}))
         return AsyncResult(handle.id, task_name=self.orchestrator)
@@ -160,32 +161,32 @@ class _Canvas:
         return self.apply_async(args, kwargs)
 
 
-class chain(_Canvas):  # Celery's name
+class chain(Canvas):  # Celery's name
     """Run tasks one after the other, each given the previous one's result first."""
 
     kind, orchestrator = "chain", CHAIN
 
     def __init__(self, *tasks: Any, **options: Any) -> None:
         super().__init__(*tasks, **options)
-        flat: list[Signature | _Canvas] = []
+        flat: list[Signature | Canvas] = []
         for t in self.tasks:  # chain(a, chain(b, c)) is chain(a, b, c)
             flat.extend(t.tasks if isinstance(t, chain) else (t,))
         self.tasks = tuple(flat)
 
 
-class group(_Canvas):  # Celery's name
+class group(Canvas):  # Celery's name
     """Run tasks at once; the result is the list of their results, in order."""
 
     kind, orchestrator = "group", GROUP
 
 
-class chord(_Canvas):  # Celery's name
+class chord(Canvas):  # Celery's name
     """Run a group (the header), then the body with the list of its results first:
     ``chord([a.s(1), a.s(2)])(total.s())`` or ``chord(header, body)``."""
 
     kind, orchestrator = "chord", CHORD
 
-    def __init__(self, header: Any, body: Signature | _Canvas | None = None,
+    def __init__(self, header: Any, body: Signature | Canvas | None = None,
                  **options: Any) -> None:
         tasks = header.tasks if isinstance(header, group) else tuple(header)
         super().__init__(*tasks, **options)
@@ -198,24 +199,45 @@ class chord(_Canvas):  # Celery's name
         return {"kind": "chord", "tasks": [t.data() for t in self.tasks],
                 "body": self.body.data()}
 
-    def __call__(self, body: Signature | _Canvas | None = None, *args: Any,
-                 **kwargs: Any) -> AsyncResult:
+    def __call__(self, body: Signature | Canvas | None = None,  # type: ignore[override]
+                 **options: Any) -> AsyncResult:
+        """``chord(header)(body, **options)``: the options are ``apply_async``'s, as in
+        Celery."""
         if body is not None:
             self.body = body
-        return self.apply_async(args, kwargs)
+        return self.apply_async((), None, **options)
 
 
-def _first_queue(canvas: _Canvas) -> str:
-    """The queue the orchestrator runs on: its first task's, so a worker that serves the
-    tasks serves their orchestrator too."""
-    first: Signature | _Canvas = canvas
-    while isinstance(first, _Canvas):
-        first = first.tasks[0]
-    queue = first.options.get("queue")
-    if queue:
-        return str(queue)
-    task = lookup(first.task)
-    return task.queue if task is not None else "default"
+def check(data: Mapping[str, Any], args: list[Any], kwargs: Mapping[str, Any]) -> None:
+    """Refuse at enqueue a canvas that could not run: an empty one, a task no module of this
+    process registered, arguments a task's signature does not take (a previous result counted
+    as the first argument), an option its child job could not take. Raised in the caller, so
+    no task of it has run."""
+    if data["kind"] == "task":
+        task = _task(data["task"])
+        if not data["immutable"]:
+            args, kwargs = [*args, *data["args"]], {**data["kwargs"], **kwargs}
+        else:
+            args, kwargs = list(data["args"]), dict(data["kwargs"])
+        input = task.input(args, kwargs)
+        task.job.shape.check(task.name, {k: v for k, v in input.items() if k != META_KEY})
+        enqueue_options(task.name, {k: v for k, v in data["options"].items() if k != "expires"})
+        return
+    tasks = data["tasks"]
+    if not tasks:
+        raise InvalidJobInput(f"an empty {data['kind']}() has nothing to run")
+    if data["kind"] == "chain":
+        for n, element in enumerate(tasks):
+            check(element, args if n == 0 else [_PREVIOUS], kwargs if n == 0 else {})
+        return
+    for element in tasks:
+        check(element, args, kwargs)
+    if data["kind"] == "chord":
+        check(data["body"], [_PREVIOUS], {})
+
+
+# What stands for a previous task's result while a canvas is checked at enqueue.
+_PREVIOUS = object()
 
 
 # --------------------------------------------------------------------- the orchestrators --
@@ -224,7 +246,26 @@ def _first_queue(canvas: _Canvas) -> str:
 def _child(data: Mapping[str, Any], args: list[Any], kwargs: Mapping[str, Any]
            ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """``(job, input, options)`` for ``ctx.step.invoke`` of one element of a canvas, given
-    ``args`` first (the previous result) and ``kwargs``."""
+    ``args`` first (the previous result) and ``kwargs``. What cannot be enqueued (a task this
+    worker does not know, a result its signature cannot take) fails the canvas for good: a
+    retry of the orchestrator could not change it."""
+    try:
+        return _child_call(data, args, kwargs)
+    except (InvalidJobInput, UnknownJob) as exc:
+        raise fail_for_good(exc) from None
+
+
+def _for_good(step: Any, *args: Any, **kwargs: Any) -> Any:
+    """``step(*args, **kwargs)``, a step that enqueues children: what it refuses fails the
+    canvas for good."""
+    try:
+        return step(*args, **kwargs)
+    except (InvalidJobInput, UnknownJob) as exc:
+        raise fail_for_good(exc) from None
+
+
+def _child_call(data: Mapping[str, Any], args: list[Any], kwargs: Mapping[str, Any]
+                ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     if data["kind"] == "task":
         task = _task(data["task"])
         if data["immutable"]:
@@ -240,7 +281,8 @@ def _child(data: Mapping[str, Any], args: list[Any], kwargs: Mapping[str, Any]
 
 
 def _data_queue(data: Mapping[str, Any]) -> str:
-    """:func:`_first_queue` of a canvas stored as data."""
+    """The queue an orchestrator runs on: its first task's, so a worker that serves the tasks
+    serves their orchestrator too."""
     while data["kind"] != "task":
         data = data["tasks"][0]
     queue = data["options"].get("queue")
@@ -258,21 +300,21 @@ def run_chain(ctx: JobContext, canvas: dict[str, Any], args: list[Any],
         first = n == 0
         child, input, options = _child(data, list(args) if first else [result],
                                        kwargs if first else {})
-        result = ctx.step.invoke(f"{n}", child, input, **options)
+        result = _for_good(ctx.step.invoke, f"{n}", child, input, **options)
     return result
 
 
 @job(name=GROUP)
 def run_group(ctx: JobContext, canvas: dict[str, Any], args: list[Any],
               kwargs: dict[str, Any]) -> list[Any]:
-    return ctx.step.gather("tasks", [_child(data, list(args), kwargs)
-                                     for data in canvas["tasks"]])
+    calls = [_child(data, list(args), kwargs) for data in canvas["tasks"]]
+    return _for_good(ctx.step.gather, "tasks", calls)
 
 
 @job(name=CHORD)
 def run_chord(ctx: JobContext, canvas: dict[str, Any], args: list[Any],
               kwargs: dict[str, Any]) -> Any:
-    results = ctx.step.gather("header", [_child(data, list(args), kwargs)
-                                         for data in canvas["tasks"]])
+    calls = [_child(data, list(args), kwargs) for data in canvas["tasks"]]
+    results = _for_good(ctx.step.gather, "header", calls)
     child, input, options = _child(canvas["body"], [results], {})
-    return ctx.step.invoke("body", child, input, **options)
+    return _for_good(ctx.step.invoke, "body", child, input, **options)

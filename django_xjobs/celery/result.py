@@ -14,9 +14,10 @@ cancelled                              ``REVOKED``
 
 ``get(timeout=)`` polls the row (from 50 ms, doubling to ``interval``) until the job finished:
 the result, the task's exception (rebuilt from the recorded error when its class is one this
-process has imported and takes a message; :class:`TaskFailed` otherwise), or
-:class:`TaskRevokedError`. It refuses to run inside a task, as Celery does: a job that waits on
-another holds a worker's thread meanwhile; ``ctx.step.invoke`` or a chain suspends instead.
+process has imported and takes a message; :class:`~django_xjobs.celery.TaskFailed`
+otherwise), or :class:`~django_xjobs.celery.TaskRevokedError`. It refuses to run inside a task,
+as Celery does: a job that waits on another holds a worker's thread meanwhile;
+``ctx.step.invoke`` or a chain suspends instead.
 """
 
 from __future__ import annotations
@@ -230,7 +231,10 @@ class AsyncResult:
     def revoke(self, terminate: bool = False, **_: Any) -> None:
         """Cancel the job; a running one is stopped at its next step or check of
         ``ctx.cancelled`` (``terminate`` is what a cancel always does here)."""
-        api.cancel(self.id, reason="revoked")
+        try:
+            api.cancel(self.id, reason="revoked")
+        except JobNotFound:
+            pass  # as Celery: revoking an id nobody knows does nothing
 
     def forget(self) -> None:
         """Nothing to do: a finished job is removed by retention (XJOBS["RETENTION"])."""

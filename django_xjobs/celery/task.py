@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 from .. import api, registry
 from ..decorator import Job, job
-from ..exceptions import ConfigurationError, InvalidJobInput, Retry, fail_for_good
+from ..exceptions import (
+    ConfigurationError,
+    InvalidJobInput,
+    PauseKey,
+    Retry,
+    Snooze,
+    fail_for_good,
+)
 from ..ratelimits import RateLimit
 from ..values import INT32
 from .base import (
@@ -72,6 +79,9 @@ _WARNED = {
     "acks_on_failure_or_timeout": "a failed run is recorded, then retried or dead",
     "resultrepr_maxsize": "results are stored whole, up to XJOBS['MAX_PAYLOAD_BYTES']",
     "lazy": "a task is registered when its module is imported",
+    "routing_key": "queues are chosen by queue= or XJOBS['ROUTES']",
+    "exchange": "queues are chosen by queue= or XJOBS['ROUTES']",
+    "retry_policy": "the enqueue is one INSERT in the caller's transaction; it is not retried",
 }
 _REFUSED = {
     "base": "a custom Task class: use django_xjobs.signals (job_started, job_finished) or wrap "
@@ -153,9 +163,12 @@ def job_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     }
     if backoff:
         factor = 1.0 if backoff is True else seconds(name, "retry_backoff", backoff)
-        result.update(retry_base=factor, retry_cap=max(backoff_max, factor), retry_jitter=jitter)
-    elif delay > 0:
-        # Celery waits default_retry_delay before every automatic retry: a fixed delay.
+        # Celery caps each countdown at retry_backoff_max, the first one too.
+        result.update(retry_base=min(factor, backoff_max), retry_cap=backoff_max,
+                      retry_jitter=jitter)
+    else:
+        # Celery waits default_retry_delay before every automatic retry: a fixed delay (0: at
+        # once).
         result.update(retry_base=delay, retry_cap=delay, retry_jitter=False)
     if "queue" in options:
         result["queue"] = options.pop("queue")
@@ -392,14 +405,18 @@ def _job_function(task: Task) -> Callable[..., Any]:
             if task.bind:
                 return task.run(task, *args, **input)
             return task.run(*args, **input)
+        except (Retry, Snooze, PauseKey):
+            raise  # the task's own decision, which dont_autoretry_for does not judge
         except task.dont_autoretry_for as exc:
-            raise fail_for_good(exc) from None
+            fail_for_good(exc)
+            raise
         finally:
             _request.reset(token)
 
     # What enqueue checks the input against: ctx, then the task's own parameters (self left
     # out), positional-only ones taken by name too, *args replaced by the meta key.
-    parameters = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY)]
+    # The context's own name must not be one of the task's (a task may take a "ctx").
+    parameters = [inspect.Parameter("_xjobs_ctx", inspect.Parameter.POSITIONAL_ONLY)]
     keyword_only, var_keyword = [], []
     for p in task.parameters:
         if p.kind is inspect.Parameter.POSITIONAL_ONLY:
@@ -436,7 +453,8 @@ def shared_task(*args: Any, **options: Any) -> Any:
         bind = given.pop("bind", False)
         if not isinstance(bind, bool):
             raise ConfigurationError(f"{name}: bind must be True or False")
-        dont = given.pop("dont_autoretry_for", ())
+        dont = registry.exception_classes(name, given.pop("dont_autoretry_for", ()),
+                                          what="dont_autoretry_for") or ()
         expires = given.pop("expires", None)
         # self.retry()'s wait when it names none (retry_kwargs' countdown is the automatic
         # retries' only, as in Celery).
@@ -447,7 +465,7 @@ def shared_task(*args: Any, **options: Any) -> Any:
         task = Task(func, name=name, bind=bind, default_retry_delay=retry_delay,
                     max_retries=None if max_attempts >= INT32 else max_attempts - 1,
                     dont_autoretry_for=tuple(dont), expires=expires)
-        task.job = job(**mapped, **given)(_job_function(task))
+        task.job = job(**{**mapped, **given})(_job_function(task))
         register(task)
         return task
 

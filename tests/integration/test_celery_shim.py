@@ -8,10 +8,12 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import transaction
 
 from django_xjobs import registry
 from django_xjobs.celery import (
     AsyncResult,
+    Celery,
     NotSupported,
     TaskFailed,
     TaskRevokedError,
@@ -25,6 +27,7 @@ from django_xjobs.celery import (
 from django_xjobs.celery.base import META_KEY
 from django_xjobs.exceptions import ConfigurationError, InvalidJobInput
 from django_xjobs.models import Job
+from django_xjobs.testing import drain
 from tests.integration.test_steps import running_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -272,3 +275,28 @@ def test_celery_options_map_onto_the_job():
         assert (limit.limit, limit.period) == (10, timedelta(minutes=1))
     finally:
         registry.unregister("shim.mapped")
+
+
+def test_delay_inside_atomic_joins_the_transaction_and_delay_on_commit_uses_the_outbox():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        rolled_back = add.delay(1, 1)
+        raise RuntimeError("the request failed")
+    assert not Job.objects.filter(pk=rolled_back.id).exists()
+    with transaction.atomic():
+        assert add.delay_on_commit(2, 2) is None
+        assert not Job.objects.filter(name="shim.add").exists()  # staged, not enqueued yet
+    assert drain()["relayed"] == 1
+    staged = Job.objects.get(name="shim.add")
+    assert (staged.state, AsyncResult(staged.pk).get(timeout=1)) == ("done", 4)
+
+
+def test_the_app_object_sends_tasks_by_name():
+    app = Celery("proj")
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    app.autodiscover_tasks()
+    with running_worker():
+        assert result_of(app.send_task("shim.add", args=(40, 2))) == 42
+        assert app.AsyncResult(app.send_task("shim.mul", kwargs={"x": 6, "y": 7}).id).get(
+            timeout=30) == 42
+    with pytest.raises(NotSupported, match="by keyword"):
+        app.send_task("django_xjobs.celery.chain", args=(1,))
