@@ -93,14 +93,7 @@ class CronSchedule:
     def between(self, start: datetime, end: datetime, *, limit: int | None = None
                 ) -> list[datetime]:
         """Occurrences in ``(start, end]``, ascending; at most ``limit`` (the earliest)."""
-        found: list[datetime] = []
-        if end <= start:
-            return found
-        for occurrence in self.after(start):
-            if occurrence > end or (limit is not None and len(found) >= limit):
-                break
-            found.append(occurrence)
-        return found
+        return occurrences_between(self.after(start), start, end, limit)
 
 
 def _utc(value: datetime) -> datetime:
@@ -156,6 +149,20 @@ def parse_timezone(value: object, *, what: str = "cron") -> str:
             "'UTC'; on systems without tz data, install the tzdata package)"
         ) from None
     return value
+
+
+def occurrences_between(after: Iterator[datetime], start: datetime, end: datetime,
+                        limit: int | None) -> list[datetime]:
+    """The occurrences of ``after`` (ascending, strictly after ``start``) up to ``end``, at
+    most ``limit`` (the earliest): what a schedule's ``between`` returns, cron or interval."""
+    found: list[datetime] = []
+    if end <= start:
+        return found
+    for occurrence in after:
+        if occurrence > end or (limit is not None and len(found) >= limit):
+            break
+        found.append(occurrence)
+    return found
 
 
 def parse_misfire(value: object, *, what: str = "cron") -> str:

@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 
 from ..exceptions import ConfigurationError
 from ..values import parse_duration
+from .cron import occurrences_between
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The shortest interval: a second, the finest a cron expression (6 fields) fires at. A round
@@ -71,14 +72,7 @@ class IntervalSchedule:
     def between(self, start: datetime, end: datetime, *, limit: int | None = None
                 ) -> list[datetime]:
         """Occurrences in ``(start, end]``, ascending; at most ``limit`` (the earliest)."""
-        found: list[datetime] = []
-        if end <= start:
-            return found
-        for occurrence in self.after(start):
-            if occurrence > end or (limit is not None and len(found) >= limit):
-                break
-            found.append(occurrence)
-        return found
+        return occurrences_between(self.after(start), start, end, limit)
 
 
 def parse(value: object, *, what: str = "every") -> IntervalSchedule:

@@ -28,22 +28,11 @@ from django_xjobs.scheduler import cron, crontab, from_celery_beat, interval
 from django_xjobs.scheduler.leadership import LeaseLeadership
 from django_xjobs.scheduler.runner import Scheduler
 from django_xjobs.scheduler.schedule import Task, collect
+from tests.integration.test_scheduler_round import FakeClock
 
 pytestmark = pytest.mark.django_db
 
 START = datetime(2026, 1, 1, 12, 0, 10, tzinfo=UTC)
-
-
-class FakeClock:
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **delta: float) -> datetime:
-        self.now += timedelta(**delta)
-        return self.now
 
 
 @pytest.fixture
