@@ -36,6 +36,8 @@ INSTALLED_APPS = [
     "rangefilter",
     "django_xjobs",
     "shop",
+    # A payment module written for Celery and ported by its imports (docs/from-celery.md).
+    "billing",
 ]
 
 MIDDLEWARE = [
