@@ -63,8 +63,9 @@ class XJobsTask(Task):
       ago also dedupes, and ``"forever"`` never frees the key (docs/durable.md, "Idempotency
       windows"); a timedelta, seconds or a string such as ``"24h"``.
     * ``concurrency``: passed to the job registry's ``concurrency`` option (``@job(concurrency=
-      Concurrency(...))``); its key template sees ``args`` and ``kwargs``
-      (``"user:{kwargs[user_id]}"``).
+      Concurrency(...))``); its key template sees the stored input's two names, ``args`` and
+      ``kwargs``, whole, not a field inside them: a fixed key (``"exports"``) bounds the task as
+      a whole.
 
     ``using()`` also takes ``idempotency_key``, ``unique_for`` and ``max_attempts`` per
     enqueue. ``timeout``,
