@@ -58,7 +58,8 @@ def _discover_tasks_modules() -> None:
     stops start-up, as one in ``jobs.py`` does, but for the import of another queue's package
     that is not installed (a module not ported yet, or a third-party app's Celery tasks)."""
     for config in apps.get_app_configs():
-        if not module_has_submodule(config.module, "tasks"):
+        # Our own `tasks` is the django.tasks backend, imported only when TASKS names it.
+        if config.name == XJobsConfig.name or not module_has_submodule(config.module, "tasks"):
             continue
         try:
             import_module(f"{config.name}.tasks")  # an installed app's module, not the package's
