@@ -202,15 +202,25 @@ release: install $(RELEASE_STAMP)
 # The documentation site (docs/conf.py): the pages of docs/ and the API reference from the
 # docstrings, into docs/_build/html. -W --keep-going: every warning fails the build, after all
 # are listed; -n: every reference, link between pages and #anchor must resolve; -E: read every
-# page and docstring again, so a warning of an unchanged page is never skipped. sphinx,
-# myst-parser and furo come from the `docs` extra, installed here only, after the package and
-# its Django series.
+# page and docstring again, so a warning of an unchanged page is never skipped. The reference
+# of the django.tasks backend imports django.tasks, so the site is built on Django 6.1, which
+# needs Python 3.12 or newer: its own virtualenv (DOCS_VENV), from the first python3.13 or
+# python3.12 that runs (on PATH or pyenv's) unless DOCS_PYTHON names one. sphinx, myst-parser and
+# furo come from the `docs` extra, installed there only.
+DOCS_VENV ?= .venv-docs
+DOCS_PYTHON ?= $(shell for v in 3.13 3.12; do \
+	for p in "$$(command -v python$$v)" \
+	         "$$(PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep -m1 "^$$v") pyenv which python$$v 2>/dev/null)"; do \
+		[ -n "$$p" ] && "$$p" -c "" 2>/dev/null && { echo "$$p"; exit; }; \
+	done; done)
+DOCS_STAMP := $(DOCS_VENV)/.installed-docs
 .PHONY: docs
-DOCS_STAMP := $(VENV)/.installed-docs
 
-$(DOCS_STAMP): pyproject.toml | $(STAMP)
-	$(PY) -m pip install -q -e '.[docs]' $(DJANGO_REQ)
+$(DOCS_STAMP): pyproject.toml
+	@test -n "$(DOCS_PYTHON)" || { echo "make docs needs Python 3.12 or newer (the site is built on Django 6.1): none found; give DOCS_PYTHON=<its path>"; exit 2; }
+	$(MAKE) --no-print-directory install PYTHON=$(DOCS_PYTHON) DJANGO=6.1 VENV=$(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install -q -e '.[docs]' 'Django==6.1.*'
 	@touch $@
 
-docs: $(STAMP) $(DOCS_STAMP)
-	$(VENV)/bin/sphinx-build -W --keep-going -n -E -b html docs docs/_build/html
+docs: $(DOCS_STAMP)
+	$(DOCS_VENV)/bin/sphinx-build -W --keep-going -n -E -b html docs docs/_build/html

@@ -23,7 +23,7 @@ from .. import api, registry
 from ..context import JobContext
 from ..decorator import job
 from ..exceptions import InvalidJobInput, UnknownJob, fail_for_good
-from .base import META_KEY, enqueue_options, lookup
+from .base import enqueue_options, lookup
 from .errors import NotSupported
 from .result import AsyncResult
 
@@ -219,8 +219,7 @@ def check(data: Mapping[str, Any], args: list[Any], kwargs: Mapping[str, Any]) -
             args, kwargs = [*args, *data["args"]], {**data["kwargs"], **kwargs}
         else:
             args, kwargs = list(data["args"]), dict(data["kwargs"])
-        input = task.input(args, kwargs)
-        task.job.shape.check(task.name, {k: v for k, v in input.items() if k != META_KEY})
+        task.input(args, kwargs)  # binds them to the task's signature
         enqueue_options(task.name, {k: v for k, v in data["options"].items() if k != "expires"})
         return
     tasks = data["tasks"]

@@ -212,6 +212,9 @@ class Task:
         if bind:
             parameters = parameters[1:]
         self.parameters = parameters
+        # What a call is checked against, in the task's own terms (not the job's: its ctx and
+        # the meta key are ours).
+        self.call_signature = inspect.Signature(parameters)
         self.positional = tuple(p.name for p in parameters if p.kind in (
             inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
         self.varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
@@ -363,6 +366,10 @@ class Task:
         if META_KEY in keywords:
             raise InvalidJobInput(f"{self.name}: {META_KEY!r} is reserved for the task's "
                                   "positional arguments and expiry")
+        try:
+            self.call_signature.bind(*given, **keywords)
+        except TypeError as exc:
+            raise InvalidJobInput(f"{self.name}(): {exc}") from None
         input = {**named, **keywords}
         meta: dict[str, Any] = {}
         if extra:
