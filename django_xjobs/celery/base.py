@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import math
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .. import api
-from ..exceptions import ConfigurationError, InvalidJobInput
+from ..exceptions import InvalidJobInput
+from ..values import parse_duration
 from .errors import NotSupported
 
 if TYPE_CHECKING:
@@ -64,12 +63,9 @@ def warn_once(task: str, option: str, meaning: str) -> None:
 
 
 def seconds(task: str, option: str, value: Any) -> float:
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            math.isfinite(value) and value >= 0):
-        raise ConfigurationError(f"{task}: {option}={value!r} must be seconds, not negative")
-    return float(value)
+    """A Celery option's seconds (a number or a timedelta), read as every duration of the
+    package is (values.parse_duration)."""
+    return parse_duration(value, what=f"{task}: {option}")
 
 
 _ENQUEUE_REFUSED = {
