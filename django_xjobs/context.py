@@ -6,7 +6,8 @@ import asyncio
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -17,6 +18,62 @@ from .exceptions import InvalidJobInput, JobCancelled, RowBusy
 
 _logger = logging.getLogger("django_xjobs.job")
 log = logging.getLogger("django_xjobs.worker")
+
+# The job whose code runs in this thread (a sync job) or task (an async job): (id, name,
+# attempt), for JobLogFilter. Set by the executor around the job's code (worker/executor.py).
+_running: ContextVar[tuple[str, str, int] | None] = ContextVar("xjobs_running_job",
+                                                               default=None)
+
+
+def log_extra(job_id: str, name: str, attempt: int) -> dict[str, Any]:
+    """The attributes every log line about a job carries (docs/observability.md, "Logs"):
+    ``job_id``, ``job_name``, ``attempt``; pass as ``extra=``."""
+    return {"job_id": job_id, "job_name": name, "attempt": attempt}
+
+
+def log_prefix(job_id: str, name: str, attempt: int) -> str:
+    """How a line about a job starts, whoever logs it: ``job <id> (<name>) attempt <n>``."""
+    return f"job {job_id} ({name}) attempt {attempt}"
+
+
+class JobLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """``ctx.logger``: the ``django_xjobs.job`` logger, each line starting with the job's id,
+    name and attempt (:func:`log_prefix`), which its record also carries as attributes
+    (:func:`log_extra`), beside any ``extra=`` of the call."""
+
+    def __init__(self, logger: logging.Logger, job_id: str, name: str, attempt: int) -> None:
+        self.fields = log_extra(job_id, name, attempt)
+        super().__init__(logger, self.fields)
+        self.prefix = log_prefix(job_id, name, attempt) + ": "
+
+    def process(self, msg: Any,
+                kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        extra = kwargs.get("extra")
+        kwargs["extra"] = {**extra, **self.fields} if extra else self.fields
+        return f"{self.prefix}{msg}", kwargs
+
+
+class JobLogFilter(logging.Filter):
+    """A filter for the project's own handlers (``LOGGING``): a record logged while a job's code
+    runs, by any logger (the job's module's ``logging.getLogger(__name__)`` included), gets the
+    job's ``job_id``, ``job_name`` and ``attempt`` as attributes, unless it has them already;
+    other records pass unchanged. It never drops a record (docs/observability.md, "Logs")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        job = _running.get()
+        if job is not None and not hasattr(record, "job_id"):
+            record.job_id, record.job_name, record.attempt = job
+        return True
+
+
+def enter_run(ctx: JobContext) -> Token[tuple[str, str, int] | None]:
+    """Mark this thread (or task) as running ``ctx``'s job for :class:`JobLogFilter`, until
+    :func:`leave_run` with the token returned."""
+    return _running.set((ctx.job_id, ctx.name, ctx.attempt))
+
+
+def leave_run(token: Token[tuple[str, str, int] | None]) -> None:
+    _running.reset(token)
 
 # ctx.progress(): at most one write per this many seconds per run reaches the database, plus the
 # run's last values when it ends (docs/observability.md, "Progress").
@@ -119,7 +176,7 @@ class JobContext:
     # and the inline test mode supply it: engine.job_progress_if_owned). Without one (a context
     # of testing.make_context) ctx.progress only validates and keeps the values.
     progress_writer: Callable[[float, float | None, str | None], bool] | None = None
-    _logger: logging.LoggerAdapter[Any] | None = None
+    _logger: JobLogger | None = None
     _step: Any = None
     _progress: _Progress | None = None
 
@@ -135,14 +192,15 @@ class JobContext:
         return self._step
 
     @property
-    def logger(self) -> logging.LoggerAdapter[Any]:
-        """``django_xjobs.job`` with job_id, job_name and attempt in every record's extra.
+    def logger(self) -> JobLogger:
+        """The ``django_xjobs.job`` logger for this run: every line starts with
+        ``job <id> (<name>) attempt <n>:``, and its record carries ``job_id``, ``job_name`` and
+        ``attempt`` as attributes, for a formatter's ``%(job_id)s`` or a JSON formatter
+        (``extra=`` of a call is kept beside them).
 
         Built on first use: most jobs never log, and a worker builds one context per job."""
         if self._logger is None:
-            self._logger = logging.LoggerAdapter(
-                _logger, {"job_id": self.job_id, "job_name": self.name, "attempt": self.attempt}
-            )
+            self._logger = JobLogger(_logger, self.job_id, self.name, self.attempt)
         return self._logger
 
     @property
@@ -210,8 +268,8 @@ class JobContext:
         try:
             self._write_progress(state, due)
         except Exception as exc:
-            log.warning("job %s (%s): its last progress could not be written (%s)",
-                        self.job_id, self.name, exc)
+            log.warning("%s: its last progress could not be written (%s)", self._prefix(), exc,
+                        extra=self._extra())
 
     async def aflush_progress(self) -> None:
         """:meth:`flush_progress` of an ``async def`` job: after the write in flight, off the
@@ -231,15 +289,21 @@ class JobContext:
             # The run lost its job (cancelled, or re-claimed after its lease lapsed): the
             # heartbeat stops the run; its progress is no longer this run's to write.
             state.lost = True
-            log.debug("job %s (%s) attempt %d: progress not recorded, this run no longer owns "
-                     "the job", self.job_id, self.name, self.attempt)
+            log.debug("%s: progress not recorded, this run no longer owns the job",
+                      self._prefix(), extra=self._extra())
 
     async def _write_progress_in_thread(self, state: _Progress, due: ProgressValues) -> None:
         try:
             await in_thread(self._write_progress, state, due)
         except Exception as exc:  # nobody awaits this write: the job goes on without it
-            log.warning("job %s (%s): progress could not be written (%s)", self.job_id,
-                        self.name, exc)
+            log.warning("%s: progress could not be written (%s)", self._prefix(), exc,
+                        extra=self._extra())
+
+    def _prefix(self) -> str:
+        return log_prefix(self.job_id, self.name, self.attempt)
+
+    def _extra(self) -> dict[str, Any]:
+        return log_extra(self.job_id, self.name, self.attempt)
 
     def prove_lease(self) -> None:
         """Before a body starts (the job's, a step's): raise ``JobCancelled`` if the run was

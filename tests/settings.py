@@ -117,3 +117,10 @@ LOGGING = {
     "loggers": {"django_xjobs": {"handlers": ["stderr"], "level": os.environ.get(
         "XJOBS_LOG_LEVEL", "WARNING")}},
 }
+if os.environ.get("XJOBS_TEST_LOG_JSON"):  # a worker whose log a test reads line by line
+    # One JSON object a line (tests/testapp/logs.py), the job's attributes added by the filter
+    # docs/observability.md ("Logs") shows, also to the lines of the test jobs' own logger.
+    LOGGING["formatters"] = {"json": {"()": "tests.testapp.logs.JSONLines"}}
+    LOGGING["filters"] = {"job": {"()": "django_xjobs.context.JobLogFilter"}}
+    LOGGING["handlers"]["stderr"].update(formatter="json", filters=["job"])
+    LOGGING["loggers"]["tests.testapp"] = {"handlers": ["stderr"], "level": "INFO"}

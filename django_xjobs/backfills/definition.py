@@ -20,7 +20,7 @@ from typing import Any
 from uuid import UUID
 
 from .. import api, conf, registry, values
-from ..context import StopSignal
+from ..context import JobLogger, StopSignal
 from ..engines import get_engine
 from ..exceptions import BadBatch, ConfigurationError, InvalidJobInput, JobCancelled
 from ..values import encode_json
@@ -77,14 +77,25 @@ class BackfillContext:
     batch_size: int
     dry_run: bool = False
     cancelled: StopSignal = field(default_factory=StopSignal)
+    # The name of the job that runs the pass (None outside one: a dry run).
+    job_name: str | None = None
     _logger: logging.LoggerAdapter[Any] | None = None
 
     @property
     def logger(self) -> logging.LoggerAdapter[Any]:
+        """``django_xjobs.backfill`` with ``backfill`` and ``run_id`` in every record; in a pass
+        run by a job, each line starts with the job, whose ``job_id``, ``job_name`` and
+        ``attempt`` its record carries, as ``ctx.logger``'s of a job (docs/observability.md,
+        "Logs")."""
         if self._logger is None:
-            self._logger = logging.LoggerAdapter(
-                log, {"backfill": self.name, "run_id": self.run_id, "job_id": self.job_id}
-            )
+            if self.job_id is not None and self.job_name is not None:
+                adapter = JobLogger(log, self.job_id, self.job_name, self.attempt)
+                adapter.fields.update(backfill=self.name, run_id=self.run_id)
+                self._logger = adapter
+            else:
+                self._logger = logging.LoggerAdapter(
+                    log, {"backfill": self.name, "run_id": self.run_id, "job_id": self.job_id}
+                )
         return self._logger
 
     def check_cancelled(self) -> None:

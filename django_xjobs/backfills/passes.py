@@ -128,7 +128,7 @@ class Pass:
                  record.rows_processed, record.last_cursor, self.batch_size, self.throttle)
         bctx = BackfillContext(
             name=definition.name, run_id=ctx.run_id, job_id=ctx.job_id, attempt=ctx.attempt,
-            batch_size=self.batch_size, cancelled=ctx.cancelled,
+            batch_size=self.batch_size, cancelled=ctx.cancelled, job_name=ctx.name,
         )
         cursor = record.last_cursor
         rows = record.rows_processed

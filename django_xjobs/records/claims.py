@@ -241,6 +241,9 @@ class FenceReport:
     busy: frozenset[str] = frozenset()
     # For already-applied writes: the state the earlier, committed try left the job in.
     states: Mapping[str, str] = field(default_factory=dict)
+    # For a failed run's write (job_fail_if_owned) that it applied: the job's run_at, when its
+    # next attempt is due if it was retried (the worker's retry line says it).
+    run_at: Mapping[str, datetime] = field(default_factory=dict)
 
     def outcome(self, lease_token: str) -> Fence:
         if lease_token in self.owned:

@@ -449,11 +449,14 @@ class Maintenance(threading.Thread):
                         pruner.archive(engine=self.engine, keep_going=self.leadership.is_leader,
                                        floors=self.archive_floors)
                 except Exception as exc:
-                    lost = self.engine.is_connection_error(exc)
-                    if lost:
-                        self.engine.reset_connection()
-                    log.warning("maintenance failed (%s); retrying", exc, exc_info=not lost)
+                    # Could not connect: said once per outage, by reachability (not once a
+                    # tick); a broken connection or another error is this thread's own line.
+                    lost = reachability.connection_error(exc, "maintenance", self.engine)
+                    if lost != reachability.UNREACHABLE:
+                        log.warning("maintenance failed (%s); retrying", exc,
+                                    exc_info=lost is None)
                     continue
+                reachability.database.reached()
                 if not full:
                     wait = min(ARCHIVE_TICK, max(due - time.monotonic(), 0.0))
                     continue

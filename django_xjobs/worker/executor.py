@@ -40,6 +40,7 @@ row's attempt counter, so a run that lost the job can neither retry nor bury it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -48,7 +49,7 @@ from django.db import close_old_connections
 
 from .. import signals, tracing, values
 from ..conf import XJobsSettings
-from ..context import JobContext
+from ..context import JobContext, enter_run, leave_run, log_extra, log_prefix
 from ..exceptions import (
     InvalidJobInput,
     JobCancelled,
@@ -63,6 +64,8 @@ from ..registry import JobDefinition, expected_home
 from ..steps import StepSuspended
 from ..values import format_error, record_error
 from .backoff import retry_delay
+
+log = logging.getLogger("django_xjobs.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,8 +255,11 @@ def execute(
         return refused
     if fresh_connections and cleanup:
         close_old_connections()
+    # While the code runs, JobLogFilter gives this thread's records the job (context.py).
+    running = enter_run(ctx)
     try:
         ctx.prove_lease()
+        _log_started(claimed)
         if signals.job_started.receivers:
             signals.send(signals.job_started, definition, job=claimed, attempt=claimed.attempt)
         if tracing.wants_span(claimed.traceparent):
@@ -269,6 +275,7 @@ def execute(
             return _exited(exc, definition, claimed, settings)
         return _outcome_of_exception(exc, definition, claimed, ctx, settings)
     finally:
+        leave_run(running)
         ctx.flush_progress()
         if cleanup:
             close_old_connections()
@@ -284,9 +291,12 @@ async def execute_async(
     refused = undecodable_input(claimed)
     if refused is not None:
         return refused
+    # The task's own context: each async job's records get its job (context.JobLogFilter).
+    running = enter_run(ctx)
     try:
         return await _execute_async(definition, claimed, ctx, settings)
     finally:
+        leave_run(running)
         await ctx.aflush_progress()
 
 
@@ -295,6 +305,7 @@ async def _execute_async(
 ) -> Outcome:
     try:
         ctx.prove_lease()
+        _log_started(claimed)
         if signals.job_started.receivers:
             await signals.asend(signals.job_started, definition, job=claimed,
                                 attempt=claimed.attempt)
@@ -324,6 +335,13 @@ async def _execute_async(
     if ctx.cancelled.is_set():
         return Discard(ctx.stop_reason or "stopped")
     return _outcome_of_result(definition, value, settings)
+
+
+def _log_started(claimed: ClaimedJob) -> None:
+    """The DEBUG line of a run whose code is about to be called (its lease proven)."""
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s/%d: started", log_prefix(claimed.id, claimed.name, claimed.attempt),
+                  claimed.max_attempts, extra=log_extra(claimed.id, claimed.name, claimed.attempt))
 
 
 def _exited(exc: BaseException, definition: JobDefinition, claimed: ClaimedJob,

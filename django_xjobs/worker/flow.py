@@ -34,7 +34,7 @@ from typing import Protocol, TypeVar
 
 from .. import clock, registry, slots, versions
 from ..conf import XJobsSettings
-from ..context import busy_pause
+from ..context import busy_pause, log_extra, log_prefix
 from ..engines import Engine
 from ..exceptions import SLOT_LOST
 from ..ratelimits import rate_limit_of
@@ -329,9 +329,10 @@ class Flow:
     def log_lost(run: SlotRun, why: str) -> None:
         hold = run.slot
         where = f"slot {hold.slot_key!r}#{hold.slot}" if hold is not None else "its slot"
-        log.error("job %s (%s) attempt %d: %s: lost %s: %s; the run is stopped, its result "
-                  "discarded, and the job re-queued", run.job.id, run.job.name, run.job.attempt,
-                  SLOT_LOST, where, why)
+        job = run.job
+        log.error("%s: %s: lost %s: %s; the run is stopped, its result discarded, and the job "
+                  "re-queued", log_prefix(job.id, job.name, job.attempt), SLOT_LOST, where, why,
+                  extra=log_extra(job.id, job.name, job.attempt))
 
     # -------------------------------------------------------------- the safety net --
     def unblock_due(self, now: float) -> int:

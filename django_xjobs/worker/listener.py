@@ -47,17 +47,20 @@ class ListenerThread(threading.Thread, abc.ABC):
 
     def run(self) -> None:
         backoff = 0.1
+        told = False  # this outage has had its one WARNING line (the loss, or a failed connect)
         while not self._stop.is_set():
             try:
                 listener = self._connect()
             except ListenerLost as exc:
                 # The first failure in a row only: a database that is down fails every try.
-                log.log(logging.WARNING if backoff == 0.1 else logging.DEBUG,
+                log.log(logging.DEBUG if told else logging.WARNING,
                         "%s connection failed (%s); retrying with backoff", self.what, exc)
+                told = True
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.1
+            told = False
             try:  # from here on, however this ends, the connection is closed
                 self.connects += 1
                 self.backend_pid = getattr(listener, "backend_pid", lambda: None)()
@@ -70,6 +73,7 @@ class ListenerThread(threading.Thread, abc.ABC):
                         self._wake()
             except ListenerLost as exc:
                 log.warning("%s connection lost (%s); polling until it is back", self.what, exc)
+                told = True
             finally:
                 self.connected.clear()
                 listener.close()

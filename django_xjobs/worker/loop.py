@@ -65,6 +65,7 @@ from collections import Counter
 from django.db import connections
 
 from .. import clock, conf, faults, registry
+from ..context import log_extra, log_prefix
 from ..engines import get_engine
 from ..exceptions import ConfigurationError, XJobsError
 from ..records import ClaimedJob
@@ -499,9 +500,11 @@ class Worker:
         if clock.monotonic() >= self._drain_deadline:
             for run in self.runs.snapshot():
                 if run.phase in (QUEUED, RUNNING):
-                    log.warning("job %s (%s) still running after the %gs grace period: "
-                                "stopping it and handing it back", run.job.id, run.job.name,
-                                self.options.shutdown_grace)
+                    job = run.job
+                    log.warning("%s: still running after the %gs grace period: stopping it "
+                                "and handing it back", log_prefix(job.id, job.name, job.attempt),
+                                self.options.shutdown_grace,
+                                extra=log_extra(job.id, job.name, job.attempt))
                     self.executors.stop_run(run, "worker shutting down", GiveBack(
                         delay=0, note="handed back: its worker shut down before it finished",
                     ))

@@ -1,14 +1,18 @@
-"""Whether this process reaches its database: one warning when it stops, one when it is back.
+"""Whether this process reaches its database: one warning when it stops, one INFO line when it
+is back.
 
 Every thread of a worker (the loop, the heartbeat, the scheduler, the relay) retries on its own
 when a database call fails. While the server is down, each of those attempts fails to connect,
 and a warning per attempt would drown the log. So a failure to CONNECT is reported here instead:
 the first one since the database was last reached logs "database unreachable", the others only
-at DEBUG, and the first success after that logs "database reachable again" with how long it took
-and how many attempts failed. A connection that breaks under a thread (a server restart, a
-terminated backend) is still that thread's own line: its next attempt reconnects, or reports
-here. The LISTEN threads, whose connections are their own (not Django's), log the first failure
-of a row of reconnects and are quiet for the rest.
+at DEBUG, and the first success after that logs "database reachable again" (INFO: nothing is
+left to do) with how long the outage lasted and how many attempts failed. A connection that
+breaks under a thread (a server restart, a terminated backend) is still that thread's own line:
+its next attempt reconnects, or reports here. So each thread says at most one line per outage
+(the loop, the heartbeat, the scheduler, its leader election and its maintenance, the relay, the
+counters' rollup: each goes through :func:`connection_error`). The LISTEN threads, whose
+connections are their own (not Django's), log the first failure of a row of reconnects and are
+quiet for the rest (docs/observability.md, "Logs").
 """
 
 from __future__ import annotations
@@ -65,8 +69,8 @@ class Reachability:
             if since is None:
                 return
             self._down_since, self.failures = None, 0
-        log.warning("database reachable again after %.1fs (%d failed attempts to connect)",
-                    clock.monotonic() - since, failures)
+        log.info("database reachable again after %.1fs (%d failed attempts to connect)",
+                 clock.monotonic() - since, failures)
 
 
 database = Reachability()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from .. import counters
+from . import reachability
 from .duties import Duty
 
 log = logging.getLogger("django_xjobs.worker")
@@ -30,9 +31,15 @@ class StatsDuty(Duty):
                 except Exception as exc:  # the contract: a database error never ends the duty
                     if self.stop.is_set():
                         break
-                    log.warning("stats rollup failed (%s); retrying in %.0fs", exc,
-                                counters.ROLLUP_INTERVAL)
+                    # Could not connect: said once per outage, by reachability. Anything else
+                    # is this thread's own line.
+                    lost = reachability.connection_error(exc, "stats rollup", self.engine)
+                    if lost != reachability.UNREACHABLE:
+                        log.warning("stats rollup failed (%s); retrying in %.0fs", exc,
+                                    counters.ROLLUP_INTERVAL)
                     self.engine.reset_connection()
+                else:
+                    reachability.database.reached()
                 finally:
                     self.started.set()
                 self.stop.wait(counters.ROLLUP_INTERVAL)

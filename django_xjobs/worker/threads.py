@@ -31,6 +31,7 @@ from django.db import reset_queries
 
 from .. import clock, faults
 from ..conf import XJobsSettings
+from ..context import log_extra, log_prefix
 from ..engines import Engine
 from ..exceptions import JobCancelled
 from . import executor
@@ -146,7 +147,7 @@ class Executors:
                         fresh_connections=started - last_job_end >= IDLE_RECHECK,
                     )
                 except BaseException as exc:  # never lose the thread, or the run with it
-                    log.exception("job %s (%s): no outcome", run.job.id, run.job.name)
+                    log.exception("%s: no outcome", _about(run), extra=_extra(run))
                     outcome = executor.internal_error(exc, run.definition, run.job, settings)
                 ended = last_job_end = clock.monotonic()
                 capacity.ran(ended - started)
@@ -176,7 +177,7 @@ class Executors:
             outcome = await executor.execute_async(run.definition, run.job, run.ctx,
                                                    self.settings)
         except BaseException as exc:  # never leave the run without an outcome
-            log.exception("job %s (%s): no outcome", run.job.id, run.job.name)
+            log.exception("%s: no outcome", _about(run), extra=_extra(run))
             outcome = executor.internal_error(exc, run.definition, run.job, self.settings)
         self.runs.finish(run, outcome, from_phase=RUNNING)
         self.wake.set()
@@ -189,9 +190,8 @@ class Executors:
         age = clock.monotonic() - run.renewed_at
         lease = self.lease
         self.stats["lease_unproven"] += 1
-        log.warning("job %s (%s) attempt %d: lease not proven, last renewal %.1fs ago (lease "
-                    "%gs): not starting %s; handing the job back", run.job.id, run.job.name,
-                    run.job.attempt, age, lease, what)
+        log.warning("%s: lease not proven, last renewal %.1fs ago (lease %gs): not starting "
+                    "%s; handing the job back", _about(run), age, lease, what, extra=_extra(run))
         self.stop_run(run, "lease not proven", GiveBack(
             delay=0, note=f"handed back: its worker could not prove its lease before starting "
                           f"{what} (last renewal {age:.1f}s ago, lease {lease:g}s)",
@@ -213,3 +213,11 @@ class Executors:
         elif run.abandoned:
             self.stats["abandoned_threads"] += 1
             self.spawn()
+
+
+def _about(run: Run) -> str:
+    return log_prefix(run.job.id, run.job.name, run.job.attempt)
+
+
+def _extra(run: Run) -> dict[str, object]:
+    return log_extra(run.job.id, run.job.name, run.job.attempt)

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 
 from .. import clock, conf, faults
 from ..conf import XJobsSettings
+from ..context import log_extra, log_prefix
 from ..engines import Engine
 from ..exceptions import SLOT_LOST, SlotLost
 from ..records import Renewal
@@ -147,9 +148,9 @@ class Watchdog:
             elif now - run.renewed_at >= lease:
                 stopped = True
                 self.stats["self_fenced"] += 1
-                log.error("job %s (%s): no lease renewal for %.1fs (lease %gs); stopping the run "
-                          "and handing the job back", run.job.id, run.job.name,
-                          now - run.renewed_at, lease)
+                log.error("%s: no lease renewal for %.1fs (lease %gs); stopping the run and "
+                          "handing the job back", _about(run), now - run.renewed_at, lease,
+                          extra=_extra(run))
                 self.executors.stop_run(run, "lease not renewed", GiveBack(
                     delay=0, note="handed back: its worker could not renew the lease "
                                   f"for a whole lease period ({lease:g}s)",
@@ -205,8 +206,8 @@ class Watchdog:
                     # Free again, whatever the run's phase: a later hold is timed, and told,
                     # on its own.
                     if run.held_told:
-                        log.info("job %s (%s): its row is free again after %.1fs", run.job.id,
-                                 run.job.name, sent_at - run.held_since)
+                        log.info("%s: its row is free again after %.1fs", _about(run),
+                                 sent_at - run.held_since, extra=_extra(run))
                     run.held_since, run.held_told = None, False
                 continue
             if token in renewal.kept:
@@ -216,21 +217,22 @@ class Watchdog:
                     self.stats["leases_kept"] += 1
                     if run.phase in (QUEUED, RUNNING):
                         run.held_told = True
-                        log.info("job %s (%s) attempt %d: its row is held by another "
-                                 "transaction; the run goes on, its lease kept beside the row "
-                                 "until it is free", run.job.id, run.job.name, run.job.attempt)
+                        log.info("%s: its row is held by another transaction; the run goes "
+                                 "on, its lease kept beside the row until it is free",
+                                 _about(run), extra=_extra(run))
                     else:
                         # Its code has returned: the holder is most likely this worker's own
                         # settle of it, under way. A hold that outlasts it, the settle logs
                         # (worker/settle.py, BUSY_NOTICE).
-                        log.debug("job %s (%s) attempt %d: its row is held while its outcome "
-                                  "is written", run.job.id, run.job.name, run.job.attempt)
+                        log.debug("%s: its row is held while its outcome is written",
+                                  _about(run), extra=_extra(run))
                 continue
             if run.phase in (QUEUED, RUNNING) and not run.parking:
                 self.stats["lost_on_heartbeat"] += 1
-                log.warning("job %s (%s) attempt %d: lease lost (cancelled, or re-claimed after "
-                            "a lapse); stopping the run", run.job.id, run.job.name,
-                            run.job.attempt)
+                # Its one line comes with the settle, which reads the row to tell an
+                # operator's cancel (INFO) from a lapsed lease (WARNING): worker/settle.py.
+                log.debug("%s: lease not renewed (cancelled, or re-claimed after a lapse); "
+                          "stopping the run", _about(run), extra=_extra(run))
                 self.executors.stop_run(run, "lease lost", Discard("lease lost at heartbeat"))
         self.wake.set()
 
@@ -248,3 +250,11 @@ class Watchdog:
         if run.phase in (QUEUED, RUNNING):
             self.flow.log_lost(run, why)
             self.executors.stop_run(run, f"{SLOT_LOST}: {why}", self.flow.lost(why), SlotLost)
+
+
+def _about(run: Run) -> str:
+    return log_prefix(run.job.id, run.job.name, run.job.attempt)
+
+
+def _extra(run: Run) -> dict[str, object]:
+    return log_extra(run.job.id, run.job.name, run.job.attempt)

@@ -710,3 +710,18 @@ def hoard(ctx, mib=0):
     _HOARD.append(b"x" * (mib * 1024 * 1024))
     _effect(ctx, "start", mib)
     return {"pid": os.getpid()}
+
+
+# --------------------------------------------------------------------------------- logging --
+# tests/acceptance/test_worker_logs.py: what a job's lines, and the worker's about it, carry.
+
+module_log = logging.getLogger(__name__)
+
+
+@job(max_attempts=2)
+def logs_then_retries(ctx, order_id=0):
+    """Logs through ctx.logger and through its module's logger, then fails, asking for its
+    next attempt in ten minutes (a delay of its own: the retry line's is known)."""
+    ctx.logger.info("charging order %s", order_id)
+    module_log.info("order %s: card service called", order_id)
+    raise Retry(600) from RuntimeError(f"card service down on attempt {ctx.attempt}")

@@ -6,6 +6,7 @@ transaction holds the row; nothing was written or waited for)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -204,7 +205,7 @@ class Runs(PostgresCore):
         }, fetch="one")
         report = self._one_report("fail", failure.claim, row)
         if report.owned:
-            return report, row[0]
+            return replace(report, run_at={failure.claim.lease_token: row[1]}), row[0]
         return report, report.states.get(failure.claim.lease_token)
 
     def job_requeue_if_owned(self, requeue: Requeue) -> FenceReport:

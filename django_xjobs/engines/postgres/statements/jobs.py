@@ -145,6 +145,8 @@ records this run's error. Locked as the ack locks (a child's burial counts its p
 row down): a row another transaction holds answers `busy`, and the worker writes it again later.
 A run that raised Retry(max_attempts=n) gives the bound itself (`bound`: dead at attempt n,
 lower or higher than the row's), and a higher one is kept as the row's max_attempts.
+Answers the state and run_at it wrote: a retry's line in the worker's log says when the next
+attempt is due, on the database's clock.
 """,
     sql=f"""
 with {_ONE_RUN}, free as materialized (
@@ -168,14 +170,14 @@ with {_ONE_RUN}, free as materialized (
            attempts    = {attempt_entry_sql("%(outcome)s::text", error="%(error)s::text")},
            updated_at  = now()
      where id = any(array(select id from free where id not in (select id from stuck)))
-    returning id, state, queue, name, {elapsed_ms_sql("started_at")} as run_ms
+    returning id, state, queue, name, run_at, {elapsed_ms_sql("started_at")} as run_ms
 ), tallied as (
     {count_sql("settled", failed="count(*)", dead="count(*) filter (where state = 'dead')",
                run_ms="array_agg(run_ms)", run_ms_sum="sum(run_ms)")}
 )
-select state from settled
+select state, run_at from settled
 union all
-select 'busy' from ({held_runs_sql("one", "settled")}) busy
+select 'busy', null::timestamptz from ({held_runs_sql("one", "settled")}) busy
 """,
 )
 
