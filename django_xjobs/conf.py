@@ -197,6 +197,9 @@ class XJobsSettings:
     routes: tuple[tuple[re.Pattern[str], str], ...] = ()
     # ---- tests: "inline" runs each job at enqueue, when its transaction commits (testing/).
     test_mode: str | None = None
+    # ---- the console: how often its pages update in place; None: never (docs/console.md,
+    # "Live updates").
+    console_refresh: float | None = 5.0
 
 
     def route(self, name: str) -> str:
@@ -219,6 +222,7 @@ _KNOWN_KEYS = {
     "OUTBOX",
     "CONCURRENCY_LIMITS", "SLOT_TTL",  # concurrency slots
     "TEST_MODE",  # django_xjobs.testing (docs/testing.md)
+    "CONSOLE_REFRESH",  # the console's live updates (docs/console.md)
     "ROUTES",
 }
 TEST_MODES = ("inline",)
@@ -419,6 +423,20 @@ def _tenant_scope(raw: Mapping[str, Any], key: str, default: str | None) -> str 
     return scope if isinstance(scope, str) else None
 
 
+def _console_refresh(raw: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    """``XJOBS["CONSOLE_REFRESH"]``: how often an open console page updates in place, from 1 s
+    to 1 h; None turns live updates off (docs/console.md, "Live updates")."""
+    value = raw.get(key, default)
+    if value is None:
+        return None
+    seconds = parse_duration(value, what=f'XJOBS["{key}"]')
+    if not 1 <= seconds <= 3600:
+        raise ConfigurationError(
+            f'XJOBS["{key}"] must be from 1s to 1h (None turns the console\'s live updates '
+            f"off), got {value!r}")
+    return seconds
+
+
 def _test_mode(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:
     test_mode = raw.get(key, default)
     if test_mode is not None and test_mode not in TEST_MODES:
@@ -511,6 +529,7 @@ def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[st
         raw=raw,
         outbox=take(_outbox_settings, raw, "OUTBOX", OutboxSettings(poll_interval=poll_interval)),
         test_mode=take(_test_mode, raw, "TEST_MODE", None),
+        console_refresh=take(_console_refresh, raw, "CONSOLE_REFRESH", 5.0),
         **_slot_settings(raw, problems, lease=lease, heartbeat=heartbeat),
         **_scheduler_settings(raw, problems, lease),
     )

@@ -326,7 +326,8 @@ class JobAdmin(ConsoleAdmin):
                                  worker=job.claimed_by, started_at=job.started_at,
                                  finished_at=job.finished_at):
             error = (a.error or "").strip()
-            rows.append({"attempt": a.attempt, "outcome": a.outcome, "worker": a.worker,
+            rows.append({"run": a.run, "attempt": a.attempt, "outcome": a.outcome,
+                         "worker": a.worker,
                          "started": clock_text(a.started_at),
                          "finished": clock_text(a.finished_at),
                          "duration": duration_text(a.duration),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -43,7 +43,10 @@ class AttemptRecord:
     """One run of a job, as its attempt history keeps it (docs/observability.md, "Attempt
     history"): written by the statement that ended the run. ``outcome`` is one of
     ATTEMPT_OUTCOMES; ``error`` the recorded error (class line, message, traceback) or the note
-    of a run handed back, else None."""
+    of a run handed back, else None. ``run`` numbers the job's runs from 1: a run that
+    suspended, snoozed or was handed back keeps its ``attempt``, so the next run has the same
+    attempt and the next run number; None for a run after a gap (the history kept only the
+    first and the newest 20, and cannot tell how many went)."""
 
     attempt: int
     worker: str | None
@@ -51,6 +54,7 @@ class AttemptRecord:
     finished_at: datetime | None
     outcome: str
     error: str | None = None
+    run: int | None = None
 
     @property
     def duration(self) -> float | None:
@@ -113,7 +117,14 @@ def attempt_history(entries: Any, *, state: str, attempt: int, worker: str | Non
     if state == "done":
         history.append(AttemptRecord(attempt=attempt, worker=worker, started_at=started_at,
                                      finished_at=finished_at, outcome="done"))
-    return history
+    # xjobs_attempt_push keeps the first entry and the newest 20: a full list may have a gap.
+    complete = len(history) - (state == "done") < ATTEMPTS_KEPT
+    return [replace(a, run=n if complete or n == 1 else None)
+            for n, a in enumerate(history, start=1)]
+
+
+# The entries the attempt history keeps: the first and the newest 20 (xjobs_attempt_push).
+ATTEMPTS_KEPT = 21
 
 
 def _entries(entries: Any) -> list[AttemptRecord]:

@@ -4,6 +4,7 @@ state badges; and the breadcrumbs of the console's own pages, rendered by the ad
 from __future__ import annotations
 
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 from django import template
@@ -11,6 +12,7 @@ from django.template import Context
 from django.template.loader import get_template
 from django.template.loader_tags import BlockNode, ExtendsNode
 
+from .. import conf
 from ..console import display
 from ..console.reads import text
 
@@ -60,12 +62,23 @@ def filesize(value: int | None) -> str:
 register.filter("badge", display.badge)
 
 
-# The stock page whose breadcrumbs have the shape of a console page's: Home > the app > the
-# model's list > this page. Its structure changes between Django versions (6.1 turned the
+@register.inclusion_tag("admin/django_xjobs/live.html")
+def xjobs_live() -> dict[str, Any]:
+    """``{% xjobs_live %}``: the live-update indicator and its script (docs/console.md, "Live
+    updates"), at ``XJOBS["CONSOLE_REFRESH"]``; nothing when that is None."""
+    every = conf.get().console_refresh
+    return {"interval_ms": None if every is None else round(every * 1000)}
+
+
+# The stock page whose breadcrumbs have the shape of an action's confirmation: Home > the app >
+# the model's list > this page. Its structure changes between Django versions (6.1 turned the
 # <div class="breadcrumbs"> into an <ol>, and the admin's CSS now styles only the <ol>); copied
 # markup goes stale, so the console renders that template's own block instead.
 # tests/acceptance/test_console_browser.py compares the result with a stock page in chromium.
 BREADCRUMBS_TEMPLATE = "admin/change_form.html"
+# The stock page whose breadcrumbs have the shape of the console's own pages (the dashboard, a
+# queue, the health panel, a pause): Home > the app > this page.
+PAGE_BREADCRUMBS_TEMPLATE = "admin/change_list.html"
 
 
 def _find_block(name: str, template_name: str) -> BlockNode | None:
@@ -94,4 +107,22 @@ def admin_breadcrumbs(context: template.Context, label: str) -> str:
         return ""
     with context.push(block=block, original=label, add=False, is_popup=False,
                       has_view_permission=True):
+        return block.nodelist.render(context)  # type: ignore[no-any-return]
+
+
+@register.simple_tag(takes_context=True)
+def console_breadcrumbs(context: template.Context, label: str) -> str:
+    """``{% console_breadcrumbs "Dashboard" %}``: the admin's change-list breadcrumbs (Home >
+    app > ``label``) for the page's ``opts``, in the installed Django's markup: the console's
+    own pages sit beside the models' lists, not under the jobs list. "" when the project's
+    templates have no such block (the page then keeps base.html's)."""
+    block = _find_block("breadcrumbs", PAGE_BREADCRUMBS_TEMPLATE)
+    opts = context.get("opts")
+    if block is None or opts is None:
+        return ""
+    # The list's own crumb is its model's name: this page's label stands in for it.
+    page = SimpleNamespace(app_label=opts.app_label, app_config=opts.app_config,
+                           model_name=opts.model_name, verbose_name=label,
+                           verbose_name_plural=label)
+    with context.push(block=block, cl=SimpleNamespace(opts=page), is_popup=False):
         return block.nodelist.render(context)  # type: ignore[no-any-return]

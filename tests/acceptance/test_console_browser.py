@@ -11,6 +11,10 @@ worker (the worker stops it at its next heartbeat). And: the console's own pages
 breadcrumbs exactly like a stock admin page. The console's own site at ``/_x/``: its dashboard
 charts a real worker's runs (in the light and the dark theme), a job that failed twice then
 succeeded shows its three attempts, and the health panel flags a worker stopped with SIGSTOP.
+Live updates: the dashboard, a queue's page, the filtered jobs list and a job's page show what
+changed in the database without a reload, keep a checked job and an opened traceback, fetch
+nothing while the tab is hidden and back off when the server stops answering (the page's clock
+under the test's control: no test waits on the wall clock).
 Screenshots of the dashboard (with and without charts), the jobs list, the job detail and its
 attempts, the health panel (and a stalled worker) and an action's confirmation go to
 ``XJOBS_SCREENSHOT_DIR`` (``make screenshots`` points it at docs/img), else to the test's
@@ -228,7 +232,8 @@ def test_console_pages_have_the_breadcrumbs_of_the_stock_admin(
     ready = testapp_jobs.record.enqueue(tag="for the confirmation page")
     login(page, live_server, "crumbs")
 
-    # The reference: a stock admin page with the same depth (Home > app > Jobs > a job).
+    # The reference of an action's confirmation: a stock admin page with the same depth (Home >
+    # app > Jobs > a job).
     page.goto(f"{live_server.url}/admin/django_xjobs/job/{ready.id}/change/")
     stock = page.evaluate(BREADCRUMBS_LOOK)
     assert stock is not None and stock["trail"][0] == "Home"
@@ -246,11 +251,19 @@ def test_console_pages_have_the_breadcrumbs_of_the_stock_admin(
     [history] = wait_until(lambda: [t for t in engine.history_tables() if t.rows == 25],
                            message="the history table's row estimate")
 
-    pages = {"dashboard": "/admin/django_xjobs/job/dashboard/",
-             "health": "/admin/django_xjobs/job/health/"}
+    # The console's own pages sit beside the models' lists: Home > app > the page, drawn like
+    # the stock jobs list's (Home > app > Jobs).
+    page.goto(f"{live_server.url}/admin/django_xjobs/job/")
+    beside = page.evaluate(BREADCRUMBS_LOOK)
+    assert beside is not None and beside["trail"] == ["Home", stock["trail"][1]]
+    pages = {"Dashboard": "/admin/django_xjobs/job/dashboard/",
+             "Health panel": "/admin/django_xjobs/job/health/"}
     for name, url in pages.items():
         page.goto(live_server.url + url)
-        assert page.evaluate(BREADCRUMBS_LOOK) == stock, name
+        assert page.evaluate(BREADCRUMBS_LOOK) == beside, name
+        current = page.locator('nav[aria-label="Breadcrumbs"] [aria-current="page"]')
+        assert current.count() == 0 or current.inner_text().strip() == name
+        assert page.locator('nav[aria-label="Breadcrumbs"]').inner_text().strip().endswith(name)
     assert history.table in page.locator("#xjobs-history").inner_text()
     page.screenshot(path=str(shots / "health.png"), full_page=True)  # the dashboard's: above
 
@@ -446,3 +459,147 @@ def test_the_health_panel_flags_a_stopped_worker_in_the_browser(
     page.goto(f"{live_server.url}/_x/django_xjobs/job/health/")
     row = page.locator(f"#xjobs-health-workers tr.xjobs-worker[data-worker='{stuck.id}']")
     assert "xjobs-stalled" not in row.get_attribute("class")
+
+
+# The live-update indicator's counters (live.js): fetches started, answers put in place, and
+# fetches that failed.
+LIVE = "#xjobs-live"
+
+# Tells the page its tab is hidden or shown again, as the browser does when the tab changes.
+VISIBILITY = """(state) => {
+  Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => state});
+  Object.defineProperty(document, 'hidden', {configurable: true, get: () => state === 'hidden'});
+  document.dispatchEvent(new Event('visibilitychange'));
+}"""
+
+
+def test_the_console_updates_in_place_and_rests_while_the_tab_is_hidden(
+        live_server, transactional_db, page, settings, django_user_model):
+    from django.core.signals import request_started
+    from playwright.sync_api import expect  # the page fixture skips without playwright
+
+    from django_xjobs.testing import drain
+
+    settings.XJOBS = {**settings.XJOBS, "CONSOLE_REFRESH": "1s",
+                      "RETRY_BASE": "1h", "RETRY_CAP": "1h"}
+    django_user_model.objects.create_superuser("live", "live@example.com", PASSWORD)
+    fetched: list[str] = []  # the live updates that reached the server, with their query
+
+    def count(sender, environ, **kwargs):
+        if environ.get("HTTP_X_XJOBS_LIVE"):
+            fetched.append(f"{environ['PATH_INFO']}?{environ.get('QUERY_STRING', '')}")
+
+    request_started.connect(count)
+    try:
+        page.clock.install()  # the page's timers run as usual until the test pauses them
+        login(page, live_server, "live")
+        box = page.locator(LIVE)
+
+        # The dashboard: a queue that shows up, without a reload (the marker survives one
+        # document only).
+        page.goto(f"{live_server.url}/admin/django_xjobs/job/dashboard/")
+        page.evaluate("window.__marker = 1")
+        expect(box).to_contain_text("live · updated")
+        assert "live-q" not in page.inner_text("#xjobs-queues")
+        one = testapp_jobs.record.using(queue="live-q").enqueue(tag="one")
+        row = page.locator("#xjobs-queues tbody tr", has_text="live-q")
+        expect(row.locator("td").nth(1)).to_have_text("1")  # ready
+        assert page.evaluate("window.__marker") == 1
+
+        # The queue's page.
+        page.goto(f"{live_server.url}/admin/django_xjobs/job/queue/live-q/")
+        page.evaluate("window.__marker = 2")
+        ready = page.locator("#xjobs-queue tbody td").first
+        expect(ready).to_have_text("1")
+        two = testapp_jobs.record.using(queue="live-q").enqueue(tag="two")
+        expect(ready).to_have_text("2")
+        assert page.evaluate("window.__marker") == 2
+
+        # The jobs list, filtered: it keeps its filter, and a checked job stays checked.
+        page.goto(f"{live_server.url}/admin/django_xjobs/job/?queue=live-q")
+        page.evaluate("window.__marker = 3")
+        rows = page.locator("#result_list tbody tr")
+        expect(rows).to_have_count(2)
+        checkbox = "input[name='_selected_action'][value='{}']"
+        page.check(checkbox.format(one.id))
+        counter = page.locator("span.action-counter").first
+        expect(counter).to_have_text("1 of 2 selected")
+        three = testapp_jobs.record.using(queue="live-q").enqueue(tag="three")
+        api.cancel(one.id, reason="changed under the operator")
+        # The row shown changes in place; the new job waits while one is checked.
+        expect(rows.filter(has=page.locator(checkbox.format(one.id)))).to_contain_text(
+            "cancelled")
+        expect(box).to_contain_text("new rows wait while jobs are selected")
+        expect(rows).to_have_count(2)
+        assert page.is_checked(checkbox.format(one.id))
+        expect(counter).to_have_text("1 of 2 selected")
+        page.uncheck(checkbox.format(one.id))
+        expect(rows).to_have_count(3)
+        # The admin's own selection counts the checkbox of the row that came in.
+        page.check(checkbox.format(three.id))
+        expect(counter).to_have_text("1 of 3 selected")
+        assert page.evaluate("window.__marker") == 3
+        assert "/admin/django_xjobs/job/?queue=live-q" in fetched
+        assert two.id  # (shown in the list above)
+
+        # A job's page: the traceback an operator opened stays open as its attempts grow.
+        flaky = testapp_jobs.flaky.using(queue="live-job").enqueue(fail_times=5)
+        drain(["live-job"])  # its first attempt fails; the next is an hour away
+        page.goto(f"{live_server.url}/admin/django_xjobs/job/{flaky.id}/change/")
+        page.evaluate("window.__marker = 4")
+        attempts = page.locator("#xjobs-attempts tr.xjobs-attempt")
+        expect(attempts).to_have_count(1)
+        attempts.first.locator("summary").click()
+        opened = attempts.first.locator("details")
+        assert opened.evaluate("d => d.open")
+        api.run_now(flaky.id)
+        drain(["live-job"])  # the second attempt fails too
+        expect(attempts).to_have_count(2)
+        expect(page.locator("#xjobs-diagnosis")).to_contain_text("failure on attempt 2")
+        assert attempts.first.locator("details").evaluate("d => d.open")
+        assert not attempts.nth(1).locator("details").evaluate("d => d.open")
+        assert "Traceback" in attempts.first.locator("pre").inner_text()
+        assert page.evaluate("window.__marker") == 4
+
+        # Hidden, it fetches nothing however long; shown again, it fetches at once. The page's
+        # clock is paused: a minute of it passes when the test says so.
+        page.clock.pause_at(page.evaluate("Date.now()") / 1000 + 0.5)
+        started = box.get_attribute("data-fetches")
+        expect(box).to_have_attribute("data-updates", started)  # none in flight
+        before = len(fetched)
+        page.evaluate(VISIBILITY, "hidden")
+        expect(box).to_have_attribute("data-state", "hidden")
+        expect(box).to_contain_text("paused while the tab is hidden")
+        page.clock.run_for(60_000)
+        assert box.get_attribute("data-fetches") == started
+        page.evaluate(VISIBILITY, "visible")
+        expect(box).to_have_attribute("data-updates", str(int(started) + 1))
+        assert len(fetched) == before + 1  # the one fetch on showing, none while hidden
+
+        # Signed out, the server answers with its login page: the page says it is stale and
+        # tries again after 2 s, then 4 s, not every second.
+        page.context.clear_cookies()
+        page.clock.run_for(1_000)
+        expect(box).to_have_attribute("data-failures", "1")
+        expect(box).to_have_attribute("data-state", "stale")
+        expect(box).to_contain_text("stale since")
+        expect(box).to_contain_text("signed out?")
+        tries = int(box.get_attribute("data-fetches"))
+        page.clock.run_for(1_000)
+        assert int(box.get_attribute("data-fetches")) == tries
+        page.clock.run_for(1_000)
+        expect(box).to_have_attribute("data-failures", "2")
+        page.clock.run_for(3_000)
+        assert int(box.get_attribute("data-fetches")) == tries + 1
+        page.clock.run_for(1_000)
+        expect(box).to_have_attribute("data-failures", "3")
+        assert page.evaluate("window.__marker") == 4
+
+        # The toggle stops it, on every console page, until the operator resumes it.
+        page.locator(f"{LIVE} button").click()
+        expect(box).to_have_attribute("data-state", "stopped")
+        tries = int(box.get_attribute("data-fetches"))
+        page.clock.run_for(600_000)
+        assert int(box.get_attribute("data-fetches")) == tries
+    finally:
+        request_started.disconnect(count)

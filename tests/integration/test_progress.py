@@ -282,8 +282,9 @@ def test_xjobs_show_prints_the_attempt_timeline_of_a_job_that_failed_twice():
 
     text = show("show", str(handle.id))
     lines = text[text.index("attempts (3 kept):"):].splitlines()[1:4]
-    assert [line.split()[:2] for line in lines] == [
-        ["#1", "failed"], ["#2", "failed"], ["#3", "done"]]
+    assert [line.split()[:5] for line in lines] == [
+        ["run", "1", "attempt", "1", "failed"], ["run", "2", "attempt", "2", "failed"],
+        ["run", "3", "attempt", "3", "done"]]
     for line, entry in zip(lines, record.attempts, strict=True):
         assert entry.worker and entry.worker in line
     assert lines[0].endswith("RuntimeError: flaky failure on attempt 1")
@@ -291,11 +292,48 @@ def test_xjobs_show_prints_the_attempt_timeline_of_a_job_that_failed_twice():
     assert "flaky failure" not in lines[2]
 
     data = json.loads(show("show", str(handle.id), "--json"))
-    assert [(a["attempt"], a["outcome"]) for a in data["attempts"]] == [
-        (1, "failed"), (2, "failed"), (3, "done")]
+    assert [(a["run"], a["attempt"], a["outcome"]) for a in data["attempts"]] == [
+        (1, 1, "failed"), (2, 2, "failed"), (3, 3, "done")]
     assert all(a["duration"] is not None and a["duration"] >= 0 for a in data["attempts"])
     assert "flaky failure on attempt 2" in data["attempts"][1]["error"]
     assert data["progress"] is None
+
+
+def drained(handle, rounds: int):
+    """The job once done: a round runs what is due, then moves the clock past its naps."""
+    for _ in range(rounds):
+        drain()
+        if api.get_job(handle.id).state == "done":
+            break
+        travel(timedelta(seconds=1))
+    record = api.get_job(handle.id)
+    assert record.state == "done"
+    return record
+
+
+@transactional
+def test_the_runs_of_a_job_that_suspends_are_numbered_apart_from_its_attempt():
+    # A suspension spends no attempt: "#1 suspended, #1 suspended, #1 done" read as one run
+    # shown three times. Each run has its number; the attempt stays 1.
+    record = drained(testapp_jobs.many_naps.enqueue(naps=2), rounds=6)
+    assert [(a.run, a.attempt, a.outcome) for a in record.attempts] == [
+        (1, 1, "suspended"), (2, 1, "suspended"), (3, 1, "done")]
+    text = show("show", str(record.id))
+    lines = text[text.index("attempts (3 kept):"):].splitlines()[1:]
+    assert [line.split()[:5] for line in lines] == [
+        ["run", "1", "attempt", "1", "suspended"], ["run", "2", "attempt", "1", "suspended"],
+        ["run", "3", "attempt", "1", "done"]]
+
+    # Past the first and the newest 20, the runs between are not kept: the numbers after the
+    # gap are unknown, and the timeline says where the gap is.
+    record = drained(testapp_jobs.many_naps.enqueue(naps=25), rounds=30)
+    runs = [a.run for a in record.attempts]
+    assert len(runs) == 22 and runs[0] == 1 and set(runs[1:]) == {None}
+    text = show("show", str(record.id))
+    lines = text[text.index("attempts (22 kept):"):].splitlines()[1:4]
+    assert lines[0].split()[:2] == ["run", "1"]
+    assert lines[1] == "  ... runs not kept: only the first and the newest 20 are"
+    assert lines[2].split()[:4] == ["run", "?", "attempt", "1"]
 
 
 @transactional

@@ -278,6 +278,21 @@ def test_other_bad_values_are_refused_by_key(raw, key):
         conf.build(raw)
 
 
+@pytest.mark.parametrize(("value", "seconds"), [("5s", 5.0), (30, 30.0), ("1h", 3600.0),
+                                               (None, None)])
+def test_console_refresh_is_a_duration_from_a_second_to_an_hour_or_none(value, seconds):
+    assert conf.build({"CONSOLE_REFRESH": value}).console_refresh == seconds
+
+
+@pytest.mark.parametrize(("value", "out_of_range"), [
+    (0, True), ("500ms", True), ("2h", True), ("soon", False), (False, False)])
+def test_a_bad_console_refresh_is_refused_by_key(value, out_of_range):
+    with pytest.raises(ConfigurationError, match=r'XJOBS\["CONSOLE_REFRESH"\]') as info:
+        conf.build({"CONSOLE_REFRESH": value})
+    said = "from 1s to 1h (None turns the console's live updates off)" in str(info.value)
+    assert said is out_of_range
+
+
 def test_get_follows_override_settings():
     before = conf.get()
     with override_settings(XJOBS={"QUEUES": ["a", "b"], "MAX_ATTEMPTS": 9}):

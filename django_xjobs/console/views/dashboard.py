@@ -32,7 +32,7 @@ def dashboard_view(model_admin: ConsoleAdmin, request: Any) -> HttpResponse:
     queue_pauses = {p.key: p for p in in_force if p.kind == "queue"}
     window = _window(request)
     return render(model_admin, request, "admin/django_xjobs/dashboard.html", "Jobs dashboard",
-                  board=board, now=board.now, tenants=tenants,
+                  crumb="Dashboard", board=board, now=board.now, tenants=tenants,
                   queue_rows=[(q, queue_pauses.get(q.queue)) for q in board.queues],
                   queue_pauses=list(queue_pauses.values()),
                   # A key names anything (a partner, a tenant): unscoped operators only.

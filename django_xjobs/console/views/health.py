@@ -21,4 +21,4 @@ def health_view(model_admin: ConsoleAdmin, request: Any) -> HttpResponse:
     # it, everyone else its first word (reads.health.redact_query).
     panel = health(tenants, query_text=request.user.has_perm("django_xjobs.view_query_text"))
     return render(model_admin, request, "admin/django_xjobs/health.html", "Queue health",
-                  health=panel, now=panel.now, tenants=tenants)
+                  crumb="Health panel", health=panel, now=panel.now, tenants=tenants)

@@ -82,7 +82,7 @@ def pause_view(model_admin: ConsoleAdmin, request: Any) -> HttpResponse:
         if "post" not in request.POST or not form.is_valid():
             return TemplateResponse(request, "admin/django_xjobs/pause_confirm.html", {
                 **model_admin.admin_site.each_context(request), "opts": model_admin.model._meta,
-                "title": f"Pause {kind} {name}", "crumb": "Pause", "form": form,
+                "title": f"Pause {kind} {name}", "crumb": f"Pause {kind} {name}", "form": form,
                 "kind": kind, "name": name,
             })
         seconds = form.cleaned_data["duration"]

@@ -363,17 +363,19 @@ def _progress_text(progress: ProgressRecord) -> str:
 
 
 def _timeline(attempts: list[AttemptRecord]) -> list[str]:
-    """One line per kept run: attempt, outcome, worker, start, duration, and the line of its
-    error a person reads first (the console's). Only the first and the newest runs are kept:
-    a gap says which went."""
+    """One line per kept run: its number and attempt (a run that suspended, snoozed or was
+    handed back keeps its attempt: the next run has the same one), outcome, worker, start,
+    duration, and the line of its error a person reads first (the console's). Only the first
+    and the newest 20 runs are kept: a gap says so, and its runs have no number ("?")."""
     lines = []
     for n, a in enumerate(attempts):
-        if n == 1 and a.attempt - attempts[0].attempt > 1:
-            lines.append(f"  ... attempts {attempts[0].attempt + 1}-{a.attempt - 1} not kept")
+        if n == 1 and a.run is None:
+            lines.append("  ... runs not kept: only the first and the newest 20 are")
         error = error_summary(a.error, 120) or ""
         took = "-" if a.duration is None else (
             f"{a.duration:.2f}s" if a.duration < 10 else cli.duration(a.duration))
-        lines.append(f"  #{a.attempt:<3} {a.outcome:<11} {a.worker or '-'}  "
+        run = "?" if a.run is None else a.run
+        lines.append(f"  run {run:<3} attempt {a.attempt:<3} {a.outcome:<11} {a.worker or '-'}  "
                      f"{_moment(a.started_at)}  {took:>6}  {error}".rstrip())
     return lines
 
