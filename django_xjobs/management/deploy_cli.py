@@ -5,15 +5,13 @@
 
 Replays every suspended durable run against the code now installed (``deploycheck.check``) and
 lists the runs whose code would take a different path. Exit code 1 when any would (a deploy
-gate: ``manage.py xjobs check-deploy && deploy``), 0 when none would; a bad argument also ends
-it with exit code 1, before anything is read.
+gate: ``manage.py xjobs check-deploy && deploy``), 0 when none would; a bad argument ends it
+with exit code 2, before anything is read (docs/reference/commands.md, "Exit status").
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from django.core.management.base import CommandError
 
 from .. import deploycheck
 from . import cli
@@ -35,7 +33,7 @@ def add_arguments(sub: Any) -> list[Any]:
 def handle(command: Any, options: dict[str, Any], as_json: bool) -> None:
     limit = options["limit"]
     if limit is not None and limit < 1:
-        raise CommandError("--limit must be at least 1")
+        raise cli.usage_error("--limit must be at least 1")
     verdicts = deploycheck.check(name=options["job"], limit=limit)
     diverging = [v for v in verdicts if v.diverges]
     if as_json:
@@ -45,7 +43,7 @@ def handle(command: Any, options: dict[str, Any], as_json: bool) -> None:
         _report(command, verdicts, diverging, int(options.get("verbosity", 1)))
     if diverging:
         # After the report: the exit code is the gate, the report says why.
-        raise SystemExit(1)
+        raise SystemExit(cli.FAILED)
 
 
 def _report(command: Any, verdicts: list[deploycheck.Verdict],

@@ -68,7 +68,7 @@ def handle(command: Any, options: dict[str, Any], as_json: bool) -> None:
         try:
             series = versions.parse_series(options["compatible_with"])
         except ValueError as exc:
-            raise CommandError(f"--compatible-with: {exc}; nothing was changed") from None
+            raise cli.usage_error(f"--compatible-with: {exc}; nothing was changed") from None
         record = engine.fleet_set(compatible_with=series, changed_by=by)
     else:
         record = engine.fleet_get()

@@ -1,10 +1,11 @@
-"""queue_stats: five exclusive buckets plus finished counts, the same numbers on every engine.
+"""queue_stats: a bucket per state, exclusive, the same numbers on every engine.
 
 `ready` (ready and due), `delayed` (delayed, or ready not yet due), `running`, `suspended`,
-`dead`; plus `done` and `cancelled` (docs/design.md, "Stats buckets are exclusive"). A row lands
-in exactly one bucket, so the buckets of a queue sum to its row count. A bare `run_at > now()`
-would count a sleeping suspended job (or a dead one with a future run_at) twice; random mixes of
-states and times pin it here.
+`blocked`, `dead`; plus `done` and `cancelled` (docs/design.md, "Stats buckets are
+exclusive"). A row lands in exactly one bucket, so the buckets of a queue sum to its row count.
+A bare `run_at > now()` would count a sleeping suspended job (or a dead one with a future
+run_at) twice; random mixes of states and times pin it here. Jobs really blocked on a slot, as
+every surface counts them: tests/integration/test_blocked.py.
 """
 
 from __future__ import annotations

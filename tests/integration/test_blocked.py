@@ -2,20 +2,26 @@
 in ``blocked`` until a slot of its key frees. The release of a slot wakes it at once, with a
 NOTIFY of its queue; ``jobs_unblock`` wakes it when the holder's slot lapsed without a release;
 a pause of its key keeps it blocked; a durable run's resume goes back to ``suspended``; it can be
-cancelled; and the queue's statistics count it in a bucket of its own."""
+cancelled; and every figure of the queue (its stats, `manage.py xjobs`, the dashboard, the
+metrics) counts it in a bucket of its own."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
+from prometheus_client.parser import text_string_to_metric_families
 
 from django_xjobs import api, conf, registry
+from django_xjobs.console.reads.dashboard import queue_rows
 from django_xjobs.engines import get_engine
 from django_xjobs.models import FlowPause, Job
-from django_xjobs.records import ClaimBatch, SlotHold, SlotRequest
+from django_xjobs.records import ALL_STATES, LIVE_STATES, ClaimBatch, SlotHold, SlotRequest
 from django_xjobs.worker.flow import claim_flow
 from tests.conftest import wait_until
 from tests.testapp import jobs
@@ -242,16 +248,47 @@ def test_a_blocked_job_can_be_cancelled_and_no_release_revives_it():
     assert claim() == []
 
 
-def test_queue_stats_count_blocked_jobs_in_their_own_bucket():
-    hold()
+def test_every_surface_counts_each_job_in_exactly_one_bucket_blocked_included(client):
+    """Jobs really blocked on a slot (one running holds it with another holder, the claim held
+    the rest back) are counted once, in `blocked`, by the engine's reads, `manage.py xjobs` and
+    its --json, the dashboard and the metrics: the same numbers everywhere."""
+    hold(n=1)
+    running = jobs.slotted.enqueue(group="b", seconds=0)
+    [run] = claim()
+    assert run.id == str(running.id)
     blocked = [blocked_job() for _ in range(3)]
     jobs.noop.enqueue()
     jobs.noop.using(delay=3600).enqueue()
+    expected = {**dict.fromkeys(ALL_STATES, 0),
+                "ready": 1, "delayed": 1, "running": 1, "blocked": 3}
 
     [stats] = [s for s in get_engine().queue_stats() if s.queue == "default"]
+    assert {b: getattr(stats, b) for b in ALL_STATES} == expected
+    assert stats.live == Job.objects.filter(queue="default").count() == 6
+    [depth] = [d for d in get_engine().queue_depth() if d.queue == "default"]
+    assert {b: getattr(depth, b) for b in LIVE_STATES} == {b: expected[b] for b in LIVE_STATES}
 
-    assert (stats.blocked, stats.ready, stats.delayed, stats.running) == (3, 1, 1, 0)
-    assert stats.live == 5
+    out = StringIO()
+    call_command("xjobs", stdout=out)
+    header, _rule, *lines = out.getvalue().splitlines()
+    assert set(header.split()) == {"queue", *ALL_STATES}
+    [row] = [line.split() for line in lines if line.split()[:1] == ["default"]]
+    assert dict(zip(header.split()[1:], map(int, row[1:]), strict=True)) == expected
+    out = StringIO()
+    call_command("xjobs", "--json", stdout=out)
+    [queue] = [q for q in json.loads(out.getvalue())["queues"] if q["queue"] == "default"]
+    assert queue == {"queue": "default", **expected}
+
+    [board] = [r for r in queue_rows() if r.queue == "default"]
+    assert {b: getattr(board, b) for b in LIVE_STATES} == {b: expected[b] for b in LIVE_STATES}
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    samples = {s.labels["state"]: s.value
+               for family in text_string_to_metric_families(response.content.decode())
+               for s in family.samples
+               if s.name == "xjobs_queue_depth" and s.labels["queue"] == "default"}
+    assert samples == {b: expected[b] for b in LIVE_STATES}
+
     api.cancel(blocked[0].id)
     [stats] = [s for s in get_engine().queue_stats() if s.queue == "default"]
     assert (stats.blocked, stats.cancelled) == (2, 1)

@@ -310,21 +310,31 @@ def test_an_undecodable_or_non_object_input_is_reported():
                                  "not a JSON object")
 
 
-def test_bad_arguments_are_refused():
-    with pytest.raises(CommandError, match="--limit must be at least 1"):
+def test_bad_arguments_are_refused_as_bad_usage():
+    with pytest.raises(CommandError, match="--limit must be at least 1") as info:
         call_command("xjobs", "check-deploy", "--limit", "0")
+    assert info.value.returncode == 2
     with pytest.raises(InvalidJobInput, match="limit must be an integer >= 1"):
         deploycheck.check(limit=0)
-    with pytest.raises(CommandError, match="job name"):
+    with pytest.raises(CommandError, match="job name") as info:
         call_command("xjobs", "check-deploy", "--job", "")
+    assert info.value.returncode == 2
 
 
 def test_verbosity_2_also_lists_the_runs_that_pass_and_json_is_taken_before_the_action(version):
     job = flow_a()
+    # Django's -v, before the subcommand, after it (as docs/durable.md writes it), or given
+    # by name: the same.
+    given = [(("-v", "2", "check-deploy"), {}), (("check-deploy", "-v", "2"), {}),
+             (("check-deploy", "--verbosity=2"), {}), (("check-deploy",), {"verbosity": 2})]
+    for args, options in given:
+        out = StringIO()
+        call_command("xjobs", *args, stdout=out, **options)
+        assert f"ok        job {job.id} (testapp.deploy_flow): 2 recorded step(s) reached in " \
+               "order" in out.getvalue(), args
     out = StringIO()
-    call_command("xjobs", "check-deploy", verbosity=2, stdout=out)
-    assert f"ok        job {job.id} (testapp.deploy_flow): 2 recorded step(s) reached in " \
-           "order" in out.getvalue()
+    call_command("xjobs", "check-deploy", "-v", "1", stdout=out)  # the runs that pass: not listed
+    assert "ok        job" not in out.getvalue()
     out = StringIO()
     call_command("xjobs", "--json", "check-deploy", stdout=out)
     assert json.loads(out.getvalue())["checked"] == 1

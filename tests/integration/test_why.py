@@ -141,6 +141,28 @@ def test_a_paused_queue_holds_its_jobs_with_the_pause_end_and_reason():
                            f"{until.isoformat(sep=' ', timespec='seconds')}, db migration)")
 
 
+@pytest.mark.parametrize("worker", [True, False])
+def test_why_of_a_job_in_a_paused_queue_advises_the_resume_never_a_worker(worker):
+    """With no worker as well, the pause binds first: a worker started would not take the job,
+    so the diagnosis says how the pause ends, and nothing about starting a worker."""
+    job_id = new_job(worker=worker)
+    queue = get_job(job_id).queue
+    until = db_now() + HOUR
+    FlowPause.objects.create(kind="queue", key=queue, until=until, reason="db migration")
+    at = until.isoformat(sep=" ", timespec="seconds")
+    text = run(str(job_id))
+    assert f"  queue {queue} paused (until {at}, db migration)" in text.splitlines()[1:3]
+    assert f"manage.py xjobs resume {queue}" in text
+    assert f"the pause ends by itself at {at}" in text
+    assert "xjobs_worker" not in text and "start one" not in text
+    assert "Waiting for a worker" not in text
+    (line,) = [d for d in run_json(job_id)["diagnosis"] if "paused" in d]
+    assert line.startswith(f"Due, but held: queue '{queue}' is paused (db migration)")
+    # Once the pause is lifted, the advice is about workers again.
+    FlowPause.objects.filter(kind="queue", key=queue).delete()
+    assert "Waiting for a worker" in run(str(job_id))
+
+
 def test_a_pause_that_has_ended_holds_nothing():
     job_id = new_job()
     FlowPause.objects.create(kind="queue", key=get_job(job_id).queue,
@@ -252,7 +274,7 @@ def test_every_reason_is_listed_most_binding_first(limited_job):
 def test_an_unknown_or_malformed_id_is_a_command_error():
     with pytest.raises(CommandError, match="no job with id"):
         run("0190a1b2-0000-7000-8000-000000000000")
-    with pytest.raises(CommandError, match="no job with id"):
+    with pytest.raises(CommandError, match="is not a job id"):
         run("not-a-uuid", "--json")
 
 

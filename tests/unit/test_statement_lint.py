@@ -262,6 +262,7 @@ def test_xjobs_sql_of_an_unknown_name_lists_the_known_ones():
         sql_command("job_explode")
     assert "jobs_claim" in str(info.value)
     assert "xjobs_rate_take" in str(info.value)
+    assert info.value.returncode == 2  # bad usage (docs/reference/commands.md)
 
 
 # ------------------------------------------------------- functions, aggregate and triggers --

@@ -17,8 +17,6 @@ import json
 from datetime import datetime
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
-
 from ... import backfills, registry
 from ...backfills.definition import count_total, parse_throttle
 from ...backfills.registry import get as get_backfill
@@ -47,7 +45,7 @@ def _throttle(value: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-class Command(BaseCommand):
+class Command(cli.XJobsCommand):
     help = "Backfill passes: start (or --dry-run), --list, show, cancel, retry."
 
     def add_arguments(self, parser: Any) -> None:
@@ -86,7 +84,7 @@ class Command(BaseCommand):
         if action is not None:
             given = [f"--{k.replace('_', '-')}" for k in LIST_ONLY if options.get(k) is not None]
             if options["list"] or given:
-                raise CommandError(
+                raise cli.usage_error(
                     f"{', '.join(given) or '--list'} only go(es) with --list, not with {action}"
                 )
         with cli.command_errors():
@@ -106,13 +104,13 @@ class Command(BaseCommand):
         name = options["backfill"]
         if options["dry_run"]:
             if options["throttle"] is not None:
-                raise CommandError("--throttle has no meaning for --dry-run")
+                raise cli.usage_error("--throttle has no meaning for --dry-run")
             report = backfills.dry_run(name, batch_size=options["batch_size"],
                                        batches=options["batches"])
             self._dry_run(report, as_json)
             return
         if options["batches"] != 1:
-            raise CommandError("--batches only goes with --dry-run")
+            raise cli.usage_error("--batches only goes with --dry-run")
         handle = backfills.start(name, batch_size=options["batch_size"],
                                  throttle=options["throttle"])
         definition = get_backfill(name)

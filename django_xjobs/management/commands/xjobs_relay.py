@@ -8,7 +8,7 @@ import logging
 import threading
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DatabaseError
 
 from ... import conf, outbox
@@ -21,7 +21,7 @@ from ...worker.shutdown import ShutdownSignals
 from .. import cli
 
 
-class Command(BaseCommand):
+class Command(cli.XJobsCommand):
     help = "Relay the enqueue_on_commit outbox into the job queue until SIGTERM/SIGINT."
     requires_system_checks: list[str] = []  # as xjobs_worker: django-xjobs' own checks only
 
@@ -45,18 +45,18 @@ class Command(BaseCommand):
         aliases = tuple(options["databases"] or settings.outbox.databases)
         unknown = [a for a in aliases if a not in settings.outbox.databases]
         if unknown:
-            raise CommandError(f"--database {unknown}: not in XJOBS['OUTBOX']['DATABASES'] "
-                               f"= {list(settings.outbox.databases)}")
+            raise cli.usage_error(f"--database {unknown}: not in XJOBS['OUTBOX']['DATABASES'] "
+                                  f"= {list(settings.outbox.databases)}")
         if options["batch_size"] is not None and options["batch_size"] < 1:
-            raise CommandError("--batch-size must be >= 1")
+            raise cli.usage_error("--batch-size must be >= 1")
         poll = None
         if options["poll_interval"] is not None:
             try:
                 poll = parse_duration(options["poll_interval"], what="--poll-interval")
             except ConfigurationError as exc:
-                raise CommandError(str(exc)) from None
+                raise cli.usage_error(str(exc)) from None
             if poll <= 0:
-                raise CommandError("--poll-interval must be greater than zero")
+                raise cli.usage_error("--poll-interval must be greater than zero")
         if options["once"]:
             try:
                 moved = outbox.relay_pending(aliases)

@@ -11,8 +11,6 @@ import logging
 import threading
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from ...engines import get_engine
 from ...scheduler.runner import SchedulerDuty
 from ...worker.options import new_worker_id
@@ -22,7 +20,7 @@ from .. import cli
 log = logging.getLogger("django_xjobs.scheduler")
 
 
-class Command(BaseCommand):
+class Command(cli.XJobsCommand):
     help = "Run the django-xjobs cron scheduler and maintenance (leader-elected) until stopped."
     requires_system_checks: list[str] = []  # django-xjobs' own checks only, as xjobs_worker
 

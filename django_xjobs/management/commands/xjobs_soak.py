@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from ...exceptions import ConfigurationError
 from ...values import NAME_RE, parse_duration
+from .. import cli
 
 
 def _seconds(what: str, low: float, high: float) -> Any:
@@ -54,7 +55,7 @@ def _queue(value: str) -> str:
     return value
 
 
-class Command(BaseCommand):
+class Command(cli.XJobsCommand):
     help = ("Chaos self-test: run a mixed workload through worker processes of this project "
             "while killing and disconnecting them, then check that no job was lost, none ran "
             "after it finished and no limit was exceeded (docs/soak.md).")

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
-
 from ...engines import Routine, Statement, get_engine, numbered
+from .. import cli
 
 
 def as_prepare(stmt: Statement) -> str:
@@ -31,7 +30,7 @@ def as_definition(routine: Routine) -> str:
     return f"{header}\n{routine.sql.strip()};"
 
 
-class Command(BaseCommand):
+class Command(cli.XJobsCommand):
     help = ("Print the SQL statements django-xjobs runs, and the functions and triggers they rely"
             " on (all, or one by name), with their reasons.")
 
@@ -52,7 +51,7 @@ class Command(BaseCommand):
             defined = [routine for routine in routines if routine.name == name]
             if not chosen and not defined:
                 known = sorted({*statements, *(routine.name for routine in routines)})
-                raise CommandError(f"no statement {name!r}; known: {', '.join(known)}")
+                raise cli.usage_error(f"no statement {name!r}; known: {', '.join(known)}")
         explain = bool(options["why"] or name)
         for stmt in chosen:
             if explain:

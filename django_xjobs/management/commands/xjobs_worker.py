@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -11,9 +12,9 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from ... import conf, worker_process
+from ... import conf, registry, worker_process
 from ...exceptions import ConfigurationError
 from ...values import NAME_RE, parse_duration, parse_mebibytes
 from ...worker.loop import Worker
@@ -62,14 +63,14 @@ def _mebibytes(value: str) -> int:
             f"got {value!r}") from None
 
 
-def _duration(value: str) -> float:
+def _duration(value: str, option: str) -> float:
     try:
-        return parse_duration(value, what="duration")
+        return parse_duration(value, what=option)
     except ConfigurationError as exc:
-        raise CommandError(str(exc)) from None
+        raise cli.usage_error(str(exc)) from None
 
 
-class Command(BaseCommand):
+class Command(cli.XJobsCommand):
     help = "Run a django-xjobs worker: claim due jobs, run them, acknowledge them."
     # Django's full system checks load every URLconf and admin class: a quarter of a second of
     # start-up for a process that serves no requests. The worker runs django-xjobs' own checks
@@ -140,9 +141,9 @@ class Command(BaseCommand):
         if queues:
             bad = [q for q in queues if not NAME_RE.match(q)]
             if bad:
-                raise CommandError(f"invalid queue name(s): {bad}")
+                raise cli.usage_error(f"invalid queue name(s): {bad}")
         if options["concurrency"] is not None and options["concurrency"] < 1:
-            raise CommandError("--concurrency must be >= 1")
+            raise cli.usage_error("--concurrency must be >= 1")
         health_file = options["health_file"]
         if health_file is not None:
             _check_health_file(health_file, options["processes"])
@@ -165,19 +166,21 @@ class Command(BaseCommand):
         }
         for key in ("lease", "heartbeat", "poll_interval", "shutdown_grace"):
             if options[key] is not None:
-                overrides[key] = _duration(options[key])
+                overrides[key] = _duration(options[key], f"--{key.replace('_', '-')}")
         # The duties' classes are chosen once this process runs a worker itself: a supervisor
         # (--processes) runs none, and need not import the scheduler.
         duties = [name for name in worker_process.DUTIES if not options.get(f"no_{name}")]
         worker_options = worker_process.options(duties=(), **overrides)
         if worker_options.lease < 3 * worker_options.heartbeat:
-            raise CommandError(
+            raise cli.usage_error(
                 f"--lease ({worker_options.lease:g}s) must be at least 3 x the heartbeat "
                 f"interval ({worker_options.heartbeat:g}s)"
             )
-        cli.log_to_stderr(options["verbosity"])
         if options["processes"] < 1:
-            raise CommandError("--processes must be >= 1")
+            raise cli.usage_error("--processes must be >= 1")
+        cli.log_to_stderr(options["verbosity"])
+        if queues and options["supervised"] is None:  # said once, not by every child process
+            _warn_unknown_queues(queues, settings)
         # A worker that recycles itself needs someone to start the next one: the supervisor,
         # which runs it even as the only process (docs/deployment.md, "Recycling worker
         # processes"). The processes it starts are supervised, and run the worker themselves.
@@ -226,17 +229,36 @@ def _serve_metrics(port: int | None) -> Callable[[], None]:
 def _check_health_file(path: str, processes: int) -> None:
     """--health-file: one loop's file, in a directory that exists."""
     if processes > 1:
-        raise CommandError(
+        raise cli.usage_error(
             "--health-file watches one worker loop: with --processes N a stalled process would "
             "hide behind the others (run one worker process per container, or probe with "
             "`manage.py xjobs health`)")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        raise CommandError(f"--health-file {path}: the directory {directory} does not exist")
+        raise cli.usage_error(f"--health-file {path}: the directory {directory} does not exist")
     if os.path.isdir(path):
-        raise CommandError(f"--health-file {path} is a directory; give a file's path")
+        raise cli.usage_error(f"--health-file {path} is a directory; give a file's path")
     if not os.access(directory, os.W_OK):
-        raise CommandError(f"--health-file {path}: the directory {directory} is not writable")
+        raise cli.usage_error(f"--health-file {path}: the directory {directory} is not writable")
+
+
+def _warn_unknown_queues(queues: list[str], settings: conf.XJobsSettings) -> None:
+    """One line for the queues given with --queue that nothing in the settings or the registry
+    names: likely a typo, but served all the same (XJOBS["QUEUES"] is what a worker works by
+    default, not a closed list, and a job can be sent to any queue at enqueue time:
+    docs/guide.md, "The worker")."""
+    known = {*settings.queues, *registry.worked_queues(settings),
+             *(job.queue for job in registry.all_jobs().values()),
+             *(queue for _pattern, queue in settings.routes),
+             *(entry["queue"] for entry in settings.schedule.values() if entry.get("queue"))}
+    unknown = [q for q in dict.fromkeys(queues) if q not in known]
+    if unknown:
+        logging.getLogger("django_xjobs.worker").warning(
+            "--queue %s: no registered job, XJOBS['QUEUES'], XJOBS['ROUTES'] or "
+            "XJOBS['SCHEDULE'] entry names %s (they name: %s); serving %s anyway, for jobs "
+            "enqueued there with .using(queue=...)",
+            " ".join(unknown), "it" if len(unknown) == 1 else "them",
+            ", ".join(sorted(known)), "it" if len(unknown) == 1 else "them")
 
 
 def _child_args(options: dict[str, Any]) -> list[str]:
