@@ -12,7 +12,8 @@
 #                             (PEERS_HARNESS=<its folder>; BASELINE=<git rev> adds that
 #                             revision beside this checkout; docs/performance.md)
 #   make lint                 ruff + import-linter (the layer contract) + mypy (pyproject.toml)
-#   make bench-admin          the console's page render times at 10,000,000 jobs
+#   make bench-admin          the console's page render times at 10,000,000 jobs (history in
+#                             the day tables, as the archive leaves them)
 #   make bench-migrations     each migration's time, lock and enqueue stall at 10,000,000 jobs
 #                             under a running producer (docs/deployment.md)
 #   make bench-ab BASELINE=REV  this checkout against git revision REV, alternating, one run

@@ -47,6 +47,7 @@ from .records import (
     EnqueueParams,
     EnqueueResult,
     JobRecord,
+    ResumeResult,
     new_ids,
 )
 from .values import (
@@ -589,6 +590,54 @@ def retry(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> Cha
     if result.job is None:
         raise JobNotFound(f"no job with id {job_id}")
     return result
+
+
+def resume(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> ResumeResult:
+    """Resume a dead workflow once the cause of its failure is fixed (docs/durable.md,
+    "Repairing a dead workflow"): when it died of a failed child job (``ChildFailed``), that
+    child gets a fresh set of attempts and the failed ``invoke`` / ``gather`` step is opened
+    again, so that the workflow, due now with a fresh set of attempts, waits for the child and
+    goes on past the step (a child that is a dead workflow itself is resumed likewise). When
+    its failure was its own, it is retried: the failed step runs again, completed steps are
+    kept. All in one transaction; ``result.reopened`` names the steps opened again.
+
+    Unchanged (``result.changed`` False, ``result.reason`` says why) for a job that is not a
+    dead workflow: not dead, or no step recorded. Raises
+    :class:`~django_xjobs.exceptions.JobNotFound` for an unknown id and
+    :class:`~django_xjobs.exceptions.LiveJobExists` when another live job holds its key. Inside
+    :func:`~django_xjobs.api.acting_as` (the console) the ``enqueued_by`` of every job it puts
+    back becomes that identity."""
+    result = get_engine().job_resume(str(job_id), tenant_ids=tenant_ids,
+                                     enqueued_by=_enqueued_by.get())
+    if result.job is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return result
+
+
+def retry_many(job_ids: Iterable[UUID | str], *,
+               tenant_ids: Iterable[str] | None = None) -> list[str]:
+    """:func:`retry` for a batch of jobs in one set-based statement: the dead and cancelled
+    ones get a fresh set of attempts, due now; returns the ids retried. A job whose key another
+    live job holds, or that another transaction holds, is skipped rather than refused
+    (docs/console.md, "Acting on thousands")."""
+    ids = [str(i) for i in job_ids]
+    if not ids:
+        return []
+    return get_engine().jobs_retry_many(ids, tenant_ids=tenant_ids,
+                                        enqueued_by=_enqueued_by.get())
+
+
+def cancel_many(job_ids: Iterable[UUID | str], *, reason: str | None = None) -> int:
+    """:func:`cancel` for a batch of live jobs, with their live descendants, in one statement
+    that takes its locks in the documented order (docs/design.md, "Lock order"); returns how
+    many were cancelled. Finished jobs are left alone."""
+    if reason is not None:
+        reason = check_text("reason", reason, max_length=2000)
+    ids = [str(i) for i in job_ids]
+    if not ids:
+        return 0
+    return get_engine().jobs_cancel_tree(
+        ids=ids, reason=f"cancelled: {reason}" if reason else "cancelled")
 
 
 def run_now(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:

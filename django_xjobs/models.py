@@ -252,6 +252,7 @@ class Job(models.Model):
         permissions = [
             ("cancel_job", "Can cancel jobs"),
             ("retry_job", "Can retry dead or cancelled jobs"),
+            ("resume_job", "Can resume dead workflows"),
             ("run_job_now", "Can make delayed or suspended jobs due now"),
             ("purge_job", "Can delete finished jobs"),
             # The health panel shows other database sessions' SQL, literals and all (a password

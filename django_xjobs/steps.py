@@ -92,6 +92,7 @@ from .values import (
     check_text,
     decode_json,
     encode_json,
+    error_line,
     format_error,
     milliseconds_of,
 )
@@ -551,7 +552,11 @@ def _children_outcome(name: str, output: Any) -> list[Any]:
     if failed:
         reason = {"timeout": "was still running when the step's timeout passed",
                   "gone": "no longer exists"}.get(failed["state"], f"ended {failed['state']}")
-        error = f": {failed['error']}" if failed.get("error") else ""
+        # The child's error in one line, its last: the whole of it (the child's traceback)
+        # would end the parent's own, and the line read first of the parent's error would be
+        # the child's rather than this ChildFailed (exc.error keeps the whole).
+        line = error_line(failed.get("error"))
+        error = f": {line}" if line else ""
         raise ChildFailed(
             f"child {failed['index']} of step {name!r} ({failed.get('job')} {failed['id']}) "
             f"{reason}{error}",

@@ -401,6 +401,13 @@ def record_error(exc: BaseException) -> str:
     return f"{error_class_line(exc)}\n{_cut(''.join(traceback.format_exception(exc)))}"
 
 
+def error_line(text: str | None) -> str | None:
+    """The line of a recorded error a person reads first: the last non-empty line of its
+    traceback, the exception and its message (None for no error)."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
 def _cut(text: str) -> str:
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS // 2] + "\n[... traceback truncated ...]\n" + text[

@@ -6,21 +6,27 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models.functions import Now
 from django.http import HttpRequest
 
 from .. import conf, registry
+from ..exceptions import ConfigurationError
 from ..records import ALL_STATES
+from .reads import search
 from .reads.scope import tenant_scope
 
 
 class ChoiceOrTextFilter(admin.SimpleListFilter):
     """Choices the code knows (settings, registry) plus a text box for any other value: the
-    choices never come from ``select distinct`` over a million rows."""
+    choices never come from ``select distinct`` over a million rows. Up to :attr:`max_links`
+    choices are links; more (a project with hundreds of job names) are the text box's
+    suggestions, which the browser narrows as one types."""
 
     template = "admin/django_xjobs/choice_or_text_filter.html"
     field_name = ""
+    max_links = 12
+    placeholder = ""
 
     def known(self, request: HttpRequest, model_admin: Any) -> Iterable[str]:
         return ()
@@ -40,6 +46,12 @@ class ChoiceOrTextFilter(admin.SimpleListFilter):
     def choices(self, changelist: Any) -> Any:
         self.keep = [(k, v) for k, v in changelist.params.items()
                      if k != self.parameter_name]
+        self.as_links = 0 < len(self.lookup_choices) <= self.max_links
+        self.datalist = ([] if self.as_links or not self.lookup_choices
+                         else [v for v, _ in self.lookup_choices])
+        self.clear_url = changelist.get_query_string(remove=[self.parameter_name])
+        if not self.placeholder:
+            self.placeholder = f"exact {self.title}"
         yield from super().choices(changelist)
 
 
@@ -54,9 +66,52 @@ class QueueFilter(ChoiceOrTextFilter):
 class NameFilter(ChoiceOrTextFilter):
     title = "job name"
     parameter_name = field_name = "name"
+    placeholder = "a name, or a pattern: shop.*"
 
     def known(self, request: HttpRequest, model_admin: Any) -> Iterable[str]:
         return registry.all_jobs().keys()
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value = self.value()
+        if not value:
+            return queryset
+        if search.is_pattern(value):
+            search.mark_searched(request)
+        return queryset.filter(search.name_match(value))
+
+
+class WorkerFilter(ChoiceOrTextFilter):
+    """The worker that ran a job last (its id, ``web-1:4242``), or every worker of a host."""
+
+    title = "worker"
+    parameter_name = "worker"
+    placeholder = "a worker id, or a host"
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value = self.value()
+        if not value:
+            return queryset
+        search.mark_searched(request)
+        return queryset.filter(search.worker_match(value))
+
+
+class ErrorFilter(ChoiceOrTextFilter):
+    """Jobs whose last error holds every word typed (``card declined``)."""
+
+    title = "error"
+    parameter_name = "error"
+    placeholder = "words of the last error"
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value = self.value()
+        if not value:
+            return queryset
+        search.mark_searched(request)
+        try:
+            return queryset.filter(search.error_search(value))
+        except ConfigurationError as exc:  # nothing to look for: say so, list nothing
+            messages.error(request, str(exc))
+            return queryset.none()
 
 
 class TenantFilter(ChoiceOrTextFilter):

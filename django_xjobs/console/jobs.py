@@ -11,10 +11,10 @@ serves, are :mod:`.views`.
 from __future__ import annotations
 
 from typing import Any
-from uuid import UUID
 
 from django.contrib import admin
 from django.contrib.admin import helpers
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast
@@ -25,16 +25,25 @@ from rangefilter.filters import DateTimeRangeFilterBuilder
 
 from .. import why
 from ..exceptions import JobNotFound
-from ..models import RUN_ID_APART, Job, JobStep
+from ..models import Job, JobStep
 from ..records import attempt_history, progress_from_json
 from .actions import ACTIONS, guarded_action, vet_action_post
 from .display import badge, preformatted, short_time
-from .filters import NameFilter, QueueFilter, StateFilter, TenantFilter
+from .filters import (
+    ErrorFilter,
+    NameFilter,
+    QueueFilter,
+    StateFilter,
+    TenantFilter,
+    WorkerFilter,
+)
 from .options import ConsoleAdmin
-from .paginator import WINDOWED
+from .paginator import EXACT_COUNT_LIMIT, WINDOWED
+from .reads import search
 from .reads.jobs import diagnose, run_children, run_steps
 from .reads.json_columns import shown_json
 from .reads.scope import tenant_scope
+from .reads.search import run_id_match
 from .reads.text import (
     ago,
     as_uuid,
@@ -47,19 +56,40 @@ from .reads.text import (
 from .views import dashboard, health, pauses
 
 
+class JobChangeList(ChangeList):
+    """The jobs list; narrowed by a search (words, a value in the input, a pattern of names, a
+    worker, an error), it is read table by table (:func:`.reads.search.newest_per_table`), as
+    far as the count and the page shown need."""
+
+    def get_queryset(self, request: Any, exclude_parameters: Any = None) -> Any:
+        queryset = super().get_queryset(request, exclude_parameters)
+        # An action's POST gets the whole filter (the selected rows are taken from it, or all
+        # of it for an action over the filter).
+        acting = request.method == "POST" and "action" in request.POST
+        if search.searched(request) and exclude_parameters is None and not acting:
+            request._xjobs_matches = search.count_per_table(queryset, cap=EXACT_COUNT_LIMIT + 1)
+            queryset = search.newest_per_table(
+                queryset, limit=self.page_num * self.list_per_page + 1)
+        return queryset
+
+
 @admin.register(Job)
 class JobAdmin(ConsoleAdmin):
     tenant_field = "tenant_id"
+    # Fits 1280 px beside the filters (tests/acceptance/test_console_browser.py); who enqueued
+    # a job is on its page.
     list_display = ("id_link", "state_badge", "name", "queue", "attempt_of", "run_at_short",
-                    "updated_at_short", "tenant_id", "enqueued_by")
+                    "updated_at_short", "tenant_id", "error_line")
     list_display_links = None
     list_filter = (
-        StateFilter, QueueFilter, NameFilter, TenantFilter,
+        StateFilter, QueueFilter, NameFilter, TenantFilter, WorkerFilter, ErrorFilter,
         ("created_at", DateTimeRangeFilterBuilder(title="created")),
         ("run_at", DateTimeRangeFilterBuilder(title="run at")),
     )
     search_fields = ("=id",)  # shows the box; get_search_results does the matching
-    search_help_text = "An exact job id, run id or idempotency key."
+    search_help_text = ("A job id, run id or idempotency key; a value in the input "
+                        "(order_id=42, customer.email=a@b.example); or words of the input or "
+                        "the last error (card declined).")
     ordering = ("-id",)
     actions = [guarded_action(spec) for spec in ACTIONS.values()]
     fieldsets = (
@@ -77,6 +107,18 @@ class JobAdmin(ConsoleAdmin):
     readonly_fields = ("state_badge", "attempt_of", "created", "due", "waited", "started",
                        "ran_for", "finished", "updated", "lease", "workers", "pretty_input",
                        "pretty_result", "error", "parent_link", "children_links")
+
+    def get_changelist(self, request: Any, **kwargs: Any) -> type[ChangeList]:
+        return JobChangeList
+
+    def get_paginator(self, request: Any, queryset: Any, per_page: int, orphans: int = 0,
+                      allow_empty_first_page: bool = True) -> Any:
+        paginator = super().get_paginator(request, queryset, per_page, orphans,
+                                          allow_empty_first_page)
+        matches = getattr(request, "_xjobs_matches", None)
+        if matches is not None:  # a search, counted table by table (JobChangeList)
+            paginator.counted_already(matches)
+        return paginator
 
     def get_object(self, request: Any, object_id: str, from_field: str | None = None) -> Any:
         obj = super().get_object(request, object_id, from_field)
@@ -119,6 +161,15 @@ class JobAdmin(ConsoleAdmin):
         return format_html('<a href="{}{}/change/" class="xjobs-id" title="{}">{}…{}</a>',
                            self.url("django_xjobs_job_changelist"), text, text,
                            text[:8], text[-6:])
+
+    @admin.display(description="last error")
+    def error_line(self, obj: Job) -> str:
+        """The line of the last error a person reads first (the exception and its message),
+        cut to the column; the whole line is its title."""
+        line = error_summary(obj.last_error)
+        if not line:
+            return ""
+        return format_html('<span class="xjobs-error-line" title="{}">{}</span>', line, line)
 
     @admin.display(description="run at")
     def run_at_short(self, obj: Job) -> str:
@@ -239,20 +290,23 @@ class JobAdmin(ConsoleAdmin):
 
     # --------------------------------------------------------------------------- search --
     def get_search_results(self, request: Any, queryset: Any, search_term: str) -> Any:
-        """Exact matches only, each on an index: the id (primary key), the idempotency key
-        (``x_jobs_key_idx``, over keyed rows: an unkeyed job's key is its id, found by the id),
-        the run id (see :func:`run_id_match`)."""
+        """Each on an index: a uuid is the id (primary key), else a run id (see
+        :func:`run_id_match`) or an idempotency key; any other term is the idempotency key
+        (``x_jobs_key_idx``, over keyed rows), a value at a path of the input
+        (``order_id=42``) or words of the input's values or of the last error
+        (:func:`.reads.search.text_search`)."""
         term = search_term.strip()
         if not term:
             return queryset, False
-        # The same condition as the partial index's, so the planner can use it.
-        by_key = Q(idempotency_key=term) & ~Q(idempotency_key=Cast(F("id"), TextField()))
         uid = as_uuid(term)
         if uid is None:
-            return queryset.filter(by_key), False
+            search.mark_searched(request)
+            return queryset.filter(search.text_search(term)), False
         # A job id first: one primary-key probe, and a uuid names one row.
         if queryset.filter(id=uid).exists():
             return queryset.filter(id=uid), False
+        # The same condition as the partial key index's, so the planner can use it.
+        by_key = Q(idempotency_key=term) & ~Q(idempotency_key=Cast(F("id"), TextField()))
         return queryset.filter(by_key | run_id_match(uid)), False
 
     # ------------------------------------------------------------------------- pages --
@@ -306,7 +360,8 @@ class JobAdmin(ConsoleAdmin):
         context = {
             "attempt_rows": self._attempt_rows(job), "progress": progress,
             "progress_eta": f"{clock_text(eta)} ({ago(eta, now)})" if eta else None,
-            "diagnosis": diagnose(job, steps, now), "steps": steps, "db_now": now,
+            "diagnosis": diagnose(job, steps, now, reasons=blocked_by), "steps": steps,
+            "db_now": now,
             "blocked_by": blocked_by,
             "step_rows": list(zip(steps, step_outputs, strict=True)),
             "can_view_steps": can_view_steps,
@@ -342,6 +397,9 @@ class JobAdmin(ConsoleAdmin):
     def has_retry_permission(self, request: Any) -> bool:
         return request.user.has_perm("django_xjobs.retry_job")
 
+    def has_resume_permission(self, request: Any) -> bool:
+        return request.user.has_perm("django_xjobs.resume_job")
+
     def has_run_permission(self, request: Any) -> bool:
         return request.user.has_perm("django_xjobs.run_job_now")
 
@@ -352,21 +410,10 @@ class JobAdmin(ConsoleAdmin):
         request.current_app = self.admin_site.name  # the confirmation pages' {% url %}
         vet_action_post(self, request)
         context = {"dashboard_url": self.url("django_xjobs_dashboard"),
-                   "health_url": self.url("django_xjobs_health"), **(extra_context or {})}
+                   "health_url": self.url("django_xjobs_health"),
+                   # The list's count can be a floor or an estimate: the action over the
+                   # filter counts them before it is confirmed (actions.run_over_filter).
+                   "selection_note_all": "Select every job that matches the filter (counted "
+                                         "before you confirm)",
+                   **(extra_context or {})}
         return super().changelist_view(request, context)
-
-
-def run_id_match(run_id: UUID) -> Q:
-    """A run-id condition that every row meets through an index, never a table scan.
-
-    ``x_jobs.run_id`` has no index over all rows (each index on x_jobs costs every claim and ack
-    a write). But the API mints a job's id and run id in one ``new_ids`` call, so both UUIDv7s
-    carry the same millisecond: such a job is in the primary-key range of its run id's
-    millisecond. Every other row (written by hand, with random uuids) is in
-    ``x_jobs_run_apart_idx``, whose condition is that the two differ; the API's rows never
-    enter it. ``tests/integration/test_console_admin.py`` pins both paths, and
-    ``tests/integration/test_console_plans.py`` the plan of a run id nothing has.
-    """
-    ms = run_id.int >> 80
-    low, high = UUID(int=ms << 80), UUID(int=((ms + 1) << 80) - 1)
-    return Q(run_id=run_id, id__gte=low, id__lte=high) | (Q(run_id=run_id) & RUN_ID_APART)

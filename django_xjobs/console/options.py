@@ -14,12 +14,14 @@ each has a page of its own for the whole value (:meth:`ConsoleAdmin.json_view`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import connections, router
 from django.db.models.functions import Now
 from django.http import Http404, HttpResponse
 from django.urls import path, reverse
@@ -100,7 +102,8 @@ class ConsoleAdmin(admin.ModelAdmin):
             self.message_user(request, "A filter or search value contains a NUL character, "
                               "which no stored value can contain: nothing matches.",
                               messages.ERROR)
-        return super().changelist_view(request, extra_context)
+        with without_jit(router.db_for_read(self.model)):
+            return _rendered(super().changelist_view(request, extra_context))
 
     def get_object(self, request: Any, object_id: str, from_field: str | None = None) -> Any:
         return self._find(request, object_id, JSON_PAGE_CHARS)
@@ -176,8 +179,9 @@ class ConsoleAdmin(admin.ModelAdmin):
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        self._object_or_404(request, object_id)
-        return super().change_view(request, object_id, form_url, extra_context)
+        with without_jit(router.db_for_read(self.model)):
+            self._object_or_404(request, object_id)
+            return _rendered(super().change_view(request, object_id, form_url, extra_context))
 
     def history_view(self, request: Any, object_id: str,
                      extra_context: dict[str, Any] | None = None) -> HttpResponse:
@@ -203,3 +207,30 @@ class ClockedAdmin(ConsoleAdmin):
     def unexpired(obj: Any) -> bool:
         """Whether the row's ``expires_at`` is still ahead of the database clock."""
         return bool(obj.expires_at > obj.db_clock)
+
+
+@contextmanager
+def without_jit(using: str) -> Iterator[None]:
+    """The console's reads without PostgreSQL's JIT, restored after: a list over the history
+    tables (a "created today" range at ten million jobs) costs past ``jit_above_cost``, and
+    compiling it took 485 ms to save a few (docs/console.md, "At ten million jobs"). The
+    setting is the session's, so it is put back for the connection's next user."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute("select current_setting('jit'), set_config('jit', 'off', false)")
+        (before, _off) = cursor.fetchone()
+    try:
+        yield
+    finally:
+        if not connection.needs_rollback:
+            with connection.cursor() as cursor:
+                cursor.execute("select set_config('jit', %s, false)", [before])
+
+
+def _rendered(response: Any) -> Any:
+    """A template response rendered now, while :func:`without_jit` holds: its template reads
+    querysets too."""
+    render = getattr(response, "render", None)
+    if callable(render) and not getattr(response, "is_rendered", True):
+        render()
+    return response

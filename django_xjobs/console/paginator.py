@@ -58,6 +58,16 @@ class EstimatedCountPaginator(Paginator):
     range's first row."""
 
     estimated = False
+    at_least = False  # the count is a floor: a search counted up to EXACT_COUNT_LIMIT + 1
+
+    def counted_already(self, rows: int) -> None:
+        """The list's rows, counted by its caller up to EXACT_COUNT_LIMIT + 1 (a search read
+        table by table: JobChangeList): no window, no estimate; past the limit the count is
+        said to be a floor."""
+        self.__dict__["counted"] = {WINDOW_ROUNDS: rows}
+        if rows > EXACT_COUNT_LIMIT:
+            self.at_least = True
+            self.__dict__["count"] = rows
 
     @cached_property
     def counted(self) -> dict[int, int]:

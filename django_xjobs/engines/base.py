@@ -64,6 +64,7 @@ from ..records import (
     RateWindow,
     Renewal,
     Requeue,
+    ResumeResult,
     RunOwner,
     SchedulerStateRecord,
     SlotHold,
@@ -395,6 +396,25 @@ class Engine(abc.ABC):
 
         Raises :class:`~django_xjobs.exceptions.LiveJobExists` when another live job holds the
         key."""
+
+    @abc.abstractmethod
+    def job_resume(self, job_id: str, *, tenant_ids: Iterable[str] | None = None,
+                   enqueued_by: str | None = None) -> ResumeResult:
+        """A ``dead`` workflow resumed (docs/durable.md, "Repairing a dead workflow"), in one
+        transaction: when it died of a ChildFailed, its failed invoke or gather step is opened
+        again and that step's dead or cancelled children retried (a child that is a dead
+        workflow itself is resumed likewise); the workflow becomes ``ready`` with a fresh
+        attempt budget and the same run_id, as :meth:`job_retry` makes it. Unchanged, with the
+        reason, for a job that is not a dead workflow (or whose family changed meanwhile).
+
+        Raises :class:`~django_xjobs.exceptions.LiveJobExists` when another live job holds the
+        key."""
+
+    @abc.abstractmethod
+    def jobs_retry_many(self, ids: Sequence[str], *, tenant_ids: Iterable[str] | None = None,
+                        enqueued_by: str | None = None) -> list[str]:
+        """:meth:`job_retry` for a batch, set-based: the ids retried. A job another live job's
+        key holds, or a row another transaction holds, is skipped (not an error)."""
 
     @abc.abstractmethod
     def job_run_now(self, job_id: str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:

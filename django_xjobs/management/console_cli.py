@@ -34,7 +34,6 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.core.management.base import CommandError
 from django.db import DatabaseError
 from django.utils.dateparse import parse_datetime
 
@@ -48,7 +47,7 @@ from ..console.reads.tables import backfill_rate, backfill_rows, outbox_entries
 from ..console.reads.text import ago, db_now, error_summary, humanize_seconds
 from ..models import JobStep
 from ..records import ALL_STATES, BlockedBy, WorkerRecord
-from . import workers_cli
+from . import bulk_cli, cli, workers_cli
 
 # `xjobs slots` and `xjobs schedule` (the slots' and the scheduler's own commands) show the
 # console's slot and scheduler pages.
@@ -83,6 +82,11 @@ def add_parsers(sub: Any) -> list[Any]:
     jobs.add_argument("--queue")
     jobs.add_argument("--name")
     jobs.add_argument("--tenant")
+    jobs.add_argument("--worker", help="the worker that ran it last: its id, or a host")
+    jobs.add_argument("--error", help="words of the last error (card declined)")
+    jobs.add_argument("--search", metavar="TEXT",
+                      help="what the console's search box takes: a job id, run id or key, "
+                           "a value in the input (order_id=42), words of the input or error")
     for flag in ("--created-after", "--created-before", "--run-after", "--run-before"):
         jobs.add_argument(flag, type=_when, help="ISO date-time with a time zone")
     jobs.add_argument("--limit", type=int, default=50)
@@ -99,8 +103,10 @@ def add_parsers(sub: Any) -> list[Any]:
     which.add_argument("--pending", action="store_true", help="only entries not relayed yet")
     which.add_argument("--published", action="store_true", help="only relayed entries")
     outbox.add_argument("--limit", type=int, default=50)
-    delete = sub.add_parser("delete", help="delete finished jobs by id (live ones are kept)")
-    delete.add_argument("job_ids", nargs="+")
+    delete = sub.add_parser("delete", help="delete finished jobs by id, or every one a "
+                                           "--filter matches (live ones are kept)")
+    delete.add_argument("job_ids", nargs="*")
+    bulk_cli.add_filter_arguments(delete)
     parsers += [jobs, why_cmd, steps, outbox, delete,
                 sub.add_parser("backfills", help="backfill passes and their progress")]
     return parsers
@@ -117,10 +123,11 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
         workers_cli.workers(out, options)
     elif action == "jobs":
         if options["limit"] < 1:
-            raise CommandError("--limit must be at least 1")
+            raise cli.usage_error("--limit must be at least 1")
         listed = jobs(
             limit=options["limit"], state=options["state"], queue=options["queue"],
-            name=options["name"], tenant_id=options["tenant"],
+            name=options["name"], tenant_id=options["tenant"], worker=options["worker"],
+            error=options["error"], search=options["search"],
             created_after=options["created_after"], created_before=options["created_before"],
             run_after=options["run_after"], run_before=options["run_before"])
         out.emit(listed, lambda: out.table(
@@ -160,6 +167,8 @@ def run(command: Any, action: str, options: dict[str, Any], as_json: bool) -> No
               b.started_at, b.completed_at,
               preview(shown_json(b, "last_cursor", limit=None), 200))
              for b in backfills], empty="(no backfills)"))
+    elif action == "delete" and bulk_cli.wants_filter(options):
+        bulk_cli.handle(out.command, "delete", options, as_json)
     elif action == "delete":
         ids = [str(_uuid(i)) for i in options["job_ids"]]
         deleted = api.delete_finished(ids)
@@ -204,7 +213,7 @@ def _why(out: _Out, job_id: str) -> None:
     reasons = why.for_job(job.id)
     now = db_now()
     steps = run_steps(job.run_id, limit=None)
-    lines = diagnose(job, steps, now)
+    lines = diagnose(job, steps, now, reasons=reasons)
     doing = why.summary(job, reasons, now)
     head = f"job {job.id} ({job.name}): {doing}"
     out.emit({"id": job.id, "state": job.state,
@@ -222,7 +231,7 @@ def _uuid(value: str) -> Any:
     try:
         return UUID(value)
     except ValueError:
-        raise CommandError(f"{value!r} is not a job id (a UUID)") from None
+        raise cli.usage_error(f"{value!r} is not a job id (a UUID)") from None
 
 
 def preview(shown: ShownJson, limit: int = 60) -> str:

@@ -2,7 +2,7 @@
 ``xjobs`` command (docs/flow-control.md, "Pause and circuit breakers").
 
     manage.py xjobs pause QUEUE [--for 30m | --until ISO] [--reason R]
-    manage.py xjobs resume QUEUE
+    manage.py xjobs resume QUEUE         (a UUID instead: a dead workflow, repair_cli.py)
     manage.py xjobs pause-key KEY (--for 10m | --until ISO) [--reason R]
     manage.py xjobs resume-key KEY       also hands back the jobs blocked on KEY
     manage.py xjobs pauses               the pauses in force
@@ -16,7 +16,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.core.management.base import CommandError
 from django.utils.dateparse import parse_datetime
 
 from ..exceptions import ConfigurationError
@@ -41,8 +40,14 @@ def add_arguments(sub: Any) -> list[Any]:
         when.add_argument("--until", metavar="ISO",
                           help="until this ISO date-time with a time zone")
         p.add_argument("--reason", help="shown with the pause")
-    resume = sub.add_parser("resume", help="claim from a paused queue again")
-    resume.add_argument("queue")
+    resume = sub.add_parser(
+        "resume", help="resume a dead workflow (a job id) or a paused queue",
+        description="resume ID: a dead workflow, once the cause of its failure is fixed: its "
+                    "failed child gets a fresh set of attempts and the workflow goes on from "
+                    "its recorded steps (docs/durable.md). resume QUEUE: claim from a paused "
+                    "queue again. An argument that reads as a UUID is a job id.")
+    resume.add_argument("queue", metavar="ID_OR_QUEUE",
+                        help="a dead workflow's job id (a UUID), or a paused queue's name")
     resume_key = sub.add_parser("resume-key", help="end a key's pause and hand back its "
                                                    "blocked jobs")
     resume_key.add_argument("key")
@@ -54,7 +59,7 @@ def add_arguments(sub: Any) -> list[Any]:
 def handle(command: Any, action: str, options: dict[str, Any], as_json: bool) -> None:
     if action == "pauses":
         if options["limit"] < 1:
-            raise CommandError("--limit must be at least 1")
+            raise cli.usage_error("--limit must be at least 1")
         _list(command, pauses(limit=options["limit"]), as_json)
     elif action == "pause":
         record = pause("queue", options["queue"], until=_until(options),
@@ -70,7 +75,8 @@ def handle(command: Any, action: str, options: dict[str, Any], as_json: bool) ->
             cli.emit(command, {"action": "resume", "queue": options["queue"], "was_paused": was})
         else:
             command.stdout.write(f"resume: queue {options['queue']} "
-                                 + ("resumed" if was else "was not paused"))
+                                 + ("resumed" if was else "was not paused (a dead workflow "
+                                    "is resumed by its job id, a UUID)"))
     elif action == "resume-key":
         was, handed_back = resume_key(options["key"])
         if as_json:
@@ -89,7 +95,7 @@ def _for(options: dict[str, Any]) -> timedelta | None:
     try:
         return timedelta(seconds=parse_length(options["for_"], what="--for"))
     except ConfigurationError as exc:
-        raise CommandError(str(exc)) from None
+        raise cli.usage_error(str(exc)) from None
 
 
 def _until(options: dict[str, Any]) -> datetime | None:
@@ -98,8 +104,8 @@ def _until(options: dict[str, Any]) -> datetime | None:
         return None
     parsed = parse_datetime(options["until"])
     if parsed is None or parsed.tzinfo is None:
-        raise CommandError(f"--until: {options['until']!r} is not an ISO date-time with a "
-                           "time zone (e.g. 2026-12-01T02:00:00Z)")
+        raise cli.usage_error(f"--until: {options['until']!r} is not an ISO date-time with a "
+                              "time zone (e.g. 2026-12-01T02:00:00Z)")
     return parsed
 
 

@@ -63,7 +63,15 @@ from .jobs import (
     decode_stored_json,
     progress_from_json,
 )
-from .operations import HISTOGRAM_BOUNDS_MS, ChangeResult, Counters, QueueDepth, QueueStats
+from .operations import (
+    HISTOGRAM_BOUNDS_MS,
+    ChangeResult,
+    Counters,
+    QueueDepth,
+    QueueStats,
+    Reopened,
+    ResumeResult,
+)
 from .outbox import OutboxRow, OutboxStatus
 from .pauses import KeyPauseRequeue, PauseRecord
 from .ratelimits import RateRequest
@@ -130,7 +138,9 @@ __all__ = [
     "RateRequest",
     "RateWindow",
     "Renewal",
+    "Reopened",
     "Requeue",
+    "ResumeResult",
     "RunOwner",
     "SchedulerStateRecord",
     "SlotHold",

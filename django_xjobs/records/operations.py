@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from uuid import UUID
 
 from .jobs import JobRecord
 
@@ -89,3 +90,23 @@ class ChangeResult:
     job: JobRecord | None
     changed: bool
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reopened:
+    """A failed invoke or gather step a resume opened again: the workflow job whose step it
+    is, the step's name, and the children the resume retried (dead or cancelled ones)."""
+
+    job_id: UUID
+    step: str
+    retried: tuple[UUID, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumeResult(ChangeResult):
+    """A resume of a dead workflow (``api.resume``): the workflow job after it and, when it
+    changed, each step it opened again (the job's own first, then those of children that are
+    dead workflows themselves). No step at all: the job was retried from its recorded steps
+    (its failure was not a child's)."""
+
+    reopened: tuple[Reopened, ...] = ()

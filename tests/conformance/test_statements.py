@@ -65,6 +65,7 @@ SCALARS.update({"unique_for_ms": 3_600_000,
 SCALARS.update({"park": True, "hold_ms": 1000, "compatible_with": "0.1",
                 "changed_by": "tests"})  # ---- mixed-version fleets
 SCALARS.update({"scans": True})  # ---- the claim's floors (worker/floors.py)
+SCALARS.update({"error_prefix": "exception-class: x.Failed\n"})  # ---- a workflow's resume
 LISTS = {
     "enqueued_by": "cron:nightly",  # ---- cron overlap
     "ids": uuid.uuid4(), "run_ids": uuid.uuid4(), "tokens": uuid.uuid4(),
@@ -84,6 +85,7 @@ LISTS = {
     "weight_values": 2, "periods": 1000, "costs": 1,
     # ---- the claim's floors (worker/floors.py)
     "floored": True, "floor_queues": "default", "floor_priorities": 0,
+    "step_ids": 1,  # ---- a workflow's resume
 }
 # Filled with the database clock.
 TIMES = {"run_at", "wake_at", "before", "after_at", "at", "ats", "lapsed_from", "floor_values"}

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import subprocess
+import sys
 from datetime import timedelta
 from io import StringIO
+from typing import Any
 from uuid import uuid4
 
 import pytest
@@ -21,10 +26,12 @@ from django_xjobs.engines.postgres import statements as S
 from django_xjobs.management.commands.xjobs_sql import as_prepare
 from django_xjobs.models import Job, JobStep
 from django_xjobs.records import Completion, Failure, Suspension
+from tests.conftest import ROOT
 from tests.testapp import jobs as testapp_jobs
 
 record = testapp_jobs.record
-COLUMNS = ["queue", "ready", "delayed", "running", "suspended", "dead", "done", "cancelled"]
+COLUMNS = ["queue", "ready", "delayed", "running", "suspended", "blocked", "dead", "done",
+           "cancelled"]
 
 
 def run(*args: str) -> str:
@@ -92,8 +99,8 @@ def one_of_each():
     record.using(queue="other-q").enqueue(tag="elsewhere")
 
 
-EXPECTED = {"ready": 2, "delayed": 1, "running": 1, "suspended": 1, "dead": 1, "done": 1,
-            "cancelled": 1}
+EXPECTED = {"ready": 2, "delayed": 1, "running": 1, "suspended": 1, "blocked": 0, "dead": 1,
+            "done": 1, "cancelled": 1}
 
 
 @pytest.mark.django_db
@@ -180,12 +187,16 @@ def test_json_given_before_the_action_also_gives_json():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("job_id", ["5eea474d-7aab-4b52-8838-15c1028bc0d9", "not-a-uuid"])
-def test_show_of_an_unknown_id_is_a_command_error(job_id):
-    with pytest.raises(CommandError, match="no job with id"):
-        run("show", job_id)
-    with pytest.raises(CommandError, match="no job with id"):
-        run("show", job_id, "--json")
+@pytest.mark.parametrize(("job_id", "says"), [
+    ("5eea474d-7aab-4b52-8838-15c1028bc0d9", "no job with id 5eea474d-"),
+    ("not-a-uuid", "'not-a-uuid' is not a job id (a UUID)"),
+])
+@pytest.mark.parametrize("action", ["show", "cancel", "retry", "run-now", "why"])
+def test_an_unknown_or_malformed_id_is_bad_usage(action, job_id, says):
+    for args in ((action, job_id), (action, job_id, "--json")):
+        with pytest.raises(CommandError, match=re.escape(says)) as info:
+            run(*args)
+        assert info.value.returncode == 2
 
 
 # --------------------------------------------------------------------------------- cancel --
@@ -198,7 +209,8 @@ def test_cancel_with_a_reason():
     assert f"cancel: job {handle.id} (testapp.record) is now cancelled" in out
     row = handle.get()
     assert row.state == "cancelled"
-    assert row.last_error == "cancelled: duplicate order"
+    # with who cancelled it, as the console records it (docs/observability.md, "Logs")
+    assert re.fullmatch(r"cancelled: duplicate order \(cli(:.+)?\)", row.last_error)
     assert row.finished_at is not None
 
 
@@ -212,7 +224,7 @@ def test_cancel_json_of_a_running_job_clears_its_lease_token():
     assert data["job"]["id"] == str(handle.id)
     assert data["job"]["state"] == "cancelled"
     assert data["job"]["lease_token"] is None  # the run's late writes will read as lost
-    assert data["job"]["last_error"] == "cancelled"
+    assert re.fullmatch(r"cancelled: by cli(:.+)?", data["job"]["last_error"])
 
 
 @pytest.mark.django_db
@@ -274,6 +286,7 @@ def test_retry_refuses_when_a_live_job_holds_the_key_and_names_it():
     assert live.created and live.id != dead.id
     with pytest.raises(CommandError) as info:
         run("retry", str(dead.id))
+    assert info.value.returncode == 1  # the operation's refusal, not bad usage
     assert str(live.id) in str(info.value)
     assert f"xjobs show {live.id}" in str(info.value)
     with pytest.raises(CommandError, match=str(live.id)):
@@ -464,6 +477,8 @@ def test_xjobs_worker_refuses_bad_options(args, fragment):
     with pytest.raises(CommandError) as info:
         call_command("xjobs_worker", "--burst", *args, stdout=StringIO(), stderr=StringIO())
     assert fragment in str(info.value)
+    if not str(info.value).startswith("Error: argument"):  # argparse's: 2 from a shell
+        assert info.value.returncode == 2
 
 
 @pytest.mark.parametrize(("args", "says"), [
@@ -487,6 +502,71 @@ def test_xjobs_worker_bounds_are_refused_from_the_command_line_as_prefetch_is(ar
         parser.parse_args(args)
     assert exit_.value.code == 2
     assert says in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ exit status, a closed stdout --
+
+
+def manage(*args: str, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess:
+    """``python -m django ARGS`` in a process of its own on the test database, as an operator's
+    shell or a probe runs it."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT),
+           "XJOBS_TEST_DB_NAME": connection.settings_dict["NAME"]}
+    env.pop("XJOBS_TEST_SETTINGS", None)
+    return subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=env,
+                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("args", "code", "says"), [
+    # bad usage: argparse's own, and what the command finds wrong after parsing
+    (["xjobs", "nosuch"], 2, "invalid choice: 'nosuch'"),
+    (["xjobs", "jobs", "--nosuch"], 2, "unrecognized arguments: --nosuch"),
+    (["xjobs", "health", "--max-stall", "never"], 2, "'never' is not a duration"),
+    (["xjobs", "purge", "--older-than", "soon"], 2, "CommandError: --older-than: 'soon' is not "
+                                                     "a duration"),
+    (["xjobs", "show", "not-a-uuid"], 2, "CommandError: 'not-a-uuid' is not a job id (a UUID)"),
+    (["xjobs", "schedule", "trigger", "nope"], 2, "CommandError: no cron task named 'nope'"),
+    # a verdict: no worker serves the queue asked
+    (["xjobs", "health", "--queue", "nosuch"], 1, "CommandError: unhealthy: 1 problem(s)"),
+])
+def test_bad_usage_exits_2_and_an_unhealthy_verdict_1(args, code, says):
+    done = manage(*args)
+    assert done.returncode == code, done.stderr
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.django_db
+def test_a_stdout_closed_early_ends_the_command_quietly():
+    # The reader is gone before the command writes a byte (`| head -0`): the verdict is never
+    # told, the command ends with 141 (128 + SIGPIPE) and no traceback.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = manage("xjobs", "health", "--queue", "nosuch", stdout=write)
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr
+    # `| head -1` of more than a pipe holds (xjobs_sql prints every statement), from a shell.
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
+    script = (f"{shlex.quote(sys.executable)} -m django xjobs_sql | head -1; "
+              "echo \"status ${PIPESTATUS[0]}\"")
+    shell = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=120)
+    first, status = shell.stdout.splitlines()
+    assert first.startswith("-- ") and status == "status 141"
+    assert shell.stderr == ""
+
+
+def test_xjobs_worker_warns_of_a_queue_nothing_names_and_serves_it(spawn_worker):
+    worker = spawn_worker("--burst", "--queue", "default", "nosuch")
+    assert worker.wait() == 0, worker.log()
+    [line] = [line for line in worker.log().splitlines() if "--queue" in line]
+    assert "--queue nosuch: no registered job, XJOBS['QUEUES']" in line
+    assert "(they name: " in line and "default" in line.split("(they name: ")[1]
+    assert "serving it anyway" in line
 
 
 # ------------------------------------------------------------------------------ xjobs_sql --

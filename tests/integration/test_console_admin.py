@@ -80,7 +80,7 @@ def post_action(client, action: str, ids, *, confirm: bool = True, **extra):
 def test_every_console_page_renders_with_jobs_in_every_state(admin_client, one_of_each):
     others = other_rows(tenant_id="acme")
     pages = [reverse("admin:index"), reverse("admin:app_list", args=["django_xjobs"]),
-             DASHBOARD, HEALTH, JOBS, f"{DASHBOARD}?refresh=10"]
+             DASHBOARD, HEALTH, JOBS]
     pages += [f"{JOBS}?state={s}" for s in (*STATES, "lapsed")]
     pages += [f"{JOBS}?queue=console-q", f"{JOBS}?name=testapp.record", f"{JOBS}?tenant=acme"]
     for model in ("jobstep", "jobevent", "outboxentry", "joblease", "schedulerleader",
@@ -199,6 +199,26 @@ def test_the_job_detail_is_read_only_with_pretty_json_error_steps_and_diagnosis(
     assert "Its lease expired" in lapsed and "tests:console stopped renewing it" in lapsed
 
 
+def test_a_workflows_steps_come_before_the_long_fieldsets_and_only_open_ones_wake(
+        admin_client, one_of_each):
+    handle = one_of_each["suspended"]
+    now = timezone.now()
+    # An invoke step keeps the time-out it had while it waited for its child.
+    JobStep.objects.create(run_id=handle.run_id, name="child", status="completed", kind="invoke",
+                           completed_at=now, wake_at=now + timedelta(minutes=4))
+    page = admin_client.get(detail(handle.id)).content.decode()
+    # Right after the why and the attempts, not below the timing, run, input and result.
+    assert (page.index('id="xjobs-diagnosis"') < page.index('id="xjobs-attempts"')
+            < page.index('id="xjobs-steps"') < page.index(">Timing</h2>")), "order"
+    rows = dict(re.findall(r'<tr class="xjobs-step" data-status="\w+">\s*<td>([\w-]+)</td>.*?'
+                           r'<td class="xjobs-step-wake">(.*?)</td>', page, re.S))
+    assert rows["child"] == "-" and rows["fetch-profile"] == "-"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(in .+\)", rows["wait-verified"])
+    # A job without steps shows no steps panel at all.
+    assert 'id="xjobs-steps"' not in admin_client.get(
+        detail(one_of_each["ready"].id)).content.decode()
+
+
 def test_the_detail_shows_the_traceparent(admin_client):
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     handle = testapp_jobs.record.using(traceparent=traceparent).enqueue()
@@ -243,9 +263,35 @@ def test_the_dashboard_shows_buckets_last_24h_outbox_scheduler_workers_failures(
     assert [f.id for f in board.failures] == [one_of_each["dead"].id]
     page = response.content.decode()
     assert "RuntimeError: card declined" in page and "nightly-report" in page
-    assert '<meta http-equiv="refresh"' not in page
-    assert '<meta http-equiv="refresh" content="10">' in admin_client.get(
-        f"{DASHBOARD}?refresh=10").content.decode()
+    assert '<meta http-equiv="refresh"' not in page  # it updates in place: live.js
+
+
+def test_the_pages_update_in_place_at_the_configured_interval_or_not_at_all(
+        admin_client, settings, one_of_each):
+    pages = [DASHBOARD, HEALTH, JOBS, f"{JOBS}?state=dead", detail(one_of_each["dead"].id),
+             reverse("admin:django_xjobs_queue", args=["console-q"])]
+    for url in pages:
+        page = admin_client.get(url).content.decode()
+        assert 'id="xjobs-live" data-interval="5000"' in page, url
+        assert "django_xjobs/live.js" in page, url
+    settings.XJOBS = {**settings.XJOBS, "CONSOLE_REFRESH": "30s"}
+    assert 'data-interval="30000"' in admin_client.get(DASHBOARD).content.decode()
+    settings.XJOBS = {**settings.XJOBS, "CONSOLE_REFRESH": None}
+    for url in pages:
+        page = admin_client.get(url).content.decode()
+        assert 'id="xjobs-live"' not in page and "live.js" not in page, url
+
+
+def test_a_live_update_leaves_the_messages_for_the_page_a_person_opens(admin_client, one_of_each):
+    # The action's message waits in the session for the page its redirect opens; a live
+    # update of another tab fetching in between must not take it.
+    post_action(admin_client, "cancel_jobs", [one_of_each["ready"].id])
+    live = admin_client.get(JOBS, headers={"X-XJobs-Live": "1"}).content.decode()
+    assert "Cancelled 1 job" not in live and 'id="result_list"' in live
+    for url in (DASHBOARD, detail(one_of_each["dead"].id)):
+        assert "Cancelled 1 job" not in admin_client.get(
+            url, headers={"X-XJobs-Live": "1"}).content.decode()
+    assert "Cancelled 1 job" in admin_client.get(JOBS).content.decode()
 
 
 def test_the_dashboard_buckets_are_the_engines_queue_depth_and_the_counters(
@@ -394,18 +440,21 @@ def test_an_action_from_the_detail_page_returns_to_it(admin_client, one_of_each)
 
 
 def test_select_all_is_handled_in_bounded_rounds(admin_client, monkeypatch):
+    """Run now has no action over a filter (docs/console.md, "Acting on thousands"): its
+    "select all" takes the first ACTION_LIMIT jobs, and says so."""
     monkeypatch.setattr(console_actions, "ACTION_LIMIT", 3)
-    handles = [testapp_jobs.record.using(queue="bulk-q").enqueue() for _ in range(5)]
+    handles = [testapp_jobs.record.using(queue="bulk-q", delay=timedelta(hours=1)).enqueue()
+               for _ in range(5)]
     response = admin_client.post(f"{JOBS}?queue=bulk-q", {
-        "action": "cancel_jobs", CHECKBOX: [str(handles[0].id)], "select_across": "1",
+        "action": "run_jobs_now", CHECKBOX: [str(handles[0].id)], "select_across": "1",
         "index": "0"})
     assert response.status_code == 200
     assert "this round handles the first 3" in response.content.decode()
     chosen = response.context["chosen"]
     assert len(chosen) == 3
     response = admin_client.post(f"{JOBS}?queue=bulk-q", {
-        "action": "cancel_jobs", CHECKBOX: [str(j.id) for j in chosen], "post": "yes"})
-    assert Job.objects.filter(queue="bulk-q", state="cancelled").count() == 3
+        "action": "run_jobs_now", CHECKBOX: [str(j.id) for j in chosen], "post": "yes"})
+    assert Job.objects.filter(queue="bulk-q", state="ready").count() == 3
 
 
 # ------------------------------------------------------------------------------ permissions --
@@ -627,12 +676,29 @@ def breadcrumbs(page: str) -> list[str]:
     return re.findall(r"<(\w+)(?: class=\"([^\"]*)\")?", nav)
 
 
+def crumb_texts(page: str) -> list[str]:
+    nav = page.split('<nav aria-label="Breadcrumbs">', 1)[1].split("</nav>", 1)[0]
+    return [re.sub(r"\s+", " ", t).strip() for t in re.findall(r">([^<>]*[^<>\s][^<>]*)<", nav)
+            if t.strip() != "›"]
+
+
 def test_the_consoles_own_pages_use_the_installed_admins_breadcrumbs(admin_client, one_of_each):
-    # The stock change form of a job has the same depth: Home > app > Jobs > this page.
-    stock = breadcrumbs(admin_client.get(detail(one_of_each["dead"].id)).content.decode())
+    # The console's pages sit beside the models' lists: the stock jobs list has their depth,
+    # Home > app > this page ("Home › Jobs › Jobs › Jobs dashboard" read as nonsense).
+    stock = breadcrumbs(admin_client.get(JOBS).content.decode())
     assert stock[0][1] == "breadcrumbs"
-    for url in (DASHBOARD, HEALTH):
+    queue = reverse("admin:django_xjobs_queue", args=["console-q"])
+    for url, last in ((DASHBOARD, "Dashboard"), (HEALTH, "Health panel"),
+                      (queue, "Queue console-q")):
         page = admin_client.get(url).content.decode()
         assert breadcrumbs(page) == stock, url
+        assert crumb_texts(page) == ["Home", "Jobs", last], url
+    paused = admin_client.post(reverse("admin:django_xjobs_pause"),
+                               {"op": "pause", "kind": "queue", "name": "console-q"})
+    assert breadcrumbs(paused.content.decode()) == stock
+    assert crumb_texts(paused.content.decode()) == ["Home", "Jobs", "Pause queue console-q"]
+    # An action's confirmation is under the list it was chosen from, as a job's page is.
+    form = breadcrumbs(admin_client.get(detail(one_of_each["dead"].id)).content.decode())
     confirm = post_action(admin_client, "cancel_jobs", [one_of_each["ready"].id], confirm=False)
-    assert breadcrumbs(confirm.content.decode()) == stock
+    assert breadcrumbs(confirm.content.decode()) == form
+    assert crumb_texts(confirm.content.decode())[:3] == ["Home", "Jobs", "Jobs"]

@@ -421,3 +421,40 @@ def test_an_operators_purge_cuts_exactly_at_its_age_in_the_history_tables_too():
     assert list(Job.objects.values_list("id", flat=True)) == [young.id]
     assert not JobStep.objects.filter(run_id__in=[r.run_id for r in (*old, in_x_jobs)]).exists()
     assert JobStep.objects.filter(run_id=young.run_id).exists()
+
+
+HISTORY_INDEXES_SQL = """
+select indexrelid::regclass::text from pg_index
+ where indrelid in ('x_jobs_done_20010101'::regclass, 'x_job_steps_done_20010101'::regclass)
+"""
+
+
+@pytest.mark.django_db(transaction=True)  # CREATE INDEX CONCURRENTLY: no transaction block
+def test_the_history_tables_made_before_0016_get_its_search_indexes():
+    """Migration 0016 gives the history tables already there the indexes its
+    xjobs_history_table gives every new one (docs/console.md, "At ten million jobs"), and may
+    run again."""
+    import importlib
+
+    migration = importlib.import_module("django_xjobs.migrations.0016_history_search")
+    before = importlib.import_module("django_xjobs.migrations.0006_history").HISTORY_TABLE
+    wanted = {f"x_jobs_done_20010101_{suffix}" for suffix, _ in migration.JOB_INDEXES} | {
+        f"x_job_steps_done_20010101_{suffix}" for suffix, _ in migration.STEP_INDEXES}
+    with connection.cursor() as cursor:
+        cursor.execute(before)  # the function as a database before 0016 has it
+        cursor.execute("select xjobs_history_table('done', '2001-01-01')")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(HISTORY_INDEXES_SQL)
+            assert not wanted & {row[0] for row in cursor.fetchall()}
+        for _ in range(2):  # a migration resumed after a failure runs it again
+            with connection.schema_editor(atomic=False) as editor:
+                migration.index_existing(None, editor)
+        with connection.cursor() as cursor:
+            cursor.execute(HISTORY_INDEXES_SQL)
+            assert wanted <= {row[0] for row in cursor.fetchall()}
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(migration.HISTORY_TABLE)
+            cursor.execute("drop table if exists x_jobs_done_20010101, "
+                           "x_job_steps_done_20010101")

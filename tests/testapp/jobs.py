@@ -1,6 +1,7 @@
 """Jobs the test suite runs in real workers. Each records what happened in ``Effect`` rows."""
 
 import asyncio
+import logging
 import os
 import time
 import uuid
@@ -14,6 +15,7 @@ from django_xjobs import (
     Concurrency,
     PauseKey,
     PermanentError,
+    Retry,
     Snooze,
     backfill,
     job,
@@ -589,6 +591,35 @@ def parent_gather(ctx, count=5, fail_at=None, queue=None):
 async def parent_gather_async(ctx, count=3):
     results = await ctx.step.gather("fan", [(child_square, {"n": i}) for i in range(count)])
     return {"squares": [r["square"] for r in results]}
+
+
+@job(max_attempts=1)
+def charge_card(ctx, order):
+    """A child that fails for good while its order's flag row exists (an Effect of kind
+    "decline" tagged with the order): the cause an operator fixes before resuming."""
+    _effect(ctx, "charge", order)
+    if Effect.objects.filter(kind="decline", tag=str(order)).exists():
+        raise PermanentError("amount over the card limit")
+    return {"charged": order}
+
+
+@job(max_attempts=2)
+def checkout(ctx, order, orders=()):
+    """A workflow (docs/durable.md, "Repairing a dead workflow"): a step, a child (or, with
+    ``orders``, a gather of one child per order), a step."""
+    ctx.step.run("reserve", lambda: _effect(ctx, "step", "reserve") or {"reserved": order})
+    if orders:
+        charged = ctx.step.gather("charge", [(charge_card, {"order": o}) for o in orders])
+    else:
+        charged = ctx.step.invoke("charge", charge_card, {"order": order})
+    ctx.step.run("ship", lambda: _effect(ctx, "step", "ship") or {"shipped": order})
+    return {"charged": charged}
+
+
+@job(max_attempts=1)
+def checkout_batch(ctx, order):
+    """A workflow whose child is a workflow (checkout): a resume goes down to the grandchild."""
+    return ctx.step.invoke("checkout", checkout, {"order": order})
 
 
 @job(max_attempts=1)

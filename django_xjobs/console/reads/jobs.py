@@ -11,12 +11,20 @@ from uuid import UUID
 
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
+from django.utils.html import conditional_escape, format_html
 
-from ...exceptions import ConfigurationError, JobNotFound
+from ...exceptions import (
+    ChildFailed,
+    ConfigurationError,
+    JobNotFound,
+    class_path,
+    split_recorded_error,
+)
 from ...models import Job, JobStep
-from ...records import TERMINAL_STATES
+from ...records import TERMINAL_STATES, WAITING_STATES, BlockedBy
 from .json_columns import JSON_PAGE_CHARS, with_json_text
 from .scope import TenantScope, scoped
+from .search import filtered_jobs, newest_per_table
 from .text import ago, as_uuid, error_summary, humanize_seconds, orm_time
 
 # How many rows a panel lists (the dashboard's latest failures, the health panel's rescues
@@ -69,22 +77,29 @@ def finished_since(window: timedelta, tenants: TenantScope) -> list[tuple[str, A
 # ---------------------------------------------------------------------------------- a job --
 
 
-def diagnose(job: Any, steps: Sequence[Any], now: datetime) -> list[str]:
+def diagnose(job: Any, steps: Sequence[Any], now: datetime, *,
+             reasons: Sequence[BlockedBy] = ()) -> list[str]:
     """Why the job is where it is and what an operator can do, in plain sentences.
 
     ``job`` is a Job model instance or a JobRecord; ``steps`` its run's steps (JobStep
-    instances or StepRecords); ``now`` the database clock.
+    instances or StepRecords); ``now`` the database clock; ``reasons`` what holds it back now
+    (``why.for_job``): a pause of its queue makes the advice about the pause, never about
+    starting a worker, which a paused queue would not give the job to.
     """
     lines: list[str] = []
     state = job.state
     attempts = f"attempt {job.attempt} of {job.max_attempts}"
     error = error_summary(job.last_error)
+    paused = next((r for r in reasons if r.kind == "queue_paused"), None)
+    if paused is not None and state in WAITING_STATES:
+        lines.append(_queue_paused(paused, job.queue, due=job.run_at <= now))
     if state == "ready" and job.run_at <= now:
-        lines.append(
-            f"Waiting for a worker: due {ago(job.run_at, now)} on queue '{job.queue}'. If this "
-            f"keeps growing, no worker consumes that queue (start one with `manage.py "
-            f"xjobs_worker --queue {job.queue}`), or every worker is busy."
-        )
+        if paused is None:
+            lines.append(
+                f"Waiting for a worker: due {ago(job.run_at, now)} on queue '{job.queue}'. If "
+                f"this keeps growing, no worker consumes that queue (start one with `manage.py "
+                f"xjobs_worker --queue {job.queue}`), or every worker is busy."
+            )
     elif state in ("ready", "delayed"):
         when = job.run_at.isoformat(sep=" ", timespec="seconds")
         lines.append(f"Not due yet: it becomes due {ago(job.run_at, now)} ({when}). Run now "
@@ -139,13 +154,18 @@ def diagnose(job: Any, steps: Sequence[Any], now: datetime) -> list[str]:
             "listed under \"Why it is not running\". Cancel it to stop it for good."
         )
     elif state == "dead":
+        failed = failed_child(job)
         if job.last_error and job.last_error.startswith("lease lost"):
             lines.append("Dead: its worker died (or stopped renewing the lease) while running it "
                          "on its last attempt. Look for a crash or an out-of-memory kill on "
                          f"{job.claimed_by}.")
+        elif failed is not None:
+            lines.extend(_child_failed(failed, attempts, job.id))
         else:
             lines.append(f"Dead after {attempts}: {error or 'no error recorded'}")
-        lines.append("Retry gives it a fresh set of attempts, due now; completed steps are kept.")
+        if failed is None:
+            lines.append("Retry gives it a fresh set of attempts, due now; completed steps are "
+                         "kept.")
     elif state == "cancelled":
         lines.append(f"Cancelled {ago(job.finished_at, now)}: {job.last_error or 'no reason'}. "
                      "Retry puts it back on the queue.")
@@ -164,15 +184,102 @@ def diagnose(job: Any, steps: Sequence[Any], now: datetime) -> list[str]:
     return lines
 
 
+def _queue_paused(pause: BlockedBy, queue: str, *, due: bool) -> str:
+    """What a pause of the job's queue means for it, and how it ends: the resume, or its end."""
+    held = "Due, but held" if due else "Held"
+    ends = ("" if pause.until is None else
+            f"; the pause ends by itself at {pause.until.isoformat(sep=' ', timespec='seconds')}")
+    why = f" ({pause.reason})" if pause.reason else ""
+    return (f"{held}: queue '{queue}' is paused{why}, and no claim takes a job of a paused "
+            f"queue. Resuming it (`manage.py xjobs resume {queue}`, or Resume on the "
+            f"console's dashboard) hands its jobs to the workers at once{ends}.")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailedChild:
+    """The failed step of a workflow that died of a ``ChildFailed`` (docs/durable.md,
+    "Repairing a dead workflow"): the invoke or gather step and the child its outcome names."""
+
+    step: str
+    index: int
+    child_id: str
+    job: str | None  # the child's job name
+    state: str  # dead, cancelled, timeout (still live at the step's timeout) or gone
+    error: str | None  # the child's error, as the step recorded it
+
+
+def failed_child(job: Any) -> FailedChild | None:
+    """The failed step of ``job`` when its recorded error is a ``ChildFailed``: the latest
+    invoke or gather step whose outcome names a failed child (the step job_resume opens
+    again). None otherwise."""
+    recorded = split_recorded_error(job.last_error or "")
+    if recorded is None or recorded[0] != class_path(ChildFailed):
+        return None
+    found = (JobStep.objects.filter(run_id=job.run_id, kind="invoke", status="completed",
+                                    output__has_key="failed")
+             .order_by("-id").values_list("name", "output__failed").first())
+    if found is None or not isinstance(found[1], dict):
+        return None
+    step, failed = found
+    return FailedChild(step=step, index=int(failed.get("index") or 0),
+                       child_id=str(failed.get("id")), job=failed.get("job"),
+                       state=str(failed.get("state")), error=failed.get("error"))
+
+
+class ChildLine(str):
+    """A line of a diagnosis that names a child job: plain text wherever a str goes (the
+    terminal, ``--json``, a test), and on the job's page, which renders it through
+    ``__html__``, the child's id is a link to the child's page (relative to the parent's:
+    ``.../job/<parent>/change/`` -> ``.../job/<child>/change/``, in whichever admin site)."""
+
+    child_id: str
+
+    def __new__(cls, text: str, child_id: str) -> ChildLine:
+        line = super().__new__(cls, text)
+        line.child_id = child_id
+        return line
+
+    def __html__(self) -> str:
+        before, found, after = self.partition(self.child_id)
+        if not found:
+            return str(conditional_escape(str(self)))
+        return str(format_html('{}<a href="../../{}/change/" class="xjobs-child">{}</a>{}',
+                               before, self.child_id, self.child_id, after))
+
+
+def _child_failed(failed: FailedChild, attempts: str, job_id: Any) -> list[str]:
+    """The diagnosis of a workflow dead of a ChildFailed: what failed, and how to resume."""
+    how = {"timeout": "was still running when the step's timeout passed",
+           "gone": "no longer exists"}.get(failed.state, f"ended {failed.state}")
+    child_error = error_summary(failed.error)
+    head = ChildLine(
+        f"Dead after {attempts}: ChildFailed in step '{failed.step}': child {failed.index} "
+        f"({failed.job} {failed.child_id}) {how}" + (f": {child_error}" if child_error else ""),
+        failed.child_id)
+    if failed.state == "gone":
+        return [head, "That child no longer exists, so the workflow cannot wait for it again: "
+                      "neither Resume workflow nor Retry can take it past this step (Retry "
+                      "replays the recorded failure and ends dead again)."]
+    return [head, (
+        f"Fix what made the child fail, then Resume workflow (`manage.py xjobs resume "
+        f"{job_id}`): the step's dead or cancelled children get a fresh set of attempts, "
+        f"step '{failed.step}' waits for them again, and the workflow goes on past it once "
+        "they succeed, its completed steps kept. Retry alone would replay the recorded "
+        "failure and end dead again at once.")]
+
+
 # ------------------------------------------------------------------------ lists (CLI parity) --
 
-JOB_FILTERS = ("state", "queue", "name", "tenant_id")
+JOB_FILTERS = ("state", "queue", "name", "tenant_id", "worker", "error", "search")
 
 
 def jobs(*, tenants: TenantScope = None, limit: int = 50, created_after: datetime | None = None,
          created_before: datetime | None = None, run_after: datetime | None = None,
          run_before: datetime | None = None, **filters: str | None) -> list[Any]:
-    """The jobs list (newest first, by the UUIDv7 primary key), filtered like the console's."""
+    """The jobs list (newest first, by the UUIDv7 primary key), filtered like the console's:
+    ``state``, ``queue``, ``name`` (or a pattern: ``shop.*``), ``tenant_id``, ``worker`` (an
+    id or a host), ``error`` (words of the last error), ``search`` (what the console's search
+    box takes: an id, a key, ``order_id=42``, words)."""
 
     unknown = set(filters) - set(JOB_FILTERS)
     if unknown:
@@ -181,13 +288,16 @@ def jobs(*, tenants: TenantScope = None, limit: int = 50, created_after: datetim
     # naive times in TIME_ZONE only.
     created_after, created_before, run_after, run_before = (
         orm_time(t) for t in (created_after, created_before, run_after, run_before))
-    qs = with_json_text(scoped(Job.objects.all(), tenants), limit=None).filter(
-        **{k: v for k, v in filters.items() if v is not None})
+    by_name = {"tenant_id": "tenant", "search": "q"}
+    qs, searched = filtered_jobs({by_name.get(k, k): v for k, v in filters.items()},
+                                 tenants=tenants)
     for lookup, value in (("created_at__gte", created_after), ("created_at__lte", created_before),
                           ("run_at__gte", run_after), ("run_at__lte", run_before)):
         if value is not None:
             qs = qs.filter(**{lookup: value})
-    return list(qs.order_by("-id")[:limit])
+    if searched:
+        qs = newest_per_table(qs, limit=limit)
+    return list(with_json_text(qs, limit=None).order_by("-id")[:limit])
 
 
 def job_row(job_id: Any, *, tenants: TenantScope = None,

@@ -1,17 +1,22 @@
 """``manage.py xjobs``: queue stats and operator actions, each with ``--json`` for scripts.
 
-    manage.py xjobs                       stats per queue (five exclusive buckets + finished)
+    manage.py xjobs                       stats per queue (a bucket per state: each job in
+                                          exactly one, blocked included)
     manage.py xjobs show ID               one job, its error and result, its progress (with
                                           an ETA) and its attempt history
     manage.py xjobs cancel ID [--reason]  stop a job (a running one stops at its next heartbeat)
     manage.py xjobs retry ID              dead/cancelled -> a fresh set of attempts, due now
+    manage.py xjobs retry|cancel|delete --filter 'state=dead&queue=q' [--yes]
+                                          every job a console filter matches (management/
+                                          bulk_cli.py); without --yes, only the count
     manage.py xjobs run-now ID            delayed/suspended -> due now
     manage.py xjobs events [--name N]     recent published events
     manage.py xjobs purge --older-than 7d [--state done ...]
     manage.py xjobs slots [--key K]       concurrency slots held now: holder, expiry
     manage.py xjobs schedule [pause|resume|trigger NAME]   cron tasks and the leader
     manage.py xjobs pause QUEUE [--for 30m | --until ISO] [--reason R]   stop claiming a queue
-    manage.py xjobs resume QUEUE
+    manage.py xjobs resume ID | QUEUE     a dead workflow once its cause is fixed (a job id,
+                                          a UUID: repair_cli.py), or a paused queue
     manage.py xjobs pause-key KEY (--for 10m | --until ISO) [--reason R]
     manage.py xjobs resume-key KEY        and hand back the jobs blocked on KEY
     manage.py xjobs pauses                the pauses in force
@@ -31,7 +36,6 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from ... import api, outbox, slots
@@ -53,7 +57,16 @@ from ...records import (
     progress_from_json,
 )
 from ...values import parse_duration
-from .. import cli, console_cli, deploy_cli, fleet_cli, pauses_cli, schedule_cli
+from .. import (
+    bulk_cli,
+    cli,
+    console_cli,
+    deploy_cli,
+    fleet_cli,
+    pauses_cli,
+    repair_cli,
+    schedule_cli,
+)
 
 
 def _age(seconds: float | None) -> str:
@@ -66,7 +79,7 @@ def _age(seconds: float | None) -> str:
     return f", oldest {seconds / 3600:.1f}h"
 
 
-class Command(BaseCommand):
+class Command(cli.XJobsCommand):
     help = "Job queue stats and operator actions (show, cancel, retry, run-now, purge)."
 
     def add_arguments(self, parser: Any) -> None:
@@ -74,11 +87,14 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", metavar="ACTION")
         show = sub.add_parser("show", help="show one job")
         show.add_argument("job_id")
-        cancel = sub.add_parser("cancel", help="cancel a job")
-        cancel.add_argument("job_id")
+        cancel = sub.add_parser("cancel", help="cancel a job, or every job a --filter matches")
+        cancel.add_argument("job_id", nargs="?")
         cancel.add_argument("--reason", help="recorded in last_error")
-        retry = sub.add_parser("retry", help="retry a dead or cancelled job now")
-        retry.add_argument("job_id")
+        bulk_cli.add_filter_arguments(cancel)
+        retry = sub.add_parser("retry", help="retry a dead or cancelled job now, or every one "
+                                             "a --filter matches")
+        retry.add_argument("job_id", nargs="?")
+        bulk_cli.add_filter_arguments(retry)
         run_now = sub.add_parser("run-now", help="make a delayed or suspended job due now")
         run_now.add_argument("job_id")
         events = sub.add_parser("events", help="recent published events, newest first")
@@ -103,14 +119,20 @@ class Command(BaseCommand):
         action = options.get("action")
         as_json = options["json"]
         _refuse_nul(options)
+        cli.check_job_ids(options)
         with cli.command_errors():
             if action is None:
                 self._stats(as_json)
             elif action == "show":
                 self._show(job_row(options["job_id"], limit=None), as_json)
+            elif action in bulk_cli.ACTIONS and bulk_cli.wants_filter(options):
+                bulk_cli.handle(self, action, options, as_json)
             elif action == "cancel":
-                self._change("cancel", api.cancel(options["job_id"], reason=options["reason"]),
-                             as_json)
+                # Who cancelled, as the console records it: the worker's log line names them.
+                who, reason = bulk_cli.operator(), options["reason"]
+                self._change("cancel", api.cancel(
+                    options["job_id"], reason=f"{reason} ({who})" if reason else f"by {who}"),
+                    as_json)
             elif action == "retry":
                 self._change("retry", api.retry(options["job_id"]), as_json)
             elif action == "run-now":
@@ -122,11 +144,13 @@ class Command(BaseCommand):
                 self._purge(options, as_json)
             elif action == "slots":
                 if options["limit"] < 1:
-                    raise CommandError("--limit must be at least 1")
+                    raise cli.usage_error("--limit must be at least 1")
                 self._slots(get_engine().slots_list(slot_key=options["key"],
                                                     limit=options["limit"]), as_json)
             elif action in schedule_cli.ACTIONS:
                 schedule_cli.handle(self, options, as_json)
+            elif action == "resume" and repair_cli.names_job(options["queue"]):
+                repair_cli.handle(self, options, as_json)
             elif action in pauses_cli.ACTIONS:
                 pauses_cli.handle(self, action, options, as_json)
             elif action in deploy_cli.ACTIONS:
@@ -146,18 +170,13 @@ class Command(BaseCommand):
         limits = key_limits(u.slot_key for u in held[:STATS_SLOT_KEYS])
         if as_json:
             cli.emit(self, {
-                "queues": [
-                    {"queue": r.queue, "ready": r.ready, "delayed": r.delayed,
-                     "running": r.running, "suspended": r.suspended, "dead": r.dead,
-                     "done": r.done, "cancelled": r.cancelled}
-                    for r in rows
-                ],
+                "queues": [{"queue": r.queue, **{c: getattr(r, c) for c in STATS_BUCKETS}}
+                           for r in rows],
                 "outbox": outbox,
                 "slots": _slot_usage_json(held, limits),
             })
             return
-        columns = ("queue", "ready", "delayed", "running", "suspended", "dead", "done",
-                   "cancelled")
+        columns = ("queue", *STATS_BUCKETS)
         table = [columns] + [
             (r.queue, *(str(getattr(r, c)) for c in columns[1:])) for r in rows
         ]
@@ -226,6 +245,8 @@ class Command(BaseCommand):
         result = shown_json(job, "result", limit=None)
         if result.text is not None:
             self.stdout.write(f"{'result':>16}: {console_cli.block(result)}")
+        for line in repair_cli.dead_lines(job, steps):  # what failed, and what resumes it
+            self.stdout.write(line)
         if job.last_error:
             self.stdout.write(f"{'last_error':>16}:\n{job.last_error}")
         if steps:
@@ -287,7 +308,7 @@ class Command(BaseCommand):
         try:
             age = parse_duration(options["older_than"], what="--older-than")
         except ConfigurationError as exc:
-            raise CommandError(str(exc)) from None
+            raise cli.usage_error(str(exc)) from None
         states = tuple(options["state"] or TERMINAL_STATES)
         deleted = api.purge(older_than=timedelta(seconds=age), states=states)
         if as_json:
@@ -331,6 +352,10 @@ class Command(BaseCommand):
 
 
 STATS_SLOT_KEYS = 20  # keys the stats list; `xjobs slots` lists them all
+# The stats' columns and JSON keys: a bucket per state, live ones first, each job in exactly one
+# (docs/guarantees.md); the dashboard and the metrics count the live ones alike.
+STATS_BUCKETS = ("ready", "delayed", "running", "suspended", "blocked", "dead", "done",
+                 "cancelled")
 CHILDREN_SHOWN = 50  # child jobs `xjobs show` lists; --json and the console say how many in all
 
 
@@ -386,8 +411,8 @@ def _refuse_nul(options: dict[str, Any]) -> None:
     for name, value in options.items():
         values = value if isinstance(value, list | tuple) else [value]
         if any(isinstance(v, str) and "\x00" in v for v in values):
-            raise CommandError(f"{name.replace('_', ' ')}: {value!r:.60} contains a NUL "
-                               "character, which no stored text can contain")
+            raise cli.usage_error(f"{name.replace('_', ' ')}: {value!r:.60} contains a NUL "
+                                  "character, which no stored text can contain")
 
 
 def _limit_text(limits: Iterable[int | None]) -> str:

@@ -93,3 +93,38 @@ insert into x_jobs select * from moved
 returning id
 """,
 )
+
+JOBS_UNARCHIVE = Statement(
+    "jobs_unarchive",
+    why="""
+job_unarchive for a batch of ids (an operator's retry over a filter, docs/console.md,
+"Acting on thousands"): the dead or cancelled ones among them that are in a history table come
+back into x_jobs with their runs' steps, in one statement. Rows another transaction holds are
+left where they are (SKIP LOCKED: the archive's batch, another operator), and the retry that
+follows skips them. Under a tenant scope another tenant's ids match nothing. Returns how many
+came back.
+""",
+    sql="""
+with victims as (
+    select j.id, j.run_id
+      from x_jobs j
+     where j.id = any(%(ids)s::uuid[]) and j.tableoid <> 'x_jobs'::regclass
+       and j.state in ('dead', 'cancelled')
+       and (%(tenant_ids)s::text[] is null or j.tenant_id = any(%(tenant_ids)s::text[]))
+     order by j.id
+       for update skip locked
+), moved as (
+    delete from x_jobs j
+     where j.id = any(array(select id from victims)) and j.tableoid <> 'x_jobs'::regclass
+    returning j.*
+), steps_moved as (
+    delete from x_job_steps s
+     where s.run_id = any(array(select run_id from moved))
+       and s.tableoid <> 'x_job_steps'::regclass
+    returning s.*
+), steps_back as (
+    insert into x_job_steps select * from steps_moved
+)
+insert into x_jobs select * from moved
+""",
+)

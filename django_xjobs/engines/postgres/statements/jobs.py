@@ -523,6 +523,178 @@ select {JOB_COLUMNS}, case when %(notify)s then pg_notify('{CHANNEL}', queue) en
 """,
 )
 
+
+# docs/durable.md, "Repairing a dead workflow": the failed step of a workflow that died of a
+# ChildFailed, the latest invoke or gather step (in the order first reached) whose recorded
+# outcome names a failed child.
+def _failed_step_sql(flow: str) -> str:
+    """The failed step of the workflow ``flow`` (a row of job_resume_plan's tree), if any."""
+    return f"""select s.id, s.name, s.output -> 'children' as children
+          from x_job_steps s
+         where s.run_id = {flow}.run_id and {flow}.child_failed and s.kind = 'invoke'
+           and s.status = 'completed' and s.output ? 'failed'
+         order by s.id desc
+         limit 1"""
+
+
+JOB_RESUME_PLAN = Statement(
+    "job_resume_plan",
+    why="""
+What a resume of a dead workflow would change, read before it changes anything. One row per
+child of each failed step, with the child's state and tenant (none: the child is gone): the
+failed step of the job (`dead`, in the tenant scope), when its recorded error is a
+ChildFailed, then the same for each of those children that is itself a dead workflow, down
+the tree (at most `limit` levels). The job's own row comes back in any case, with no step when
+its failure was not a child's, and says whether its run recorded any step. x_jobs and
+x_job_steps with their history tables: a dead family may have been archived. No lock:
+job_resume takes the locks and checks all of it again.
+""",
+    sql=f"""
+with recursive flow(id, run_id, depth, child_failed) as (
+    select j.id, j.run_id, 0, coalesce(starts_with(j.last_error, %(error_prefix)s), false)
+      from x_jobs j
+     where j.id = %(id)s and j.state = 'dead'
+       and (%(tenant_ids)s::text[] is null or j.tenant_id = any(%(tenant_ids)s::text[]))
+    union all
+    select c.id, c.run_id, f.depth + 1, true
+      from flow f
+      cross join lateral ({_failed_step_sql("f")}) s
+      cross join lateral jsonb_array_elements_text(s.children) as ch(id)
+      join x_jobs c on c.id = ch.id::uuid
+     where f.depth < %(limit)s
+       and c.state = 'dead' and starts_with(c.last_error, %(error_prefix)s)
+)
+select f.id, f.depth = 0 and exists (select 1 from x_job_steps where run_id = f.run_id),
+       s.id, s.name, ch.n, ch.id::uuid, c.state, c.tenant_id
+  from flow f
+  left join lateral ({_failed_step_sql("f")}) s on true
+  left join lateral jsonb_array_elements_text(s.children) with ordinality as ch(id, n) on true
+  left join x_jobs c on c.id = ch.id::uuid
+ order by f.depth, f.id, ch.n
+""",
+)
+
+JOB_RESUME = Statement(
+    "job_resume",
+    why="""
+An operator's resume of a dead workflow (docs/durable.md, "Repairing a dead workflow"), in one
+statement, as the plan (job_resume_plan) read it: the workflow and each child to retry (`ids`,
+the workflow first) become `ready` with a fresh attempt budget and the SAME run_id, as
+job_retry makes them, and each failed invoke or gather step (`step_ids`) is opened again, so
+that the replay waits for the same children instead of raising the recorded ChildFailed:
+`invoking`, its outcome cleared (the children's ids kept), `pending` the children live before
+this statement (x_jobs_transition counts one more for each child retried here), and, if it had
+a timeout, a fresh one of the same length. Every job must still be `dead` or `cancelled` (and
+in the tenant scope) and every step still the failed one, or nothing is written (no row: the
+caller says the family changed meanwhile). Locks in the order of docs/design.md ("Lock order"),
+waiting as an operator's statement does: the jobs' rows by id; then the step rows by (run_id,
+name), those reopened and the invoke steps of the jobs' parents, which the trigger counts; then
+the key rows of the jobs' idempotency windows. As for job_retry, the live-key index refuses a
+job whose key another live job holds (the engine reports that job).
+""",
+    sql=f"""
+with locked as materialized (
+    select {SETTLE_COLUMNS} from only x_jobs
+     where id = any(%(ids)s::uuid[]) and state in ('dead', 'cancelled')
+       and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+     order by id
+       for no key update
+), steps_locked as materialized (
+    select s.id, s.status = 'completed' and s.output ? 'failed' as failed
+      from only x_job_steps s
+     where s.id = any(%(step_ids)s::bigint[])
+        or (s.status = 'invoking' and (s.run_id, s.name) in (
+                select p.run_id, l.parent_step
+                  from locked l join only x_jobs p on p.id = l.parent_id))
+     order by s.run_id, s.name
+       for no key update
+), keys_locked as materialized (
+    select k.id
+      from x_job_keys k
+      join locked l on k.name = l.name and k.tenant = coalesce(l.tenant_id, '')
+                   and k.key = l.idempotency_key and k.job_id = l.id
+     where l.unique_for_ms is not null
+     order by k.id
+       for no key update of k
+), checked as (
+    select (select count(*) from locked) = cardinality(%(ids)s::uuid[])
+       and (select count(*) from steps_locked
+             where failed and id = any(%(step_ids)s::bigint[]))
+           = cardinality(%(step_ids)s::bigint[])
+       and (select count(*) from keys_locked) >= 0 as ok
+), retried as (
+    update only x_jobs
+       set state = 'ready', attempt = 0, run_at = now(), visible_at = null, lease_token = null,
+           finished_at = null, result = null, updated_at = now(),
+           enqueued_by = coalesce(%(enqueued_by)s, enqueued_by)
+     where id in (select id from locked) and (select ok from checked)
+    returning {JOB_COLUMNS}
+), reopened as (
+    update only x_job_steps s
+       set status = 'invoking', output = jsonb_build_object('children', s.output -> 'children'),
+           pending = (select count(*)
+                        from jsonb_array_elements_text(s.output -> 'children') as ch(id)
+                        join only x_jobs c on c.id = ch.id::uuid
+                       where c.state in {LIVE}),
+           started_at = now(), completed_at = null, wake_at = now() + (s.wake_at - s.started_at)
+     where s.id = any(%(step_ids)s::bigint[]) and (select ok from checked)
+    returning s.id
+)
+select {JOB_COLUMNS}, {notify_queues_sql("retried")}
+  from retried
+ where id = %(id)s and (select count(*) from reopened) >= 0
+""",
+)
+
+JOBS_RETRY_MANY = Statement(
+    "jobs_retry_many",
+    why="""
+job_retry for a batch of ids, in one statement (an operator's retry over a filter,
+docs/console.md, "Acting on thousands"): the dead and cancelled ones become `ready` with a fresh
+attempt budget and the same run_id, due now. The rows are locked in id order (docs/design.md,
+"Lock order") with SKIP LOCKED: a row another transaction holds is skipped, never waited for,
+and reported as not retried. A keyed job is retried only when no live job holds its key and,
+of the batch's jobs with one key, only the newest: the live-key unique index would refuse the
+whole statement otherwise. (An enqueue of the same key committed between this statement's
+snapshot and its update still makes the index refuse it; the engine then retries that batch
+one job at a time.) Returns the ids retried, and one NOTIFY per queue.
+""",
+    sql=f"""
+with locked as (
+    select id, name, tenant_id, idempotency_key
+      from only x_jobs
+     where id = any(%(ids)s::uuid[]) and state in ('dead', 'cancelled')
+       and (%(tenant_ids)s::text[] is null or tenant_id = any(%(tenant_ids)s::text[]))
+     order by id
+       for no key update skip locked
+), keyed as (
+    select distinct on (k.name, coalesce(k.tenant_id, ''), k.idempotency_key) k.id
+      from locked k
+     where k.idempotency_key <> k.id::text
+       and not exists (select 1 from only x_jobs l
+                        where l.name = k.name
+                          and coalesce(l.tenant_id, '') = coalesce(k.tenant_id, '')
+                          and l.idempotency_key = k.idempotency_key
+                          and l.idempotency_key <> l.id::text
+                          and l.state in {LIVE})
+     order by k.name, coalesce(k.tenant_id, ''), k.idempotency_key, k.id desc
+), chosen as (
+    select id from locked where idempotency_key = id::text
+    union all
+    select id from keyed
+), retried as (
+    update only x_jobs j
+       set state = 'ready', attempt = 0, run_at = now(), visible_at = null, lease_token = null,
+           finished_at = null, result = null, updated_at = now(),
+           enqueued_by = coalesce(%(enqueued_by)s, enqueued_by)
+     where {by_key("chosen")}
+    returning j.id, j.queue
+)
+select id, {notify_queues_sql("retried")} from retried
+""",
+)
+
+
 JOB_RUN_NOW = Statement(
     "job_run_now",
     why="""

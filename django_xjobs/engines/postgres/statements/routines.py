@@ -243,14 +243,16 @@ XJOBS_HISTORY_TABLE = Routine(
     kind="function",
     name="xjobs_history_table",
     of="text, date",
-    migration="0006_history",
+    migration="0016_history_search",
     why="""
 The history table of a finished state and a UTC day, x_jobs_<state>_<yyyymmdd> (a child of
 x_jobs by table inheritance) with its steps' table, created on first use with the indexes a
-reader of finished jobs needs (by id, by key, by run id, the console's filters and finished
-order), and no claim index, since no row in it is live. Returns the job table's name. A
-function because a statement cannot name a table it computes; two archivers creating one day
-at once are serialised by an advisory lock on the table's name, and the second finds it made.
+reader of finished jobs needs (by id, by key, by run id, finished order; the console's filters
+by queue, name, tenant and worker, newest first; the words of the input and the error for its
+search; a step's status), and no claim index, since no row in it is live. Returns the job
+table's name. A function because a statement cannot name a table it computes; two archivers
+creating one day at once are serialised by an advisory lock on the table's name, and the second
+finds it made.
 """,
     sql=r"""
 create or replace function xjobs_history_table(p_state text, p_day date) returns text
@@ -283,13 +285,25 @@ begin
              queue text_bloom_ops(n_distinct_per_range = 100),
              tenant_id text_bloom_ops(n_distinct_per_range = 1000),
              created_at timestamptz_minmax_multi_ops, run_at timestamptz_minmax_multi_ops);
+        create index %9$I on %1$I (queue, id);
+        create index %10$I on %1$I (name text_pattern_ops, id);
+        create index %11$I on %1$I (tenant_id, id);
+        create index %12$I on %1$I (claimed_by text_pattern_ops, id);
+        create index %13$I on %1$I using gin
+            (jsonb_to_tsvector('simple'::regconfig, input, '["string", "numeric"]'::jsonb));
+        create index %15$I on %1$I using gin (to_tsvector('simple'::regconfig, last_error))
+            where last_error is not null;
         alter table %1$I set (autovacuum_vacuum_insert_scale_factor = 0.02);
         create table %7$I () inherits (x_job_steps);
         alter table %7$I add primary key (id);
         create index %8$I on %7$I (run_id);
+        create index %14$I on %7$I (status, id);
         $ddl$,
         v_jobs, p_state, v_jobs || '_finished_idx', v_jobs || '_key_idx',
-        v_jobs || '_run_apart_idx', v_jobs || '_brin', v_steps, v_steps || '_run_idx');
+        v_jobs || '_run_apart_idx', v_jobs || '_brin', v_steps, v_steps || '_run_idx',
+        v_jobs || '_queue_idx', v_jobs || '_name_idx', v_jobs || '_tenant_idx',
+        v_jobs || '_worker_idx', v_jobs || '_input_words_idx', v_steps || '_status_idx',
+        v_jobs || '_error_words_idx');
     return v_jobs;
 end
 $fn$
