@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from .reads.json_columns import JSON_PAGE_CHARS, ShownJson
@@ -41,8 +42,19 @@ def preformatted(text: str | None) -> str:
 
 
 def short_time(moment: Any) -> str:
-    """``2026-12-02 18:58:44`` in the page's time zone: a list column that fits on one line."""
+    """A time in a list column, short enough for the jobs list to fit 1280 px: ``18:58:44``
+    today, ``Dec 02 18:58`` another day this year, ``2025-12-02`` before; the whole moment
+    (``2026-12-02 18:58:44 CET``) is its title."""
     shown = shown_time(moment)
     if shown is None:
         return "-"
-    return format_html('<span class="xjobs-time">{}</span>', shown.strftime("%Y-%m-%d %H:%M:%S"))
+    today = shown_time(timezone.now())
+    assert today is not None
+    if shown.date() == today.date():
+        text = shown.strftime("%H:%M:%S")
+    elif shown.year == today.year:
+        text = shown.strftime("%b %d %H:%M")
+    else:
+        text = shown.strftime("%Y-%m-%d")
+    return format_html('<span class="xjobs-time" title="{}">{}</span>',
+                       shown.strftime("%Y-%m-%d %H:%M:%S %Z"), text)

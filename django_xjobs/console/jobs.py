@@ -10,6 +10,7 @@ serves, are :mod:`.views`.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.contrib import admin
@@ -21,6 +22,7 @@ from django.db.models.functions import Cast
 from django.http import HttpResponse
 from django.urls import path
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
 from .. import why
@@ -78,7 +80,7 @@ class JobAdmin(ConsoleAdmin):
     tenant_field = "tenant_id"
     # Fits 1280 px beside the filters (tests/acceptance/test_console_browser.py); who enqueued
     # a job is on its page.
-    list_display = ("id_link", "state_badge", "name", "queue", "attempt_of", "run_at_short",
+    list_display = ("id_link", "state_badge", "name_wrapped", "queue", "attempt_of", "run_at_short",
                     "updated_at_short", "tenant_id", "error_line")
     list_display_links = None
     list_filter = (
@@ -161,6 +163,13 @@ class JobAdmin(ConsoleAdmin):
         return format_html('<a href="{}{}/change/" class="xjobs-id" title="{}">{}…{}</a>',
                            self.url("django_xjobs_job_changelist"), text, text,
                            text[:8], text[-6:])
+
+    @admin.display(description="name")
+    def name_wrapped(self, obj: Job) -> str:
+        """The job's name, free to wrap after a dot or an underscore (never inside a word):
+        ``shop.orders.charge_card`` takes two short lines in a narrow column."""
+        parts = re.split(r"(?<=[._])", obj.name)
+        return format_html_join(mark_safe("<wbr>"), "{}", ((p,) for p in parts))
 
     @admin.display(description="last error")
     def error_line(self, obj: Job) -> str:
