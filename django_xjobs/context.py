@@ -38,8 +38,8 @@ def log_prefix(job_id: str, name: str, attempt: int) -> str:
 
 class JobLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
     """``ctx.logger``: the ``django_xjobs.job`` logger, each line starting with the job's id,
-    name and attempt (:func:`log_prefix`), which its record also carries as attributes
-    (:func:`log_extra`), beside any ``extra=`` of the call."""
+    name and attempt (``job <id> (<name>) attempt <n>: ``), which its record also carries as
+    attributes (``job_id``, ``job_name``, ``attempt``), beside any ``extra=`` of the call."""
 
     def __init__(self, logger: logging.Logger, job_id: str, name: str, attempt: int) -> None:
         self.fields = log_extra(job_id, name, attempt)
