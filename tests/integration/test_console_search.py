@@ -470,3 +470,19 @@ def test_the_console_reads_without_jit_and_puts_the_sessions_setting_back(admin_
     with connection.cursor() as cursor:
         cursor.execute("show jit")
         assert cursor.fetchone()[0] == "on"
+
+
+@pytest.mark.django_db
+def test_hundreds_of_job_names_are_suggestions_not_a_page_of_links(admin_client):
+    """The job name filter lists the registered names as links up to a dozen; past that (the
+    test app registers more), as the text box's suggestions (a datalist), which the browser
+    narrows as one types; the queue filter, with a few queues, keeps its links."""
+    from django_xjobs import registry
+
+    names = sorted(registry.all_jobs())
+    assert len(names) > 12
+    page = admin_client.get(JOBS).content.decode()
+    datalist = page.split('<datalist id="xjobs-name-choices">', 1)[1].split("</datalist>")[0]
+    assert all(f'<option value="{name}">' in datalist for name in names)
+    assert f'href="?name={names[0]}"' not in page
+    assert 'list="xjobs-queue-choices"' not in page and 'href="?queue=default"' in page
