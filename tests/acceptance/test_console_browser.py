@@ -193,6 +193,14 @@ def test_on_call_finds_retries_and_cancels_jobs_in_the_browser(
     # The worker learns at its next heartbeat and stops the run; the job stays cancelled.
     wait_effect(running.id, "end")
     assert job_row(running.id).state == "cancelled"
+    # Find a job by words of its error in the search box: the list shows its error line.
+    page.goto(f"{live_server.url}/admin/django_xjobs/job/")
+    page.fill("#searchbar", "always fails")
+    page.press("#searchbar", "Enter")
+    page.wait_for_url("**q=always*")
+    assert page.locator(f"#result_list a[href$='/{failed.id}/change/']").count() == 1
+    assert page.locator("#result_list tbody tr").count() == 1
+    assert "this job always fails" in page.inner_text("#result_list .xjobs-error-line")
     from django.contrib.admin.models import LogEntry
 
     logged = {(e.object_id, e.user.username) for e in LogEntry.objects.all()}
