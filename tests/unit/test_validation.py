@@ -15,12 +15,13 @@ from uuid import UUID
 import pytest
 from django.conf import settings
 from django.test import override_settings
-from hypothesis import HealthCheck, given
+from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from django_xjobs import api, registry, values
 from django_xjobs.exceptions import InvalidJobInput, PayloadTooLarge
+from django_xjobs.values import TYPED_KEY
 from tests.testapp import jobs as testapp_jobs
 
 RECORD = testapp_jobs.record
@@ -487,11 +488,24 @@ def _has_nul(value) -> bool:
     return False
 
 
+def _has_key(value, key: str) -> bool:
+    if isinstance(value, list):
+        return any(_has_key(v, key) for v in value)
+    if isinstance(value, dict):
+        return key in value or any(_has_key(v, key) for v in value.values())
+    return False
+
+
 @hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.text(max_size=10), json_values, max_size=6))
+@example({"$xjobs": None})  # the reserved key, which Hypothesis found once by itself
 def test_whatever_build_params_accepts_round_trips_through_json(input):
     if _has_nul(input):
         with pytest.raises(InvalidJobInput, match="NUL"):
+            build(input)
+        return
+    if _has_key(input, TYPED_KEY):  # marks the typed values the package stores
+        with pytest.raises(InvalidJobInput, match="reserves"):
             build(input)
         return
     p = build(input)  # anything JSON-like without a NUL must be accepted ...
