@@ -43,8 +43,9 @@ from .options import ConsoleAdmin
 from .reads.scope import tenant_scope
 from .reads.text import as_uuid
 
-# One action touches at most this many jobs (one statement each); "select all" of a million
-# matching rows is done in rounds, and the result message says so.
+# One action on selected rows touches at most this many jobs (one statement each); "select all"
+# of more is done in rounds, and the result message says so. Retry, cancel and delete over the
+# whole filter have no such bound: run_over_filter, below.
 ACTION_LIMIT = 1000
 
 

@@ -2,10 +2,12 @@
 
 At ten million jobs (docs/console.md, "At ten million jobs"): the default order is the primary
 key (UUIDv7: newest first); a "created" or "run at" range orders the list by that column and is
-read window by window (:class:`.paginator.EstimatedCountPaginator`); search is exact and on
-indexes only (the id, the idempotency key, the run id: :func:`run_id_match`). The operator
-actions are :mod:`.actions`; the dashboard, queue, health and pause pages, which this admin
-serves, are :mod:`.views`.
+read window by window (:class:`.paginator.EstimatedCountPaginator`); an id, a run id or a key
+is found exactly on an index (:func:`run_id_match`), and a search by what a job is about (a
+value in its input, words of its input or error, a name pattern, a worker) is read table by
+table on the history tables' indexes (:mod:`.reads.search`, :class:`JobChangeList`). The
+operator actions are :mod:`.actions` (over a filter: :mod:`.bulk`); the dashboard, queue,
+health and pause pages, which this admin serves, are :mod:`.views`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The admin reads; it never writes queue state through the ORM (docs/console.md). 
 forms exist: a person must not be able to put a row in a state no statement would produce.
 Lists are count-free (:mod:`.paginator`) and sort-free: columns are not sortable (a sort of a
 million rows is not a page view), the default order is the primary key (UUIDv7: newest first),
-and search is exact and on indexes only.
+and every search and filter is answered by an index (the jobs list's: :mod:`.reads.search`).
 
 Tenant scope: ``XJOBS["ADMIN_TENANT_SCOPE"]`` (:func:`.reads.scope.tenant_scope`) restricts
 every queryset here; another tenant's row is a 404, and the pages of tables without a tenant
