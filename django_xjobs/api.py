@@ -616,10 +616,10 @@ def resume(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> Re
 
 def retry_many(job_ids: Iterable[UUID | str], *,
                tenant_ids: Iterable[str] | None = None) -> list[str]:
-    """:func:`~django_xjobs.retry` for a batch of jobs in one set-based statement: the dead and cancelled
-    ones get a fresh set of attempts, due now; returns the ids retried. A job whose key another
-    live job holds, or that another transaction holds, is skipped rather than refused
-    (docs/console.md, "Acting on thousands")."""
+    """:func:`~django_xjobs.retry` for a batch of jobs in one set-based statement: the dead and
+    cancelled ones get a fresh set of attempts, due now; returns the ids retried. A job whose
+    key another live job holds, or that another transaction holds, is skipped rather than
+    refused (docs/console.md, "Acting on thousands")."""
     ids = [str(i) for i in job_ids]
     if not ids:
         return []
@@ -628,9 +628,9 @@ def retry_many(job_ids: Iterable[UUID | str], *,
 
 
 def cancel_many(job_ids: Iterable[UUID | str], *, reason: str | None = None) -> int:
-    """:func:`~django_xjobs.cancel` for a batch of live jobs, with their live descendants, in one statement
-    that takes its locks in the documented order (docs/design.md, "Lock order"); returns how
-    many were cancelled. Finished jobs are left alone."""
+    """:func:`~django_xjobs.cancel` for a batch of live jobs, with their live descendants, in
+    one statement that takes its locks in the documented order; returns how many were
+    cancelled. Finished jobs are left alone (docs/design.md, "Lock order")."""
     if reason is not None:
         reason = check_text("reason", reason, max_length=2000)
     ids = [str(i) for i in job_ids]
