@@ -13,6 +13,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from asgiref.sync import SyncToAsync
 from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.db.models.functions import Now
@@ -316,15 +317,21 @@ def test_the_steps_of_async_jobs_get_over_a_connection_the_server_dropped():
     """Async steps do their database work in the event loop's pool threads, which live as long
     as the worker: they must look after their Django connections as executor threads do, or one
     dropped connection fails every later async step on that thread."""
-    with running_worker(concurrency=1):
-        first = jobs.async_one_step.enqueue(n=1)
-        assert wait_state(first, "done", "dead").state == "done"
-        with connection.cursor() as cursor:  # every other session: the pool threads' too
-            cursor.execute(
-                "select count(pg_terminate_backend(pid)) from pg_stat_activity"
-                " where datname = current_database() and pid <> pg_backend_pid()")
-        later = [jobs.async_one_step.enqueue(n=n) for n in (2, 3)]
-        rows = [wait_state(handle, "done", "dead", timeout=30) for handle in later]
+    try:
+        with running_worker(concurrency=1):
+            first = jobs.async_one_step.enqueue(n=1)
+            assert wait_state(first, "done", "dead").state == "done"
+            with connection.cursor() as cursor:  # every other session: the pool threads' too
+                cursor.execute(
+                    "select count(pg_terminate_backend(pid)) from pg_stat_activity"
+                    " where datname = current_database() and pid <> pg_backend_pid()")
+            later = [jobs.async_one_step.enqueue(n=n) for n in (2, 3)]
+            rows = [wait_state(handle, "done", "dead", timeout=30) for handle in later]
+    finally:
+        # The sessions ended include this process's other threads' own: asgiref's thread for
+        # sync_to_async(thread_sensitive=True) keeps its connection from one test to the
+        # next, and a later test's await (a docs page's aenqueue) would meet it dead.
+        SyncToAsync.single_thread_executor.submit(connections.close_all).result()
 
     assert [row.state for row in rows] == ["done", "done"], [row.last_error for row in rows]
     assert [row.result for row in rows] == [{"v": 2}, {"v": 3}]
