@@ -180,7 +180,10 @@ class JobAdmin(ConsoleAdmin):
         line = error_summary(obj.last_error)
         if not line:
             return ""
-        return format_html('<span class="xjobs-error-line" title="{}">{}</span>', line, line)
+        # The exception's class without its module (django_xjobs.exceptions.PermanentError:
+        # ... reads PermanentError: ...): the column is narrow, the title has it all.
+        shown = re.sub(r"^(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*:)", r"\1", line)
+        return format_html('<span class="xjobs-error-line" title="{}">{}</span>', line, shown)
 
     @admin.display(description="run at")
     def run_at_short(self, obj: Job) -> str:

@@ -486,3 +486,13 @@ def test_hundreds_of_job_names_are_suggestions_not_a_page_of_links(admin_client)
     assert all(f'<option value="{name}">' in datalist for name in names)
     assert f'href="?name={names[0]}"' not in page
     assert 'list="xjobs-queue-choices"' not in page and 'href="?queue=default"' in page
+
+
+@pytest.mark.django_db
+def test_the_error_column_names_the_exceptions_class_without_its_module(admin_client):
+    from tests.console_data import job_in_state
+
+    dead = job_in_state("dead", error="billing.errors.CardDeclined: over the card limit")
+    page = admin_client.get(JOBS, {"q": str(dead.id)}).content.decode()
+    assert ('<span class="xjobs-error-line" title="billing.errors.CardDeclined: over the card '
+            'limit">CardDeclined: over the card limit</span>') in page
