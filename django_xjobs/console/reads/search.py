@@ -60,7 +60,6 @@ class InputValue:
 
     path: tuple[str, ...]
     values: tuple[Any, ...]
-    raw: str
 
     def containment(self) -> Q:
         q = Q()
@@ -91,7 +90,7 @@ def parse_input_value(text: str) -> InputValue | None:
         number = _number(raw)
         if number is not None:
             values.append(number)
-    return InputValue(path=tuple(path.split(".")), values=tuple(values), raw=raw)
+    return InputValue(path=tuple(path.split(".")), values=tuple(values))
 
 
 def _number(text: str) -> int | float | None:
@@ -212,8 +211,9 @@ def worker_match(worker: str) -> Q:
 # --------------------------------------------------------------------- newest, table by table --
 
 _SEARCHED = "_xjobs_searched"
-# Rows counted exactly (the console's paginator's limit, docs/console.md).
-EXACT_LIMIT = 1000
+# Matches a table may have for newest_per_table to read them all in no order (through the
+# index) rather than walk its primary key: more, and they are dense there.
+SPARSE = 1000
 
 
 def mark_searched(request: Any) -> None:
@@ -298,7 +298,7 @@ def newest_per_table(queryset: Any, *, limit: int) -> Any:
     split = _table_query(queryset, ["id"], None, ordered=False)
     if split is None:
         return queryset
-    cap = max(EXACT_LIMIT + 1, limit + 1)
+    cap = max(SPARSE + 1, limit + 1)
     with _reading(queryset.db) as cur:
         # Each table's greatest id, from its primary key; an empty table is left out. (The
         # union in a subquery: one table alone, "(select ... limit 1) order by 1" is an error.)

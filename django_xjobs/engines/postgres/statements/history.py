@@ -67,21 +67,9 @@ select c.relname::text,
 """,
 )
 
-JOB_UNARCHIVE = Statement(
-    "job_unarchive",
-    why="""
-Bring one finished job back from its history table into x_jobs, with its run's steps, before an
-operator's retry or cancel changes it: a history table holds one finished state, and a retried
-job is live again (its steps are the memos the retry must not run twice). A job already in
-x_jobs, or of another tenant under a tenant scope, is left alone (0 rows). Returns the id.
-""",
-    sql="""
-with moved as (
-    delete from x_jobs j
-     where j.id = %(id)s and j.tableoid <> 'x_jobs'::regclass
-       and (%(tenant_ids)s::text[] is null or j.tenant_id = any(%(tenant_ids)s::text[]))
-    returning j.*
-), steps_moved as (
+# The end of job_unarchive and jobs_unarchive: the rows of the CTE `moved` (deleted from their
+# history table) and their runs' steps back into x_jobs and x_job_steps.
+BACK_WITH_STEPS = """), steps_moved as (
     delete from x_job_steps s
      where s.run_id = any(array(select run_id from moved))
        and s.tableoid <> 'x_job_steps'::regclass
@@ -90,7 +78,23 @@ with moved as (
     insert into x_job_steps select * from steps_moved
 )
 insert into x_jobs select * from moved
-returning id
+"""
+
+JOB_UNARCHIVE = Statement(
+    "job_unarchive",
+    why="""
+Bring one finished job back from its history table into x_jobs, with its run's steps, before an
+operator's retry or cancel changes it: a history table holds one finished state, and a retried
+job is live again (its steps are the memos the retry must not run twice). A job already in
+x_jobs, or of another tenant under a tenant scope, is left alone (0 rows). Returns the id.
+""",
+    sql=f"""
+with moved as (
+    delete from x_jobs j
+     where j.id = %(id)s and j.tableoid <> 'x_jobs'::regclass
+       and (%(tenant_ids)s::text[] is null or j.tenant_id = any(%(tenant_ids)s::text[]))
+    returning j.*
+{BACK_WITH_STEPS}returning id
 """,
 )
 
@@ -104,7 +108,7 @@ left where they are (SKIP LOCKED: the archive's batch, another operator), and th
 follows skips them. Under a tenant scope another tenant's ids match nothing. Returns how many
 came back.
 """,
-    sql="""
+    sql=f"""
 with victims as (
     select j.id, j.run_id
       from x_jobs j
@@ -117,14 +121,5 @@ with victims as (
     delete from x_jobs j
      where j.id = any(array(select id from victims)) and j.tableoid <> 'x_jobs'::regclass
     returning j.*
-), steps_moved as (
-    delete from x_job_steps s
-     where s.run_id = any(array(select run_id from moved))
-       and s.tableoid <> 'x_job_steps'::regclass
-    returning s.*
-), steps_back as (
-    insert into x_job_steps select * from steps_moved
-)
-insert into x_jobs select * from moved
-""",
+{BACK_WITH_STEPS}""",
 )
