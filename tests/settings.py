@@ -63,6 +63,20 @@ if os.environ.get("XJOBS_TEST_LISTEN_URL"):
         os.environ["XJOBS_TEST_LISTEN_URL"], NAME=_db["NAME"], CONN_MAX_AGE=0,
         TEST={"MIRROR": "default"})
 
+# ---- several servers at once (tests/private_cluster.py, env_for): a child of a test on private
+# clusters (shards, a replica) sees each of them as an alias, given as JSON {"alias":
+# "postgres://..."} in XJOBS_TEST_EXTRA_DATABASES (an alias here, "jobs" included, is replaced).
+# Only children get it; should the test process have it, MIRROR keeps pytest-django from making
+# test databases for these aliases (it points them at the default's test database instead).
+if os.environ.get("XJOBS_TEST_EXTRA_DATABASES"):
+    import json
+
+    for _alias, _extra_url in json.loads(os.environ["XJOBS_TEST_EXTRA_DATABASES"]).items():
+        if _alias == "default":
+            raise ValueError("XJOBS_TEST_EXTRA_DATABASES: 'default' comes from DATABASE_URL")
+        DATABASES[_alias] = devdb.settings_from_url(_extra_url, CONN_MAX_AGE=0,
+                                                    TEST={"MIRROR": "default"})
+
 XJOBS = {
     "LEASE": "30s",
     "HEARTBEAT": "5s",

@@ -222,3 +222,59 @@ def start_worker(spawn_worker) -> Callable[..., Any]:
         return worker
 
     return start
+
+
+def _private_binaries(*tools: str) -> tuple[Any, list[str]]:
+    """The directory of PostgreSQL's server binaries and the prefix that runs them as the
+    clusters' owner (tests/private_cluster.py); skips the test, saying why, where they or the
+    further ``tools`` are missing."""
+    bindir, why = find_bindir()
+    if bindir is None:
+        pytest.skip(why)
+    prefix, why = _as_postgres()
+    if why:
+        pytest.skip(why)
+    missing = [tool for tool in tools if not (bindir / tool).is_file()]
+    if missing:
+        pytest.skip(f"no {', '.join(missing)} beside initdb in {bindir}")
+    return bindir, prefix
+
+
+@pytest.fixture(scope="module")
+def replica_pair() -> Iterator[tuple[PrivateCluster, Any]]:
+    """A migrated private primary and a streaming hot standby of it (``Replica``:
+    ``pause_replay``, ``wait_caught_up``, ...), the module's own; skips where the server
+    binaries or pg_basebackup are missing. A test that pauses replay or stops either server
+    puts it back before it ends: the next test of the module gets the same pair. In memory
+    where there is room (``scratch_dir``). Under pytest-xdist each process that runs such a
+    module makes its own."""
+    from tests.private_cluster import Replica, scratch_dir
+
+    bindir, prefix = _private_binaries("pg_basebackup")
+    primary = PrivateCluster(bindir, prefix, where=scratch_dir())
+    replica: Replica | None = None
+    try:
+        primary.start()
+        replica = primary.replica()
+        yield primary, replica
+    finally:
+        if replica is not None:
+            replica.destroy()
+        primary.destroy()
+
+
+@pytest.fixture(scope="module")
+def three_shards() -> Iterator[list[PrivateCluster]]:
+    """Three migrated private primaries, the module's own: one made with initdb and migrate,
+    two started on copies of its data (tests/private_cluster.py, ``start_primaries``: same
+    system identifier, storage of their own), in memory where there is room (``scratch_dir``).
+    Skips where the server binaries are missing."""
+    from tests.private_cluster import scratch_dir, start_primaries
+
+    bindir, prefix = _private_binaries()
+    shards = start_primaries(bindir, prefix, 3, where=scratch_dir())
+    try:
+        yield shards
+    finally:
+        for shard in shards:
+            shard.destroy()
