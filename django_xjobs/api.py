@@ -31,7 +31,7 @@ from uuid import UUID
 
 from asgiref.sync import sync_to_async
 
-from . import conf, outbox, registry, signals, slots, tracing
+from . import conf, outbox, registry, shards, signals, slots, tracing
 from .engines import get_engine
 from .exceptions import (
     ConfigurationError,
@@ -403,10 +403,13 @@ class JobHandle:
     id: UUID
     run_id: UUID
     created: bool
+    # The shard it was written to, when the jobs are sharded (docs/scaling.md).
+    shard: str | None = None
 
     def get(self) -> JobRecord:
         """The job's row now."""
-        return get_job(self.id)
+        with conf.using_database(self.shard):
+            return get_job(self.id)
 
     @property
     def state(self) -> str:
@@ -436,7 +439,9 @@ inline_runner: Callable[[UUID, str | None], None] | None = None
 
 
 def _handle(result: EnqueueResult, definition: registry.JobDefinition[..., Any]) -> JobHandle:
-    handle = JobHandle(id=result.id, run_id=result.run_id, created=result.created)
+    settings = conf.get()
+    handle = JobHandle(id=result.id, run_id=result.run_id, created=result.created,
+                       shard=settings.database if settings.shards else None)
     if result.created:
         # Right after the insert, so inside the caller's transaction like the row, and before
         # an inline run (docs/observability.md, "Signals"); a live job found sends nothing.
@@ -455,10 +460,12 @@ def enqueue_job(definition: registry.JobDefinition[..., Any], input: Mapping[str
     job_id, run_id = new_ids(2)
     params = template.params(input, job_id, run_id)
     debounce = template.debounce
-    if debounce is None:
-        return _handle(get_engine().job_enqueue(params), definition)
-    return _handle(get_engine().job_enqueue_debounced(
-        params, debounce_ms=debounce.debounce_ms, max_wait_ms=debounce.max_wait_ms), definition)
+    with shards.for_tenant(params.tenant_id):  # its tenant's shard (docs/scaling.md)
+        if debounce is None:
+            return _handle(get_engine().job_enqueue(params), definition)
+        return _handle(get_engine().job_enqueue_debounced(
+            params, debounce_ms=debounce.debounce_ms, max_wait_ms=debounce.max_wait_ms),
+            definition)
 
 
 def enqueue(name: str, input: Mapping[str, Any] | None = None,
@@ -504,13 +511,17 @@ def enqueue_many(
             templates[(name, id(options))] = template
         params.append(template.params(input, ids[2 * n], ids[2 * n + 1]))
         definitions.append(template.definition)
-    engine = get_engine()
-    handles: list[JobHandle] = []
-    for start in range(0, len(params), batch_size):
-        results = engine.jobs_enqueue(params[start:start + batch_size])
-        handles.extend(_handle(r, d) for r, d in zip(
-            results, definitions[start:start + batch_size], strict=True))
-    return handles
+    handles: list[JobHandle | None] = [None] * len(params)
+    # One group per tenant shard (the one database unsharded), each in its input order.
+    for alias, positions in shards.group_by_shard(params, lambda p: p.tenant_id).items():
+        with conf.using_database(alias):
+            engine = get_engine()
+            for start in range(0, len(positions), batch_size):
+                batch = positions[start:start + batch_size]
+                results = engine.jobs_enqueue([params[n] for n in batch])
+                for n, result in zip(batch, results, strict=True):
+                    handles[n] = _handle(result, definitions[n])
+    return [handle for handle in handles if handle is not None]
 
 
 # ---------------------------------------------------------------------------------- outbox --
@@ -556,11 +567,33 @@ def stage_job(definition: registry.JobDefinition[..., Any], input: Any,
 # ------------------------------------------------------------------------------- operators --
 
 
+def _job_shard(job_id: UUID | str) -> str | None:
+    """The shard holding ``job_id`` when the jobs are sharded (None: not sharded, or on no
+    shard, and the call goes on where it is to say the job is not there)."""
+    return shards.locate(job_id) if shards.sharded() else None
+
+
+def _every_shard() -> Iterator[str]:
+    """Each jobs alias in turn, in use while the caller's loop body runs: a batch of ids is
+    applied on every shard (an id matches on the one holding it), or once unsharded."""
+    settings = conf.get()
+    if not settings.shards:
+        yield settings.database
+        return
+    for alias in settings.shards:
+        with conf.using_database(alias):
+            yield alias
+
+
 def get_job(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> JobRecord:
     """The job's row now, wherever it is (``x_jobs`` or the history tables); raises
     :class:`~django_xjobs.exceptions.JobNotFound` for an id that is not there (or not in
     ``tenant_ids``, when given)."""
-    record = get_engine().job_get(str(job_id), tenant_ids=tenant_ids)
+    def read() -> JobRecord | None:
+        return get_engine().job_get(str(job_id), tenant_ids=tenant_ids)
+
+    found = shards.first(read) if shards.sharded() else (None, read())
+    record = found[1] if found else None
     if record is None:
         raise JobNotFound(f"no job with id {job_id}")
     return record
@@ -571,10 +604,11 @@ def cancel(job_id: UUID | str, *, reason: str | None = None,
     """Cancel a job in any state but done; a running one stops at its worker's next heartbeat."""
     if reason is not None:
         reason = check_text("reason", reason, max_length=2000)
-    result = get_engine().job_cancel(
-        str(job_id), reason=f"cancelled: {reason}" if reason else "cancelled",
-        tenant_ids=tenant_ids,
-    )
+    with conf.using_database(_job_shard(job_id)):
+        result = get_engine().job_cancel(
+            str(job_id), reason=f"cancelled: {reason}" if reason else "cancelled",
+            tenant_ids=tenant_ids,
+        )
     if result.job is None:
         raise JobNotFound(f"no job with id {job_id}")
     return result
@@ -585,8 +619,9 @@ def retry(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> Cha
     steps are kept). Raises LiveJobExists when another live job holds its key. Inside
     :func:`~django_xjobs.api.acting_as` (the console) the job's ``enqueued_by`` becomes that
     identity."""
-    result = get_engine().job_retry(str(job_id), tenant_ids=tenant_ids,
-                                    enqueued_by=_enqueued_by.get())
+    with conf.using_database(_job_shard(job_id)):
+        result = get_engine().job_retry(str(job_id), tenant_ids=tenant_ids,
+                                        enqueued_by=_enqueued_by.get())
     if result.job is None:
         raise JobNotFound(f"no job with id {job_id}")
     return result
@@ -607,8 +642,9 @@ def resume(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> Re
     :class:`~django_xjobs.exceptions.LiveJobExists` when another live job holds its key. Inside
     :func:`~django_xjobs.api.acting_as` (the console) the ``enqueued_by`` of every job it puts
     back becomes that identity."""
-    result = get_engine().job_resume(str(job_id), tenant_ids=tenant_ids,
-                                     enqueued_by=_enqueued_by.get())
+    with conf.using_database(_job_shard(job_id)):
+        result = get_engine().job_resume(str(job_id), tenant_ids=tenant_ids,
+                                         enqueued_by=_enqueued_by.get())
     if result.job is None:
         raise JobNotFound(f"no job with id {job_id}")
     return result
@@ -623,8 +659,11 @@ def retry_many(job_ids: Iterable[UUID | str], *,
     ids = [str(i) for i in job_ids]
     if not ids:
         return []
-    return get_engine().jobs_retry_many(ids, tenant_ids=tenant_ids,
-                                        enqueued_by=_enqueued_by.get())
+    retried: list[str] = []
+    for _alias in _every_shard():
+        retried += get_engine().jobs_retry_many(ids, tenant_ids=tenant_ids,
+                                                enqueued_by=_enqueued_by.get())
+    return retried
 
 
 def cancel_many(job_ids: Iterable[UUID | str], *, reason: str | None = None) -> int:
@@ -636,13 +675,15 @@ def cancel_many(job_ids: Iterable[UUID | str], *, reason: str | None = None) -> 
     ids = [str(i) for i in job_ids]
     if not ids:
         return 0
-    return get_engine().jobs_cancel_tree(
+    return sum(get_engine().jobs_cancel_tree(
         ids=ids, reason=f"cancelled: {reason}" if reason else "cancelled")
+        for _alias in _every_shard())
 
 
 def run_now(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
     """Make a delayed or suspended job due now."""
-    result = get_engine().job_run_now(str(job_id), tenant_ids=tenant_ids)
+    with conf.using_database(_job_shard(job_id)):
+        result = get_engine().job_run_now(str(job_id), tenant_ids=tenant_ids)
     if result.job is None:
         raise JobNotFound(f"no job with id {job_id}")
     return result
@@ -658,10 +699,10 @@ def purge(*, older_than: timedelta, states: Iterable[str] = ("done", "dead", "ca
         raise InvalidJobInput(
             f"purge only deletes finished jobs (done, dead, cancelled), not {bad}"
         )
-    return get_engine().jobs_purge(
+    return sum(get_engine().jobs_purge(
         states=states, finished_before=get_engine().db_now() - older_than,
         batch_size=batch_size, history=True,
-    )
+    ) for _alias in _every_shard())
 
 
 # --------------------------------------------------------------------------------- console --
@@ -674,4 +715,5 @@ def delete_finished(job_ids: Iterable[UUID | str], *,
     ids = [str(i) for i in job_ids]
     if not ids:
         return 0
-    return get_engine().jobs_delete_finished(ids, tenant_ids=tenant_ids)
+    return sum(get_engine().jobs_delete_finished(ids, tenant_ids=tenant_ids)
+               for _alias in _every_shard())

@@ -59,32 +59,140 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             ))
     errors.extend(_check_listen_database(settings))
     errors.extend(_check_outbox(settings))
+    errors.extend(_check_read_router(settings))
+    errors.extend(_check_replica_feedback(settings, kwargs.get("databases")))
     return errors
 
 
 def _check_listen_database(settings: conf.XJobsSettings) -> list[checks.CheckMessage]:
-    """XJOBS["LISTEN_DATABASE"], when set, is a PostgreSQL alias of DATABASES."""
-    alias = settings.listen_database
-    if alias is None:
-        return []
-    hint = (f"Set XJOBS[\"LISTEN_DATABASE\"] to an alias of DATABASES that connects straight to "
-            f"PostgreSQL, to the database of XJOBS[\"DATABASE\"] ({settings.database!r}), or "
-            f"remove it (the dedicated sessions then use {settings.database!r}). See "
-            f"{DOCS_URL}deployment.md#pgbouncer-and-other-connection-poolers")
+    """XJOBS["LISTEN_DATABASE"], when set, names PostgreSQL aliases of DATABASES."""
+    errors: list[checks.CheckMessage] = []
+    for jobs_alias, alias in settings.listen_databases.items():
+        hint = (f"Set XJOBS[\"LISTEN_DATABASE\"] to an alias of DATABASES that connects "
+                f"straight to PostgreSQL, to the database of {jobs_alias!r}, or remove it (the "
+                f"dedicated sessions then use {jobs_alias!r}). See "
+                f"{DOCS_URL}deployment.md#pgbouncer-and-other-connection-poolers")
+        errors.extend(_check_alias(alias, 'XJOBS["LISTEN_DATABASE"]',
+                                   "the LISTEN connections and the advisory session need "
+                                   "PostgreSQL", hint, ("xjobs.E005", "xjobs.E006")))
+    return errors
+
+
+def _check_alias(alias: str, key: str, why: str, hint: str,
+                 ids: tuple[str, str]) -> list[checks.CheckMessage]:
+    """``alias`` (named by ``key``) is a PostgreSQL alias of DATABASES."""
     if alias not in connections.settings:
-        return [checks.Error(
-            f'XJOBS["LISTEN_DATABASE"] = {alias!r} is not in DATABASES '
-            f"(aliases: {sorted(connections.settings)})",
-            hint=hint, id="xjobs.E005",
-        )]
+        return [checks.Error(f"{key} = {alias!r} is not in DATABASES "
+                             f"(aliases: {sorted(connections.settings)})", hint=hint, id=ids[0])]
     engine = connections.settings[alias].get("ENGINE", "")
     if "postgresql" not in engine and "postgis" not in engine:
-        return [checks.Error(
-            f'XJOBS["LISTEN_DATABASE"] = {alias!r} uses {engine!r}; the LISTEN connections '
-            "and the advisory session need PostgreSQL",
-            hint=hint, id="xjobs.E006",
-        )]
+        return [checks.Error(f"{key} = {alias!r} uses {engine!r}; {why}", hint=hint, id=ids[1])]
     return []
+
+
+# How long `check` waits for a replica to accept a connection (seconds): a replica that is down
+# must not hang the command.
+REPLICA_CONNECT_TIMEOUT = 3
+
+
+def _check_replica_feedback(settings: conf.XJobsSettings,
+                            databases: Any) -> list[checks.CheckMessage]:
+    """xjobs.W030: a replica of XJOBS["READ_DATABASE"] with hot_standby_feedback on.
+
+    It is asked only when Django runs the checks that query databases, and for it or its jobs
+    alias (``manage.py check --database ALIAS``, ``migrate``), as Django's own checks that
+    query a database are; on a connection of its own with a short connect timeout. A replica
+    that cannot be asked is xjobs.W032, a warning too: ``check`` neither fails nor hangs on a
+    replica that is down, and says it did not look."""
+    found: list[checks.CheckMessage] = []
+    for jobs_alias, alias in settings.read_databases.items():
+        if not databases or (alias not in databases and jobs_alias not in databases):
+            continue
+        if alias not in connections.settings:
+            continue  # xjobs.E030 says so
+        wrapper = connections[alias]
+        try:
+            feedback = _show(wrapper, "hot_standby_feedback")
+        except wrapper.Database.Error as exc:
+            found.append(checks.Warning(
+                f'XJOBS["READ_DATABASE"] {alias!r} could not be asked whether '
+                f"hot_standby_feedback is on: {str(exc).strip() or type(exc).__name__}",
+                hint=f"Run manage.py check --database {alias} again once the replica is up "
+                     "(meanwhile the console, the metrics and the reports read the primary). "
+                     f"See {DOCS_URL}scaling.md#reads-on-a-replica",
+                id="xjobs.W032"))
+            continue
+        if feedback == "on":
+            found.append(checks.Warning(
+                f'XJOBS["READ_DATABASE"] {alias!r} has hot_standby_feedback = on: the '
+                f"replica's longest query then holds the vacuum horizon of {jobs_alias!r}, "
+                "the primary, so dead x_jobs tuples pile up and the claim slows exactly as "
+                "under a long transaction on the primary",
+                hint="Leave hot_standby_feedback off on the replica and bound the console's "
+                     "queries there with max_standby_streaming_delay instead (a console query "
+                     "that replay cancels is retried by the page's next refresh). See "
+                     f"{DOCS_URL}scaling.md#reads-on-a-replica",
+                id="xjobs.W030"))
+    return found
+
+
+def _check_read_router(settings: conf.XJobsSettings) -> list[checks.CheckMessage]:
+    """xjobs.E033: XJOBS["READ_DATABASE"] without the router, which alone sends the console's
+    ORM reads (its lists, a job's page) to the replica."""
+    if not settings.read_databases:
+        return []
+    named = {r if isinstance(r, str) else f"{type(r).__module__}.{type(r).__qualname__}"
+             for r in getattr(django_settings, "DATABASE_ROUTERS", [])}
+    if ROUTER in named:
+        return []
+    return [checks.Error(
+        f'XJOBS["READ_DATABASE"] is set but {ROUTER} is not in DATABASE_ROUTERS: the '
+        "console's lists and job pages would read the primary while saying they read the "
+        "replica",
+        hint=f'Add DATABASE_ROUTERS = ["{ROUTER}"] to your settings (it routes only '
+             f"django-xjobs' models). See {DOCS_URL}scaling.md#reads-on-a-replica",
+        id="xjobs.E033")]
+
+
+def _show(wrapper: Any, setting: str) -> str:
+    """``show <setting>`` on a connection of its own to ``wrapper``'s database (never one Django
+    keeps, nor its pool), opened with :data:`REPLICA_CONNECT_TIMEOUT` at most."""
+    params = dict(wrapper.get_connection_params())
+    params.pop("cursor_factory", None)
+    params.pop("pool", None)
+    given = params.get("connect_timeout")
+    params["connect_timeout"] = min(int(given), REPLICA_CONNECT_TIMEOUT) if given \
+        else REPLICA_CONNECT_TIMEOUT
+    params["application_name"] = "xjobs check"
+    with wrapper.Database.connect(**params, autocommit=True) as conn:
+        (value,) = conn.execute(f"show {setting}").fetchone()
+    return str(value)
+
+
+def _check_shards(settings: conf.XJobsSettings, routers: set[str]) -> list[checks.CheckMessage]:
+    """XJOBS["SHARDS"]: PostgreSQL aliases of DATABASES, routed by the router; the replicas of
+    XJOBS["READ_DATABASE"] too."""
+    errors: list[checks.CheckMessage] = []
+    hint = ("List in XJOBS[\"SHARDS\"] only aliases of DATABASES that connect to PostgreSQL "
+            f"databases of their own. See {DOCS_URL}scaling.md#sharding-by-tenant")
+    for alias in settings.shards[1:]:
+        errors.extend(_check_alias(alias, 'XJOBS["SHARDS"]', "every shard needs PostgreSQL",
+                                   hint, ("xjobs.E007", "xjobs.E008")))
+    for jobs_alias, alias in settings.read_databases.items():
+        errors.extend(_check_alias(
+            alias, 'XJOBS["READ_DATABASE"]', "the replica must be PostgreSQL's",
+            f"Name a streaming replica of {jobs_alias!r} in DATABASES, or remove "
+            f"XJOBS[\"READ_DATABASE\"]. See {DOCS_URL}scaling.md#reads-on-a-replica",
+            ("xjobs.E030", "xjobs.E031")))
+    if settings.shards and ROUTER not in routers:
+        errors.append(checks.Error(
+            f'XJOBS["SHARDS"] is set but {ROUTER} is not in DATABASE_ROUTERS: migrate would '
+            "not create the job tables on the shards, and the console would read one database",
+            hint=f'Add DATABASE_ROUTERS = ["{ROUTER}"] to your settings. See {DOCS_URL}'
+                 "scaling.md#sharding-by-tenant",
+            id="xjobs.E009",
+        ))
+    return errors
 
 
 def check_console(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -136,8 +244,9 @@ def _check_outbox(settings: conf.XJobsSettings) -> list[checks.CheckMessage]:
     routers = getattr(django_settings, "DATABASE_ROUTERS", [])
     named = {r if isinstance(r, str) else f"{type(r).__module__}.{type(r).__qualname__}"
              for r in routers}
+    errors.extend(_check_shards(settings, named))
     if (settings.database != "default" and settings.database in connections.settings
-            and ROUTER not in named):
+            and ROUTER not in named and not settings.shards):
         errors.append(checks.Warning(
             f'XJOBS["DATABASE"] = {settings.database!r} but {ROUTER} is not in '
             "DATABASE_ROUTERS: migrate will not put the job tables (only) there, and the "

@@ -10,14 +10,18 @@ Durations accept seconds (int/float), a ``timedelta``, or a string such as ``"25
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
+from django.utils.module_loading import import_string
 
 from .exceptions import ConfigurationError
 from .values import NAME_RE, check_name, keyword_input, parse_duration, parse_mebibytes
@@ -200,6 +204,34 @@ class XJobsSettings:
     # ---- the console: how often its pages update in place; None: never (docs/console.md,
     # "Live updates").
     console_refresh: float | None = 5.0
+    # ---- beyond one database (docs/scaling.md). The aliases holding the job tables when the
+    # jobs are sharded by tenant, XJOBS["DATABASE"] (the home shard) first; () when they are
+    # not. ``database`` is the alias in use: a view of these settings for another shard
+    # (:func:`using_database`) differs from them in ``database`` and ``listen_database`` only.
+    shards: tuple[str, ...] = ()
+    # XJOBS["TENANT_SHARDS"]: tenant id -> alias, or the dotted path of a function of the tenant
+    # id returning an alias (None: tenants not named, and jobs without a tenant, live on the
+    # home shard). Read through :func:`shard_for_tenant`.
+    tenant_shards: Mapping[str, str] | str | None = None
+    # XJOBS["LISTEN_DATABASE"] per jobs alias (the dict form; a string names the home's).
+    listen_databases: Mapping[str, str] = field(default_factory=dict)
+    # XJOBS["READ_DATABASE"]: jobs alias -> the alias of its streaming replica, which serves the
+    # console's and the metrics' reads while it is no further behind than READ_MAX_LAG
+    # (replica.py; docs/scaling.md, "Reads on a replica").
+    read_databases: Mapping[str, str] = field(default_factory=dict)
+    read_max_lag: float = 30.0
+    # XJOBS["DATABASE"] whatever alias this view is for.
+    home_database: str = "default"
+
+    @property
+    def job_databases(self) -> tuple[str, ...]:
+        """Every alias holding the job tables: the shards, or the one database."""
+        return self.shards or (self.home_database,)
+
+    @property
+    def read_database(self) -> str | None:
+        """The replica of the alias in use, if one is set."""
+        return self.read_databases.get(self.database)
 
 
     def route(self, name: str) -> str:
@@ -224,6 +256,7 @@ _KNOWN_KEYS = {
     "TEST_MODE",  # django_xjobs.testing (docs/testing.md)
     "CONSOLE_REFRESH",  # the console's live updates (docs/console.md)
     "ROUTES",
+    "SHARDS", "TENANT_SHARDS", "READ_DATABASE", "READ_MAX_LAG",  # docs/scaling.md
 }
 TEST_MODES = ("inline",)
 
@@ -295,11 +328,74 @@ def _database(raw: Mapping[str, Any], key: str, default: str) -> str:
     return database
 
 
-def _listen_database(raw: Mapping[str, Any], key: str, default: str | None) -> str | None:
-    """``XJOBS["LISTEN_DATABASE"]``: a database alias, or None for the jobs' own."""
-    if raw.get(key, default) is None:
+def _per_database(raw: Mapping[str, Any], key: str, default: Mapping[str, str],
+                  home: str) -> Mapping[str, str]:
+    """``XJOBS["LISTEN_DATABASE"]`` / ``["READ_DATABASE"]``: an alias for the home database,
+    or a dict of jobs alias -> alias; read as the dict. None: none."""
+    value = raw.get(key)
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return {home: _database(raw, key, "")}
+    if not isinstance(value, Mapping) or not value:
+        raise ConfigurationError(
+            f'XJOBS["{key}"] must be a database alias, or a dict of jobs alias -> alias like'
+            f' {{"jobs_eu": "jobs_eu_{key.split("_")[0].lower()}"}}, got {value!r}')
+    for jobs_alias, alias in value.items():
+        if not isinstance(jobs_alias, str) or not isinstance(alias, str) or not alias:
+            raise ConfigurationError(
+                f'XJOBS["{key}"]: {jobs_alias!r}: {alias!r} must map a jobs alias to an alias')
+    return dict(value)
+
+
+def _shards(raw: Mapping[str, Any], key: str, default: tuple[str, ...],
+            home: str) -> tuple[str, ...]:
+    """``XJOBS["SHARDS"]``: the aliases holding the job tables, the home one among them."""
+    value = raw.get(key)
+    if value is None:
+        return default
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not value:
+        raise ConfigurationError(
+            f'XJOBS["SHARDS"] must be a list of database aliases like ["{home}", "jobs_2"],'
+            f' got {value!r}')
+    for alias in value:
+        if not isinstance(alias, str) or not alias:
+            raise ConfigurationError(f'XJOBS["SHARDS"]: {alias!r} is not a database alias')
+    if len(set(value)) != len(value):
+        raise ConfigurationError(f'XJOBS["SHARDS"] repeats an alias: {list(value)!r}')
+    if home not in value:
+        raise ConfigurationError(
+            f'XJOBS["SHARDS"] must list XJOBS["DATABASE"] ({home!r}), the home shard: jobs'
+            " without a tenant, and tenants no rule places, live there")
+    return (home, *(alias for alias in value if alias != home))
+
+
+def _tenant_shards(raw: Mapping[str, Any], key: str, default: Mapping[str, str] | str | None,
+                   shards: tuple[str, ...]) -> Mapping[str, str] | str | None:
+    """``XJOBS["TENANT_SHARDS"]``: a dict of tenant id -> shard alias, or the dotted path of
+    a function of the tenant id."""
+    value = raw.get(key)
+    if value is None:
         return None
-    return _database(raw, key, "")
+    if not shards:
+        raise ConfigurationError('XJOBS["TENANT_SHARDS"] needs XJOBS["SHARDS"], the aliases'
+                                 " the tenants are placed on")
+    if isinstance(value, str):
+        if "." not in value:
+            raise ConfigurationError(
+                f'XJOBS["TENANT_SHARDS"] must be a dict or a dotted path like '
+                f'"myproject.sharding.shard_of", got {value!r}')
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            'XJOBS["TENANT_SHARDS"] must be a dict of tenant id -> shard alias, or the dotted'
+            f' path of a function of the tenant id, got {value!r}')
+    for tenant, alias in value.items():
+        if not isinstance(tenant, str) or alias not in shards:
+            raise ConfigurationError(
+                f'XJOBS["TENANT_SHARDS"]: tenant {tenant!r} -> {alias!r}: tenant ids are'
+                f' strings and the alias must be one of XJOBS["SHARDS"] {list(shards)}')
+    return dict(value)
 
 
 QueueOptions = tuple[tuple[str, ...], Mapping[str, int], frozenset[str],
@@ -493,8 +589,24 @@ def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[st
         problems.refuse('XJOBS["RETRY_CAP"] must not be smaller than XJOBS["RETRY_BASE"]',
                         "RETRY_CAP")
     poll_interval = take(_duration, raw, "POLL_INTERVAL", 1.0)
+    database = take(_database, raw, "DATABASE", "default")
+    shards = take(_shards, raw, "SHARDS", (), database)
+    listen_databases = take(_per_database, raw, "LISTEN_DATABASE", {}, database)
+    read_databases = take(_per_database, raw, "READ_DATABASE", {}, database)
+    for key, per_alias in (("LISTEN_DATABASE", listen_databases),
+                           ("READ_DATABASE", read_databases)):
+        strays = sorted(set(per_alias) - set(shards or (database,)))
+        if strays and problems.read("SHARDS", "DATABASE"):
+            problems.refuse(f'XJOBS["{key}"] names {strays}, which hold no job tables'
+                            f' (XJOBS["DATABASE"] and XJOBS["SHARDS"] do)', key)
     settings = XJobsSettings(
-        database=take(_database, raw, "DATABASE", "default"),
+        database=database,
+        home_database=database,
+        shards=shards,
+        tenant_shards=take(_tenant_shards, raw, "TENANT_SHARDS", None, shards),
+        listen_databases=listen_databases,
+        read_databases=read_databases,
+        read_max_lag=take(_duration, raw, "READ_MAX_LAG", 30.0),
         queues=queues,
         queues_given="QUEUES" in raw,
         queue_concurrency=queue_concurrency,
@@ -508,7 +620,7 @@ def _parse(raw: Mapping[str, Any] | None) -> tuple[XJobsSettings | None, list[st
         worker_seen_interval=take(_duration, raw, "WORKER_SEEN_INTERVAL", 10.0),
         notify=take(_bool, raw, "NOTIFY", True),
         prepared_statements=take(_bool, raw, "PREPARED_STATEMENTS", True),
-        listen_database=take(_listen_database, raw, "LISTEN_DATABASE", None),
+        listen_database=listen_databases.get(database),
         max_payload_bytes=take(_positive_int, raw, "MAX_PAYLOAD_BYTES", 1024 * 1024),
         max_attempts=take(_positive_int, raw, "MAX_ATTEMPTS", 3),
         retry_base=retry_base,
@@ -805,24 +917,112 @@ def _scheduler_settings(raw: Mapping[str, Any], problems: _Problems,
 
 
 _cache: tuple[int, XJobsSettings] | None = None
+# The jobs alias in use when it is not XJOBS["DATABASE"]: a shard (or its replica) chosen for
+# this context by using_database(), else the one a worker process serves (pin_database()).
+_active: ContextVar[str | None] = ContextVar("django_xjobs_database", default=None)
+_pinned: str | None = None
+_views: dict[tuple[int, str], XJobsSettings] = {}
 
 
 def get() -> XJobsSettings:
-    """The current settings, re-read whenever ``settings.XJOBS`` is replaced (override_settings)."""
+    """The current settings, re-read whenever ``settings.XJOBS`` is replaced (override_settings),
+    for the jobs alias in use (docs/scaling.md, "Sharding by tenant")."""
     global _cache
     raw = getattr(django_settings, "XJOBS", None)
     key = id(raw)
     cached = _cache
-    if cached is not None and cached[0] == key:
+    if cached is None or cached[0] != key:
+        cached = _cache = (key, build(raw))
+    alias = _active.get() or _pinned
+    if alias is None or alias == cached[1].database:
         return cached[1]
-    parsed = build(raw)
-    _cache = (key, parsed)
-    return parsed
+    view = _views.get((key, alias))
+    if view is None:
+        view = _views[(key, alias)] = _view(cached[1], alias)
+    return view
+
+
+def _view(base: XJobsSettings, alias: str) -> XJobsSettings:
+    replicas = {replica: primary for primary, replica in base.read_databases.items()}
+    if alias not in base.job_databases and alias not in replicas:
+        raise ConfigurationError(
+            f"database alias {alias!r} holds no job tables: XJOBS['DATABASE'] and "
+            f"XJOBS['SHARDS'] name {list(base.job_databases)}"
+            + (f", XJOBS['READ_DATABASE'] their replicas {sorted(replicas)}" if replicas
+               else ""))
+    return dataclasses.replace(base, database=alias,
+                               listen_database=base.listen_databases.get(alias))
+
+
+def check_database(alias: str) -> str:
+    """``alias`` if it holds job tables (a shard, or the one database); ConfigurationError
+    naming the ones that do otherwise."""
+    get()  # the settings are valid
+    base = _cache[1] if _cache is not None else build(None)
+    if alias not in base.job_databases:
+        _view(base, alias)  # a replica's alias passes here; anything else raises
+    return alias
+
+
+@contextmanager
+def using_database(alias: str | None) -> Iterator[XJobsSettings]:
+    """Within the block, the jobs alias in use in this context is ``alias`` (a shard, or the
+    replica of one): ``get_engine()``, the router and every service go there. None: no change.
+    """
+    if alias is None:
+        yield get()
+        return
+    check_database(alias)
+    token = _active.set(alias)
+    try:
+        yield get()
+    finally:
+        _active.reset(token)
+
+
+def pin_database(alias: str | None) -> None:
+    """The jobs alias of this whole process, every thread (a worker serving one shard:
+    ``xjobs_worker --shard``); None: XJOBS["DATABASE"] again."""
+    global _pinned
+    if alias is not None:
+        check_database(alias)
+    _pinned = alias
+
+
+def shard_for_tenant(tenant_id: str | None) -> str:
+    """The jobs alias of ``tenant_id``'s jobs: by XJOBS["TENANT_SHARDS"], the home database
+    for a tenant it does not place and for no tenant. ConfigurationError when a function of the
+    tenant returns an alias that is not a shard."""
+    settings = get()
+    rule = settings.tenant_shards
+    if rule is None or tenant_id is None:
+        return settings.home_database
+    if isinstance(rule, str):
+        alias = _tenant_function(rule)(tenant_id)
+        if alias is None:
+            return settings.home_database
+        if alias not in settings.shards:
+            raise ConfigurationError(
+                f'XJOBS["TENANT_SHARDS"] ({rule}) placed tenant {tenant_id!r} on {alias!r},'
+                f' which is not one of XJOBS["SHARDS"] {list(settings.shards)}')
+        return str(alias)
+    return rule.get(tenant_id, settings.home_database)
+
+
+def _tenant_function(path: str) -> Callable[[str], Any]:
+    try:
+        function = import_string(path)
+    except ImportError as exc:
+        raise ConfigurationError(f'XJOBS["TENANT_SHARDS"]: cannot import {path!r}: {exc}') from exc
+    if not callable(function):
+        raise ConfigurationError(f'XJOBS["TENANT_SHARDS"]: {path!r} is not callable')
+    return function  # type: ignore[no-any-return]
 
 
 def reset() -> None:
     global _cache
     _cache = None
+    _views.clear()
 
 
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:

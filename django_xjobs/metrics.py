@@ -11,6 +11,11 @@ buckets or the workers' rows, never the history). A scrape while the database ca
 logs why and exposes ``xjobs_up 0`` alone, so Prometheus can alert on it and the serving
 thread lives on.
 
+With a replica (``XJOBS["READ_DATABASE"]``) the snapshot reads there while it may serve
+(:mod:`django_xjobs.replica`), and again on the primary should the replica fail during the
+read; ``xjobs_replica_lag_seconds`` and ``xjobs_replica_fallback`` say how far behind it was
+and whether this scrape read the primary instead (docs/scaling.md, "Reads on a replica").
+
 ``prometheus_client`` (``django-xjobs[prometheus]``) and ``opentelemetry-api``
 (``django-xjobs[otel]``) are optional: they are imported when a collector is built or
 :func:`install_otel` is called, with an error naming the extra when missing.
@@ -19,7 +24,9 @@ thread lives on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -32,7 +39,7 @@ from django.db import Error as DatabaseError
 from django.db import connections
 from django.db.models.functions import Now
 
-from . import conf, outbox
+from . import conf, outbox, replica
 from .engines import get_engine
 from .exceptions import EngineUnavailable
 from .models import WorkerRow
@@ -78,6 +85,8 @@ class Snapshot:
     stalled: dict[str, int] = field(default_factory=dict)
     # Jobs waiting for a worker that knows their name, per queue and name (docs/deployment.md).
     unknown: list[UnknownWait] = field(default_factory=list)
+    # Where the figures were read (None: not read, the families' description).
+    reads: replica.ReadSource | None = None
 
     def queues(self) -> list[str]:
         """Every queue the figures name: a queue keeps its series (at 0) once its last job has
@@ -87,18 +96,24 @@ class Snapshot:
 
 
 def snapshot() -> Snapshot:
-    """Read the figures now. Leaves this thread's database connections as it found them: a
-    scrape on a server's own thread opens one and closes it, so idle connections do not pile
-    up; a scrape inside a request uses the request's."""
+    """Read the figures now, on the replica when it may serve (module docstring). Leaves this
+    thread's database connections as it found them: a scrape on a server's own thread opens one
+    and closes it, so idle connections do not pile up; a scrape inside a request uses the
+    request's."""
     with _connections_as_found():
-        engine = get_engine()
-        pending = outbox.pending()
-        return Snapshot(totals=engine.stats_totals(), depth=engine.queue_depth(),
-                        outbox_pending=pending.count, outbox_oldest_age=pending.oldest_seconds,
-                        workers=_workers_per_queue(),
-                        stalled=_stalled_per_queue(engine.workers_list(
-                            max_stall=DEFAULT_MAX_STALL)),
-                        unknown=engine.jobs_unknown_waiting())
+        figures, source = replica.read(_figures, errors=READ_ERRORS)
+        return dataclasses.replace(figures, reads=source)
+
+
+def _figures() -> Snapshot:
+    engine = get_engine()
+    pending = outbox.pending()
+    return Snapshot(totals=engine.stats_totals(), depth=engine.queue_depth(),
+                    outbox_pending=pending.count, outbox_oldest_age=pending.oldest_seconds,
+                    workers=_workers_per_queue(),
+                    stalled=_stalled_per_queue(engine.workers_list(
+                        max_stall=DEFAULT_MAX_STALL)),
+                    unknown=engine.jobs_unknown_waiting())
 
 
 def _stalled_per_queue(workers: Iterable[WorkerRecord]) -> dict[str, int]:
@@ -257,7 +272,31 @@ class XJobsCollector:
             unknown.add_metric([u.queue, u.name], u.count)
             unknown_age.add_metric([u.queue, u.name], u.waited)
         return [self._up(True), jobs, enqueued, started, wait, run, depth, oldest, workers,
-                stalled, pending, pending_age, unknown, unknown_age]
+                stalled, pending, pending_age, unknown, unknown_age, *self._replica(s)]
+
+    def _replica(self, s: Snapshot) -> list[Any]:
+        """The replica's families, when XJOBS["READ_DATABASE"] gives the jobs alias one."""
+        if conf.get().read_database is None:
+            return []
+        lag = self._core.GaugeMetricFamily(
+            "xjobs_replica_lag_seconds", REPLICA_LAG_HELP, labels=["replica"])
+        fallback = self._core.GaugeMetricFamily(
+            "xjobs_replica_fallback", REPLICA_FALLBACK_HELP, labels=["replica"])
+        if s.reads is not None and s.reads.replica is not None:
+            lag.add_metric([s.reads.replica], _lag(s.reads))
+            fallback.add_metric([s.reads.replica], 1 if s.reads.fell_back else 0)
+        return [lag, fallback]
+
+
+REPLICA_LAG_HELP = ("How far the replica of XJOBS['READ_DATABASE'] was behind the primary when "
+                    "this scrape chose where to read, in seconds (NaN when unknown: unreachable)")
+REPLICA_FALLBACK_HELP = ("1 when this scrape read the primary because the replica could not "
+                         "serve (unreachable, too far behind, failed during the read), 0 when it "
+                         "read the replica")
+
+
+def _lag(source: replica.ReadSource) -> float:
+    return math.nan if source.lag is None else source.lag
 
 
 def _buckets(hist: tuple[int, ...]) -> list[tuple[str, float]]:
@@ -409,6 +448,17 @@ def install_otel(meter_provider: Any = None) -> None:
         "xjobs_outbox_oldest_age_seconds", unit="s",
         description="Age of the oldest staged job not relayed yet (0 when none)",
         callbacks=[observe(lambda s: [(s.outbox_oldest_age or 0.0, {})])])
+    if conf.get().read_database is not None:
+        def reads(value: Callable[[replica.ReadSource], float]) -> Callable[[Snapshot], Any]:
+            return lambda s: [] if s.reads is None or s.reads.replica is None else [
+                (value(s.reads), {"replica": s.reads.replica})]
+
+        meter.create_observable_gauge(
+            "xjobs_replica_lag_seconds", unit="s", description=REPLICA_LAG_HELP,
+            callbacks=[observe(reads(_lag))])
+        meter.create_observable_gauge(
+            "xjobs_replica_fallback", description=REPLICA_FALLBACK_HELP,
+            callbacks=[observe(reads(lambda r: 1 if r.fell_back else 0))])
 
 
 def _seconds_sum(metric: str) -> Callable[[Counters], float]:

@@ -158,7 +158,9 @@ def relay_batch(outbox: Engine, jobs: Engine | None = None, *,
         if not rows:
             return 0
         params = _job_params(rows, settings.max_attempts)
-        if jobs.alias == outbox.alias:
+        if settings.shards:  # each row to its tenant's shard (docs/scaling.md)
+            results = _publish_to_shards(outbox, params)
+        elif jobs.alias == outbox.alias:
             results = jobs.jobs_enqueue(params)
         else:
             with jobs.atomic():
@@ -182,6 +184,26 @@ def _announce(made: list[OutboxRow], alias: str) -> None:
     for row in made:
         sender = registry.lookup(row.name) or row.name
         signals.send(signals.job_enqueued, sender, handle=StagedJob(id=row.id, using=alias))
+
+
+def _publish_to_shards(outbox: Engine, params: list[EnqueueParams]) -> list[EnqueueResult]:
+    """Enqueue each row on its tenant's shard: in the outbox's transaction on the shard that is
+    the outbox's database, committed shard by shard on the others (as on a separate jobs
+    database: a relay that dies before the outbox commits finds those jobs by id next time)."""
+    results: list[EnqueueResult | None] = [None] * len(params)
+    groups: dict[str, list[int]] = {}
+    for n, p in enumerate(params):
+        groups.setdefault(conf.shard_for_tenant(p.tenant_id), []).append(n)
+    for alias, positions in groups.items():
+        jobs, group = get_engine(alias), [params[n] for n in positions]
+        if alias == outbox.alias:
+            made = jobs.jobs_enqueue(group)
+        else:
+            with jobs.atomic():
+                made = _publish_elsewhere(jobs, group)
+        for n, result in zip(positions, made, strict=True):
+            results[n] = result
+    return [result for result in results if result is not None]
 
 
 def _publish_elsewhere(jobs: Engine, params: list[EnqueueParams]) -> list[EnqueueResult]:

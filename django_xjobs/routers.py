@@ -12,13 +12,17 @@ django-xjobs' tables is created where it belongs and nowhere else:
 * ``x_outbox`` on every alias of ``XJOBS["OUTBOX"]["DATABASES"]`` (default: "default"), because
   ``enqueue_on_commit`` must write it in the same transaction as the business data;
 * the seven job tables (``x_jobs``, steps, events, leases, scheduler, backfills) on
-  ``XJOBS["DATABASE"]`` only. Operations of django-xjobs' migrations that name no model (the
-  ``RunSQL`` that tunes autovacuum on ``x_jobs``) concern the job tables, and go there too.
+  ``XJOBS["DATABASE"]`` only, or on every alias of ``XJOBS["SHARDS"]`` when the jobs are
+  sharded by tenant (``manage.py migrate --database <shard>`` for each: docs/scaling.md).
+  Operations of django-xjobs' migrations that name no model (the ``RunSQL`` that tunes
+  autovacuum on ``x_jobs``) concern the job tables, and go there too.
 
-ORM reads and writes (the admin) of those models are routed the same way. The router has no
-opinion on any other app (it returns None), so it combines with a project's own routers; put
-it first when another router would claim every model. It only routes: queue writes never go
-through the ORM, they are the engine's statements on the alias the engine was built for.
+ORM reads and writes (the admin) of those models go to the jobs alias in use: the home one,
+or the shard (or replica) the console chose for this request (``conf.using_database``). The
+router has no opinion on any other app (it returns None), so it combines with a project's own
+routers; put it first when another router would claim every model. It only routes: queue
+writes never go through the ORM, they are the engine's statements on the alias the engine was
+built for.
 """
 
 from __future__ import annotations
@@ -66,4 +70,4 @@ class XJobsRouter:
         settings = _settings()
         if model_name == OUTBOX_MODEL:
             return db in settings.outbox.databases
-        return db == settings.database
+        return db in settings.job_databases

@@ -636,12 +636,18 @@ def _text(value: Any, what: str) -> str:
 
 
 def publish_event(name: str, payload: Any = None, *, correlation_key: str | None = None,
-                  ttl: timedelta | float | int = DEFAULT_EVENT_TTL) -> EventRecord:
+                  ttl: timedelta | float | int = DEFAULT_EVENT_TTL,
+                  tenant_id: str | None = None) -> EventRecord:
     """Publish an event: every job waiting for it (and for its correlation key) resumes now.
 
     Runs in the caller's transaction on ``XJOBS["DATABASE"]``: a rolled-back publish never
     happened and woke nobody. The event stays for ``ttl`` (default 7 days) for waits that start
     later; maintenance deletes it after that.
+
+    With the jobs sharded by tenant (docs/scaling.md) an event lives on one shard and wakes
+    the jobs waiting there: ``tenant_id`` names the tenant whose shard it goes to; without one
+    it is published on every shard (each in its own transaction), and the first shard's
+    record is returned.
     """
     _event_name(name)
     if correlation_key is not None:
@@ -651,6 +657,21 @@ def publish_event(name: str, payload: Any = None, *, correlation_key: str | None
         raise InvalidJobInput("ttl must be greater than zero")
     payload_json = encode_json(payload, what=f"payload of event {name!r}",
                                limit=conf.get().max_payload_bytes)
+    if tenant_id is not None:
+        _text(tenant_id, "tenant_id")
+    settings = conf.get()
+    if not settings.shards:
+        return _publish(name, payload_json, correlation_key, ttl_ms)
+    aliases = [conf.shard_for_tenant(tenant_id)] if tenant_id is not None else settings.shards
+    events = []
+    for alias in aliases:
+        with conf.using_database(alias):
+            events.append(_publish(name, payload_json, correlation_key, ttl_ms))
+    return events[0]
+
+
+def _publish(name: str, payload_json: str, correlation_key: str | None,
+             ttl_ms: int) -> EventRecord:
     engine = get_engine()
     with engine.atomic():
         engine.event_lock([name])

@@ -17,17 +17,19 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin import helpers
+from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError
 from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast
-from django.http import HttpResponse
+from django.http import HttpResponse, HttpResponseRedirect
 from django.urls import path
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
-from .. import why
+from .. import conf, shards, why
 from ..exceptions import JobNotFound
 from ..models import Job, JobStep
 from ..records import attempt_history, progress_from_json
@@ -347,10 +349,26 @@ class JobAdmin(ConsoleAdmin):
     def pause_view(self, request: Any) -> HttpResponse:
         return pauses.pause_view(self, request)
 
+    def _on_another_shard(self, request: Any, object_id: str) -> HttpResponse | None:
+        """A job's page opened on the wrong shard (a link from an alert or a log line, which
+        names no shard): a redirect choosing the shard that holds it, else None."""
+        if not conf.get().shards or self.get_object(request, unquote(object_id)) is not None:
+            return None
+        try:
+            found = shards.locate(unquote(object_id))
+        except (ValueError, DatabaseError):
+            return None  # not a job id, or a shard unreachable: the page says "no such job"
+        if found is None or found == getattr(request, "xjobs_shard", None):
+            return None
+        return HttpResponseRedirect(f"{request.path}?shard={found}")
+
     def change_view(self, request: Any, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
+        elsewhere = self._on_another_shard(request, object_id)
+        if elsewhere is not None:
+            return elsewhere
         job = self._object_or_404(request, object_id)
         steps = run_steps(job.run_id)
         now = db_now()

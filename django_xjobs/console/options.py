@@ -24,9 +24,10 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connections, router
 from django.db.models.functions import Now
 from django.http import Http404, HttpResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
+from .databases import in_request_database
 from .display import json_block
 from .paginator import EstimatedCountPaginator
 from .reads.json_columns import (
@@ -120,6 +121,16 @@ class ConsoleAdmin(admin.ModelAdmin):
             return None
         return with_json_text(self.get_queryset(request), limit).filter(
             **{pk.name: value}).first()
+
+    @property
+    def urls(self) -> list[Any]:
+        """Every page of this admin (its own and the admin's) in its request's database: the
+        shard chosen, reads on the replica (:mod:`.databases`)."""
+        patterns = self.get_urls()
+        for pattern in patterns:
+            if isinstance(pattern, URLPattern):
+                pattern.callback = in_request_database(pattern.callback)
+        return patterns
 
     def get_urls(self) -> list[Any]:
         info = self.opts.app_label, self.opts.model_name

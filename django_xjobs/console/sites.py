@@ -27,6 +27,7 @@ from ..models import (
     SchedulerState,
 )
 from .backfills import BackfillAdmin
+from .databases import in_request_database
 from .jobs import JobAdmin
 from .outbox import OutboxEntryAdmin
 from .scheduler import SchedulerLeaderAdmin, SchedulerStateAdmin
@@ -59,7 +60,7 @@ class ConsoleSite(admin.AdminSite):
               ) -> HttpResponse:
         job_admin = self.get_model_admin(Job)
         assert isinstance(job_admin, JobAdmin)
-        return job_admin.dashboard_view(request)
+        return in_request_database(job_admin.dashboard_view)(request)
 
 
 site = ConsoleSite(name=SITE_NAME)

@@ -26,15 +26,16 @@ _lock = threading.Lock()
 
 
 def get_engine(alias: str | None = None) -> Engine:
-    """The engine for ``alias`` (default: ``XJOBS["DATABASE"]``).
+    """The engine for ``alias`` (default: the jobs alias in use, ``XJOBS["DATABASE"]`` unless a
+    shard or a replica was chosen: ``conf.using_database``).
 
-    The engine of the jobs' alias opens its dedicated sessions (LISTEN, the advisory lock) with
-    the parameters of ``XJOBS["LISTEN_DATABASE"]`` when that is set; an engine of another alias
-    (an outbox database) with its own."""
+    The engine of a jobs alias opens its dedicated sessions (LISTEN, the advisory lock) with
+    the parameters of its ``XJOBS["LISTEN_DATABASE"]`` when that is set; an engine of another
+    alias (an outbox database, a replica) with its own."""
 
     settings = conf.get()
     alias = alias or settings.database
-    listen_alias = settings.listen_database if alias == settings.database else None
+    listen_alias = settings.listen_databases.get(alias)
     key = (alias, settings.notify, settings.prepared_statements, listen_alias)
     engine = _engines.get(key)
     if engine is not None:

@@ -20,6 +20,7 @@ from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError
 
+from .. import conf
 from ..exceptions import ConfigurationError, InvalidJobInput, LiveJobExists, XJobsError
 
 # The exit status of every ``manage.py xjobs*`` command (docs/reference/commands.md, "Exit
@@ -153,6 +154,31 @@ def add_json_flag(parser: Any) -> None:
     # SUPPRESS: an absent sub-level flag must not reset `xjobs --json show ID`.
     parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="machine-readable output")
+
+
+SHARD_HELP = ("with the jobs sharded by tenant (XJOBS['SHARDS']), the shard to read and act "
+              "on; default the home shard, XJOBS['DATABASE'] (a job id is found on any shard)")
+
+
+def add_shard_flag(parser: Any, *, top: bool = False) -> None:
+    """``--shard ALIAS`` on the command and on each subcommand (docs/scaling.md)."""
+    parser.add_argument("--shard", metavar="ALIAS", help=SHARD_HELP,
+                        **({} if top else {"default": argparse.SUPPRESS}))
+
+
+def checked_shard(alias: str | None) -> str | None:
+    """``alias`` when it names a shard (or the one database), else a usage error naming them."""
+    shards = conf.get().job_databases
+    if alias is not None and alias not in shards:
+        raise usage_error(f"--shard {alias}: not a shard; the shards are {', '.join(shards)}")
+    return alias
+
+
+@contextmanager
+def on_shard(alias: str | None) -> Iterator[None]:
+    """The command's work on shard ``alias`` (None: the home database)."""
+    with conf.using_database(checked_shard(alias)):
+        yield
 
 
 @contextmanager

@@ -23,13 +23,21 @@ read model the admin pages render, so the two never disagree.
     manage.py xjobs backfills              backfill passes with progress
     manage.py xjobs scheduler              the leader lease and every task's watermark
     manage.py xjobs delete ID [ID ...]     delete finished jobs (the console's delete action)
+
+With a replica (``XJOBS["READ_DATABASE"]``) the reports (:data:`REPORTS`) read there while it
+may serve, like the console's pages (:func:`report_reads`), and say on stderr where they read;
+``--primary`` reads the primary. Every action stays on the primary, and so do ``why`` (it
+decides before an action), ``health`` and ``workers`` (a liveness verdict: the workers' rows as
+the primary has them now), ``schedule`` (an advisory leader is a lock of the primary's) and
+``outbox`` (the outbox databases have no replica).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -37,7 +45,7 @@ from uuid import UUID
 from django.db import DatabaseError
 from django.utils.dateparse import parse_datetime
 
-from .. import api, why
+from .. import api, replica, why
 from ..console.reads import json_columns
 from ..console.reads.dashboard import Dashboard, LeaderRow, ScheduleRow, dashboard
 from ..console.reads.health import BAD, Health, health
@@ -53,6 +61,38 @@ from . import bulk_cli, cli, workers_cli
 # console's slot and scheduler pages.
 ACTIONS = ("dashboard", "health", "workers", "jobs", "why", "steps", "outbox", "backfills",
            "delete")
+# The subcommands of `manage.py xjobs` that only report, read on the replica when there is one
+# (module docstring); None is the stats table of `manage.py xjobs` alone.
+REPORTS = (None, "show", "events", "slots", "pauses", "dashboard", "jobs", "steps", "backfills")
+PRIMARY_HELP = ("read the primary even when XJOBS['READ_DATABASE'] names a replica (the reports "
+                "read the replica while it is no further behind than XJOBS['READ_MAX_LAG'])")
+
+
+def add_primary_flags(sub: Any) -> None:
+    """``--primary`` after each report's name too (``xjobs jobs --primary``), beside the
+    command's own (``xjobs --primary jobs``)."""
+    for name in REPORTS:
+        if name is not None and name in sub.choices:
+            sub.choices[name].add_argument("--primary", action="store_true",
+                                           default=argparse.SUPPRESS, help=PRIMARY_HELP)
+
+
+@contextmanager
+def report_reads(command: Any, action: str | None, options: dict[str, Any]) -> Iterator[None]:
+    """A report (:data:`REPORTS`) read on the replica of the jobs alias in use while it may
+    serve (:func:`django_xjobs.replica.reads`), saying on stderr where it read; anything else,
+    and any report with ``--primary``, on the primary. Silent without a replica."""
+    if action not in REPORTS:
+        yield
+        return
+    with replica.reads(enabled=not options.get("primary"),
+                       primary_because="--primary") as source:
+        if source.replica is not None:
+            # Not in the error colour stderr has by default: a note, a warning when it fell back.
+            command.stderr.write(source.line[:1].lower() + source.line[1:],
+                                 style_func=command.style.WARNING if source.fell_back
+                                 else lambda text: text)
+        yield
 
 
 def _when(value: str) -> datetime:

@@ -344,6 +344,14 @@ class SchedulerDuty(Duty):
         self.maintenance: Maintenance | None = None
 
     def _tasks(self) -> list[Task]:
+        if self.settings.shards and self.engine.alias != self.settings.home_database:
+            # The schedule is the project's, not a shard's: its occurrences fire once, on the
+            # home shard; the other shards' leaders run their maintenance (docs/scaling.md,
+            # "What does not cross shards").
+            log.info("scheduler on shard %s: cron tasks fire on the home shard %s; this "
+                     "leader runs the shard's maintenance", self.engine.alias,
+                     self.settings.home_database)
+            return []
         tasks, problems = collect()
         for problem in problems:  # the system checks stop a misconfigured worker first
             log.error("cron task %s is not scheduled: %s", problem.task, problem.message)

@@ -185,10 +185,11 @@ class Worker:
             self.watchdog.start()
             log.info(
                 "worker %s started: queues=%s concurrency=%d prefetch=%s lease=%gs "
-                "heartbeat=%gs notify=%s",
+                "heartbeat=%gs notify=%s%s",
                 self.worker_id, ",".join(self.options.queues), self.options.concurrency,
                 "auto" if self.options.prefetch is None else self.options.prefetch,
                 self.options.lease, self.options.heartbeat, self.options.notify,
+                f" shard={self.engine.alias}" if conf.get().shards else "",
             )
             if self.recycling is not None:
                 self.recycling.starting(self.worker_id)

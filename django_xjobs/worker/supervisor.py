@@ -46,10 +46,12 @@ MAX_BACKOFF = 30.0
 
 
 class Supervisor:
-    def __init__(self, child_args: Sequence[str], processes: int,
+    def __init__(self, child_args: Sequence[Sequence[str]],
                  env: dict[str, str] | None = None, *, burst: bool = False) -> None:
-        self.child_args = list(child_args)
-        self.processes = processes
+        # One entry per process, its command line's options: the same for every process, or
+        # per shard (xjobs_worker --shard a --shard b).
+        self.child_args = [list(args) for args in child_args]
+        self.processes = len(self.child_args)
         self.burst = burst
         self.env = env if env is not None else dict(os.environ)
         self.children: dict[int, subprocess.Popen[bytes]] = {}
@@ -62,7 +64,7 @@ class Supervisor:
         self._backoff = 0.0
 
     def _spawn(self, slot: int) -> None:
-        argv = [sys.executable, "-m", "django", "xjobs_worker", *self.child_args,
+        argv = [sys.executable, "-m", "django", "xjobs_worker", *self.child_args[slot],
                 "--supervised", str(os.getpid())]
         proc = subprocess.Popen(argv, env=self.env)
         self.children[slot] = proc

@@ -91,20 +91,25 @@ class Dashboard:
 
     @property
     def totals(self) -> QueueRow:
-        sums: dict[str, Any] = {
-            f.name: sum(getattr(q, f.name) or 0 for q in self.queues)
-            for f in dataclasses.fields(QueueRow)
-            if f.name not in ("queue", "oldest_ready_age", "failed_24h")}
-        ages = [q.oldest_ready_age for q in self.queues if q.oldest_ready_age is not None]
-        failed = [q.failed_24h for q in self.queues]
-        return QueueRow(queue="all queues", oldest_ready_age=max(ages, default=None),
-                        failed_24h=None if None in failed else sum(f or 0 for f in failed),
-                        **sums)
+        return added_up(self.queues, "all queues")
 
     @property
     def outbox_verdict(self) -> str:
         age = self.outbox_oldest_seconds
         return WARN if age is not None and age > OUTBOX_AGE_WARN else OK
+
+
+def added_up(rows: list[QueueRow], name: str) -> QueueRow:
+    """``rows`` (queues, or shards) added up: counts sum, the oldest due wait is the longest,
+    failed runs are unknown (None) if any row's is."""
+    sums: dict[str, Any] = {
+        f.name: sum(getattr(r, f.name) or 0 for r in rows)
+        for f in dataclasses.fields(QueueRow)
+        if f.name not in ("queue", "oldest_ready_age", "failed_24h")}
+    ages = [r.oldest_ready_age for r in rows if r.oldest_ready_age is not None]
+    failed = [r.failed_24h for r in rows]
+    return QueueRow(queue=name, oldest_ready_age=max(ages, default=None),
+                    failed_24h=None if None in failed else sum(f or 0 for f in failed), **sums)
 
 
 def queue_rows(tenants: TenantScope = None) -> list[QueueRow]:

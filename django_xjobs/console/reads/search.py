@@ -34,6 +34,7 @@ from django.db.models import BooleanField, F, Q, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Now
 
+from ... import conf
 from ...exceptions import ConfigurationError
 from ...models import RUN_ID_APART, Job
 from ...records import ALL_STATES
@@ -361,11 +362,13 @@ LAPSED = "lapsed"  # the state filter's "running, lease expired"
 
 
 def filtered_jobs(filters: Mapping[str, str | None], *, tenants: Any = None,
-                  using: str = "default") -> tuple[Any, bool]:
+                  using: str | None = None) -> tuple[Any, bool]:
     """The jobs ``filters`` (a mapping of :data:`FILTERS` names to values) match, newest
     first, and whether one of them is a search (to be read table by table:
-    :func:`newest_per_table`). An unknown name, or a state that is none, is a
+    :func:`newest_per_table`), on ``using`` (default: the jobs alias in use: a shard, or the
+    replica a report reads). An unknown name, or a state that is none, is a
     :class:`ConfigurationError` naming the ones there are."""
+    using = using or conf.get().database
     unknown = sorted(set(filters) - set(FILTERS))
     if unknown:
         raise ConfigurationError(f"unknown job filter(s) {unknown}; the filters are "

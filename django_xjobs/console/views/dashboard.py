@@ -18,6 +18,7 @@ from .. import charts
 from ..options import ConsoleAdmin
 from ..reads.dashboard import QueueRow, dashboard, queue_chart, queue_rows
 from ..reads.scope import TenantScope, tenant_scope
+from ..reads.shards import shard_rows, total
 from ..reads.text import db_now, shown_time
 from .page import render
 from .pauses import may_pause
@@ -31,8 +32,10 @@ def dashboard_view(model_admin: ConsoleAdmin, request: Any) -> HttpResponse:
     in_force = pauses()
     queue_pauses = {p.key: p for p in in_force if p.kind == "queue"}
     window = _window(request)
+    shards = shard_rows(tenants, getattr(request, "xjobs_shard", None) or "")
     return render(model_admin, request, "admin/django_xjobs/dashboard.html", "Jobs dashboard",
                   crumb="Dashboard", board=board, now=board.now, tenants=tenants,
+                  shards=shards, shards_total=total(shards),
                   queue_rows=[(q, queue_pauses.get(q.queue)) for q in board.queues],
                   queue_pauses=list(queue_pauses.values()),
                   # A key names anything (a partner, a tenant): unscoped operators only.

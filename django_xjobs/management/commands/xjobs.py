@@ -38,7 +38,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from ... import api, outbox, slots
+from ... import api, conf, outbox, slots
 from ...console.reads import json_columns
 from ...console.reads.jobs import job_row, run_children, run_steps
 from ...console.reads.json_columns import shown_json
@@ -84,6 +84,8 @@ class Command(cli.XJobsCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--json", action="store_true", help="machine-readable output")
+        parser.add_argument("--primary", action="store_true", help=console_cli.PRIMARY_HELP)
+        cli.add_shard_flag(parser, top=True)
         sub = parser.add_subparsers(dest="action", metavar="ACTION")
         show = sub.add_parser("show", help="show one job")
         show.add_argument("job_id")
@@ -114,13 +116,16 @@ class Command(cli.XJobsCommand):
                   *deploy_cli.add_arguments(sub),
                   *fleet_cli.add_arguments(sub)):
             cli.add_json_flag(p)
+            cli.add_shard_flag(p)
+        console_cli.add_primary_flags(sub)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options.get("action")
         as_json = options["json"]
         _refuse_nul(options)
         cli.check_job_ids(options)
-        with cli.command_errors():
+        with cli.command_errors(), cli.on_shard(options.get("shard")), \
+                console_cli.report_reads(self, action, options):
             if action is None:
                 self._stats(as_json)
             elif action == "show":
@@ -168,14 +173,19 @@ class Command(cli.XJobsCommand):
         pending, oldest = outbox["pending"], outbox["oldest_pending_seconds"]
         held = engine.slots_usage(limit=STATS_SLOT_KEYS + 1)
         limits = key_limits(u.slot_key for u in held[:STATS_SLOT_KEYS])
+        settings = conf.get()
         if as_json:
             cli.emit(self, {
+                **({"shard": settings.database} if settings.shards else {}),
                 "queues": [{"queue": r.queue, **{c: getattr(r, c) for c in STATS_BUCKETS}}
                            for r in rows],
                 "outbox": outbox,
                 "slots": _slot_usage_json(held, limits),
             })
             return
+        if settings.shards:
+            self.stdout.write(f"shard {settings.database} (the shards: "
+                              f"{', '.join(settings.shards)}; --shard ALIAS for another)\n")
         columns = ("queue", *STATS_BUCKETS)
         table = [columns] + [
             (r.queue, *(str(getattr(r, c)) for c in columns[1:])) for r in rows

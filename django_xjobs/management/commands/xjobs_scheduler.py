@@ -11,6 +11,7 @@ import logging
 import threading
 from typing import Any
 
+from ... import conf
 from ...engines import get_engine
 from ...scheduler.runner import SchedulerDuty
 from ...worker.options import new_worker_id
@@ -27,10 +28,16 @@ class Command(cli.XJobsCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--id", dest="scheduler_id",
                             help="name in x_scheduler_leader.holder (default host:pid:random)")
+        parser.add_argument("--shard", metavar="ALIAS",
+                            help="with the jobs sharded by tenant, the shard to lead (each "
+                                 "shard elects its own leader; the schedule fires on the home "
+                                 "shard, the others run their maintenance); default the home "
+                                 "shard (docs/scaling.md)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.check(tags=["django_xjobs"], display_num_errors=False)
         cli.log_to_stderr(options["verbosity"])
+        conf.pin_database(cli.checked_shard(options["shard"]))  # this process leads it
         stop = threading.Event()
         duty = SchedulerDuty(engine=get_engine(), worker_id=options["scheduler_id"]
                              or new_worker_id(), stop=stop)

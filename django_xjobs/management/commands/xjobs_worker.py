@@ -100,6 +100,10 @@ class Command(cli.XJobsCommand):
         parser.add_argument("--burst", action="store_true",
                             help="exit once no job is due and none is in flight")
         parser.add_argument("--worker-id", help="name in claimed_by (default host:pid:random)")
+        parser.add_argument("--shard", action="append", dest="shards", metavar="ALIAS",
+                            help="with the jobs sharded by tenant (XJOBS['SHARDS']), work this "
+                                 "shard (repeatable: each shard its own processes, connections, "
+                                 "leases and duties); default every shard (docs/scaling.md)")
         parser.add_argument("--no-scheduler", action="store_true",
                             help="do not run the cron scheduler and maintenance here (run "
                                  "manage.py xjobs_scheduler, or leave it to other workers)")
@@ -178,6 +182,10 @@ class Command(cli.XJobsCommand):
             )
         if options["processes"] < 1:
             raise cli.usage_error("--processes must be >= 1")
+        shards = _shards(options["shards"], settings)
+        if len(shards) > 1 and health_file is not None:
+            raise cli.usage_error("--health-file watches one worker loop: with several shards "
+                                  "run one xjobs_worker --shard ALIAS per container")
         cli.log_to_stderr(options["verbosity"])
         if queues and options["supervised"] is None:  # said once, not by every child process
             _warn_unknown_queues(queues, settings)
@@ -187,14 +195,19 @@ class Command(cli.XJobsCommand):
         recycles = bool(max_jobs or max_memory) and options["supervised"] is None
         stop_serving = _serve_metrics(options["metrics_port"])
         try:
-            if options["processes"] > 1 or recycles:
+            if options["processes"] > 1 or recycles or len(shards) > 1:
                 from ...worker.supervisor import Supervisor  # only then, after the checks
 
-                code = Supervisor(_child_args(options), options["processes"], _child_env(),
-                                  burst=options["burst"]).run()
+                # One set of processes per shard, each given its --shard.
+                per_shard = [[*_child_args(options), *(["--shard", alias] if alias else [])]
+                             for alias in shards]
+                code = Supervisor([args for args in per_shard
+                                   for _ in range(options["processes"])],
+                                  _child_env(), burst=options["burst"]).run()
                 if code:
                     raise CommandError("a worker process exited with an error")
                 return
+            conf.pin_database(shards[0])  # this process works one shard (None: unsharded)
             worker = Worker(dataclasses.replace(
                 worker_options, duties=worker_process.duty_classes(duties)))
             try:
@@ -207,6 +220,18 @@ class Command(cli.XJobsCommand):
                 sys.exit(EXIT_RECYCLED)
         finally:
             stop_serving()
+
+
+def _shards(given: list[str] | None, settings: conf.XJobsSettings) -> list[str | None]:
+    """The shards this command works: those given (each checked), else every one; [None] when
+    the jobs are not sharded (the one database; --shard may name it)."""
+    if not given:
+        return list(settings.shards) or [None]
+    for alias in given:
+        cli.checked_shard(alias)
+    if len(set(given)) != len(given):
+        raise cli.usage_error(f"--shard repeats an alias: {' '.join(given)}")
+    return list(given) if settings.shards else [None]
 
 
 def _serve_metrics(port: int | None) -> Callable[[], None]:
