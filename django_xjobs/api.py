@@ -573,18 +573,6 @@ def _job_shard(job_id: UUID | str) -> str | None:
     return shards.locate(job_id) if shards.sharded() else None
 
 
-def _every_shard() -> Iterator[str]:
-    """Each jobs alias in turn, in use while the caller's loop body runs: a batch of ids is
-    applied on every shard (an id matches on the one holding it), or once unsharded."""
-    settings = conf.get()
-    if not settings.shards:
-        yield settings.database
-        return
-    for alias in settings.shards:
-        with conf.using_database(alias):
-            yield alias
-
-
 def get_job(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> JobRecord:
     """The job's row now, wherever it is (``x_jobs`` or the history tables); raises
     :class:`~django_xjobs.exceptions.JobNotFound` for an id that is not there (or not in
@@ -659,11 +647,9 @@ def retry_many(job_ids: Iterable[UUID | str], *,
     ids = [str(i) for i in job_ids]
     if not ids:
         return []
-    retried: list[str] = []
-    for _alias in _every_shard():
-        retried += get_engine().jobs_retry_many(ids, tenant_ids=tenant_ids,
-                                                enqueued_by=_enqueued_by.get())
-    return retried
+    by_shard = shards.each_shard(lambda: get_engine().jobs_retry_many(
+        ids, tenant_ids=tenant_ids, enqueued_by=_enqueued_by.get()))
+    return [job_id for retried in by_shard.values() for job_id in retried]
 
 
 def cancel_many(job_ids: Iterable[UUID | str], *, reason: str | None = None) -> int:
@@ -675,9 +661,8 @@ def cancel_many(job_ids: Iterable[UUID | str], *, reason: str | None = None) -> 
     ids = [str(i) for i in job_ids]
     if not ids:
         return 0
-    return sum(get_engine().jobs_cancel_tree(
-        ids=ids, reason=f"cancelled: {reason}" if reason else "cancelled")
-        for _alias in _every_shard())
+    return sum(shards.each_shard(lambda: get_engine().jobs_cancel_tree(
+        ids=ids, reason=f"cancelled: {reason}" if reason else "cancelled")).values())
 
 
 def run_now(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
@@ -699,10 +684,10 @@ def purge(*, older_than: timedelta, states: Iterable[str] = ("done", "dead", "ca
         raise InvalidJobInput(
             f"purge only deletes finished jobs (done, dead, cancelled), not {bad}"
         )
-    return sum(get_engine().jobs_purge(
+    return sum(shards.each_shard(lambda: get_engine().jobs_purge(
         states=states, finished_before=get_engine().db_now() - older_than,
         batch_size=batch_size, history=True,
-    ) for _alias in _every_shard())
+    )).values())
 
 
 # --------------------------------------------------------------------------------- console --
@@ -715,5 +700,5 @@ def delete_finished(job_ids: Iterable[UUID | str], *,
     ids = [str(i) for i in job_ids]
     if not ids:
         return 0
-    return sum(get_engine().jobs_delete_finished(ids, tenant_ids=tenant_ids)
-               for _alias in _every_shard())
+    return sum(shards.each_shard(
+        lambda: get_engine().jobs_delete_finished(ids, tenant_ids=tenant_ids)).values())

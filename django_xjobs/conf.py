@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -227,6 +228,12 @@ class XJobsSettings:
     def job_databases(self) -> tuple[str, ...]:
         """Every alias holding the job tables: the shards, or the one database."""
         return self.shards or (self.home_database,)
+
+    @property
+    def jobs_database(self) -> str:
+        """The jobs alias in use; its primary's when this view reads its replica."""
+        return next((primary for primary, replica in self.read_databases.items()
+                     if replica == self.database), self.database)
 
     @property
     def read_database(self) -> str | None:
@@ -1009,6 +1016,7 @@ def shard_for_tenant(tenant_id: str | None) -> str:
     return rule.get(tenant_id, settings.home_database)
 
 
+@functools.lru_cache(maxsize=8)
 def _tenant_function(path: str) -> Callable[[str], Any]:
     try:
         function = import_string(path)

@@ -41,17 +41,23 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from . import conf, registry, signals
 from .engines import Engine, get_engine
 from .records import EnqueueParams, EnqueueResult, OutboxRow, OutboxStatus, run_ids_for
 
 log = logging.getLogger("django_xjobs.outbox")
+
+# Per outbox alias, the rows the last relay round of this process left pending because their
+# shard could not take them (docs/scaling.md, "Where each thing goes"); the next claim asks for
+# that many more, up to this many batches.
+_held_back: dict[str, int] = {}
+HELD_BACK_MAX = 10
 
 DEFAULT_ENQUEUED_BY = "outbox"
 
@@ -149,17 +155,24 @@ def relay_batch(outbox: Engine, jobs: Engine | None = None, *,
     """Publish up to ``batch_size`` pending rows of ``outbox``'s alias into ``jobs``' (default
     ``XJOBS["DATABASE"]``); return how many rows were marked published. See the module
     docstring for the two protocols. Database errors propagate: nothing is half-applied on
-    the outbox side, and the caller retries later."""
+    the outbox side, and the caller retries later; with the jobs sharded, a shard that cannot
+    be reached leaves its rows pending and the others are published (:func:`_publish_to_shards`).
+    """
     settings = conf.get()
     jobs = jobs if jobs is not None else get_engine()
     size = batch_size or settings.outbox.batch_size
+    # Rows left pending last round (their shard could not take them) come first again: claim
+    # that many more, so that they do not hold back the rows staged after them.
+    held = min(_held_back.get(outbox.alias, 0), HELD_BACK_MAX * size)
     with outbox.atomic():
-        rows = outbox.outbox_claim(size)
+        rows = outbox.outbox_claim(size + held)
         if not rows:
             return 0
         params = _job_params(rows, settings.max_attempts)
+        results: Sequence[EnqueueResult | None]
         if settings.shards:  # each row to its tenant's shard (docs/scaling.md)
             results = _publish_to_shards(outbox, params)
+            _held_back[outbox.alias] = sum(1 for r in results if r is None)
         elif jobs.alias == outbox.alias:
             results = jobs.jobs_enqueue(params)
         else:
@@ -168,10 +181,12 @@ def relay_batch(outbox: Engine, jobs: Engine | None = None, *,
             # J committed here; if this process dies before A commits below, the rows stay
             # pending and the next relay finds their jobs by id (tests/acceptance/
             # test_outbox_two_databases.py).
-        published = {row.id: result.id for row, result in zip(rows, results, strict=True)}
-        marked = outbox.outbox_mark_published(published)
+        published = {row.id: result.id for row, result in zip(rows, results, strict=True)
+                     if result is not None}
+        marked = outbox.outbox_mark_published(published) if published else 0
         if signals.job_enqueued.receivers:
-            made = [row for row, result in zip(rows, results, strict=True) if result.created]
+            made = [row for row, result in zip(rows, results, strict=True)
+                    if result is not None and result.created]
             alias = outbox.alias
             # Once both sides committed (on A, the last): never for a round that rolled back.
             transaction.on_commit(lambda: _announce(made, alias), using=alias)
@@ -186,24 +201,41 @@ def _announce(made: list[OutboxRow], alias: str) -> None:
         signals.send(signals.job_enqueued, sender, handle=StagedJob(id=row.id, using=alias))
 
 
-def _publish_to_shards(outbox: Engine, params: list[EnqueueParams]) -> list[EnqueueResult]:
+def _publish_to_shards(outbox: Engine, params: list[EnqueueParams]
+                       ) -> list[EnqueueResult | None]:
     """Enqueue each row on its tenant's shard: in the outbox's transaction on the shard that is
     the outbox's database, committed shard by shard on the others (as on a separate jobs
-    database: a relay that dies before the outbox commits finds those jobs by id next time)."""
+    database: a relay that dies before the outbox commits finds those jobs by id next time).
+
+    A row whose tenant cannot be placed (``TENANT_SHARDS``' function failed) and the rows of a
+    shard that cannot be reached are left pending (None), said in the log, and tried again next
+    round: one shard down holds back its own tenants' jobs only."""
     results: list[EnqueueResult | None] = [None] * len(params)
     groups: dict[str, list[int]] = {}
     for n, p in enumerate(params):
-        groups.setdefault(conf.shard_for_tenant(p.tenant_id), []).append(n)
+        try:
+            alias = conf.shard_for_tenant(p.tenant_id)
+        except Exception as exc:  # the project's placement function: any error it raises
+            log.error("outbox relay: job %s (%s) of tenant %r left pending: %s", p.id, p.name,
+                      p.tenant_id, exc)
+            continue
+        groups.setdefault(alias, []).append(n)
     for alias, positions in groups.items():
         jobs, group = get_engine(alias), [params[n] for n in positions]
-        if alias == outbox.alias:
+        if alias == outbox.alias:  # its errors are the outbox's: the round fails as a whole
             made = jobs.jobs_enqueue(group)
         else:
-            with jobs.atomic():
-                made = _publish_elsewhere(jobs, group)
+            try:
+                with jobs.atomic():
+                    made = _publish_elsewhere(jobs, group)
+            except DatabaseError as exc:
+                log.warning("outbox relay: %d job(s) for shard %s left pending, it cannot be "
+                            "reached: %s", len(group), alias, str(exc).strip() or
+                            type(exc).__name__)
+                continue
         for n, result in zip(positions, made, strict=True):
             results[n] = result
-    return [result for result in results if result is not None]
+    return results
 
 
 def _publish_elsewhere(jobs: Engine, params: list[EnqueueParams]) -> list[EnqueueResult]:

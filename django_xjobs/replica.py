@@ -173,7 +173,7 @@ def forget() -> None:
     _probes.clear()
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -203,12 +203,12 @@ def measure(primary: str, replica: str) -> Probe:
         (position,) = _one(primary, PRIMARY_PROBE)
     except DatabaseError as exc:
         return Probe(replica, at, error=f"the primary's WAL position could not be read: "
-                                        f"{_first_line(exc)}")
+                                        f"{first_line(exc)}")
     try:
         standby, replayed, since = _one(replica, REPLICA_PROBE)
     except DatabaseError as exc:
         _close(replica)
-        return Probe(replica, at, error=f"replica {replica} is unreachable: {_first_line(exc)}",
+        return Probe(replica, at, error=f"replica {replica} is unreachable: {first_line(exc)}",
                      unreachable=True)
     return Probe(replica, at, standby=bool(standby), primary_lsn=parse_lsn(str(position)) or 0,
                  replay_lsn=parse_lsn(replayed),
@@ -273,7 +273,7 @@ def read(fn: Callable[[], T], *, errors: tuple[type[BaseException], ...] = (Data
     retry = ReadSource(alias=conf.get().database, lag=source.lag, fell_back=True,
                        replica=source.alias,
                        reason=f"replica {source.alias} failed during the read: "
-                              f"{_first_line(failed)}")
+                              f"{first_line(failed)}")
     return fn(), retry
 
 

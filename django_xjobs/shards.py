@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from uuid import UUID
 
+from django.db import DatabaseError
+
 from . import conf
 from .engines import get_engine
 
@@ -63,29 +65,30 @@ def locate(job_id: UUID | str) -> str | None:
 
 def first(call: Callable[[], T | None]) -> tuple[str, T] | None:
     """``call()`` on each shard in turn, the one in use first, until one returns something:
-    that shard and what it returned; None when none did."""
+    that shard and what it returned; None when none did. A shard that cannot be read is passed
+    over: its error is raised only if no other shard had the answer (the job may be there)."""
     settings = conf.get()
     current = settings.database if settings.database in settings.shards else None
     order = ([current] if current else []) + [a for a in settings.shards if a != current]
+    unreadable: DatabaseError | None = None
     for alias in order:
-        with conf.using_database(alias):
-            result = call()
+        try:
+            with conf.using_database(alias):
+                result = call()
+        except DatabaseError as exc:
+            unreadable = unreadable or exc
+            continue
         if result is not None:
             return alias, result
+    if unreadable is not None:
+        raise unreadable
     return None
 
 
-def on_job_shard(job_id: UUID | str, call: Callable[[], T]) -> T:
-    """``call()`` with the jobs alias in use set to the shard holding ``job_id``; on the
-    current one when no shard has it (so the call says "no such job" as it would unsharded)."""
-    if not sharded():
-        return call()
-    with conf.using_database(locate(job_id)):
-        return call()
-
-
 def each_shard(call: Callable[[], T]) -> dict[str, T]:
-    """``call()`` once per shard, with that shard in use: alias -> result."""
+    """``call()`` once per shard (once on the one database when not sharded), with that shard
+    in use: alias -> result. A shard that fails stops the loop with its error: the calls made
+    so far are done (each is its own transaction)."""
     results: dict[str, T] = {}
     for alias in all_shards():
         with conf.using_database(alias):

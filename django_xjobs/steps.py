@@ -645,9 +645,11 @@ def publish_event(name: str, payload: Any = None, *, correlation_key: str | None
     later; maintenance deletes it after that.
 
     With the jobs sharded by tenant (docs/scaling.md) an event lives on one shard and wakes
-    the jobs waiting there: ``tenant_id`` names the tenant whose shard it goes to; without one
-    it is published on every shard (each in its own transaction), and the first shard's
-    record is returned.
+    the jobs waiting there: ``tenant_id`` names the tenant whose shard it goes to (in the
+    caller's transaction on that shard's alias); without one it is published on every shard,
+    each in a transaction of its own, and the home shard's record is returned. Should a shard
+    fail partway, the shards before it have the event: publishing it again gives them a second
+    one, which a wait that began since could consume.
     """
     _event_name(name)
     if correlation_key is not None:

@@ -20,13 +20,14 @@ page's header to say.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
 from typing import Any
 
 from django.contrib import messages
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
 from .. import conf, replica
@@ -43,11 +44,20 @@ PRIMARY_PAGES = {
 }
 
 
+# The hidden field of every console form naming the shard its page showed: a POST acts there,
+# whatever another tab has chosen since (templatetags: xjobs_shard_field).
+SHARD_FIELD = "_xjobs_shard"
+
+
 def chosen_shard(request: HttpRequest) -> str | None:
-    """The shard this request shows (None when the jobs are not sharded)."""
+    """The shard this request shows, or acts on (None when the jobs are not sharded): a form's
+    own shard, else the session's, else the home shard."""
     settings = conf.get()
     if not settings.shards:
         return None
+    posted = request.POST.get(SHARD_FIELD) if request.method == "POST" else None
+    if posted in settings.shards:
+        return posted
     session = getattr(request, "session", None)
     alias = session.get(SESSION_KEY) if session is not None else None
     return alias if alias in settings.shards else settings.home_database
@@ -61,6 +71,9 @@ def _choose(request: HttpRequest) -> HttpResponse | None:
     alias = request.GET[PARAMETER]
     if settings.shards and alias in settings.shards and hasattr(request, "session"):
         request.session[SESSION_KEY] = alias
+    elif not settings.shards:
+        messages.error(request, "The jobs are not sharded (XJOBS[\"SHARDS\"] is not set): "
+                       "every page shows the one database.")
     else:
         messages.error(request, f"No shard {alias!r}: the shards are "
                        f"{', '.join(settings.job_databases)}.")
@@ -71,19 +84,23 @@ def _choose(request: HttpRequest) -> HttpResponse | None:
 
 
 @contextmanager
-def for_request(request: HttpRequest) -> Iterator[None]:
-    """The request's shard, and its reads on the replica when they may be (module docstring)."""
+def for_request(request: HttpRequest, *, failed: str | None = None) -> Iterator[None]:
+    """The request's shard, and its reads on the replica when they may be (module docstring);
+    on the primary when the replica ``failed`` during this page (why, in words)."""
     shard = chosen_shard(request)
     request.xjobs_shard = shard  # type: ignore[attr-defined]
     session = getattr(request, "session", None)
     written = dict(session.get(WRITTEN_KEY) or {}) if session is not None else {}
     page = getattr(getattr(request, "resolver_match", None), "url_name", None)
     safe = request.method in SAFE_METHODS
-    because = PRIMARY_PAGES.get(page or "") if safe else "a change is made on the primary"
+    because = failed or (PRIMARY_PAGES.get(page or "") if safe
+                         else "a change is made on the primary")
     with conf.using_database(shard):
         alias = conf.get().database
         with replica.reads(enabled=because is None, after_lsn=written.get(alias),
                            primary_because=because) as source:
+            if failed and source.replica is not None:
+                source = dataclasses.replace(source, fell_back=True)  # a warning, not a choice
             request.xjobs_reads = source  # type: ignore[attr-defined]
             if source.on_replica and alias in written and session is not None:
                 del written[alias]  # replayed: the replica shows the change
@@ -113,9 +130,23 @@ def in_request_database(view: Callable[..., Any]) -> Callable[..., Any]:
         redirect = _choose(request)
         if redirect is not None:
             return redirect
-        with for_request(request):
-            response = view(request, *args, **kwargs)
-            if hasattr(response, "render") and not getattr(response, "is_rendered", True):
-                response.render()
-            return response
+        try:
+            with for_request(request):
+                return _rendered(view(request, *args, **kwargs))
+        except DatabaseError as exc:
+            source = getattr(request, "xjobs_reads", None)
+            if source is None or not source.on_replica or request.method not in SAFE_METHODS:
+                raise
+            # The replica failed during the page (gone, or a query cancelled by replay): the
+            # page is read again on the primary, and says so; the next page probes afresh.
+            replica.forget()
+            because = f"replica {source.alias} failed during the page: {replica.first_line(exc)}"
+        with for_request(request, failed=because):
+            return _rendered(view(request, *args, **kwargs))
     return wrapped
+
+
+def _rendered(response: Any) -> Any:
+    if hasattr(response, "render") and not getattr(response, "is_rendered", True):
+        response.render()
+    return response

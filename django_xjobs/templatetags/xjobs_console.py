@@ -11,9 +11,11 @@ from django import template
 from django.template import Context
 from django.template.loader import get_template
 from django.template.loader_tags import BlockNode, ExtendsNode
+from django.utils.html import format_html
 
 from .. import conf
 from ..console import display
+from ..console.databases import SHARD_FIELD
 from ..console.reads import text
 
 register = template.Library()
@@ -60,6 +62,16 @@ def filesize(value: int | None) -> str:
 
 
 register.filter("badge", display.badge)
+
+
+@register.simple_tag(takes_context=True)
+def xjobs_shard_field(context: template.Context) -> str:
+    """In a console form: the shard the page showed, so that its POST acts there even if
+    another tab has chosen another shard since (console/databases.py)."""
+    shard = getattr(context.get("request"), "xjobs_shard", None)
+    if shard is None:
+        return ""
+    return format_html('<input type="hidden" name="{}" value="{}">', SHARD_FIELD, shard)
 
 
 @register.inclusion_tag("admin/django_xjobs/live.html")

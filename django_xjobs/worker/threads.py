@@ -20,6 +20,7 @@ ones, and how a run is stopped wherever it runs.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import queue
 import threading
@@ -66,6 +67,10 @@ class Executors:
         self._serial = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
+        # The context the worker was made in: its threads run in copies of it, so that a job's
+        # statements go to the jobs alias the worker serves (a worker started inside
+        # conf.using_database, as testing.drain can be; docs/scaling.md).
+        self._context = contextvars.copy_context()
 
     def start(self, count: int) -> None:
         for _ in range(count):
@@ -74,7 +79,8 @@ class Executors:
     def spawn(self) -> None:
         self._serial += 1
         t = threading.Thread(
-            target=self._main, name=f"xjobs-exec-{self._serial}", daemon=True
+            target=self._context.copy().run, args=(self._main,),
+            name=f"xjobs-exec-{self._serial}", daemon=True
         )
         self.threads.append(t)
         t.start()
@@ -103,7 +109,8 @@ class Executors:
         if self._loop is None:
             loop = asyncio.new_event_loop()
             self._loop_thread = threading.Thread(
-                target=loop.run_forever, name="xjobs-async", daemon=True
+                target=self._context.copy().run, args=(loop.run_forever,),
+                name="xjobs-async", daemon=True
             )
             self._loop_thread.start()
             self._loop = loop

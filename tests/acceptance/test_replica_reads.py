@@ -283,3 +283,39 @@ def test_a_stopped_replica_sends_every_reader_to_the_primary_and_check_does_not_
     output, took = got["check"]
     assert "xjobs.W032" in output and "could not be asked" in output
     assert took < 10  # refused at once; the connect timeout bounds it at 3 s anyway
+
+
+# The replica fails in the middle of a page: the verdict of the page before is kept (as it is
+# for a second in production), then the standby's search_path stops every query of the
+# console's from finding its tables, as a replica that dies or cancels a query would fail it.
+MID_PAGE = PRELUDE + r'''
+import psycopg
+replica.PROBE_TTL = 3600.0
+jobs_list = url("django_xjobs_job_changelist")
+out["before"] = said(get(jobs_list))
+db = settings.DATABASES["replica"]
+with psycopg.connect(host=db["HOST"], port=db["PORT"], dbname=db["NAME"], user=db["USER"],
+                     autocommit=True) as conn:
+    conn.execute("alter system set search_path = 'nowhere'")
+    conn.execute("select pg_reload_conf()")
+    while psycopg.connect(host=db["HOST"], port=db["PORT"], dbname=db["NAME"], user=db["USER"]
+                          ).execute("show search_path").fetchone()[0] != "nowhere":
+        pass  # the reload is seen by new sessions once the postmaster has read it
+    try:
+        page = get(jobs_list)
+        out["during"] = [said(page), SHARED in page]
+    finally:
+        conn.execute("alter system reset search_path")
+        conn.execute("select pg_reload_conf()")
+print(json.dumps(out))
+'''
+
+
+def test_a_replica_failing_during_a_page_makes_it_read_the_primary(replica_pair, console):
+    env, shared = console
+    got = child(f"SHARED = {shared!r}\n" + MID_PAGE, env)
+    assert got["before"][:2] == ["debug", True]
+    line, listed = got["during"]
+    assert line[:2] == ["warning", False]
+    assert line[2].startswith("Read from the primary: replica replica failed during the page: ")
+    assert listed  # the page, whole, from the primary

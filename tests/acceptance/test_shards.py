@@ -252,6 +252,12 @@ out["nosuch"] = client.get("/_x/?shard=nosuch", follow=True).content.decode()
 out["acme"] = str(acme.id)
 out["metrics"] = client.get("/metrics?shard=shard_b").content.decode()
 out["metrics_nosuch"] = client.get("/metrics?shard=nosuch").status_code
+# A tab still showing shard_b posts a pause after another tab chose shard_c: it acts on b.
+client.get("/_x/?shard=shard_c")
+posted = client.post("/_x/django_xjobs/job/pause/", {
+    "op": "pause", "kind": "queue", "name": "stale-tab", "post": "yes",
+    "_xjobs_shard": "shard_b"})
+out["posted"] = posted.status_code
 print(json.dumps(out))
 """)
     board = pages["board"]
@@ -272,20 +278,38 @@ print(json.dumps(out))
     assert ready and float(ready.group(1)) == shards[B].sql(
         "select count(*) from x_jobs where state = 'ready'")[0][0] >= 1
     assert pages["metrics_nosuch"] == 400
+    assert pages["posted"] == 302
+    pause_rows = "select count(*) from x_flow_pauses where key = 'stale-tab'"
+    assert shards[B].sql(pause_rows) == [(1,)]
+    assert shards[C].sql(pause_rows) == [(0,)]
 
-    # A shard that is down is a row saying so; the page still renders.
+    # A shard that is down is a row saying so; the page still renders. Jobs on the other
+    # shards are found by id, and the relay publishes their stagings; the down shard's wait.
     shards[C].stop()
     try:
-        board = _child(shards, """
+        down = _child(shards, f"""
 import json
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.test import Client
+from django_xjobs import enqueue_on_commit, get_job
+from django_xjobs.outbox import relay_pending
 client = Client()
 client.force_login(User.objects.get(username="shard-op"))
 response = client.get("/_x/")
-print(json.dumps([response.status_code, response.content.decode()]))
+with transaction.atomic():
+    home = enqueue_on_commit("testapp.noop", {{}})
+    globex = enqueue_on_commit("testapp.noop", {{}}, tenant_id="globex")
+relay_pending()
+print(json.dumps([response.status_code, response.content.decode(),
+                  get_job("{pages['acme']}").state, get_job(home.id).state,
+                  str(globex.id)]))
 """)
     finally:
         shards[C].resume()
-    assert board[0] == 200
-    assert "cannot be read" in board[1]
+    status, board, acme_state, home_state, globex_id = down
+    assert status == 200
+    assert "cannot be read" in board
+    assert (acme_state, home_state) == ("ready", "ready")
+    assert shards[HOME].sql("select published_at is null from x_outbox where id = %s",
+                            [globex_id]) == [(True,)]  # left pending until shard_c is back

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from django_xjobs import conf
+from django_xjobs import conf, shards
 from django_xjobs.exceptions import ConfigurationError
 from django_xjobs.models import Job
 from django_xjobs.routers import XJobsRouter
@@ -108,3 +108,18 @@ def test_the_worker_refuses_a_shard_it_cannot_work(xjobs, args, message):
     with override_settings(XJOBS=xjobs, DATABASE_ROUTERS=["django_xjobs.routers.XJobsRouter"]), \
             pytest.raises(CommandError, match=re.escape(message)):
         call_command("xjobs_worker", *args)
+
+
+def test_a_shard_that_fails_leaves_the_alias_in_use_as_it_was():
+    def fail_on_jobs():
+        if conf.get().database == "jobs":
+            raise RuntimeError("jobs is down")
+        return conf.get().database
+
+    with override_settings(XJOBS=REAL), conf.using_database("jobs"):
+        with pytest.raises(RuntimeError, match="jobs is down"):
+            shards.each_shard(fail_on_jobs)
+        assert conf.get().database == "jobs"
+        assert shards.first(lambda: None) is None  # every shard asked, nothing found
+        assert conf.get().database == "jobs"
+    assert conf.get().database == "default"

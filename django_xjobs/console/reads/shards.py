@@ -1,5 +1,5 @@
 """The dashboard's shards panel: every shard's live buckets, last 24 hours and health, and the
-totals across shards where they add up (docs/scaling.md, "The console of a sharded fleet").
+totals across shards where they add up (docs/scaling.md, "Workers, commands and the console").
 
 Each shard is read on its own database (on its replica, when it has one fresh enough: the
 request's other reads go there too), one after the other; a shard that cannot be read is a row
@@ -26,17 +26,18 @@ class ShardRow:
     totals: QueueRow | None  # None: the shard could not be read (error says why)
     workers: int = 0
     stalled: int = 0
-    leader: bool = False  # a scheduler leads it now
+    leader: bool | None = False  # a scheduler leads it now; None: not shown (tenant scope)
     error: str | None = None
 
     @property
     def verdict(self) -> str:
-        """BAD: unreadable, or a worker stalled; WARN: jobs due and no worker, or no leader."""
+        """BAD: unreadable, or a worker stalled; WARN: live jobs and no worker, or workers and no
+        scheduler leading."""
         if self.error or self.stalled:
             return BAD
         if self.totals is not None and self.totals.live and not self.workers:
             return WARN
-        return OK if self.leader or not self.workers else WARN
+        return WARN if self.leader is False and self.workers else OK
 
 
 def _shard(alias: str, tenants: TenantScope, chosen: str) -> ShardRow:
@@ -51,7 +52,7 @@ def _shard(alias: str, tenants: TenantScope, chosen: str) -> ShardRow:
                         type(exc).__name__)
     return ShardRow(alias=alias, chosen=alias == chosen, totals=added_up(rows, alias),
                     workers=len(workers), stalled=sum(1 for w in workers if w.stalled),
-                    leader=any(leader.live for leader in leaders))
+                    leader=any(leader.live for leader in leaders) if tenants is None else None)
 
 
 def shard_rows(tenants: TenantScope, chosen: str) -> list[ShardRow]:

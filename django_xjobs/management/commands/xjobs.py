@@ -38,7 +38,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from ... import api, conf, outbox, slots
+from ... import api, conf, outbox, shards, slots
 from ...console.reads import json_columns
 from ...console.reads.jobs import job_row, run_children, run_steps
 from ...console.reads.json_columns import shown_json
@@ -124,7 +124,7 @@ class Command(cli.XJobsCommand):
         as_json = options["json"]
         _refuse_nul(options)
         cli.check_job_ids(options)
-        with cli.command_errors(), cli.on_shard(options.get("shard")), \
+        with cli.command_errors(), cli.on_shard(_shard(action, options)), \
                 console_cli.report_reads(self, action, options):
             if action is None:
                 self._stats(as_json)
@@ -176,7 +176,7 @@ class Command(cli.XJobsCommand):
         settings = conf.get()
         if as_json:
             cli.emit(self, {
-                **({"shard": settings.database} if settings.shards else {}),
+                **({"shard": settings.jobs_database} if settings.shards else {}),
                 "queues": [{"queue": r.queue, **{c: getattr(r, c) for c in STATS_BUCKETS}}
                            for r in rows],
                 "outbox": outbox,
@@ -184,7 +184,7 @@ class Command(cli.XJobsCommand):
             })
             return
         if settings.shards:
-            self.stdout.write(f"shard {settings.database} (the shards: "
+            self.stdout.write(f"shard {settings.jobs_database} (the shards: "
                               f"{', '.join(settings.shards)}; --shard ALIAS for another)\n")
         columns = ("queue", *STATS_BUCKETS)
         table = [columns] + [
@@ -367,6 +367,23 @@ STATS_SLOT_KEYS = 20  # keys the stats list; `xjobs slots` lists them all
 STATS_BUCKETS = ("ready", "delayed", "running", "suspended", "blocked", "dead", "done",
                  "cancelled")
 CHILDREN_SHOWN = 50  # child jobs `xjobs show` lists; --json and the console say how many in all
+
+
+def _shard(action: str | None, options: dict[str, Any]) -> str | None:
+    """The shard the command works on: --shard; else, with the jobs sharded, the one holding
+    the job a subcommand names (show, why, cancel ID, ...); else the home shard. The schedule's
+    commands act on the home shard, where it fires."""
+    settings = conf.get()
+    given = options.get("shard")
+    if action in schedule_cli.ACTIONS:
+        if given not in (None, settings.home_database):
+            raise cli.usage_error(f"--shard {given}: the schedule fires on the home shard "
+                                  f"({settings.home_database}) only; its commands act there")
+        return given
+    job_id = options.get("job_id")
+    if given is None and settings.shards and isinstance(job_id, str):
+        return shards.locate(job_id)
+    return given
 
 
 def _aware(moment: datetime | None) -> datetime | None:

@@ -198,9 +198,10 @@ class Command(cli.XJobsCommand):
             if options["processes"] > 1 or recycles or len(shards) > 1:
                 from ...worker.supervisor import Supervisor  # only then, after the checks
 
-                # One set of processes per shard, each given its --shard.
-                per_shard = [[*_child_args(options), *(["--shard", alias] if alias else [])]
-                             for alias in shards]
+                # One set of processes per shard, each given its --shard (and a --worker-id
+                # of its own: the id names the shard too).
+                per_shard = [[*_child_args(options, shard=alias),
+                              *(["--shard", alias] if alias else [])] for alias in shards]
                 code = Supervisor([args for args in per_shard
                                    for _ in range(options["processes"])],
                                   _child_env(), burst=options["burst"]).run()
@@ -286,7 +287,7 @@ def _warn_unknown_queues(queues: list[str], settings: conf.XJobsSettings) -> Non
             ", ".join(sorted(known)), "it" if len(unknown) == 1 else "them")
 
 
-def _child_args(options: dict[str, Any]) -> list[str]:
+def _child_args(options: dict[str, Any], *, shard: str | None = None) -> list[str]:
     """This command's options for one child process (everything but --processes and
     --metrics-port; with one process, its --worker-id and --health-file too: one such child
     lives at a time)."""
@@ -296,7 +297,10 @@ def _child_args(options: dict[str, Any]) -> list[str]:
     if options["processes"] == 1:
         for key in ("worker_id", "health_file"):
             if options[key] is not None:
-                args += [f"--{key.replace('_', '-')}", options[key]]
+                value = options[key]
+                if key == "worker_id" and shard is not None and len(options["shards"] or ()) != 1:
+                    value = f"{value}@{shard}"
+                args += [f"--{key.replace('_', '-')}", value]
     for key in ("concurrency", "prefetch", "lease", "heartbeat", "poll_interval",
                 "shutdown_grace", "max_jobs_per_process", "max_memory"):
         if options[key] is not None:
