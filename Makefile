@@ -6,6 +6,12 @@
 #   make bench                our own benchmark table (bench/; BENCH_ARGS="--workloads W3,W8")
 #   make bench-flow           flow control: W8, W11-W13 (slots, fair share, rate limit, hand-over)
 #   make bench-scale          claim latency and drain rate at 10k/100k/1M queued, 1M in history
+#   make bench-capacity       how far one database goes: drain rate with 1 and 2 workers, WAL,
+#                             commits, rows and connections per job (bench/capacity.py)
+#   make bench-sharded        a drain over three shards (three private clusters) beside one
+#                             database's, the same worker processes (bench/sharded_drain.py)
+#   make bench-replica        the console's reads per refresh on the primary and on a streaming
+#                             replica, with and without XJOBS["READ_DATABASE"]
 #   make bench-horizon        W15: an offered load while a snapshot is held 30 minutes, beside
 #                             the raw reference (BENCH_ARGS="--hold 300" for a shorter one)
 #   make bench-peers          the peers' harness and django-xjobs in one run
@@ -47,7 +53,7 @@ PYTEST_ARGS ?=
 TEST_PROCESSES ?= 2
 SOAK_ARGS ?= --duration 5m
 
-.PHONY: demo test soak upgrade-check bench bench-flow bench-scale bench-horizon bench-peers bench-admin bench-migrations bench-ab lint install clean-db browser pooler faketime screenshots
+.PHONY: demo test soak upgrade-check bench bench-flow bench-scale bench-capacity bench-sharded bench-replica bench-horizon bench-peers bench-admin bench-migrations bench-ab lint install clean-db browser pooler faketime screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -128,6 +134,17 @@ bench-children: install
 
 bench-scale: install
 	$(PY) bench/scale.py $(BENCH_ARGS)
+
+# How far one database goes: drain rates with 1 and 2 workers, WAL, commits, rows and
+# connections per job (bench/capacity.py; docs/scaling.md, "How far one database goes").
+bench-capacity: install
+	$(PY) bench/capacity.py $(BENCH_ARGS)
+
+bench-sharded: install
+	$(PY) bench/sharded_drain.py $(BENCH_ARGS)
+
+bench-replica: install
+	$(PY) bench/replica_reads.py $(BENCH_ARGS)
 
 bench-horizon: install
 	$(PY) bench/horizon.py --systems xjobs $(BENCH_ARGS)

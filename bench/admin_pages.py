@@ -231,17 +231,23 @@ FILL_OTHERS = [
 ]
 
 
-def configure(url: str) -> None:
+def configure(url: str, *, replica_url: str | None = None) -> None:
+    """Django on the bench database; with ``replica_url``, also the alias "replica" of a
+    streaming replica of it, routed (bench/replica_reads.py turns XJOBS["READ_DATABASE"] on)."""
     from django.conf import settings
 
     from tests import devdb
 
     db = devdb.settings_from_url(url)
     db["CONN_MAX_AGE"] = None
+    databases = {"default": db}
+    if replica_url is not None:
+        databases["replica"] = {**devdb.settings_from_url(replica_url), "CONN_MAX_AGE": None}
     settings.configure(
+        DATABASE_ROUTERS=["django_xjobs.routers.XJobsRouter"] if replica_url else [],
         DEBUG=False, SECRET_KEY="bench-admin-not-secret", USE_TZ=True, TIME_ZONE="UTC",
         ALLOWED_HOSTS=["*"], ROOT_URLCONF="__main__", STATIC_URL="/static/",
-        DATABASES={"default": db}, DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+        DATABASES=databases, DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
         INSTALLED_APPS=["django.contrib.admin", "django.contrib.auth",
                         "django.contrib.contenttypes", "django.contrib.sessions",
                         "django.contrib.messages", "rangefilter", "django_xjobs"],

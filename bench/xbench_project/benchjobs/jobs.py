@@ -1,5 +1,6 @@
-"""The benchmark jobs: ``noop(i)`` does nothing; ``lat(i, t)`` records its start time; the
-others serve one workload each (bench/run.py)."""
+"""The benchmark jobs: ``noop(i)`` does nothing; ``sleep_ms(i, ms)`` waits ``ms``
+milliseconds; ``lat(i, t)`` records its start time; the others serve one workload each
+(bench/run.py, bench/capacity.py)."""
 
 import os
 import time
@@ -30,6 +31,13 @@ except ImportError:  # bench/run.py: the same record, "i t_enqueue t_start" per 
 @job
 def noop(ctx, i):
     return None
+
+
+@job
+def sleep_ms(ctx, i, ms=10):
+    """bench/capacity.py: a job that waits ``ms`` milliseconds without touching the database
+    (the shape of a job that calls out to something else)."""
+    time.sleep(ms / 1000)
 
 
 @job
