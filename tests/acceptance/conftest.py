@@ -187,17 +187,28 @@ def stopped_backend(label: str, timeout: float = SETTLE) -> Iterator[int]:
                 pass
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[PrivateCluster]:
-    """A PostgreSQL cluster of the module's own (tests/private_cluster.py), for faults that hit
-    the whole server: a restart, an outage. Skips where PostgreSQL's server binaries are not
-    installed."""
+def _private_binaries(*tools: str) -> tuple[Any, list[str]]:
+    """The directory of PostgreSQL's server binaries and the prefix that runs them as the
+    clusters' owner (tests/private_cluster.py); skips the test, saying why, where they or the
+    further ``tools`` are missing."""
     bindir, why = find_bindir()
     if bindir is None:
         pytest.skip(why)
     prefix, why = _as_postgres()
     if why:
         pytest.skip(why)
+    missing = [tool for tool in tools if not (bindir / tool).is_file()]
+    if missing:
+        pytest.skip(f"no {', '.join(missing)} beside initdb in {bindir}")
+    return bindir, prefix
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PrivateCluster]:
+    """A PostgreSQL cluster of the module's own (tests/private_cluster.py), for faults that hit
+    the whole server: a restart, an outage. Skips where PostgreSQL's server binaries are not
+    installed."""
+    bindir, prefix = _private_binaries()
     made = PrivateCluster(bindir, prefix)
     try:
         made.start()
@@ -222,22 +233,6 @@ def start_worker(spawn_worker) -> Callable[..., Any]:
         return worker
 
     return start
-
-
-def _private_binaries(*tools: str) -> tuple[Any, list[str]]:
-    """The directory of PostgreSQL's server binaries and the prefix that runs them as the
-    clusters' owner (tests/private_cluster.py); skips the test, saying why, where they or the
-    further ``tools`` are missing."""
-    bindir, why = find_bindir()
-    if bindir is None:
-        pytest.skip(why)
-    prefix, why = _as_postgres()
-    if why:
-        pytest.skip(why)
-    missing = [tool for tool in tools if not (bindir / tool).is_file()]
-    if missing:
-        pytest.skip(f"no {', '.join(missing)} beside initdb in {bindir}")
-    return bindir, prefix
 
 
 @pytest.fixture(scope="module")
