@@ -123,3 +123,13 @@ def test_a_shard_that_fails_leaves_the_alias_in_use_as_it_was():
         assert shards.first(lambda: None) is None  # every shard asked, nothing found
         assert conf.get().database == "jobs"
     assert conf.get().database == "default"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["schedule", "--shard", "z"], "--shard z: not a shard; the shards are default, jobs"),
+    (["schedule", "--shard", "jobs"], "--shard jobs: the schedule fires on the home shard"),
+])
+def test_the_schedule_commands_act_on_the_home_shard_only(args, message):
+    with override_settings(XJOBS=REAL, DATABASE_ROUTERS=["django_xjobs.routers.XJobsRouter"]), \
+            pytest.raises(CommandError, match=re.escape(message)):
+        call_command("xjobs", *args)

@@ -374,7 +374,7 @@ def _shard(action: str | None, options: dict[str, Any]) -> str | None:
     the job a subcommand names (show, why, cancel ID, ...); else the home shard. The schedule's
     commands act on the home shard, where it fires."""
     settings = conf.get()
-    given = options.get("shard")
+    given = cli.checked_shard(options.get("shard"))
     if action in schedule_cli.ACTIONS:
         if given not in (None, settings.home_database):
             raise cli.usage_error(f"--shard {given}: the schedule fires on the home shard "
