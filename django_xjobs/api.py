@@ -567,12 +567,6 @@ def stage_job(definition: registry.JobDefinition[..., Any], input: Any,
 # ------------------------------------------------------------------------------- operators --
 
 
-def _job_shard(job_id: UUID | str) -> str | None:
-    """The shard holding ``job_id`` when the jobs are sharded (None: not sharded, or on no
-    shard, and the call goes on where it is to say the job is not there)."""
-    return shards.locate(job_id) if shards.sharded() else None
-
-
 def get_job(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> JobRecord:
     """The job's row now, wherever it is (``x_jobs`` or the history tables); raises
     :class:`~django_xjobs.exceptions.JobNotFound` for an id that is not there (or not in
@@ -592,7 +586,7 @@ def cancel(job_id: UUID | str, *, reason: str | None = None,
     """Cancel a job in any state but done; a running one stops at its worker's next heartbeat."""
     if reason is not None:
         reason = check_text("reason", reason, max_length=2000)
-    with conf.using_database(_job_shard(job_id)):
+    with conf.using_database(shards.locate(job_id)):
         result = get_engine().job_cancel(
             str(job_id), reason=f"cancelled: {reason}" if reason else "cancelled",
             tenant_ids=tenant_ids,
@@ -607,7 +601,7 @@ def retry(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> Cha
     steps are kept). Raises LiveJobExists when another live job holds its key. Inside
     :func:`~django_xjobs.api.acting_as` (the console) the job's ``enqueued_by`` becomes that
     identity."""
-    with conf.using_database(_job_shard(job_id)):
+    with conf.using_database(shards.locate(job_id)):
         result = get_engine().job_retry(str(job_id), tenant_ids=tenant_ids,
                                         enqueued_by=_enqueued_by.get())
     if result.job is None:
@@ -630,7 +624,7 @@ def resume(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> Re
     :class:`~django_xjobs.exceptions.LiveJobExists` when another live job holds its key. Inside
     :func:`~django_xjobs.api.acting_as` (the console) the ``enqueued_by`` of every job it puts
     back becomes that identity."""
-    with conf.using_database(_job_shard(job_id)):
+    with conf.using_database(shards.locate(job_id)):
         result = get_engine().job_resume(str(job_id), tenant_ids=tenant_ids,
                                          enqueued_by=_enqueued_by.get())
     if result.job is None:
@@ -667,7 +661,7 @@ def cancel_many(job_ids: Iterable[UUID | str], *, reason: str | None = None) -> 
 
 def run_now(job_id: UUID | str, *, tenant_ids: Iterable[str] | None = None) -> ChangeResult:
     """Make a delayed or suspended job due now."""
-    with conf.using_database(_job_shard(job_id)):
+    with conf.using_database(shards.locate(job_id)):
         result = get_engine().job_run_now(str(job_id), tenant_ids=tenant_ids)
     if result.job is None:
         raise JobNotFound(f"no job with id {job_id}")

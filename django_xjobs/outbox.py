@@ -50,6 +50,7 @@ from django.db import DatabaseError, transaction
 from . import conf, registry, signals
 from .engines import Engine, get_engine
 from .records import EnqueueParams, EnqueueResult, OutboxRow, OutboxStatus, run_ids_for
+from .replica import first_line
 
 log = logging.getLogger("django_xjobs.outbox")
 
@@ -230,8 +231,7 @@ def _publish_to_shards(outbox: Engine, params: list[EnqueueParams]
                     made = _publish_elsewhere(jobs, group)
             except DatabaseError as exc:
                 log.warning("outbox relay: %d job(s) for shard %s left pending, it cannot be "
-                            "reached: %s", len(group), alias, str(exc).strip() or
-                            type(exc).__name__)
+                            "reached: %s", len(group), alias, first_line(exc))
                 continue
         for n, result in zip(positions, made, strict=True):
             results[n] = result

@@ -48,8 +48,7 @@ def _shard(alias: str, tenants: TenantScope, chosen: str) -> ShardRow:
             leaders = scheduler_leaders(db_now()) if tenants is None else []
     except DatabaseError as exc:
         return ShardRow(alias=alias, chosen=alias == chosen, totals=None,
-                        error=str(exc).strip().splitlines()[0] if str(exc).strip() else
-                        type(exc).__name__)
+                        error=replica.first_line(exc))
     return ShardRow(alias=alias, chosen=alias == chosen, totals=added_up(rows, alias),
                     workers=len(workers), stalled=sum(1 for w in workers if w.stalled),
                     leader=any(leader.live for leader in leaders) if tenants is None else None)
